@@ -1,0 +1,371 @@
+"""Typed schema for every config group, registered in Hydra's ConfigStore.
+
+Each YAML under ``conf/<group>/`` names its schema in its defaults list, so a misspelt key or a
+wrong type fails while Hydra composes the config. Rules that span values (a positive learning
+rate, a batch size the per-device batch divides) live in ``__post_init__`` and run when
+``OmegaConf.to_object`` builds these dataclasses, at the top of the run, before any data or
+model loads. This module must stay light: ``train.py --help`` imports it, and torch is not
+imported on that path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key and the fix."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+# --------------------------------------------------------------------------------------- model
+
+
+@dataclass
+class ScratchArchitecture:
+    """A model built from config with random weights, and a byte-level BPE tokenizer trained on
+    the task's training text: runs with no download."""
+
+    model_type: str = "roberta"  # any transformers model type with a sequence-classification head
+    vocab_size: int = 2048  # tokens in the BPE vocabulary learnt from the training text
+    hidden_size: int = 128  # width of every layer
+    num_hidden_layers: int = 2  # transformer blocks
+    num_attention_heads: int = 4  # must divide hidden_size
+    intermediate_size: int = 512  # feed-forward width
+    max_position_embeddings: int = 258  # positions; RoBERTa needs max_seq_length + 2
+    dropout: float = 0.1  # hidden and attention dropout probability
+
+    def __post_init__(self) -> None:
+        _require(
+            self.hidden_size % self.num_attention_heads == 0,
+            f"model.scratch.num_attention_heads={self.num_attention_heads} must divide "
+            f"model.scratch.hidden_size={self.hidden_size}",
+        )
+        _require(self.vocab_size >= 300, "model.scratch.vocab_size must be at least 300 "
+                 "(256 byte symbols plus special tokens and merges)")
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: Optional[str] = MISSING  # Hub id or local checkpoint dir; null: build `scratch`
+    scratch: Optional[ScratchArchitecture] = None  # architecture when name_or_path is null
+    revision: str = "main"  # Hub branch, tag or commit of name_or_path
+    dropout: Optional[float] = None  # override the checkpoint's dropout probability; null: keep it
+
+    def __post_init__(self) -> None:
+        _require(
+            (self.name_or_path is None) != (self.scratch is None),
+            "set exactly one of model.name_or_path (a pretrained checkpoint) and "
+            "model.scratch (an architecture with random weights)",
+        )
+
+    @property
+    def pretrained(self) -> bool:
+        return self.name_or_path is not None
+
+
+# ---------------------------------------------------------------------------------------- task
+
+
+@dataclass
+class TaskConfig:
+    """One row of the GLUE task table."""
+
+    name: str = MISSING  # lower-case task name, as on the Hub (mnli, rte, ...)
+    hub_dataset: Optional[str] = "nyu-mll/glue"  # Hub dataset id; null for generated tasks
+    hub_config: Optional[str] = None  # the dataset's config (subset) name on the Hub
+    text_fields: List[str] = MISSING  # one or two input columns, e.g. [premise, hypothesis]
+    label_names: List[str] = field(default_factory=list)  # label ids in order; empty: regression
+    train_split: str = "train"  # split used for training
+    eval_splits: Dict[str, str] = MISSING  # eval split -> suffix of its metric names ("" or _mm)
+    metrics: List[str] = MISSING  # metric names reported on every eval split
+    main_metric: str = MISSING  # the metric that picks the best model and is the objective
+
+    def __post_init__(self) -> None:
+        _require(1 <= len(self.text_fields) <= 2, f"task.text_fields must name one or two "
+                 f"columns, got {self.text_fields}")
+        _require(self.main_metric in self.metrics, f"task.main_metric={self.main_metric} "
+                 f"must be one of task.metrics={self.metrics}")
+        _require(len(self.eval_splits) > 0, "task.eval_splits must name at least one split")
+
+    @property
+    def is_regression(self) -> bool:
+        return not self.label_names
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names) or 1
+
+    @property
+    def main_split(self) -> str:
+        """The eval split whose main metric selects the best model (MNLI: matched)."""
+        return next(iter(self.eval_splits))
+
+
+# ------------------------------------------------------------------------------------ optimizer
+
+
+@dataclass
+class OptimizerConfig:
+    _target_: str = MISSING  # the optimizer class, built with hydra.utils.instantiate
+    lr: float = MISSING  # peak learning rate
+    weight_decay: float = 0.0  # decoupled for AdamW; never applied to biases and LayerNorm
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, f"optimizer.lr={self.lr} must be positive (e.g. optimizer.lr=2e-5)")
+        _require(self.weight_decay >= 0, f"optimizer.weight_decay={self.weight_decay} must be >= 0")
+
+
+@dataclass
+class AdamConfig(OptimizerConfig):
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # moment decay rates
+    eps: float = 1e-8  # added to the denominator for stability
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+                 f"optimizer.betas={self.betas} must be two numbers in [0, 1)")
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
+    momentum: float = 0.9  # heavy-ball momentum
+    nesterov: bool = False  # Nesterov momentum
+
+
+class ScheduleName(str, Enum):
+    linear = "linear"
+    cosine = "cosine"
+    constant = "constant"
+
+
+@dataclass
+class ScheduleConfig:
+    name: ScheduleName = MISSING  # shape of the learning rate after warm-up
+    warmup_ratio: float = 0.0  # warm-up as a fraction of all optimizer steps
+    warmup_steps: Optional[int] = None  # warm-up in optimizer steps; overrides warmup_ratio
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.warmup_ratio < 1, f"schedule.warmup_ratio={self.warmup_ratio} must be in [0, 1)")
+        _require(self.warmup_steps is None or self.warmup_steps >= 0,
+                 f"schedule.warmup_steps={self.warmup_steps} must be >= 0")
+
+    def num_warmup_steps(self, total_steps: int) -> int:
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return math.ceil(self.warmup_ratio * total_steps)
+
+
+# ------------------------------------------------------------------------- precision, hardware
+
+
+class Precision(str, Enum):
+    auto = "auto"  # bf16 where the GPU has it, fp16 on older GPUs, fp32 on CPU
+    fp32 = "fp32"
+    fp16 = "fp16"  # autocast to float16 with dynamic loss scaling
+    bf16 = "bf16"  # autocast to bfloat16
+
+
+@dataclass
+class PrecisionConfig:
+    dtype: Precision = MISSING  # compute precision of the forward and backward pass
+    tf32: bool = True  # TensorFloat-32 matmuls on Ampere and newer GPUs (fp32 parts)
+
+
+class Accelerator(str, Enum):
+    auto = "auto"  # a CUDA GPU if this machine has one, else the CPU
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@dataclass
+class HardwareConfig:
+    """A machine: what runs the job here, and what the Vertex launcher asks Google Cloud for."""
+
+    accelerator: Accelerator = MISSING  # device kind the run uses
+    gpu: Optional[str] = None  # GPU model, e.g. V100; null for CPU or auto
+    gpus_per_node: int = 0  # GPUs on one machine (0: CPU)
+    bf16: bool = False  # the GPU computes in bfloat16 (Ampere and newer)
+    fp16: bool = False  # the GPU has fast float16 (tensor cores: Volta and newer)
+    per_device_batch_size: Optional[int] = None  # examples per device per micro-step; null: whole batch
+    machine_type: Optional[str] = None  # Google Cloud machine type, e.g. n1-standard-8
+    accelerator_type: Optional[str] = None  # Vertex accelerator type, e.g. NVIDIA_TESLA_V100
+
+    def __post_init__(self) -> None:
+        _require(self.per_device_batch_size is None or self.per_device_batch_size > 0,
+                 f"hw.per_device_batch_size={self.per_device_batch_size} must be positive")
+        _require(self.accelerator != Accelerator.cuda or self.gpus_per_node > 0,
+                 "hw.gpus_per_node must be at least 1 when hw.accelerator=cuda")
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Processes that share one global batch (one per GPU; one on CPU)."""
+        return max(self.gpus_per_node, 1)
+
+
+# --------------------------------------------------------------------------------------- logger
+
+
+class WandbMode(str, Enum):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+@dataclass
+class LoggerConfig:
+    kind: str = MISSING  # none, wandb or tensorboard
+
+
+@dataclass
+class WandbConfig(LoggerConfig):
+    mode: WandbMode = WandbMode.online  # offline writes run files to sync later with `wandb sync`
+    project: str = "nli"  # W&B project
+    entity: Optional[str] = None  # W&B team or user; null: your default entity
+    group: Optional[str] = None  # groups the runs of a sweep; null: the Hydra sweep directory name
+    tags: List[str] = field(default_factory=list)  # free-form tags
+
+
+@dataclass
+class TensorBoardConfig(LoggerConfig):
+    subdir: str = "tensorboard"  # event files go to <output_dir>/<subdir>
+
+
+# ---------------------------------------------------------------------------------- data, train
+
+
+@dataclass
+class DataConfig:
+    max_seq_length: int = 128  # tokens per example after truncation
+    max_train_samples: Optional[int] = None  # use at most this many training examples
+    max_eval_samples: Optional[int] = None  # use at most this many examples per eval split
+    fraction_of_train_data: float = 1.0  # use this random fraction of the training set
+    synthetic_train_size: int = 6000  # examples the synthetic task generates for training
+    synthetic_eval_size: int = 1000  # examples the synthetic task generates for evaluation
+    num_workers: int = 0  # DataLoader worker processes
+
+    def __post_init__(self) -> None:
+        _require(self.max_seq_length >= 8, f"data.max_seq_length={self.max_seq_length} must be >= 8")
+        _require(0 < self.fraction_of_train_data <= 1,
+                 f"data.fraction_of_train_data={self.fraction_of_train_data} must be in (0, 1]")
+        for key in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, key)
+            _require(value is None or value > 0, f"data.{key}={value} must be positive or null")
+
+
+@dataclass
+class TrainConfig:
+    epochs: float = 3.0  # passes over the training set (fractions allowed)
+    max_steps: Optional[int] = None  # optimizer steps; overrides epochs when set
+    batch_size: int = 32  # global batch: examples per optimizer step, whatever the hardware
+    eval_batch_size: int = 128  # examples per device per evaluation step
+    eval_every: Optional[int] = None  # evaluate every N optimizer steps; null: each epoch's end
+    log_every: int = 50  # optimizer steps between logged training metrics
+    max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this; null: no clipping
+    progress_bar: bool = True  # tqdm bar with loss, learning rate and examples/s
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size > 0, f"train.batch_size={self.batch_size} must be positive")
+        _require(self.eval_batch_size > 0, f"train.eval_batch_size={self.eval_batch_size} must be positive")
+        _require(self.epochs > 0, f"train.epochs={self.epochs} must be positive")
+        for key in ("max_steps", "eval_every"):
+            value = getattr(self, key)
+            _require(value is None or value > 0, f"train.{key}={value} must be positive or null")
+        _require(self.log_every > 0, f"train.log_every={self.log_every} must be positive")
+        _require(self.max_grad_norm is None or self.max_grad_norm > 0,
+                 f"train.max_grad_norm={self.max_grad_norm} must be positive or null")
+
+
+# ----------------------------------------------------------------------------------------- root
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    task: TaskConfig = MISSING
+    optimizer: Any = MISSING  # one of OptimizerConfig's subclasses, chosen by optimizer=
+    schedule: ScheduleConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    hw: HardwareConfig = MISSING
+    logger: Any = MISSING  # LoggerConfig or a subclass, chosen by logger=
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seed: int = 42  # seeds Python, NumPy and torch
+    output_dir: str = MISSING  # results, model and logs; the Hydra run directory by default
+
+    def __post_init__(self) -> None:
+        self.check_batch(self.hw.data_parallel_size)
+        self._check_precision()
+        scratch = self.model.scratch
+        if scratch is not None and scratch.model_type in ("roberta", "xlm-roberta", "camembert"):
+            # RoBERTa numbers positions from padding_idx + 1, so it needs two spare positions.
+            _require(scratch.max_position_embeddings >= self.data.max_seq_length + 2,
+                     f"model.scratch.max_position_embeddings={scratch.max_position_embeddings} must "
+                     f"be at least data.max_seq_length + 2 = {self.data.max_seq_length + 2}")
+
+    def check_batch(self, world_size: int) -> None:
+        """The global batch must split evenly into micro-batches across ``world_size`` devices."""
+        per_step = self.micro_batch_size(world_size) * world_size
+        _require(
+            self.train.batch_size % per_step == 0,
+            f"train.batch_size={self.train.batch_size} must be a multiple of "
+            f"hw.per_device_batch_size={self.micro_batch_size(world_size)} x {world_size} "
+            f"device(s) = {per_step}, so that gradient accumulation adds up to exactly the global "
+            "batch; change one of them",
+        )
+
+    def _check_precision(self) -> None:
+        dtype, hw = self.precision.dtype, self.hw
+        if hw.accelerator != Accelerator.cuda:
+            # auto resolves against the real device at run time (nli.device).
+            return
+        gpu = hw.gpu or "this GPU"
+        _require(dtype != Precision.bf16 or hw.bf16,
+                 f"precision=bf16 needs a GPU with bfloat16 (Ampere or newer); {gpu} has none. "
+                 "Use precision=fp16 or precision=auto")
+        _require(dtype != Precision.fp16 or hw.fp16,
+                 f"precision=fp16 needs a GPU with float16 tensor cores (Volta or newer); {gpu} has "
+                 "none. Use precision=fp32 or precision=auto")
+
+    def micro_batch_size(self, world_size: int) -> int:
+        """Examples one device processes per forward pass."""
+        share = max(1, self.train.batch_size // world_size)
+        per_device = self.hw.per_device_batch_size
+        return share if per_device is None else min(per_device, share)
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-batches per optimizer step on each device."""
+        return self.train.batch_size // (self.micro_batch_size(world_size) * world_size)
+
+
+def register_configs() -> None:
+    """Put every schema into Hydra's ConfigStore under the ``schema/`` group.
+
+    The YAML files extend them with ``- /schema/<group>@_here_: <name>`` in their defaults list,
+    which keeps the schemas out of each group's list of options.
+    """
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for group, name, node in [
+        ("model", "base", ModelConfig),
+        ("task", "base", TaskConfig),
+        ("optimizer", "adam", AdamConfig),
+        ("optimizer", "sgd", SGDConfig),
+        ("schedule", "base", ScheduleConfig),
+        ("precision", "base", PrecisionConfig),
+        ("hw", "base", HardwareConfig),
+        ("logger", "base", LoggerConfig),
+        ("logger", "wandb", WandbConfig),
+        ("logger", "tensorboard", TensorBoardConfig),
+    ]:
+        cs.store(group=f"schema/{group}", name=name, node=node)

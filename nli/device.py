@@ -1,0 +1,51 @@
+"""The device a run uses and the precision it computes in, checked against the real hardware."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractContextManager
+
+import torch
+
+from nli.config import Accelerator, ConfigError, HardwareConfig, Precision, PrecisionConfig
+
+log = logging.getLogger(__name__)
+
+DTYPES = {Precision.fp32: torch.float32, Precision.fp16: torch.float16, Precision.bf16: torch.bfloat16}
+
+
+def resolve_device(hw: HardwareConfig) -> torch.device:
+    if hw.accelerator == Accelerator.cpu:
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if hw.accelerator == Accelerator.cuda:
+        raise ConfigError(f"hw asks for a CUDA GPU ({hw.gpu}), but torch sees none here; "
+                          "use hw=auto or hw=cpu on this machine")
+    return torch.device("cpu")
+
+
+def resolve_precision(cfg: PrecisionConfig, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 where the GPU has it, fp16 on older GPUs, fp32 on CPU."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+        torch.backends.cudnn.allow_tf32 = cfg.tf32
+        bf16_ok = torch.cuda.is_bf16_supported()
+        fp16_ok = torch.cuda.get_device_capability(device) >= (7, 0)
+        name = torch.cuda.get_device_name(device)
+    else:
+        bf16_ok, fp16_ok, name = True, False, "the CPU"  # CPU autocast has bf16, not fp16
+    if cfg.dtype == Precision.auto:
+        dtype = Precision.fp32 if device.type == "cpu" else (
+            Precision.bf16 if bf16_ok else Precision.fp16 if fp16_ok else Precision.fp32)
+    else:
+        dtype = cfg.dtype
+    if (dtype == Precision.bf16 and not bf16_ok) or (dtype == Precision.fp16 and not fp16_ok):
+        raise ConfigError(f"precision={dtype.value} cannot run on {name}; use precision=auto "
+                          f"(picks what {name} supports) or precision=fp32")
+    log.info("device: %s (%s), precision %s", device, name, dtype.value)
+    return DTYPES[dtype]
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager:
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)

@@ -1,0 +1,59 @@
+"""Downloads from the Hugging Face Hub that fail once, early and clearly.
+
+Without a network, ``from_pretrained`` and ``load_dataset`` retry for most of a minute and end in
+a stack of connection errors. A one-second probe of the Hub tells first; the error then says what
+could not be downloaded and how to run offline.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from contextlib import contextmanager
+from typing import Iterator
+from urllib.parse import urlparse
+
+OFFLINE_HINT = (
+    "To run offline: point model.name_or_path at a local checkpoint directory, load a dataset "
+    "that is already in the Hugging Face cache with HF_HUB_OFFLINE=1, or try "
+    "experiment=quickstart (a tiny model on a generated task, no download)."
+)
+
+
+class HubUnavailableError(RuntimeError):
+    """Something had to come from the Hugging Face Hub and could not."""
+
+
+def _offline_mode() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+@functools.lru_cache(maxsize=None)
+def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+@contextmanager
+def hub_download(what: str) -> Iterator[None]:
+    """Wrap a load that may download ``what`` (e.g. "model 'FacebookAI/roberta-base'").
+
+    Fails at once when the Hub cannot be reached (unless HF_HUB_OFFLINE=1 asks for the local
+    cache only), and turns a failed download into one message with the way to run offline.
+    """
+    if not _offline_mode() and not _reachable(_endpoint()):
+        raise HubUnavailableError(f"cannot download {what}: {_endpoint()} is not reachable. {OFFLINE_HINT}")
+    try:
+        yield
+    except (OSError, ConnectionError) as err:  # what transformers and datasets raise for misses
+        raise HubUnavailableError(f"cannot load {what}: {err}. {OFFLINE_HINT}") from err

@@ -1,0 +1,131 @@
+"""Tokenizer and sequence-classification model from config: a pretrained checkpoint (Hub id or
+local directory) or an architecture with random weights and a tokenizer learnt from the data."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
+                          PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
+
+from nli.config import ConfigError, ModelConfig, ScratchArchitecture, TaskConfig
+from nli.hub import hub_download
+
+log = logging.getLogger(__name__)
+
+# RoBERTa's special tokens, in RoBERTa's id order.
+SPECIAL_TOKENS = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
+                  "mask_token": "<mask>"}
+
+
+def _local_dir(name_or_path: str) -> bool:
+    """A local checkpoint, or a path meant as one (a Hub id is `name` or `owner/name`)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return True
+    looks_like_path = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1
+    if looks_like_path:
+        raise ConfigError(f"model.name_or_path={name_or_path} is not a directory; give a local "
+                          "checkpoint directory or a Hub id such as FacebookAI/roberta-base")
+    return False
+
+
+def build_tokenizer(cfg: ModelConfig, train_texts: Iterable[str], *,
+                    max_seq_length: int) -> PreTrainedTokenizerBase:
+    if cfg.scratch is not None:
+        return train_bpe_tokenizer(train_texts, vocab_size=cfg.scratch.vocab_size,
+                                   max_seq_length=max_seq_length)
+    assert cfg.name_or_path is not None
+    if _local_dir(cfg.name_or_path):
+        return AutoTokenizer.from_pretrained(cfg.name_or_path)
+    with hub_download(f"tokenizer '{cfg.name_or_path}'"):
+        return AutoTokenizer.from_pretrained(cfg.name_or_path, revision=cfg.revision)
+
+
+def train_bpe_tokenizer(texts: Iterable[str], *, vocab_size: int,
+                        max_seq_length: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with RoBERTa's special tokens and pair format
+    (``<s> A </s></s> B </s>``), learnt from ``texts`` in about a second."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(texts, trainer)
+    bos, eos = SPECIAL_TOKENS["bos_token"], SPECIAL_TOKENS["eos_token"]
+    bpe.post_processor = processors.RobertaProcessing((eos, bpe.token_to_id(eos)), (bos, bpe.token_to_id(bos)))
+    # The RoBERTa class gives the saved tokenizer RoBERTa's behaviour under AutoTokenizer.
+    from transformers import RobertaTokenizerFast
+
+    return RobertaTokenizerFast(tokenizer_object=bpe, cls_token=bos, sep_token=eos,
+                                model_max_length=max_seq_length, **SPECIAL_TOKENS)
+
+
+def _label_kwargs(task: TaskConfig) -> Dict[str, Any]:
+    kwargs: Dict[str, Any] = {"num_labels": task.num_labels,
+                              "problem_type": "regression" if task.is_regression else "single_label_classification"}
+    if not task.is_regression:
+        kwargs["id2label"] = dict(enumerate(task.label_names))
+        kwargs["label2id"] = {name: i for i, name in enumerate(task.label_names)}
+    return kwargs
+
+
+def _dropout_kwargs(p: float | None) -> Dict[str, float]:
+    # BERT-family names; architectures with other names ignore them.
+    return {} if p is None else {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
+
+
+def build_model(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    if cfg.scratch is not None:
+        return _scratch_model(cfg.scratch, task, tokenizer)
+    assert cfg.name_or_path is not None
+    kwargs = {**_label_kwargs(task), **_dropout_kwargs(cfg.dropout)}
+    if _local_dir(cfg.name_or_path):
+        return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
+    with hub_download(f"model '{cfg.name_or_path}'"):
+        return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,
+                                                                  **kwargs)
+
+
+def _scratch_model(arch: ScratchArchitecture, task: TaskConfig,
+                   tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    config = AutoConfig.for_model(
+        arch.model_type,
+        vocab_size=len(tokenizer),
+        hidden_size=arch.hidden_size,
+        num_hidden_layers=arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads,
+        intermediate_size=arch.intermediate_size,
+        max_position_embeddings=arch.max_position_embeddings,
+        type_vocab_size=1,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **_dropout_kwargs(arch.dropout),
+        **_label_kwargs(task),
+    )
+    model = AutoModelForSequenceClassification.from_config(config)
+    log.info("model: %s from scratch, %.1fM parameters", arch.model_type,
+             sum(p.numel() for p in model.parameters()) / 1e6)
+    return model
+
+
+def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+    """Write model and tokenizer to ``directory`` whole or not at all: into a sibling first,
+    then swapped in, so a crash mid-save keeps the previous export."""
+    staging = directory.with_name(directory.name + ".tmp")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    old = directory.with_name(directory.name + ".old")
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(staging, directory)
+    if old.exists():
+        import shutil
+
+        shutil.rmtree(old)

@@ -1,0 +1,56 @@
+"""Shared helpers: compose the real config, and run the real train.py in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from nli.config import register_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# A few hundred synthetic examples and a handful of steps: seconds per run on 2 CPU cores.
+FAST = ["experiment=quickstart", "data.synthetic_train_size=320", "data.synthetic_eval_size=96",
+        "train.max_steps=12", "train.eval_every=6", "train.log_every=3", "train.progress_bar=false"]
+
+register_configs()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hydra_conf() -> Iterator[None]:
+    """Hydra initialised on conf/ once for the whole session; composing is then cheap."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        yield
+
+
+def compose_config(overrides: List[str]) -> DictConfig:
+    """The config train.py would get, composed by Hydra from conf/."""
+    return compose("train", overrides=["output_dir=unused", *overrides])
+
+
+def run_train(args: List[str], *, cwd: Path, module: bool = False, timeout: float = 600,
+              env: Dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python train.py ARGS`` (or ``python -m nli ARGS``) as a user types it."""
+    entry = ["-m", "nli"] if module else [str(ROOT / "train.py")]
+    full_env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
+    return subprocess.run([sys.executable, *entry, *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def read_results(output_dir: Path) -> Dict[str, Any]:
+    return json.loads((output_dir / "results.json").read_text())
+
+
+@pytest.fixture
+def offline_env(tmp_path: Path) -> Dict[str, str]:
+    """No W&B credentials or network, and a private Hugging Face cache."""
+    return {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HOME": str(tmp_path / "hf")}

@@ -1,0 +1,149 @@
+"""The real train.py, end to end, in a subprocess, on the tiny model and the synthetic task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from nli import synthetic
+from tests.conftest import FAST, read_results, run_train
+from tests.wandb_records import records
+
+GLUE_METRIC_KEYS = {"objective", "accuracy", "train_examples_per_second", "train_seconds", "status"}
+
+
+@pytest.fixture(scope="module")
+def fast_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fast")
+    proc = run_train([*FAST, f"hydra.run.dir={out}"], cwd=out, env={"HF_HOME": str(out / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def test_outputs_follow_the_contract(fast_run: Path) -> None:
+    results = read_results(fast_run)
+    assert GLUE_METRIC_KEYS <= set(results)
+    assert results["status"] == "completed"
+    assert results["objective"] == results["accuracy"] and 0 <= results["accuracy"] <= 1
+    assert results["train_examples_per_second"] > 0 and results["train_seconds"] > 0
+    assert results["train_steps"] == 12
+    saved = yaml.safe_load((fast_run / "config.yaml").read_text())
+    assert saved["task"]["name"] == "synthetic" and saved["train"]["max_steps"] == 12
+    assert saved["output_dir"] == str(fast_run)  # resolved, not an interpolation
+
+
+def test_exported_model_reloads_and_predicts_the_reported_accuracy(fast_run: Path) -> None:
+    model = AutoModelForSequenceClassification.from_pretrained(fast_run / "model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(fast_run / "model")
+    assert model.config.id2label == dict(enumerate(synthetic.LABELS))
+    dev = synthetic.generate(96, seed=1)  # the synthetic task's validation split
+    with torch.no_grad():
+        batch = tokenizer(dev["premise"], dev["hypothesis"], padding=True, truncation=True,
+                          max_length=64, return_tensors="pt")
+        predicted = model(**batch).logits.argmax(-1).numpy()
+    accuracy = float(np.mean(predicted == np.array(dev["label"])))
+    assert accuracy == pytest.approx(read_results(fast_run)["accuracy"], abs=1e-9)
+
+
+def test_python_dash_m_nli_is_train_py(fast_run: Path, tmp_path: Path) -> None:
+    proc = run_train([*FAST, f"hydra.run.dir={tmp_path}"], cwd=tmp_path, module=True,
+                     env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ours, theirs = read_results(tmp_path), read_results(fast_run)
+    assert ours["accuracy"] == theirs["accuracy"]
+    a, b = load_file(tmp_path / "model" / "model.safetensors"), load_file(fast_run / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_quickstart_reaches_the_promised_accuracy(tmp_path: Path) -> None:
+    """The README's first command: the full quickstart, on this machine's CPU."""
+    proc = run_train(["experiment=quickstart", "train.progress_bar=false", f"hydra.run.dir={tmp_path}"],
+                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert read_results(tmp_path)["accuracy"] >= 0.85
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
+    """32 examples as 4 micro-batches of 8 give the same training as one batch of 32."""
+    common = [*FAST, "model.scratch.dropout=0", "train.max_steps=4", "train.eval_every=4",
+              "hw=cpu", "precision=fp32"]
+    runs = {}
+    for name, extra in {"whole": [], "accumulated": ["hw.per_device_batch_size=8"]}.items():
+        out = tmp_path / name
+        proc = run_train([*common, *extra, f"hydra.run.dir={out}"], cwd=tmp_path,
+                         env={"HF_HOME": str(tmp_path / "hf")})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[name] = load_file(out / "model" / "model.safetensors")
+    assert "(8 x 4 accumulated)" in (tmp_path / "accumulated" / "train.log").read_text()
+    for key, tensor in runs["whole"].items():
+        torch.testing.assert_close(runs["accumulated"][key], tensor, rtol=1e-4, atol=1e-5)
+
+
+def test_local_multirun_writes_one_result_per_job(tmp_path: Path) -> None:
+    proc = run_train(["-m", *FAST, "optimizer.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path}/sweep"],
+                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    configs = {job: yaml.safe_load((tmp_path / "sweep" / job / "config.yaml").read_text()) for job in ("0", "1")}
+    assert {c["optimizer"]["lr"] for c in configs.values()} == {1e-3, 2e-3}
+    for job in ("0", "1"):
+        assert read_results(tmp_path / "sweep" / job)["status"] == "completed"
+
+
+def test_wandb_offline_writes_its_run_files(tmp_path: Path) -> None:
+    proc = run_train([*FAST, "logger=wandb", "logger.mode=offline", "logger.tags=[smoke]",
+                      f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf"), "WANDB_SILENT": "true"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1
+    by_kind: Dict[str, list] = {}
+    for record in records(files[0]):
+        by_kind.setdefault(record.WhichOneof("record_type"), []).append(record)
+    run = by_kind["run"][0].run
+    assert list(run.tags) == ["smoke"]
+    assert "logger.mode=offline" in run.display_name  # named after the Hydra job's overrides
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["task"]["name"] == "synthetic" and config["train"]["max_steps"] == 12
+    summary = {item.key: json.loads(item.value_json) for r in by_kind["summary"] for item in r.summary.update
+               if item.key}
+    assert summary["accuracy"] == read_results(tmp_path)["accuracy"]
+    assert len(by_kind["history"]) >= 4  # a row per log and per evaluation
+
+
+def test_tensorboard_logs_training_loss(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc = run_train([*FAST, "logger=tensorboard", f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [3, 6, 9, 12]
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [6, 12]
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["task=synthetic", "model=roberta-base"], "cannot download tokenizer 'FacebookAI/roberta-base'"),
+    (["task=mnli", "model=tiny"], "cannot download dataset 'nyu-mll/glue' (mnli)"),
+])
+def test_unreachable_hub_gives_one_clear_message(tmp_path: Path, args: list[str], expected: str) -> None:
+    proc = run_train([*args, f"hydra.run.dir={tmp_path}"], cwd=tmp_path, timeout=120,
+                     env={"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert proc.returncode == 1
+    assert expected in proc.stderr and "experiment=quickstart" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Retrying" not in proc.stdout + proc.stderr
+
+
+def test_local_checkpoint_that_does_not_exist(tmp_path: Path) -> None:
+    proc = run_train([*FAST, "model=bert-base", f"model.name_or_path={tmp_path}/nowhere",
+                      f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1
+    assert f"model.name_or_path={tmp_path}/nowhere is not a directory" in proc.stderr

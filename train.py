@@ -1,0 +1,24 @@
+"""Fine-tune a transformer encoder on a GLUE task; every choice comes from conf/.
+
+    python train.py experiment=quickstart
+    python train.py model=roberta-large task=mnli hw=v100
+    python train.py -m task=rte,mrpc optimizer.lr=1e-5,2e-5 seed=1,2,3
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from nli.config import register_configs
+
+register_configs()
+
+
+@hydra.main(config_path="conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    from nli.run import main as run  # deferred: `--help` and `--cfg` answer without torch
+
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()
