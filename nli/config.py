@@ -77,6 +77,10 @@ class ModelConfig:
 # ---------------------------------------------------------------------------------------- task
 
 
+# What nli.metrics computes; a task may report any of these.
+METRIC_NAMES = ("accuracy", "f1", "matthews_correlation", "pearson", "spearmanr")
+
+
 @dataclass
 class TaskConfig:
     """One row of the GLUE task table."""
@@ -94,6 +98,8 @@ class TaskConfig:
     def __post_init__(self) -> None:
         _require(1 <= len(self.text_fields) <= 2, f"task.text_fields must name one or two "
                  f"columns, got {self.text_fields}")
+        unknown = sorted(set(self.metrics) - set(METRIC_NAMES))
+        _require(not unknown, f"task.metrics has unknown {unknown}; known: {list(METRIC_NAMES)}")
         _require(self.main_metric in self.metrics, f"task.main_metric={self.main_metric} "
                  f"must be one of task.metrics={self.metrics}")
         _require(len(self.eval_splits) > 0, "task.eval_splits must name at least one split")

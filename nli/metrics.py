@@ -8,6 +8,8 @@ import numpy as np
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
+from nli.config import METRIC_NAMES
+
 Metric = Callable[[np.ndarray, np.ndarray], float]
 
 METRICS: Dict[str, Metric] = {
@@ -17,6 +19,8 @@ METRICS: Dict[str, Metric] = {
     "pearson": lambda pred, ref: float(pearsonr(pred, ref)[0]),
     "spearmanr": lambda pred, ref: float(spearmanr(pred, ref)[0]),
 }
+
+assert set(METRICS) == set(METRIC_NAMES), "nli.config.METRIC_NAMES must list what METRICS computes"
 
 
 def compute(names: List[str], predictions: np.ndarray, references: np.ndarray,

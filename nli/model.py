@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Dict, Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
-                          PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
+                          PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast,
+                          RobertaTokenizerFast)
 
 from nli.config import ConfigError, ModelConfig, ScratchArchitecture, TaskConfig
 from nli.hub import hub_download
@@ -60,8 +62,6 @@ def train_bpe_tokenizer(texts: Iterable[str], *, vocab_size: int,
     bos, eos = SPECIAL_TOKENS["bos_token"], SPECIAL_TOKENS["eos_token"]
     bpe.post_processor = processors.RobertaProcessing((eos, bpe.token_to_id(eos)), (bos, bpe.token_to_id(bos)))
     # The RoBERTa class gives the saved tokenizer RoBERTa's behaviour under AutoTokenizer.
-    from transformers import RobertaTokenizerFast
-
     return RobertaTokenizerFast(tokenizer_object=bpe, cls_token=bos, sep_token=eos,
                                 model_max_length=max_seq_length, **SPECIAL_TOKENS)
 
@@ -126,6 +126,4 @@ def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         os.replace(directory, old)
     os.replace(staging, directory)
     if old.exists():
-        import shutil
-
         shutil.rmtree(old)

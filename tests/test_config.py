@@ -116,6 +116,7 @@ def test_warmup_ratio_or_steps() -> None:
     ("hw=v100 train.batch_size=24", "train.batch_size=24 must be a multiple of hw.per_device_batch_size=16"),
     ("data.fraction_of_train_data=1.5", "data.fraction_of_train_data=1.5 must be in (0, 1]"),
     ("schedule.warmup_ratio=1", "schedule.warmup_ratio=1.0 must be in [0, 1)"),
+    ("task.metrics=[accuracy,bleu]", "task.metrics has unknown ['bleu']"),
     ("model=tiny data.max_seq_length=512", "model.scratch.max_position_embeddings=258 must be at least"),
 ])
 def test_impossible_values_name_the_key(override: str, message: str) -> None:
