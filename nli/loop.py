@@ -113,6 +113,7 @@ def train(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             examples += len(batch["labels"])
             if micro % plan.accumulation and micro < len(loader):
                 continue  # accumulate: the optimizer steps once per global batch
+            # (An epoch's last step may hold fewer micro-batches; it steps with what it has.)
             _optimizer_step(model, optimizer, scheduler, scaler, plan.max_grad_norm)
             step += 1
             window.step()

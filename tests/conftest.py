@@ -48,9 +48,3 @@ def run_train(args: List[str], *, cwd: Path, module: bool = False, timeout: floa
 
 def read_results(output_dir: Path) -> Dict[str, Any]:
     return json.loads((output_dir / "results.json").read_text())
-
-
-@pytest.fixture
-def offline_env(tmp_path: Path) -> Dict[str, str]:
-    """No W&B credentials or network, and a private Hugging Face cache."""
-    return {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HOME": str(tmp_path / "hf")}

@@ -42,6 +42,8 @@ def test_synthetic_task_is_deterministic_and_balanced() -> None:
     for premise, hypothesis, label in zip(a["premise"], a["hypothesis"], a["label"]):
         if synthetic.LABELS[label] == "entailment":
             assert set(hypothesis.split()) <= set(premise.split())
+        if synthetic.LABELS[label] == "contradiction":
+            assert {"not", "nobody"} & set(hypothesis.split())
 
 
 def _tiny_model() -> torch.nn.Module:
