@@ -61,6 +61,7 @@ class ModelConfig:
     scratch: Optional[ScratchArchitecture] = None  # architecture when name_or_path is null
     revision: str = "main"  # Hub branch, tag or commit of name_or_path
     dropout: Optional[float] = None  # override the checkpoint's dropout probability; null: keep it
+    ignore_mismatched_sizes: bool = False  # replace a checkpoint's classification head of another size
 
     def __post_init__(self) -> None:
         _require(
@@ -79,6 +80,21 @@ class ModelConfig:
 
 # What nli.metrics computes; a task may report any of these.
 METRIC_NAMES = ("accuracy", "f1", "matthews_correlation", "pearson", "spearmanr")
+# The mean of a task's metrics where it has more than one, as GLUE's leaderboard scores a task.
+COMBINED = "combined_score"
+
+
+@dataclass
+class GlueFilesConfig:
+    """How the task's files look in the original GLUE download (for ``data.dir``)."""
+
+    folder: str = MISSING  # the task's folder in glue_data/, e.g. MNLI
+    files: Dict[str, str] = MISSING  # split -> file in the folder, e.g. validation_matched: dev_matched.tsv
+    columns: Dict[str, str] = MISSING  # each text field and `label` -> the file column that holds it
+    label_values: Optional[List[str]] = None  # how the files write each label, in label order; null: label_names
+    headerless: List[str] = field(default_factory=list)  # splits whose file has no header row (CoLA's train, dev)
+    header: List[str] = field(default_factory=list)  # the column names of those header-less files
+    index_column: str = "index"  # the column numbering test examples, copied into the predictions
 
 
 @dataclass
@@ -86,27 +102,50 @@ class TaskConfig:
     """One row of the GLUE task table."""
 
     name: str = MISSING  # lower-case task name, as on the Hub (mnli, rte, ...)
-    hub_dataset: Optional[str] = "nyu-mll/glue"  # Hub dataset id; null for generated tasks
+    hub_dataset: Optional[str] = "nyu-mll/glue"  # Hub dataset id (or a local copy of its repo); null: generated
     hub_config: Optional[str] = None  # the dataset's config (subset) name on the Hub
     text_fields: List[str] = MISSING  # one or two input columns, e.g. [premise, hypothesis]
     label_names: List[str] = field(default_factory=list)  # label ids in order; empty: regression
     train_split: str = "train"  # split used for training
     eval_splits: Dict[str, str] = MISSING  # eval split -> suffix of its metric names ("" or _mm)
+    test_splits: Dict[str, str] = field(default_factory=dict)  # test split -> its GLUE submission file (MNLI-m)
     metrics: List[str] = MISSING  # metric names reported on every eval split
-    main_metric: str = MISSING  # the metric that picks the best model and is the objective
+    main_metric: str = MISSING  # picks the best checkpoint and is the objective (combined_score: the mean)
+    glue: Optional[GlueFilesConfig] = None  # the task's layout in a GLUE directory; null: not a GLUE task
 
     def __post_init__(self) -> None:
         _require(1 <= len(self.text_fields) <= 2, f"task.text_fields must name one or two "
                  f"columns, got {self.text_fields}")
         unknown = sorted(set(self.metrics) - set(METRIC_NAMES))
         _require(not unknown, f"task.metrics has unknown {unknown}; known: {list(METRIC_NAMES)}")
-        _require(self.main_metric in self.metrics, f"task.main_metric={self.main_metric} "
-                 f"must be one of task.metrics={self.metrics}")
+        reported = self.metrics + ([COMBINED] if len(self.metrics) > 1 else [])
+        _require(self.main_metric in reported, f"task.main_metric={self.main_metric} must be one of "
+                 f"{reported}")
         _require(len(self.eval_splits) > 0, "task.eval_splits must name at least one split")
+        if self.glue is not None:
+            self._check_glue(self.glue)
+
+    def _check_glue(self, glue: GlueFilesConfig) -> None:
+        needed = set(self.text_fields) | {"label"}
+        _require(needed <= set(glue.columns), f"task.glue.columns must map each of {sorted(needed)} "
+                 f"to a file column; it maps {sorted(glue.columns)}")
+        splits = {self.train_split, *self.eval_splits, *self.test_splits}
+        _require(splits <= set(glue.files), f"task.glue.files must name a file for each split "
+                 f"{sorted(splits)}; it names {sorted(glue.files)}")
+        _require(not glue.headerless or bool(glue.header),
+                 "task.glue.header must name the columns of the task.glue.headerless files")
+        _require(glue.label_values is None or len(glue.label_values) == len(self.label_names),
+                 f"task.glue.label_values={glue.label_values} must give one value per label "
+                 f"{self.label_names}")
 
     @property
     def is_regression(self) -> bool:
         return not self.label_names
+
+    @property
+    def is_generated(self) -> bool:
+        """The project makes this task's examples itself (nli/synthetic.py)."""
+        return self.name == "synthetic"
 
     @property
     def num_labels(self) -> int:
@@ -116,6 +155,13 @@ class TaskConfig:
     def main_split(self) -> str:
         """The eval split whose main metric selects the best model (MNLI: matched)."""
         return next(iter(self.eval_splits))
+
+    @property
+    def file_labels(self) -> List[str]:
+        """Each label as GLUE's own files and submissions write it (CoLA: 0 and 1), in id order."""
+        if self.glue is not None and self.glue.label_values is not None:
+            return list(self.glue.label_values)
+        return list(self.label_names)
 
 
 # ------------------------------------------------------------------------------------ optimizer
@@ -252,6 +298,9 @@ class TensorBoardConfig(LoggerConfig):
 
 @dataclass
 class DataConfig:
+    dir: Optional[str] = None  # a local GLUE directory (glue_data/ holding RTE/, MNLI/, ...); null: the Hub
+    files: Dict[str, str] = field(default_factory=dict)  # split -> your own csv, jsonl or parquet file
+    columns: Dict[str, str] = field(default_factory=dict)  # text field or `label` -> its column in data.files
     max_seq_length: int = 128  # tokens per example after truncation
     max_train_samples: Optional[int] = None  # use at most this many training examples
     max_eval_samples: Optional[int] = None  # use at most this many examples per eval split
@@ -279,6 +328,7 @@ class TrainConfig:
     log_every: int = 50  # optimizer steps between logged training metrics
     max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this; null: no clipping
     progress_bar: bool = True  # tqdm bar with loss, learning rate and examples/s
+    predict: bool = False  # write test-set predictions in GLUE's submission format (<TASK>.tsv)
 
     def __post_init__(self) -> None:
         _require(self.batch_size > 0, f"train.batch_size={self.batch_size} must be positive")
@@ -312,6 +362,7 @@ class Config:
     def __post_init__(self) -> None:
         self.check_batch(self.hw.data_parallel_size)
         self._check_precision()
+        self._check_data_source()
         scratch = self.model.scratch
         if scratch is not None and scratch.model_type in ("roberta", "xlm-roberta", "camembert"):
             # RoBERTa numbers positions from padding_idx + 1, so it needs two spare positions.
@@ -342,6 +393,25 @@ class Config:
         _require(dtype != Precision.fp16 or hw.fp16,
                  f"precision=fp16 needs a GPU with float16 tensor cores (Volta or newer); {gpu} has "
                  "none. Use precision=fp32 or precision=auto")
+
+    def _check_data_source(self) -> None:
+        data, task = self.data, self.task
+        _require(data.dir is None or not data.files, "set data.dir (a GLUE directory) or data.files "
+                 "(files of your own), not both")
+        _require(data.dir is None or task.glue is not None, f"data.dir reads the GLUE layout, which "
+                 f"task={task.name} does not have; use data.files for your own files")
+        _require(bool(data.files) or data.dir is not None or task.hub_dataset is not None or task.is_generated,
+                 f"task={task.name} has no Hub dataset (task.hub_dataset); set data.files")
+        _require(not data.columns or bool(data.files), "data.columns maps the columns of data.files; "
+                 "set data.files too (a GLUE directory's columns are known)")
+        _require(not self.train.predict or bool(task.test_splits),
+                 f"train.predict=true needs a test split, and task={task.name} has none "
+                 "(task.test_splits)")
+        if data.files:
+            needed = [task.train_split, *task.eval_splits, *(task.test_splits if self.train.predict else [])]
+            missing = [split for split in needed if split not in data.files]
+            _require(not missing, f"data.files must name a file for the split(s) {missing} of "
+                     f"task={task.name}: add +data.files.{missing[0] if missing else ''}=path/to/file.csv")
 
     def micro_batch_size(self, world_size: int) -> int:
         """Examples one device processes per forward pass."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterator, List
 
 import datasets
@@ -12,48 +12,36 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
-from nli import synthetic
+from nli import sources
 from nli.config import DataConfig, TaskConfig
-from nli.hub import hub_download
 
 log = logging.getLogger(__name__)
-
-# Where the synthetic task's splits come from: fixed seeds, so the task is the same whatever
-# the run's seed is.
-SYNTHETIC_SEEDS = {"train": 0, "validation": 1}
 
 
 @dataclass
 class Splits:
-    """Raw text columns (the task's ``text_fields``) and ``label``, per split."""
+    """Per split: the task's text columns, ``label`` and ``idx`` (raw), or model inputs (tokenized)."""
 
     train: datasets.Dataset
     eval: Dict[str, datasets.Dataset]
+    test: Dict[str, datasets.Dataset] = field(default_factory=dict)  # only when predicting
 
     def train_texts(self, text_fields: List[str]) -> Iterator[str]:
         for name in text_fields:
             yield from self.train[name]
 
 
-def load_splits(task: TaskConfig, data: DataConfig, *, seed: int) -> Splits:
-    """The training split and every evaluation split of ``task``, subsampled as ``data`` asks."""
-    if task.name == "synthetic":
-        raw = datasets.DatasetDict({
-            split: datasets.Dataset.from_dict(synthetic.generate(_synthetic_size(data, split), seed=s))
-            for split, s in SYNTHETIC_SEEDS.items()
-        })
-    else:
-        with hub_download(f"dataset '{task.hub_dataset}' ({task.hub_config})"):
-            raw = datasets.load_dataset(task.hub_dataset, task.hub_config)
+def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool) -> Splits:
+    """The training split, every evaluation split and, to ``predict``, the test splits of
+    ``task``, subsampled as ``data`` asks."""
+    test_splits = list(task.test_splits) if predict else []
+    raw = sources.load(task, data, [task.train_split, *task.eval_splits, *test_splits])
     train = _subsample_train(raw[task.train_split], data, seed=seed)
     evals = {split: _first(raw[split], data.max_eval_samples) for split in task.eval_splits}
-    log.info("data: %d training examples; eval %s", len(train),
-             ", ".join(f"{name}={len(ds)}" for name, ds in evals.items()))
-    return Splits(train=train, eval=evals)
-
-
-def _synthetic_size(data: DataConfig, split: str) -> int:
-    return data.synthetic_train_size if split == "train" else data.synthetic_eval_size
+    log.info("data: %d training examples; eval %s%s", len(train),
+             ", ".join(f"{name}={len(ds)}" for name, ds in evals.items()),
+             "".join(f"; test {name}={len(raw[name])}" for name in test_splits))
+    return Splits(train=train, eval=evals, test={split: raw[split] for split in test_splits})
 
 
 def _subsample_train(ds: datasets.Dataset, data: DataConfig, *, seed: int) -> datasets.Dataset:
@@ -69,20 +57,32 @@ def _first(ds: datasets.Dataset, limit: int | None) -> datasets.Dataset:
 
 def tokenize(splits: Splits, tokenizer: PreTrainedTokenizerBase, task: TaskConfig,
              max_seq_length: int) -> Splits:
-    """Token ids, attention masks and ``labels``; ``datasets`` caches the result on disk for
-    datasets that live there (the Hub's), keyed by the tokenizer and these arguments."""
+    """Token ids, attention masks and ``labels`` (test splits keep ``idx`` for the predictions).
+
+    ``datasets`` caches the result next to data that lives on disk (the Hub's, local files),
+    keyed by the data, the tokenizer and these arguments, so the next run reads it back."""
 
     def encode(batch: Dict[str, list]) -> Dict[str, list]:
         texts = [batch[name] for name in task.text_fields]
         encoded = tokenizer(*texts, truncation=True, max_length=max_seq_length)
         encoded["labels"] = [float(x) for x in batch["label"]] if task.is_regression else batch["label"]
+        # Fast tokenizers keep what truncation cut off; slow ones only tell by the length.
+        encoded["truncated"] = ([bool(e.overflowing) for e in encoded.encodings] if encoded.encodings
+                                else [len(ids) >= max_seq_length for ids in encoded["input_ids"]])
         return encoded
 
-    def apply(ds: datasets.Dataset, name: str) -> datasets.Dataset:
-        return ds.map(encode, batched=True, remove_columns=ds.column_names, desc=f"tokenize {name}")
+    def apply(ds: datasets.Dataset, name: str, keep: tuple[str, ...] = ()) -> datasets.Dataset:
+        drop = [column for column in ds.column_names if column not in keep]
+        ds = ds.map(encode, batched=True, remove_columns=drop, desc=f"tokenize {name}")
+        truncated = sum(ds["truncated"])
+        if truncated:
+            log.info("%s: %d of %d examples (%.1f%%) truncated at data.max_seq_length=%d", name, truncated,
+                     len(ds), 100 * truncated / len(ds), max_seq_length)
+        return ds.remove_columns("truncated")
 
     return Splits(train=apply(splits.train, "train"),
-                  eval={name: apply(ds, name) for name, ds in splits.eval.items()})
+                  eval={name: apply(ds, name) for name, ds in splits.eval.items()},
+                  test={name: apply(ds, name, keep=("idx",)) for name, ds in splits.test.items()})
 
 
 def train_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, micro_batch_size: int,

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -52,6 +53,13 @@ class Evaluation:
     metrics: Dict[str, float]  # GLUE names, with a suffix per extra split (accuracy_mm)
     objective: float  # the task's main metric on its main split
 
+    def better_than(self, other: "Evaluation") -> bool:
+        """Higher is better; an undefined score (NaN: a correlation of constant predictions)
+        is worse than any number."""
+        if math.isnan(other.objective):
+            return not math.isnan(self.objective)
+        return self.objective > other.objective
+
 
 @dataclass
 class TrainResult:
@@ -65,23 +73,40 @@ class TrainResult:
         return self.examples / max(self.seconds, 1e-9)
 
 
+@dataclass
+class Predictions:
+    """A model's outputs on one split, in the split's order."""
+
+    values: np.ndarray  # (examples,) label ids, or scores for a regression task
+    labels: np.ndarray  # (examples,) the split's labels (-1 where it has none)
+    idx: np.ndarray | None  # (examples,) the examples' numbers, where the split keeps them (test)
+
+
 @torch.no_grad()
+def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, *, device: torch.device,
+            dtype: torch.dtype) -> Predictions:
+    was_training = model.training
+    model.eval()
+    values, labels, idx = [], [], []
+    for batch in loader:
+        labels.append(batch.pop("labels"))
+        if "idx" in batch:
+            idx.append(batch.pop("idx"))
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with autocast(device, dtype):
+            logits = model(**batch).logits  # (batch, num_labels)
+        values.append(logits.float().squeeze(-1) if task.is_regression else logits.argmax(-1))
+    model.train(was_training)
+    return Predictions(values=torch.cat(values).cpu().numpy(), labels=torch.cat(labels).numpy(),
+                       idx=torch.cat(idx).numpy() if idx else None)
+
+
 def evaluate(model: torch.nn.Module, loaders: Mapping[str, DataLoader], task: TaskConfig, *,
              device: torch.device, dtype: torch.dtype, step: int) -> Evaluation:
-    model.eval()
     scores: Dict[str, float] = {}
     for split, loader in loaders.items():
-        predictions, references = [], []
-        for batch in loader:
-            references.append(batch.pop("labels"))
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            with autocast(device, dtype):
-                logits = model(**batch).logits  # (batch, num_labels)
-            predictions.append(logits.float().squeeze(-1) if task.is_regression else logits.argmax(-1))
-        pred = torch.cat(predictions).cpu().numpy()
-        ref = torch.cat(references).numpy()
-        scores.update(metrics.compute(task.metrics, pred, ref, suffix=task.eval_splits[split]))
-    model.train()
+        out = predict(model, loader, task, device=device, dtype=dtype)
+        scores.update(metrics.compute(task.metrics, out.values, out.labels, suffix=task.eval_splits[split]))
     objective = scores[task.main_metric + task.eval_splits[task.main_split]]
     return Evaluation(step=step, metrics=scores, objective=objective)
 
@@ -154,7 +179,7 @@ def _optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 def _evaluate_and_keep(evaluation: Evaluation, best: Evaluation | None,
                        on_best: Callable[[Evaluation], None], tracker: Tracker) -> Evaluation:
     tracker.log({f"eval/{k}": v for k, v in evaluation.metrics.items()}, step=evaluation.step)
-    improved = best is None or evaluation.objective > best.objective
+    improved = best is None or evaluation.better_than(best)
     log.info("step %d: %s%s", evaluation.step,
              ", ".join(f"{k}={v:.4f}" for k, v in evaluation.metrics.items()), " (best so far)" if improved else "")
     if improved:

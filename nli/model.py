@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
-                          PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast,
+                          PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast,
                           RobertaTokenizerFast)
 
 from nli.config import ConfigError, ModelConfig, ScratchArchitecture, TaskConfig
@@ -84,12 +84,27 @@ def build_model(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokeniz
     if cfg.scratch is not None:
         return _scratch_model(cfg.scratch, task, tokenizer)
     assert cfg.name_or_path is not None
-    kwargs = {**_label_kwargs(task), **_dropout_kwargs(cfg.dropout)}
+    kwargs = {**_label_kwargs(task), **_dropout_kwargs(cfg.dropout),
+              "ignore_mismatched_sizes": cfg.ignore_mismatched_sizes}
     if _local_dir(cfg.name_or_path):
+        _check_head(AutoConfig.from_pretrained(cfg.name_or_path), cfg, task)
         return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
     with hub_download(f"model '{cfg.name_or_path}'"):
+        _check_head(AutoConfig.from_pretrained(cfg.name_or_path, revision=cfg.revision), cfg, task)
         return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,
                                                                   **kwargs)
+
+
+def _check_head(config: PretrainedConfig, cfg: ModelConfig, task: TaskConfig) -> None:
+    """A checkpoint fine-tuned for another task has a head of another size; say so before
+    transformers fails on the weight shapes (a base checkpoint has no head: any size goes)."""
+    has_head = any(name.endswith("ForSequenceClassification") for name in config.architectures or [])
+    if has_head and config.num_labels != task.num_labels and not cfg.ignore_mismatched_sizes:
+        head = ", ".join(config.id2label[i] for i in sorted(config.id2label))
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path} has a classification head for "
+                          f"{config.num_labels} label(s) ({head}) but task={task.name} has {task.num_labels}. "
+                          "Set model.ignore_mismatched_sizes=true to replace the head with a new, "
+                          "randomly initialised one")
 
 
 def _scratch_model(arch: ScratchArchitecture, task: TaskConfig,
@@ -113,6 +128,11 @@ def _scratch_model(arch: ScratchArchitecture, task: TaskConfig,
     log.info("model: %s from scratch, %.1fM parameters", arch.model_type,
              sum(p.numel() for p in model.parameters()) / 1e6)
     return model
+
+
+def load_export(directory: Path) -> PreTrainedModel:
+    """The model :func:`save_pretrained` wrote."""
+    return AutoModelForSequenceClassification.from_pretrained(directory)
 
 
 def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:

@@ -12,13 +12,16 @@ import torch
 import transformers
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, set_seed
 
 from nli import data, loop
+from nli.predictions import write_submission
+from nli.sources import DataError
 from nli.config import Config, ConfigError
 from nli.device import resolve_device, resolve_precision
 from nli.hub import HubUnavailableError
-from nli.model import build_model, build_tokenizer, save_pretrained
+from nli.model import build_model, build_tokenizer, load_export, save_pretrained
 from nli.optim import build_optimizer, build_scheduler
 from nli.tracking import build_tracker
 
@@ -32,7 +35,7 @@ def main(dict_cfg: DictConfig) -> float:
     Errors a user can fix end the run with their message alone, not a traceback."""
     try:
         return run(dict_cfg)["objective"]
-    except (ConfigError, HubUnavailableError) as err:
+    except (ConfigError, DataError, HubUnavailableError) as err:
         log.error("%s", err)
         raise SystemExit(f"error: {err}") from None
 
@@ -51,7 +54,7 @@ def run(dict_cfg: DictConfig) -> Dict[str, Any]:
     dtype = resolve_precision(cfg.precision, device)
     _warn_if_gpus_idle(cfg)
 
-    splits = data.load_splits(cfg.task, cfg.data, seed=cfg.seed)
+    splits = data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=cfg.train.predict)
     tokenizer = build_tokenizer(cfg.model, splits.train_texts(cfg.task.text_fields),
                                 max_seq_length=cfg.data.max_seq_length)
     splits = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
@@ -63,9 +66,12 @@ def run(dict_cfg: DictConfig) -> Dict[str, Any]:
     generator = torch.Generator()
     train_loader = data.train_loader(splits.train, collator, micro_batch_size=cfg.micro_batch_size(WORLD_SIZE),
                                      generator=generator, num_workers=cfg.data.num_workers, pin_memory=pin)
-    eval_loaders = {name: data.eval_loader(ds, collator, batch_size=cfg.train.eval_batch_size,
-                                           num_workers=cfg.data.num_workers, pin_memory=pin)
-                    for name, ds in splits.eval.items()}
+
+    def in_order(group: Dict[str, datasets.Dataset]) -> Dict[str, DataLoader]:
+        return {name: data.eval_loader(ds, collator, batch_size=cfg.train.eval_batch_size,
+                                       num_workers=cfg.data.num_workers, pin_memory=pin) for name, ds in group.items()}
+
+    eval_loaders, test_loaders = in_order(splits.eval), in_order(splits.test)
     plan = loop.Plan.make(micro_batches_per_epoch=len(train_loader), accumulation=cfg.accumulation_steps(WORLD_SIZE),
                           epochs=cfg.train.epochs, max_steps=cfg.train.max_steps, eval_every=cfg.train.eval_every,
                           log_every=cfg.train.log_every, max_grad_norm=cfg.train.max_grad_norm, seed=cfg.seed)
@@ -86,9 +92,20 @@ def run(dict_cfg: DictConfig) -> Dict[str, Any]:
         evaluate_at=lambda step: loop.evaluate(model, eval_loaders, cfg.task, device=device, dtype=dtype, step=step),
         on_best=export, plan=plan, device=device, dtype=dtype, tracker=tracker, progress_bar=cfg.train.progress_bar,
     )
+    # Evaluate what was exported, the best checkpoint, rather than the weights training ended with.
+    # (Training's activations are gone, so this copy fits wherever training did.)
+    best_model = load_export(output_dir / "model").to(device)
+    final = loop.evaluate(best_model, eval_loaders, cfg.task, device=device, dtype=dtype, step=result.best.step)
+    log.info("final evaluation of the best checkpoint by %s (step %d of %d), reloaded from %s: %s",
+             cfg.task.main_metric, result.best.step, result.steps, output_dir / "model",
+             ", ".join(f"{k}={v:.4f}" for k, v in final.metrics.items()))
+    for split, loader in test_loaders.items():
+        path = write_submission(output_dir / "predictions", cfg.task, split,
+                                loop.predict(best_model, loader, cfg.task, device=device, dtype=dtype))
+        log.info("test predictions for %s written to %s", split, path)
     results = {
-        "objective": result.best.objective,
-        **result.best.metrics,
+        "objective": final.objective,
+        **final.metrics,
         "train_examples_per_second": result.examples_per_second,
         "train_seconds": result.seconds,
         "train_steps": result.steps,
@@ -97,8 +114,7 @@ def run(dict_cfg: DictConfig) -> Dict[str, Any]:
     }
     (output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     tracker.finish(results)
-    log.info("results (the model of step %d, saved in %s): %s", result.best.step, output_dir / "model",
-             json.dumps(results))
+    log.info("results: %s", json.dumps(results))
     return results
 
 

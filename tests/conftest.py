@@ -9,14 +9,16 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
+import datasets
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from nli.config import register_configs
+from nli.config import Config, register_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+GLUE_DATA = ROOT.parent / "shared" / "data" / "glue_data"  # real RTE and WNLI, in GLUE's layout
 
 # A few hundred synthetic examples and a handful of steps: seconds per run on 2 CPU cores.
 FAST = ["experiment=quickstart", "data.synthetic_train_size=320", "data.synthetic_eval_size=96",
@@ -35,6 +37,19 @@ def hydra_conf() -> Iterator[None]:
 def compose_config(overrides: List[str]) -> DictConfig:
     """The config train.py would get, composed by Hydra from conf/."""
     return compose("train", overrides=["output_dir=unused", *overrides])
+
+
+def build_config(overrides: List[str]) -> Config:
+    """The typed config the run builds, with every rule checked."""
+    return OmegaConf.to_object(compose_config(overrides))
+
+
+@pytest.fixture
+def datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh ``datasets`` cache for this test, so that no run reuses another's files."""
+    cache = tmp_path / "datasets-cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    return cache
 
 
 def run_train(args: List[str], *, cwd: Path, module: bool = False, timeout: float = 600,

