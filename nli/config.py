@@ -329,6 +329,11 @@ class TrainConfig:
     max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this; null: no clipping
     progress_bar: bool = True  # tqdm bar with loss, learning rate and examples/s
     predict: bool = False  # write test-set predictions in GLUE's submission format (<TASK>.tsv)
+    checkpoint_every: int = 1000  # optimizer steps between checkpoints (there is one at each evaluation too)
+    keep_checkpoints: int = 2  # newest checkpoints kept, besides the best one
+    checkpoint_dir: Optional[str] = None  # local path or gs://; null: <output_dir>/checkpoints
+    resume: bool = True  # continue from the newest checkpoint in the output directory; false: refuse to
+    skip_nonfinite: int = 0  # steps with a NaN or infinite loss to skip (no update) before stopping
 
     def __post_init__(self) -> None:
         _require(self.batch_size > 0, f"train.batch_size={self.batch_size} must be positive")
@@ -338,6 +343,9 @@ class TrainConfig:
             value = getattr(self, key)
             _require(value is None or value > 0, f"train.{key}={value} must be positive or null")
         _require(self.log_every > 0, f"train.log_every={self.log_every} must be positive")
+        _require(self.checkpoint_every > 0, f"train.checkpoint_every={self.checkpoint_every} must be positive")
+        _require(self.keep_checkpoints >= 1, f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
+        _require(self.skip_nonfinite >= 0, f"train.skip_nonfinite={self.skip_nonfinite} must be >= 0")
         _require(self.max_grad_norm is None or self.max_grad_norm > 0,
                  f"train.max_grad_norm={self.max_grad_norm} must be positive or null")
 

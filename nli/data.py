@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Tuple
 
 import datasets
 import torch
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, Sampler, SequentialSampler
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from nli import sources
@@ -85,12 +85,34 @@ def tokenize(splits: Splits, tokenizer: PreTrainedTokenizerBase, task: TaskConfi
                   test={name: apply(ds, name, keep=("idx",)) for name, ds in splits.test.items()})
 
 
-def train_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, micro_batch_size: int,
-                 generator: torch.Generator, num_workers: int, pin_memory: bool) -> DataLoader:
-    """Shuffled micro-batches; ``generator`` fixes the order (reseed it per epoch)."""
-    return DataLoader(ds, batch_size=micro_batch_size,
-                      sampler=RandomSampler(ds, generator=generator), collate_fn=collator,
-                      num_workers=num_workers, pin_memory=pin_memory)
+class EpochSampler(Sampler[int]):
+    """A new random order every epoch, fixed by the seed and the epoch, that can start part-way
+    through an epoch (after a resume) without reading the examples it skips."""
+
+    def __init__(self, size: int, *, seed: int) -> None:
+        self.size, self.seed = size, seed
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, *, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def __iter__(self) -> Iterator[int]:
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        return iter(order[self.start:].tolist())
+
+    def __len__(self) -> int:
+        return max(self.size - self.start, 0)
+
+
+def train_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, micro_batch_size: int, seed: int,
+                 num_workers: int, pin_memory: bool) -> Tuple[DataLoader, EpochSampler]:
+    """Shuffled micro-batches, and the sampler that sets each epoch's order."""
+    sampler = EpochSampler(len(ds), seed=seed)
+    # The loader's own generator seeds its workers, so that it never draws from the global
+    # generator: dropout must see the same random numbers whether or not the run resumed.
+    loader = DataLoader(ds, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
+                        num_workers=num_workers, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed))
+    return loader, sampler
 
 
 def eval_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, batch_size: int,

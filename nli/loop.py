@@ -10,8 +10,9 @@ import logging
 import math
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping
+from typing import Callable, Dict, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
@@ -19,6 +20,10 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from nli import metrics
+from nli.checkpoint import Progress
+from nli.data import EpochSampler
+from nli.metrics import Evaluation
+from nli.signals import StopRequest
 from nli.config import TaskConfig
 from nli.device import autocast
 from nli.tracking import Tracker
@@ -31,34 +36,39 @@ class Plan:
     """How much to train and how often to look, in optimizer steps."""
 
     total_steps: int
+    micro_batches_per_epoch: int
     accumulation: int  # micro-batches per optimizer step
     eval_every: int
     log_every: int
+    checkpoint_every: int
     max_grad_norm: float | None
-    seed: int  # epoch e shuffles with seed + e
+    skip_nonfinite: int  # steps with a non-finite loss to skip before stopping
 
     @classmethod
-    def make(cls, *, micro_batches_per_epoch: int, accumulation: int, epochs: float,
-             max_steps: int | None, eval_every: int | None, log_every: int,
-             max_grad_norm: float | None, seed: int) -> "Plan":
+    def make(cls, *, micro_batches_per_epoch: int, accumulation: int, epochs: float, max_steps: int | None,
+             eval_every: int | None, log_every: int, checkpoint_every: int, max_grad_norm: float | None,
+             skip_nonfinite: int) -> "Plan":
         steps_per_epoch = math.ceil(micro_batches_per_epoch / accumulation)
         total = max_steps or math.ceil(epochs * steps_per_epoch)
-        return cls(total_steps=total, accumulation=accumulation, eval_every=eval_every or steps_per_epoch,
-                   log_every=log_every, max_grad_norm=max_grad_norm, seed=seed)
+        return cls(total_steps=total, micro_batches_per_epoch=micro_batches_per_epoch, accumulation=accumulation,
+                   eval_every=eval_every or steps_per_epoch, log_every=log_every, checkpoint_every=checkpoint_every,
+                   max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite)
 
 
-@dataclass
-class Evaluation:
-    step: int
-    metrics: Dict[str, float]  # GLUE names, with a suffix per extra split (accuracy_mm)
-    objective: float  # the task's main metric on its main split
+class Preempted(Exception):
+    """A signal asked the run to stop; a checkpoint of ``step`` has been written."""
 
-    def better_than(self, other: "Evaluation") -> bool:
-        """Higher is better; an undefined score (NaN: a correlation of constant predictions)
-        is worse than any number."""
-        if math.isnan(other.objective):
-            return not math.isnan(self.objective)
-        return self.objective > other.objective
+    def __init__(self, step: int, signal: str) -> None:
+        super().__init__(f"{signal} at step {step}")
+        self.step, self.signal = step, signal
+
+
+class NonFiniteLoss(Exception):
+    """The loss became NaN or infinite more often than train.skip_nonfinite allows."""
+
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"the training loss is {loss} at step {step}")
+        self.step, self.loss = step, loss
 
 
 @dataclass
@@ -111,57 +121,91 @@ def evaluate(model: torch.nn.Module, loaders: Mapping[str, DataLoader], task: Ta
     return Evaluation(step=step, metrics=scores, objective=objective)
 
 
+# save(progress, best, evaluation) writes a checkpoint; evaluation is None between evaluations.
+SaveCheckpoint = Callable[[Progress, Optional[Evaluation], Optional[Evaluation]], None]
+
+
 def train(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-          scheduler: torch.optim.lr_scheduler.LRScheduler, loader: DataLoader, generator: torch.Generator,
-          evaluate_at: Callable[[int], Evaluation], on_best: Callable[[Evaluation], None], plan: Plan,
-          device: torch.device, dtype: torch.dtype, tracker: Tracker, progress_bar: bool) -> TrainResult:
-    """Run ``plan.total_steps`` optimizer steps; evaluate every ``plan.eval_every`` and at the end,
-    calling ``on_best`` whenever the objective improves."""
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+          scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler, loader: DataLoader,
+          sampler: EpochSampler, evaluate_at: Callable[[int], Evaluation], save: SaveCheckpoint, plan: Plan,
+          progress: Progress, best: Optional[Evaluation], stop: StopRequest, device: torch.device,
+          dtype: torch.dtype, tracker: Tracker, progress_bar: bool) -> TrainResult:
+    """Train from ``progress`` (zero, or where a checkpoint left off) to ``plan.total_steps``;
+    evaluate every ``plan.eval_every`` steps and at the end, and checkpoint at every evaluation,
+    every ``plan.checkpoint_every`` steps, and when ``stop`` says a signal came."""
     model.train()
-    step, epoch, examples = 0, 0, 0
-    best: Evaluation | None = None
     window = _Window(device)
-    paused = 0.0  # seconds spent evaluating and saving
-    start = time.perf_counter()
+    step_loss = torch.zeros((), device=device)  # the current optimizer step's loss, summed on the device
+    clock = _Clock(progress.seconds)
     # Redrawn at most every 30 s when the output is a log file rather than a terminal.
-    bar = tqdm(total=plan.total_steps, desc="train", disable=not progress_bar, dynamic_ncols=True,
-               mininterval=0.1 if sys.stderr.isatty() else 30)
-    while step < plan.total_steps:
-        generator.manual_seed(plan.seed + epoch)  # the same data order for the same seed and epoch
-        for micro, batch in enumerate(loader, start=1):
+    bar = tqdm(total=plan.total_steps, initial=progress.step, desc="train", disable=not progress_bar,
+               dynamic_ncols=True, mininterval=0.1 if sys.stderr.isatty() else 30)
+    while progress.step < plan.total_steps:
+        # The same order for the same seed and epoch; after a resume, from where it stopped.
+        sampler.set_epoch(progress.epoch, start=progress.batches_in_epoch * (loader.batch_size or 1))
+        for batch in loader:
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             with autocast(device, dtype):
                 loss = model(**batch).loss / plan.accumulation
             scaler.scale(loss).backward()
+            step_loss += loss.detach()
             window.add(loss.detach(), len(batch["labels"]))
-            examples += len(batch["labels"])
-            if micro % plan.accumulation and micro < len(loader):
+            progress.batches_in_epoch += 1
+            progress.examples += len(batch["labels"])
+            epoch_done = progress.batches_in_epoch == plan.micro_batches_per_epoch
+            if progress.batches_in_epoch % plan.accumulation and not epoch_done:
                 continue  # accumulate: the optimizer steps once per global batch
             # (An epoch's last step may hold fewer micro-batches; it steps with what it has.)
-            _optimizer_step(model, optimizer, scheduler, scaler, plan.max_grad_norm)
-            step += 1
+            _step_unless_nonfinite(model, optimizer, scheduler, scaler, step_loss, plan, progress)
+            step_loss.zero_()
+            progress.step += 1
+            if epoch_done:
+                progress.epoch, progress.batches_in_epoch = progress.epoch + 1, 0
             window.step()
             bar.update()
-            if step % plan.log_every == 0:
-                logged = window.flush(lr=scheduler.get_last_lr()[0], epoch=epoch + micro / len(loader))
-                bar.set_postfix(loss=f"{logged['train/loss']:.4f}", lr=f"{logged['train/lr']:.2e}",
-                                ex_s=f"{logged['train/examples_per_second']:.0f}", refresh=False)
-                tracker.log(logged, step=step)
-                log.info("step %d: %s", step, ", ".join(f"{k.split('/')[1]}={v:.4g}" for k, v in logged.items()))
-            if step % plan.eval_every == 0 or step == plan.total_steps:
-                pause = time.perf_counter()
-                best = _evaluate_and_keep(evaluate_at(step), best, on_best, tracker)
-                pause = time.perf_counter() - pause
-                paused += pause
-                window.exclude(pause)
-            if step == plan.total_steps:
+            if progress.step % plan.log_every == 0:
+                _log(window.flush(lr=scheduler.get_last_lr()[0],
+                                  epoch=progress.epoch + progress.batches_in_epoch / plan.micro_batches_per_epoch),
+                     progress.step, bar, tracker)
+            with clock.paused(window):
+                evaluation = None
+                if progress.step % plan.eval_every == 0 or progress.step == plan.total_steps:
+                    evaluation = evaluate_at(progress.step)
+                    best = _keep_best(evaluation, best, tracker)
+                if evaluation or progress.step % plan.checkpoint_every == 0 or stop.signal:
+                    progress.seconds = clock.training_seconds()
+                    save(progress, best, evaluation)
+            if stop.signal:
+                raise Preempted(progress.step, stop.signal)
+            if progress.step == plan.total_steps:
                 break
-        epoch += 1
     bar.close()
     assert best is not None  # the last step always evaluates
-    return TrainResult(best=best, steps=step, examples=examples,
-                       seconds=time.perf_counter() - start - paused)
+    progress.seconds = clock.training_seconds()
+    return TrainResult(best=best, steps=progress.step, examples=progress.examples, seconds=progress.seconds)
+
+
+def _step_unless_nonfinite(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                           scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
+                           step_loss: torch.Tensor, plan: Plan, progress: Progress) -> None:
+    # Reading the loss waits for the device once per optimizer step (fp16's scaler already does).
+    if bool(torch.isfinite(step_loss)):
+        _optimizer_step(model, optimizer, scheduler, scaler, plan.max_grad_norm)
+        return
+    progress.nonfinite_steps += 1
+    if progress.nonfinite_steps > plan.skip_nonfinite:
+        raise NonFiniteLoss(progress.step + 1, float(step_loss))
+    log.warning("step %d: the loss is %s; skipping this update (%d of train.skip_nonfinite=%d)",
+                progress.step + 1, float(step_loss), progress.nonfinite_steps, plan.skip_nonfinite)
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()  # the schedule keeps time with the steps
+
+
+def _log(logged: Dict[str, float], step: int, bar: tqdm, tracker: Tracker) -> None:
+    bar.set_postfix(loss=f"{logged['train/loss']:.4f}", lr=f"{logged['train/lr']:.2e}",
+                    ex_s=f"{logged['train/examples_per_second']:.0f}", refresh=False)
+    tracker.log(logged, step=step)
+    log.info("step %d: %s", step, ", ".join(f"{k.split('/')[1]}={v:.4g}" for k, v in logged.items()))
 
 
 def _optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -176,17 +220,32 @@ def _optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     optimizer.zero_grad(set_to_none=True)
 
 
-def _evaluate_and_keep(evaluation: Evaluation, best: Evaluation | None,
-                       on_best: Callable[[Evaluation], None], tracker: Tracker) -> Evaluation:
+def _keep_best(evaluation: Evaluation, best: Evaluation | None, tracker: Tracker) -> Evaluation:
     tracker.log({f"eval/{k}": v for k, v in evaluation.metrics.items()}, step=evaluation.step)
     improved = best is None or evaluation.better_than(best)
     log.info("step %d: %s%s", evaluation.step,
              ", ".join(f"{k}={v:.4f}" for k, v in evaluation.metrics.items()), " (best so far)" if improved else "")
-    if improved:
-        on_best(evaluation)
-        return evaluation
-    assert best is not None
-    return best
+    return evaluation if improved or best is None else best
+
+
+class _Clock:
+    """Training time over every attempt, with evaluation and checkpointing left out."""
+
+    def __init__(self, seconds_before: float) -> None:
+        self._before, self._start, self._paused = seconds_before, time.perf_counter(), 0.0
+
+    @contextmanager
+    def paused(self, window: "_Window") -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            pause = time.perf_counter() - start
+            self._paused += pause
+            window.exclude(pause)
+
+    def training_seconds(self) -> float:
+        return self._before + time.perf_counter() - self._start - self._paused
 
 
 class _Window:

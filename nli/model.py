@@ -4,8 +4,6 @@ local directory) or an architecture with random weights and a tokenizer learnt f
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Dict, Iterable
 
@@ -136,14 +134,6 @@ def load_export(directory: Path) -> PreTrainedModel:
 
 
 def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
-    """Write model and tokenizer to ``directory`` whole or not at all: into a sibling first,
-    then swapped in, so a crash mid-save keeps the previous export."""
-    staging = directory.with_name(directory.name + ".tmp")
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    old = directory.with_name(directory.name + ".old")
-    if directory.exists():
-        os.replace(directory, old)
-    os.replace(staging, directory)
-    if old.exists():
-        shutil.rmtree(old)
+    """Model and tokenizer in one directory, as ``from_pretrained`` and ``pipeline`` load them."""
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)

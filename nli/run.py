@@ -1,11 +1,18 @@
-"""One fine-tuning run, top to bottom: seed, data, model, optimizer, loop, export, results."""
+"""One fine-tuning run, top to bottom: seed, data, model, optimizer, loop, export, results.
+
+A run is resumable. Its output directory (local or gs://) holds checkpoints; started again with
+the same output directory, the run continues from the newest intact checkpoint and ends exactly
+where an uninterrupted run would. A run that already finished reports its results again.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
+import tempfile
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import datasets
 import torch
@@ -13,21 +20,27 @@ import transformers
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
-from transformers import DataCollatorWithPadding, set_seed
+from transformers import AutoTokenizer, DataCollatorWithPadding, set_seed
 
 from nli import data, loop
-from nli.predictions import write_submission
-from nli.sources import DataError
+from nli.checkpoint import CheckpointError, Checkpointer, Progress, Resumed, checkpoint_name, restore_rng
 from nli.config import Config, ConfigError
 from nli.device import resolve_device, resolve_precision
 from nli.hub import HubUnavailableError
+from nli.metrics import Evaluation
 from nli.model import build_model, build_tokenizer, load_export, save_pretrained
 from nli.optim import build_optimizer, build_scheduler
+from nli.predictions import submission
+from nli.signals import StopRequest
+from nli.sources import DataError
+from nli.storage import Storage, StorageError
 from nli.tracking import build_tracker
 
 log = logging.getLogger(__name__)
 
 WORLD_SIZE = 1  # one process; data-parallel training comes with torchrun
+PREEMPTED = 75  # exit status of a run stopped by a signal after its checkpoint (EX_TEMPFAIL: retry)
+USER_ERRORS = (ConfigError, DataError, HubUnavailableError, CheckpointError, StorageError)
 
 
 def main(dict_cfg: DictConfig) -> float:
@@ -35,7 +48,13 @@ def main(dict_cfg: DictConfig) -> float:
     Errors a user can fix end the run with their message alone, not a traceback."""
     try:
         return run(dict_cfg)["objective"]
-    except (ConfigError, DataError, HubUnavailableError) as err:
+    except loop.Preempted as err:
+        message = (f"preempted, resumable: {err.signal} at step {err.step}, checkpoint written. "
+                   "Run the same command again to continue")
+        log.warning("%s", message)
+        print(message, file=sys.stderr)
+        raise SystemExit(PREEMPTED) from None
+    except USER_ERRORS as err:
         log.error("%s", err)
         raise SystemExit(f"error: {err}") from None
 
@@ -45,27 +64,32 @@ def run(dict_cfg: DictConfig) -> Dict[str, Any]:
     datasets.disable_progress_bars()  # one progress bar, the training loop's
     transformers.utils.logging.disable_progress_bar()
     cfg.check_batch(WORLD_SIZE)
-    output_dir = Path(cfg.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(dict_cfg, resolve=True))
+    out = Storage(cfg.output_dir)
+    out.check_writable()
+    checkpoints = _checkpointer(cfg, out)
+    finished = _finished_results(cfg, out, checkpoints)
+    if finished is not None:
+        return finished
+    out.write_text("config.yaml", OmegaConf.to_yaml(dict_cfg, resolve=True))
 
     set_seed(cfg.seed)
     device = resolve_device(cfg.hw)
     dtype = resolve_precision(cfg.precision, device)
     _warn_if_gpus_idle(cfg)
-
     splits = data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=cfg.train.predict)
-    tokenizer = build_tokenizer(cfg.model, splits.train_texts(cfg.task.text_fields),
-                                max_seq_length=cfg.data.max_seq_length)
+    with tempfile.TemporaryDirectory() as scratch:
+        resumed = checkpoints.resume(Path(scratch) / "tokenizer") if cfg.train.resume else None
+        tokenizer = (AutoTokenizer.from_pretrained(resumed.tokenizer_dir) if resumed else
+                     build_tokenizer(cfg.model, splits.train_texts(cfg.task.text_fields),
+                                     max_seq_length=cfg.data.max_seq_length))
     splits = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
     model = build_model(cfg.model, cfg.task, tokenizer).to(device)
 
     pin = device.type == "cuda"
     # Multiples of 8 let fp16/bf16 tensor cores run at full speed; on the CPU they only add padding.
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if pin else None)
-    generator = torch.Generator()
-    train_loader = data.train_loader(splits.train, collator, micro_batch_size=cfg.micro_batch_size(WORLD_SIZE),
-                                     generator=generator, num_workers=cfg.data.num_workers, pin_memory=pin)
+    train_loader, sampler = data.train_loader(splits.train, collator, micro_batch_size=cfg.micro_batch_size(WORLD_SIZE),
+                                              seed=cfg.seed, num_workers=cfg.data.num_workers, pin_memory=pin)
 
     def in_order(group: Dict[str, datasets.Dataset]) -> Dict[str, DataLoader]:
         return {name: data.eval_loader(ds, collator, batch_size=cfg.train.eval_batch_size,
@@ -74,35 +98,55 @@ def run(dict_cfg: DictConfig) -> Dict[str, Any]:
     eval_loaders, test_loaders = in_order(splits.eval), in_order(splits.test)
     plan = loop.Plan.make(micro_batches_per_epoch=len(train_loader), accumulation=cfg.accumulation_steps(WORLD_SIZE),
                           epochs=cfg.train.epochs, max_steps=cfg.train.max_steps, eval_every=cfg.train.eval_every,
-                          log_every=cfg.train.log_every, max_grad_norm=cfg.train.max_grad_norm, seed=cfg.seed)
+                          log_every=cfg.train.log_every, checkpoint_every=cfg.train.checkpoint_every,
+                          max_grad_norm=cfg.train.max_grad_norm, skip_nonfinite=cfg.train.skip_nonfinite)
     log.info("training: %d steps of %d examples (%d x %d accumulated)", plan.total_steps, cfg.train.batch_size,
              cfg.micro_batch_size(WORLD_SIZE), plan.accumulation)
 
     optimizer = build_optimizer(cfg.optimizer, model)
     scheduler = build_scheduler(cfg.schedule, optimizer, plan.total_steps)
-    tracker = build_tracker(cfg.logger, run_name=_run_name(output_dir), group=_sweep_name(),
-                            config=OmegaConf.to_container(dict_cfg, resolve=True), output_dir=output_dir)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    progress, best = _restore(resumed, model, optimizer, scheduler, scaler, plan, checkpoints)
+    tracker = build_tracker(cfg.logger, run_name=_run_name(out), group=_sweep_name(),
+                            config=OmegaConf.to_container(dict_cfg, resolve=True), log_dir=_log_dir(out),
+                            resume_id=resumed.tracker_id if resumed else None)
 
-    def export(evaluation: loop.Evaluation) -> None:
-        save_pretrained(model, tokenizer, output_dir / "model")
-        log.info("saved the model of step %d to %s", evaluation.step, output_dir / "model")
+    def save(progress: Progress, best: Optional[Evaluation], evaluation: Optional[Evaluation]) -> None:
+        name = checkpoints.save(model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                                scaler=scaler, progress=progress, best=best, evaluation=evaluation,
+                                tracker_id=tracker.run_id)
+        log.info("step %d: checkpoint written to %s", progress.step, checkpoints.where(name))
 
-    result = loop.train(
-        model=model, optimizer=optimizer, scheduler=scheduler, loader=train_loader, generator=generator,
-        evaluate_at=lambda step: loop.evaluate(model, eval_loaders, cfg.task, device=device, dtype=dtype, step=step),
-        on_best=export, plan=plan, device=device, dtype=dtype, tracker=tracker, progress_bar=cfg.train.progress_bar,
-    )
-    # Evaluate what was exported, the best checkpoint, rather than the weights training ended with.
-    # (Training's activations are gone, so this copy fits wherever training did.)
-    best_model = load_export(output_dir / "model").to(device)
+    try:
+        with StopRequest() as stop:
+            result = loop.train(
+                model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, loader=train_loader,
+                sampler=sampler, save=save, plan=plan, progress=progress, best=best, stop=stop,
+                evaluate_at=lambda step: loop.evaluate(model, eval_loaders, cfg.task, device=device, dtype=dtype,
+                                                       step=step),
+                device=device, dtype=dtype, tracker=tracker, progress_bar=cfg.train.progress_bar)
+    except loop.NonFiniteLoss as err:
+        newest = checkpoints.newest_step()
+        kept = f"the last good checkpoint, step {newest}, is kept in {checkpoints.where()}" if newest is not None \
+            else "no checkpoint had been written yet"
+        raise ConfigError(f"{err}: stopped, and {kept}. Lower optimizer.lr, compute in precision=fp32 or bf16, "
+                          "or let train.skip_nonfinite=N skip up to N such steps") from None
+
+    # Export the best checkpoint, then evaluate exactly what was exported.
+    model.load_state_dict(checkpoints.load_model_weights(checkpoint_name(result.best.step)))
+    with tempfile.TemporaryDirectory() as export:
+        save_pretrained(model, tokenizer, Path(export))
+        out.upload_dir(Path(export), "model")
+        best_model = load_export(Path(export)).to(device)
     final = loop.evaluate(best_model, eval_loaders, cfg.task, device=device, dtype=dtype, step=result.best.step)
-    log.info("final evaluation of the best checkpoint by %s (step %d of %d), reloaded from %s: %s",
-             cfg.task.main_metric, result.best.step, result.steps, output_dir / "model",
+    log.info("final evaluation of the best checkpoint by %s (step %d of %d), exported to %s: %s",
+             cfg.task.main_metric, result.best.step, result.steps, out.describe("model"),
              ", ".join(f"{k}={v:.4f}" for k, v in final.metrics.items()))
-    for split, loader in test_loaders.items():
-        path = write_submission(output_dir / "predictions", cfg.task, split,
-                                loop.predict(best_model, loader, cfg.task, device=device, dtype=dtype))
-        log.info("test predictions for %s written to %s", split, path)
+    for split, test_loader in test_loaders.items():
+        name, text = submission(cfg.task, split, loop.predict(best_model, test_loader, cfg.task, device=device,
+                                                              dtype=dtype))
+        out.write_text(f"predictions/{name}", text)
+        log.info("test predictions for %s written to %s", split, out.describe("predictions", name))
     results = {
         "objective": final.objective,
         **final.metrics,
@@ -112,10 +156,57 @@ def run(dict_cfg: DictConfig) -> Dict[str, Any]:
         "best_step": result.best.step,
         "status": "completed",
     }
-    (output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    out.write_text("results.json", json.dumps(results, indent=2) + "\n")  # written last: the run is done
     tracker.finish(results)
     log.info("results: %s", json.dumps(results))
     return results
+
+
+def _checkpointer(cfg: Config, out: Storage) -> Checkpointer:
+    """Checkpoints go to ``<output_dir>/checkpoints``, or to ``train.checkpoint_dir`` (on Vertex AI,
+    AIP_CHECKPOINT_DIR). Their identity is the model and task: another run's are not resumed."""
+    storage = Storage(cfg.train.checkpoint_dir or out.describe("checkpoints"))
+    if cfg.train.checkpoint_dir:
+        storage.check_writable()
+    scratch = cfg.model.scratch
+    model = cfg.model.name_or_path or (f"{scratch.model_type} from scratch, {scratch.num_hidden_layers} layers "
+                                       f"of {scratch.hidden_size}" if scratch else "")
+    return Checkpointer(storage, keep=cfg.train.keep_checkpoints, identity={"model": model, "task": cfg.task.name})
+
+
+def _finished_results(cfg: Config, out: Storage, checkpoints: Checkpointer) -> Optional[Dict[str, Any]]:
+    """The results of this run if it already finished; refuse to start over a run's checkpoints
+    when ``train.resume=false``."""
+    newest = checkpoints.newest_step()
+    if newest is not None and not cfg.train.resume:
+        raise CheckpointError(f"{checkpoints.where()} holds a checkpoint of step {newest} and train.resume=false "
+                              "refuses to continue or overwrite it. Choose another output_dir (or hydra.run.dir) "
+                              "to start afresh, delete that folder, or drop train.resume=false to continue")
+    if newest is not None:
+        checkpoints.check_identity(newest)
+    if not out.exists("results.json"):
+        return None
+    results = json.loads(out.read_bytes("results.json"))
+    log.info("this run already finished; its results, from %s: %s", out.describe("results.json"),
+             json.dumps(results))
+    return results
+
+
+def _restore(resumed: Optional[Resumed], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+             scaler: torch.amp.GradScaler, plan: loop.Plan,
+             checkpoints: Checkpointer) -> tuple[Progress, Optional[Evaluation]]:
+    """Put a checkpoint's state back, random generators last, so that training goes on from
+    exactly where it stopped."""
+    if resumed is None:
+        return Progress(), None
+    model.load_state_dict(resumed.state["model"])
+    optimizer.load_state_dict(resumed.state["optimizer"])
+    scheduler.load_state_dict(resumed.state["scheduler"])
+    scaler.load_state_dict(resumed.state["scaler"])
+    restore_rng(resumed.state["rng"])
+    log.info("resuming from checkpoint %s: step %d of %d", checkpoints.where(resumed.name), resumed.progress.step,
+             plan.total_steps)
+    return resumed.progress, resumed.best
 
 
 def _warn_if_gpus_idle(cfg: Config) -> None:
@@ -124,11 +215,21 @@ def _warn_if_gpus_idle(cfg: Config) -> None:
                     "the global batch at %d", cfg.hw.data_parallel_size, WORLD_SIZE, cfg.train.batch_size)
 
 
-def _run_name(output_dir: Path) -> str:
+def _log_dir(out: Storage) -> Path:
+    """Where W&B and TensorBoard write their files: the output directory when it is local, else
+    the Hydra run directory (their writers need a local disk)."""
+    if out.local:
+        return Path(out.root)
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path(tempfile.mkdtemp(prefix="nli-logs-"))
+
+
+def _run_name(out: Storage) -> str:
     """The Hydra job's overrides (``optimizer.lr=1e-05,seed=2``), else its directory's name."""
     if HydraConfig.initialized() and HydraConfig.get().job.override_dirname:
         return HydraConfig.get().job.override_dirname
-    return output_dir.name
+    return Path(out.root).name
 
 
 def _sweep_name() -> str | None:
