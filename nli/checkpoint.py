@@ -65,7 +65,8 @@ class Resumed:
 def rng_state() -> Dict[str, Any]:
     """Every random generator the run draws from, in a form ``torch.load(weights_only=True)`` reads."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"python": random.getstate(), "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+    return {"python": random.getstate(),
+            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
@@ -96,9 +97,7 @@ class Checkpointer:
         """Write a checkpoint of the current step; the manifest goes last, so a crash at any
         point leaves the previous checkpoints as they were."""
         name = checkpoint_name(progress.step)
-        if self.storage.exists(f"{name}/{MANIFEST}"):
-            return name  # written already (a resumed run's last step): the same state
-        self.storage.remove(name)  # an unfinished attempt at this step
+        self.storage.remove(name)  # an unfinished (or damaged) earlier attempt at this step
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                  "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
                  "progress": asdict(progress), "best": asdict(best) if best else None,
@@ -158,14 +157,7 @@ class Checkpointer:
 
     def _load(self, name: str, tokenizer_dir: Path) -> Resumed:
         manifest = self._manifest(name)
-        files = {}
-        for file, expected in manifest["files"].items():
-            data = self._read(f"{name}/{file}")
-            if len(data) != expected["size"]:
-                raise _Damaged(f"{file} is truncated ({len(data)} of {expected['size']} bytes)")
-            if hashlib.sha256(data).hexdigest() != expected["sha256"]:
-                raise _Damaged(f"{file} is corrupt (its SHA-256 does not match the manifest)")
-            files[file] = data
+        files = {file: self._verified(name, file, expected) for file, expected in manifest["files"].items()}
         state = torch.load(io.BytesIO(files.pop(STATE)), map_location="cpu", weights_only=True)
         tokenizer_dir.mkdir(parents=True, exist_ok=True)
         for file, data in files.items():
@@ -174,11 +166,17 @@ class Checkpointer:
         return Resumed(name=name, state=state, progress=Progress(**state["progress"]), best=best,
                        tracker_id=state["tracker_id"], tokenizer_dir=tokenizer_dir)
 
-    def _read(self, path: str) -> bytes:
+    def _verified(self, name: str, file: str, expected: Dict[str, Any]) -> bytes:
+        """The bytes of ``file``, checked against the manifest's size and SHA-256."""
         try:
-            return self.storage.read_bytes(path)
+            data = self.storage.read_bytes(f"{name}/{file}")
         except FileNotFoundError:
-            raise _Damaged(f"{path.rsplit('/', 1)[-1]} is missing") from None
+            raise _Damaged(f"{file} is missing") from None
+        if len(data) != expected["size"]:
+            raise _Damaged(f"{file} is truncated ({len(data)} of {expected['size']} bytes)")
+        if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            raise _Damaged(f"{file} is corrupt (its SHA-256 does not match the manifest)")
+        return data
 
     def _manifest(self, name: str) -> Dict[str, Any]:
         try:
@@ -206,7 +204,11 @@ class Checkpointer:
 
     def load_model_weights(self, name: str) -> Dict[str, torch.Tensor]:
         """The model weights of checkpoint ``name`` (the best one, for the final export)."""
-        data = self.storage.read_bytes(f"{name}/{STATE}")
+        try:
+            data = self._verified(name, STATE, self._manifest(name)["files"][STATE])
+        except _Damaged as err:
+            raise CheckpointError(f"the best checkpoint, {self.where(name)}, is damaged: {err}. Its weights "
+                                  "cannot be exported; start the run afresh in a new output_dir") from None
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)["model"]
 
 

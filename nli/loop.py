@@ -1,7 +1,8 @@
-"""The training loop: mixed precision, gradient accumulation and clipping, periodic evaluation.
+"""The training loop: mixed precision, gradient accumulation and clipping, periodic evaluation,
+checkpoints, and a clean stop on a signal or a non-finite loss.
 
-Plain PyTorch, top to bottom. The loss stays on the device between logs, so the hot loop never
-waits for the GPU.
+Plain PyTorch, top to bottom. The loss is summed on the device and read once per optimizer step,
+to catch a non-finite loss before it reaches the weights; nothing else waits for the GPU.
 """
 
 from __future__ import annotations
@@ -167,16 +168,17 @@ def train(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 _log(window.flush(lr=scheduler.get_last_lr()[0],
                                   epoch=progress.epoch + progress.batches_in_epoch / plan.micro_batches_per_epoch),
                      progress.step, bar, tracker)
+            stopping = stop.signal  # read once: a signal that comes later waits for the next step
+            progress.seconds = clock.training_seconds()
             with clock.paused(window):
                 evaluation = None
                 if progress.step % plan.eval_every == 0 or progress.step == plan.total_steps:
                     evaluation = evaluate_at(progress.step)
                     best = _keep_best(evaluation, best, tracker)
-                if evaluation or progress.step % plan.checkpoint_every == 0 or stop.signal:
-                    progress.seconds = clock.training_seconds()
+                if evaluation or progress.step % plan.checkpoint_every == 0 or stopping:
                     save(progress, best, evaluation)
-            if stop.signal:
-                raise Preempted(progress.step, stop.signal)
+            if stopping:
+                raise Preempted(progress.step, stopping)
             if progress.step == plan.total_steps:
                 break
     bar.close()

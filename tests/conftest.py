@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,32 @@ def datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "datasets-cache"
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     return cache
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[Dict[str, str]]:
+    """A Cloud Storage server on localhost (gcp-storage-emulator) with the bucket ``test-bucket``;
+    yields the environment under which google-cloud-storage and gcsfs talk to it."""
+    from gcp_storage_emulator.server import create_server
+
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="test-bucket")
+    server.start()
+    # Without the last variable, recent gcsfs waits about a minute per bucket on an emulator.
+    env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
 
 
 def run_train(args: List[str], *, cwd: Path, module: bool = False, timeout: float = 600,

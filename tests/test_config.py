@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
 from nli.config import AdamConfig, Config, ConfigError, SGDConfig, TensorBoardConfig, WandbConfig
-from tests.conftest import CONF, build_config, compose_config, run_train
+from tests.conftest import CONF, ROOT, build_config, compose_config, run_train
 
 GROUP_OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
 
@@ -69,10 +73,10 @@ def test_roberta_paper_recipe() -> None:
 UNSUPPORTED = {("bf16", "k80"), ("bf16", "t4"), ("bf16", "v100"), ("fp16", "k80")}
 
 
-@pytest.mark.parametrize("model,precision,hw", itertools.product(
-    options("model"), options("precision"), options("hw")))
-def test_model_precision_hw_matrix(model: str, precision: str, hw: str) -> None:
-    overrides = [f"model={model}", f"precision={precision}", f"hw={hw}"]
+# (The model plays no part in these rules; every model file composes in the test above.)
+@pytest.mark.parametrize("precision,hw", itertools.product(options("precision"), options("hw")))
+def test_precision_hw_matrix(precision: str, hw: str) -> None:
+    overrides = [f"precision={precision}", f"hw={hw}"]
     if (precision, hw) in UNSUPPORTED:
         with pytest.raises(ConfigError, match=f"precision={precision} needs a GPU"):
             build_config(overrides)
@@ -156,3 +160,15 @@ def test_help_lists_the_groups(tmp_path: Path) -> None:
     assert proc.returncode == 0
     for group in ("model:", "task:", "optimizer:", "schedule:", "precision:", "hw:", "logger:", "experiment:"):
         assert group in proc.stdout
+
+
+def test_vertex_directories_become_the_output_and_checkpoint_dirs() -> None:
+    """Vertex AI sets AIP_MODEL_DIR and AIP_CHECKPOINT_DIR; a run there writes to them."""
+    env = {**os.environ, "AIP_MODEL_DIR": "gs://bucket/job/model", "AIP_CHECKPOINT_DIR": "gs://bucket/job/checkpoints"}
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--cfg", "job", "--resolve"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["output_dir"] == "gs://bucket/job/model"
+    assert cfg["train"]["checkpoint_dir"] == "gs://bucket/job/checkpoints"
+    assert build_config([]).train.checkpoint_dir is None  # elsewhere: <output_dir>/checkpoints

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from collections import Counter
 
 import numpy as np
@@ -12,6 +15,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from nli import metrics, synthetic
 from nli.config import AdamConfig, SGDConfig
 from nli.optim import build_optimizer, param_groups
+from nli.signals import StopRequest
 
 
 def test_metrics_agree_with_hand_computed_values() -> None:
@@ -69,3 +73,16 @@ def test_optimizer_class_comes_from_config() -> None:
     assert isinstance(adamw, torch.optim.AdamW) and list(adamw.defaults["betas"]) == [0.9, 0.98]
     sgd = build_optimizer(SGDConfig(_target_="torch.optim.SGD", lr=0.1, momentum=0.5), model)
     assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.5
+
+
+def test_signals_become_a_stop_request_and_a_second_ctrl_c_stops_at_once() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be set from the main thread")
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequest() as stop:
+        assert stop.signal is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.signal == "SIGTERM"  # noted, not fatal: the loop stops after its step
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -1,0 +1,337 @@
+"""Runs that survive preemption: the real train.py stopped by SIGTERM or SIGKILL, started again
+with the same command, must end exactly where an uninterrupted run ends, on local disk and on
+Cloud Storage (a local emulator); damaged checkpoints, another run's checkpoints, a full disk and
+an unwritable output directory must each stop or fall back with a clear message."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import pytest
+import torch
+from safetensors.torch import load
+
+from nli.checkpoint import CheckpointError, Checkpointer
+from nli.storage import Storage
+from tests.conftest import ROOT, read_results, run_train
+from tests.wandb_records import records
+
+# 20 optimizer steps per epoch, 50 in all: the signal lands in the middle of the second epoch.
+ARGS = ["experiment=quickstart", "data.synthetic_train_size=640", "data.synthetic_eval_size=96", "hw=cpu",
+        "train.max_steps=50", "train.eval_every=15", "train.log_every=1", "train.checkpoint_every=5",
+        "train.progress_bar=false"]
+TIMING = {"train_examples_per_second", "train_seconds"}  # the only results a restart may change
+
+
+def start(args: List[str], cwd: Path, env: Dict[str, str] | None = None,
+          preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec_fn,
+                            env={**os.environ, "HYDRA_FULL_ERROR": "0", "HF_HOME": str(cwd / "hf"), **(env or {})})
+
+
+def wait_for_step(proc: subprocess.Popen, log: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while f"step {step}: loss" not in (log.read_text() if log.exists() else ""):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"no step {step} in {log}"
+        time.sleep(0.05)
+
+
+def stop_with_sigterm(run_dir: Path, *, after_step: int = 23, env: Dict[str, str] | None = None,
+                      args: List[str] = ARGS) -> subprocess.CompletedProcess:
+    proc = start([*args, f"hydra.run.dir={run_dir}"], run_dir.parent, env)
+    wait_for_step(proc, run_dir / "train.log", after_step)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def weights(data: bytes) -> Dict[str, torch.Tensor]:
+    return load(data)
+
+
+Outcome = Tuple[Dict, Dict[str, torch.Tensor]]  # results.json, and the exported model's weights
+
+
+def assert_same_run(ours: Outcome, theirs: Outcome) -> None:
+    (our_results, our_weights), (their_results, their_weights) = ours, theirs
+    assert {k: v for k, v in our_results.items() if k not in TIMING} == \
+        {k: v for k, v in their_results.items() if k not in TIMING}
+    assert our_weights.keys() == their_weights.keys()
+    for key, tensor in their_weights.items():
+        assert torch.equal(our_weights[key], tensor), key  # exactly, on the CPU
+
+
+def local_outcome(run_dir: Path) -> Outcome:
+    return read_results(run_dir), weights((run_dir / "model" / "model.safetensors").read_bytes())
+
+
+def checkpoints(run_dir: Path) -> Dict[str, bool]:
+    """Checkpoint folder -> whether it is complete (has its manifest)."""
+    return {p.name: (p / "checkpoint.json").exists() for p in sorted((run_dir / "checkpoints").iterdir())}
+
+
+def intact(folder: Path) -> bool:
+    manifest = json.loads((folder / "checkpoint.json").read_text())
+    return all(hashlib.sha256((folder / name).read_bytes()).hexdigest() == entry["sha256"]
+               for name, entry in manifest["files"].items())
+
+
+def snapshot(run_dir: Path) -> Dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != "train.log" and ".hydra" not in p.parts}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    proc = run_train([*ARGS, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent, env={"HF_HOME": str(run_dir / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return local_outcome(run_dir)
+
+
+@pytest.fixture(scope="module")
+def preempted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run stopped by SIGTERM in the middle of its second epoch; tests resume copies of it."""
+    run_dir = tmp_path_factory.mktemp("preempted") / "run"
+    proc = stop_with_sigterm(run_dir)
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    stopped_at = int(re.search(r"preempted, resumable: SIGTERM at step (\d+)", proc.stderr).group(1))
+    assert checkpoints(run_dir)[f"step-{stopped_at:06d}"]  # the step it stopped at is saved, whole
+    return run_dir
+
+
+def copy_of(preempted: Path, tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(preempted, run_dir)
+    return run_dir
+
+
+def resume(run_dir: Path, *extra: str, **kwargs: object) -> subprocess.CompletedProcess:
+    return run_train([*ARGS, *extra, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent,
+                     env={"HF_HOME": str(run_dir / "hf")}, **kwargs)
+
+
+def test_sigterm_mid_epoch_then_resume_ends_as_if_never_stopped(preempted: Path, tmp_path: Path,
+                                                                uninterrupted: Outcome) -> None:
+    run_dir = copy_of(preempted, tmp_path)
+    newest = max(name for name, complete in checkpoints(run_dir).items() if complete)
+    state = torch.load(run_dir / "checkpoints" / newest / "state.pt", weights_only=True)
+    progress = state["progress"]
+    assert 0 < progress["batches_in_epoch"] < 20 and progress["epoch"] == 1, (newest, progress)  # mid-epoch
+    proc = resume(run_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"resuming from checkpoint {run_dir / 'checkpoints' / newest}: step {int(newest[5:])} of 50" in proc.stdout
+    assert_same_run(local_outcome(run_dir), uninterrupted)
+    # Started once more, the finished run reports its results and trains no further.
+    results = (run_dir / "results.json").read_bytes()
+    again = resume(run_dir)
+    assert again.returncode == 0 and "this run already finished" in again.stdout and "training:" not in again.stdout
+    assert (run_dir / "results.json").read_bytes() == results
+
+
+def test_checkpoints_keep_the_newest_and_the_best(preempted: Path) -> None:
+    complete = [name for name, done in checkpoints(preempted).items() if done]
+    manifests = {n: json.loads((preempted / "checkpoints" / n / "checkpoint.json").read_text()) for n in complete}
+    evaluated = {n: m["objective"] for n, m in manifests.items() if m["objective"] is not None}
+    assert "step-000015" in evaluated  # the only evaluation before the signal, so the best
+    assert len(complete) == 3 and all(intact(preempted / "checkpoints" / n) for n in complete)
+
+
+def test_sigkill_while_a_checkpoint_is_written(tmp_path: Path, uninterrupted: Outcome) -> None:
+    """Checkpoint every step, and kill the process while a checkpoint folder has no manifest yet."""
+    run_dir = tmp_path / "run"
+    args = [*ARGS, "train.checkpoint_every=1", f"hydra.run.dir={run_dir}"]
+    for _attempt in range(10):
+        proc = start(args, tmp_path)
+        caught = None
+        while proc.poll() is None and caught is None:
+            found = checkpoints(run_dir) if (run_dir / "checkpoints").is_dir() else {}
+            caught = next((n for n, done in found.items() if not done and n > "step-000005"), None)
+        proc.kill()
+        proc.communicate()
+        if caught and not checkpoints(run_dir).get(caught, True):
+            break  # killed with that checkpoint half-written
+    else:
+        pytest.fail("never caught a checkpoint being written")
+    previous = max(n for n, done in checkpoints(run_dir).items() if done and n < caught)
+    done = run_train(args, cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"resuming from checkpoint {run_dir / 'checkpoints' / previous}" in done.stdout
+    assert_same_run(local_outcome(run_dir), uninterrupted)
+
+
+def damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "corrupt":
+        data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data if how == "corrupt" else data[: len(data) // 3]))
+
+
+def test_a_corrupt_checkpoint_falls_back_to_the_one_before(preempted: Path, tmp_path: Path,
+                                                           uninterrupted: Outcome) -> None:
+    run_dir = copy_of(preempted, tmp_path)
+    names = sorted(n for n, done in checkpoints(run_dir).items() if done)
+    damage(run_dir / "checkpoints" / names[-1] / "state.pt", "corrupt")
+    proc = resume(run_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"checkpoint {run_dir / 'checkpoints' / names[-1]} is damaged: state.pt is corrupt (its SHA-256 " \
+           "does not match the manifest)" in proc.stdout
+    assert f"resuming from checkpoint {run_dir / 'checkpoints' / names[-2]}" in proc.stdout
+    assert_same_run(local_outcome(run_dir), uninterrupted)
+
+
+@pytest.mark.parametrize("how,message", [("truncated", "state.pt is truncated"), ("missing", "state.pt is missing")])
+def test_which_file_is_damaged_is_named(preempted: Path, tmp_path: Path, how: str, message: str,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    """The checkpointer on its own, in this process: the run's resume path, without the run."""
+    run_dir = copy_of(preempted, tmp_path)
+    names = sorted(n for n, done in checkpoints(run_dir).items() if done)
+    state = run_dir / "checkpoints" / names[-1] / "state.pt"
+    if how == "missing":
+        state.unlink()
+    else:
+        damage(state, how)
+    saved = json.loads((run_dir / "checkpoints" / names[-1] / "checkpoint.json").read_text())["identity"]
+    checkpointer = Checkpointer(Storage(str(run_dir / "checkpoints")), keep=2, identity=saved)
+    resumed = checkpointer.resume(tmp_path / "tokenizer")
+    assert resumed is not None and resumed.name == names[-2] and resumed.progress.step == int(names[-2][5:])
+    assert f"checkpoint {run_dir / 'checkpoints' / names[-1]} is damaged: {message}" in caplog.text
+    assert (tmp_path / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_every_checkpoint_damaged_is_a_clear_error(preempted: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(preempted, tmp_path)
+    for folder in (run_dir / "checkpoints").iterdir():
+        (folder / "state.pt").write_bytes(b"not a checkpoint")
+    proc = resume(run_dir)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"no intact checkpoint in {run_dir / 'checkpoints'}: every one is damaged" in proc.stderr
+
+
+def test_another_runs_checkpoint_is_refused_and_left_alone(preempted: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(preempted, tmp_path)
+    before = snapshot(run_dir)
+    proc = resume(run_dir, "model.scratch.hidden_size=64")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert ("is a checkpoint of another run (model: checkpoint 'roberta from scratch, 2 layers of 128', config "
+            "'roberta from scratch, 2 layers of 64'). Nothing was changed") in proc.stderr
+    assert snapshot(run_dir) == before
+
+
+def test_a_checkpoint_of_another_task_is_refused(preempted: Path) -> None:
+    saved = json.loads(next((preempted / "checkpoints").glob("*/checkpoint.json")).read_text())["identity"]
+    checkpointer = Checkpointer(Storage(str(preempted / "checkpoints")), keep=2, identity={**saved, "task": "wnli"})
+    with pytest.raises(CheckpointError, match="another run \\(task: checkpoint 'synthetic', config 'wnli'\\)"):
+        checkpointer.resume(preempted / "unused")
+
+
+def test_resume_false_refuses_and_says_how_to_start_afresh(preempted: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(preempted, tmp_path)
+    before = snapshot(run_dir)
+    proc = resume(run_dir, "train.resume=false")
+    assert proc.returncode == 1
+    assert "train.resume=false refuses to continue or overwrite it. Choose another output_dir" in proc.stderr
+    assert snapshot(run_dir) == before
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_earlier_ones(preempted: Path, tmp_path: Path,
+                                                                uninterrupted: Outcome) -> None:
+    """A file-size limit makes the next checkpoint's write fail as a full disk would."""
+    run_dir = copy_of(preempted, tmp_path)
+    earlier = {n for n, done in checkpoints(run_dir).items() if done}
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG instead of dying
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    proc = start([*ARGS, f"hydra.run.dir={run_dir}"], tmp_path, preexec_fn=small_files)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in err, out + err
+    assert "could not write" in err and "state.pt: [Errno 27] File too large" in err
+    assert {n for n, done in checkpoints(run_dir).items() if done} == earlier
+    assert all(intact(run_dir / "checkpoints" / n) for n in earlier)
+    proc = resume(run_dir)  # space again: it goes on from the newest intact checkpoint
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_same_run(local_outcome(run_dir), uninterrupted)
+
+
+def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    diverge = [*ARGS, "optimizer.lr=1e4", "train.max_grad_norm=null", "schedule.warmup_ratio=0",
+               "train.checkpoint_every=2"]
+    run_dir = tmp_path / "run"
+    proc = run_train([*diverge, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "error: the training loss is nan at step 4: stopped, and the last good checkpoint, step 2, is kept" \
+        in proc.stderr
+    assert checkpoints(run_dir) == {"step-000002": True}
+    skipping = tmp_path / "skipping"
+    proc = run_train([*diverge, "train.skip_nonfinite=100", f"hydra.run.dir={skipping}"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "step 4: the loss is nan; skipping this update (1 of train.skip_nonfinite=100)" in proc.stdout
+
+
+def test_an_unwritable_output_dir_fails_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = run_train([*ARGS, f"output_dir={blocker}/run", f"hydra.run.dir={tmp_path}/hydra"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"error: output_dir={blocker}/run is not writable" in proc.stderr and "Not a directory" in proc.stderr
+    assert "training:" not in proc.stdout
+
+
+def test_on_cloud_storage_sigterm_then_resume_ends_as_if_never_stopped(tmp_path: Path, gcs_emulator: Dict[str, str],
+                                                                      uninterrupted: Outcome) -> None:
+    import gcsfs
+
+    url = "gs://test-bucket/runs/preempted"
+    args = [*ARGS, f"output_dir={url}"]
+    proc = stop_with_sigterm(tmp_path / "hydra", env=gcs_emulator, args=args)
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    fs = gcsfs.GCSFileSystem()
+    names = [p.rsplit("/", 1)[-1] for p in fs.ls("test-bucket/runs/preempted/checkpoints")]
+    newest = max(n for n in names if fs.exists(f"test-bucket/runs/preempted/checkpoints/{n}/checkpoint.json"))
+    proc = run_train([*args, f"hydra.run.dir={tmp_path}/hydra-again"], cwd=tmp_path,
+                     env={**gcs_emulator, "HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"resuming from checkpoint {url}/checkpoints/{newest}" in proc.stdout
+    results = json.loads(fs.cat_file("test-bucket/runs/preempted/results.json"))
+    assert_same_run((results, weights(fs.cat_file("test-bucket/runs/preempted/model/model.safetensors"))),
+                    uninterrupted)
+    assert fs.exists("test-bucket/runs/preempted/model/tokenizer.json")
+
+
+def test_a_missing_bucket_fails_before_training(tmp_path: Path, gcs_emulator: Dict[str, str]) -> None:
+    proc = run_train([*ARGS, "output_dir=gs://no-such-bucket/run", f"hydra.run.dir={tmp_path}/hydra"],
+                     cwd=tmp_path, env={**gcs_emulator, "HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "error: output_dir=gs://no-such-bucket/run is not writable" in proc.stderr
+    assert "does the bucket or parent directory exist?" in proc.stderr and "training:" not in proc.stdout
+
+
+def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    wandb_env = {"WANDB_SILENT": "true", "HF_HOME": str(tmp_path / "hf")}
+    args = [*ARGS, "logger=wandb", "logger.mode=offline"]
+    assert stop_with_sigterm(run_dir, env=wandb_env, args=args).returncode == 75
+    proc = run_train([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=wandb_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 2  # one file per attempt, as W&B writes them
+    ids = {record.run.run_id for f in files for record in records(f) if record.WhichOneof("record_type") == "run"}
+    assert len(ids) == 1 and {f.stem for f in files} == {f"run-{next(iter(ids))}"}
