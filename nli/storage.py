@@ -88,12 +88,6 @@ class Storage:
         except OSError as err:
             raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
 
-    def download_dir(self, name: str, local: Path) -> None:
-        for path in self.fs.find(self.path(name)):
-            target = local / posixpath.relpath(path, self.path(name))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(self.fs.cat_file(path))
-
 
 def _reason(err: OSError) -> str:
     if isinstance(err, FileNotFoundError) and not isinstance(err, StorageError):
