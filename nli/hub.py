@@ -15,9 +15,10 @@ from typing import Iterator
 from urllib.parse import urlparse
 
 OFFLINE_HINT = (
-    "To run offline: point model.name_or_path at a local checkpoint directory, load a dataset "
-    "that is already in the Hugging Face cache with HF_HUB_OFFLINE=1, or try "
-    "experiment=quickstart (a tiny model on a generated task, no download)."
+    "To run offline: point model.name_or_path at a local checkpoint directory, data.dir at a "
+    "local GLUE directory (glue_data/ with RTE/, MNLI/, ...), load what is already in the Hugging "
+    "Face cache with HF_HUB_OFFLINE=1, or try experiment=quickstart (a tiny model on a generated "
+    "task, no download)."
 )
 
 

@@ -139,6 +139,7 @@ def test_unreachable_hub_gives_one_clear_message(tmp_path: Path, args: list[str]
                      env={"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"})
     assert proc.returncode == 1
     assert expected in proc.stderr and "experiment=quickstart" in proc.stderr
+    assert "data.dir at a local GLUE directory" in proc.stderr  # the offline way to the GLUE data
     assert "Traceback" not in proc.stderr and "Retrying" not in proc.stdout + proc.stderr
 
 
