@@ -1,6 +1,27 @@
-"""``python -m nli ...`` is ``python train.py ...`` (Vertex AI's Python-package jobs run a module)."""
+"""``python -m nli ARGS`` is ``python train.py ARGS``: what Vertex AI's Python-package jobs run.
 
-import runpy
+An installed wheel or sdist carries the config inside the package (``nli/conf``); a source checkout
+keeps it at the top (``conf/``)."""
+
 from pathlib import Path
 
-runpy.run_path(str(Path(__file__).resolve().parents[1] / "train.py"), run_name="__main__")
+import hydra
+from omegaconf import DictConfig
+
+from nli.config import register_configs
+
+_PACKAGE = Path(__file__).resolve().parent
+CONF = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else _PACKAGE.parent / "conf"
+
+register_configs()
+
+
+@hydra.main(config_path=str(CONF), config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    from nli.run import main as run  # deferred: `--help` and `--cfg` answer without torch
+
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+# The training image for Vertex AI custom-container jobs (and any Docker host with GPUs):
+#
+#     docker build -t nli .
+#     docker run --gpus all nli task=rte hw=a100        # = python train.py task=rte hw=a100
+#
+# The container's arguments are Hydra overrides; Vertex AI passes a job's overrides as the args.
+#
+# The base is PyTorch's official runtime image of the pinned torch (2.13.0), CUDA 12.6 build. Its
+# torch, 2.13.0+cu126, satisfies the project's `torch==2.13.0` pin, so pip keeps it instead of
+# pulling PyPI's Linux wheel: gigabytes more, and built for CUDA 13, which needs a 580 driver and
+# no longer runs on the V100. CUDA 12.6 runs every GPU of conf/hw/ that torch 2.13 supports (T4,
+# V100, A100, H100; no current torch runs on the K80) on any CUDA 12 driver. For Blackwell GPUs,
+# build on a `-cuda12.8-` or `-cuda13.0-` tag of the same torch:
+#     docker build --build-arg BASE_IMAGE=pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime -t nli .
+ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime
+FROM ${BASE_IMAGE}
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HYDRA_FULL_ERROR=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# Unbuffered: Cloud Logging shows each line as the run writes it, not when a buffer fills or the
+# job dies. HYDRA_FULL_ERROR: an error in a remote job, which cannot be rerun at a keystroke, logs
+# its whole traceback, still ending with the message.
+
+# Some bases ship `python3` only; the ENTRYPOINT calls `python`.
+RUN command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python
+
+# An unprivileged user that owns /app, where the Hydra run directories (outputs/, multirun/) go
+# unless output_dir or AIP_MODEL_DIR points elsewhere; its home holds the Hugging Face caches.
+# No fixed uid: Ubuntu 24.04 bases already have a user 1000.
+RUN useradd --create-home --user-group nli && install -d -o nli -g nli /app
+WORKDIR /app
+
+# Dependencies first, from pyproject.toml alone (read with tomllib: Python 3.11 or newer, as in the
+# PyTorch images), so that editing the source or the README reuses this layer.
+# PIP_BREAK_SYSTEM_PACKAGES: the image is the environment; a base whose Python is marked
+# externally managed (PEP 668) would refuse to install into it otherwise.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['vertex']))" > /tmp/requirements.txt \
+ && PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install -r /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
+
+# The source, then the project itself (its dependencies are in place: --no-deps). Installing it
+# registers the Vertex launcher plugin and `nli.conf` for `python -m nli`.
+COPY conf/ conf/
+COPY nli/ nli/
+COPY launch/ launch/
+COPY train.py README.md ./
+RUN PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install --no-deps . && rm -rf build nli_glue.egg-info
+
+USER nli
+ENTRYPOINT ["python", "train.py"]

@@ -1,0 +1,80 @@
+"""Checks that run before anything is submitted (or saved): the settings, and that no secret value
+travels in a job's spec, where anyone who can view the job could read it."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+from .config import VertexLauncherConf
+
+# Variables that hold credentials: never passed by value. `hydra.launcher.secrets` adds its own names.
+SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+_SECRET_VERSION = re.compile(r"^projects/[^/]+/secrets/[^/]+/versions/[^/]+$")
+
+
+class LaunchError(Exception):
+    """A sweep that cannot start as configured; the message says what to change."""
+
+
+def check_settings(settings: VertexLauncherConf) -> None:
+    """Everything the launcher can check from its own settings, with the fix in each message."""
+    _require(settings.project, "hydra.launcher.project",
+             "hydra.launcher.project=MY_PROJECT (or export GOOGLE_CLOUD_PROJECT)")
+    _require(settings.staging_bucket, "hydra.launcher.staging_bucket", "hydra.launcher.staging_bucket=gs://MY_BUCKET")
+    if not str(settings.staging_bucket).startswith("gs://"):
+        raise LaunchError(f"hydra.launcher.staging_bucket={settings.staging_bucket} is not a gs:// path")
+    if not settings.python_package():
+        _require(settings.image_uri, "hydra.launcher.image_uri",
+                 "hydra.launcher.image_uri=REGION-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG "
+                 "(see the README), or hydra.launcher.packaging=python_package")
+    if settings.max_concurrent_jobs < 1 or settings.poll_interval <= 0:
+        raise LaunchError("hydra.launcher.max_concurrent_jobs must be >= 1 and poll_interval > 0")
+    for name, version in settings.secrets.items():
+        if not _SECRET_VERSION.match(version):
+            raise LaunchError(f"hydra.launcher.secrets.{name}={version} is not a Secret Manager version: "
+                              "write projects/PROJECT/secrets/NAME/versions/latest")
+    _check_env(settings)
+
+
+def secret_names(settings: VertexLauncherConf) -> frozenset[str]:
+    return SECRET_NAMES | frozenset(settings.secrets)
+
+
+def _check_env(settings: VertexLauncherConf) -> None:
+    names = secret_names(settings)
+    # A secret's value, however it got into `env` (typed, or through ${oc.env:...}), must not be sent.
+    values = {os.environ[name] for name in names if os.environ.get(name)}
+    for name, value in settings.env.items():
+        if name in names or value in values:
+            raise LaunchError(
+                f"hydra.launcher.env.{name} would put a secret into the job's spec, which anyone who can "
+                f"view the job can read. Store it in Secret Manager and pass it by reference: "
+                f"hydra.launcher.secrets='{{{name if name in names else 'NAME'}: "
+                f"projects/PROJECT/secrets/SECRET/versions/latest}}' (see the README)")
+
+
+def check_wandb_key(settings: VertexLauncherConf, configs: Iterable[DictConfig]) -> None:
+    """A job logging to W&B online needs WANDB_API_KEY inside the job, and the only way in is a secret."""
+    if "WANDB_API_KEY" in settings.secrets:
+        return
+    for cfg in configs:
+        mode = OmegaConf.select(cfg, "logger.mode")  # an enum member in a typed config
+        if OmegaConf.select(cfg, "logger.kind") == "wandb" and getattr(mode, "name", mode) == "online":
+            raise LaunchError(
+                "logger=wandb with logger.mode=online needs WANDB_API_KEY in each job, and a job's "
+                "environment is visible to anyone who can view it. Store the key in Secret Manager once:\n"
+                "  printf %s \"$WANDB_API_KEY\" | gcloud secrets create wandb-api-key --data-file=-\n"
+                "  gcloud secrets add-iam-policy-binding wandb-api-key "
+                "--member=serviceAccount:JOB_SERVICE_ACCOUNT --role=roles/secretmanager.secretAccessor\n"
+                "then pass hydra.launcher.secrets='{WANDB_API_KEY: "
+                f"projects/{settings.project}/secrets/wandb-api-key/versions/latest}}' "
+                "(or use logger.mode=offline)")
+
+
+def _require(value: object, name: str, how: str) -> None:
+    if not value:
+        raise LaunchError(f"{name} is not set: pass {how}")

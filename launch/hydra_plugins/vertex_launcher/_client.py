@@ -1,0 +1,94 @@
+"""The Vertex AI JobService client: transient errors retried with backoff, the others turned into
+one message that says what the API said and, where it is known, how to fix it."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, TypeVar
+
+from google.api_core import exceptions as gexc
+from google.api_core import retry as gretry
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.auth.exceptions import DefaultCredentialsError
+from google.cloud.aiplatform_v1 import CustomJob, JobServiceClient
+
+from ._checks import LaunchError
+from .config import VertexLauncherConf
+
+T = TypeVar("T")
+
+
+def _transient(error: Exception) -> bool:
+    """Worth another try: the service is busy or the call timed out. A 429 about quota is not
+    transient (it stays until the quota grows); a 429 about request rate is."""
+    if isinstance(error, (gexc.TooManyRequests, gexc.ResourceExhausted)):
+        return "quota" not in str(error).lower()
+    return isinstance(error, (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError))
+
+
+RETRY = gretry.Retry(predicate=_transient, initial=0.5, maximum=30.0, multiplier=2.0, timeout=600.0)
+
+
+class Vertex:
+    """The calls the launcher makes, on one region's endpoint."""
+
+    def __init__(self, settings: VertexLauncherConf) -> None:
+        self.settings = settings
+        self.parent = f"projects/{settings.project}/locations/{settings.region}"
+        endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
+        options = ClientOptions(api_endpoint=endpoint)
+        try:
+            if endpoint.startswith("http://"):  # an emulator, as google-cloud-storage's STORAGE_EMULATOR_HOST
+                self.client = JobServiceClient(credentials=AnonymousCredentials(), transport="rest",
+                                               client_options=options)
+            else:
+                self.client = JobServiceClient(client_options=options)
+        except DefaultCredentialsError as error:
+            raise LaunchError(f"no Google Cloud credentials ({error}). Run `gcloud auth application-default "
+                              "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service account key") from None
+
+    def create(self, job: Dict[str, Any]) -> CustomJob:
+        return self._call(lambda: self.client.create_custom_job(parent=self.parent, custom_job=job, retry=RETRY))
+
+    def get(self, name: str) -> CustomJob:
+        return self._call(lambda: self.client.get_custom_job(name=name, retry=RETRY))
+
+    def cancel(self, name: str) -> None:
+        self._call(lambda: self.client.cancel_custom_job(name=name, retry=RETRY))
+
+    def console_url(self, name: str) -> str:
+        job_id = name.rsplit("/", 1)[-1]
+        return (f"https://console.cloud.google.com/vertex-ai/locations/{self.settings.region}/training/"
+                f"{job_id}/cpu?project={self.settings.project}")
+
+    def _call(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except gexc.GoogleAPICallError as error:
+            raise LaunchError(explain(error, self.settings)) from None
+        except gexc.RetryError as error:
+            raise LaunchError(f"Vertex AI kept failing for 10 minutes: {error.cause}") from None
+
+
+def explain(error: gexc.GoogleAPICallError, settings: VertexLauncherConf) -> str:
+    """The API's own message, and the fix where one is known."""
+    message = f"Vertex AI refused the call: {error.code} {error.message}"
+    text = str(error.message).lower()
+    project = settings.project
+    if isinstance(error, gexc.PermissionDenied) or error.code == 403:
+        if "service_disabled" in text or "has not been used" in text or "is disabled" in text:
+            return f"{message}\nEnable the API: gcloud services enable aiplatform.googleapis.com --project={project}"
+        return (f"{message}\nYour account needs roles/aiplatform.user on {project}: gcloud projects "
+                f"add-iam-policy-binding {project} --member=user:YOU@EXAMPLE.COM --role=roles/aiplatform.user "
+                "(the jobs' service account needs roles/storage.objectAdmin on the staging bucket and "
+                "roles/secretmanager.secretAccessor on the secrets)")
+    if "quota" in text:
+        return (f"{message}\nAsk for more quota (https://console.cloud.google.com/iam-admin/quotas?project={project}), "
+                "use another region (hydra.launcher.region=...) or lower hydra.launcher.max_concurrent_jobs")
+    if isinstance(error, gexc.Unauthorized) or error.code == 401:
+        return f"{message}\nLog in again: gcloud auth application-default login"
+    if isinstance(error, gexc.NotFound):
+        return f"{message}\nCheck hydra.launcher.project={project} and hydra.launcher.region={settings.region}"
+    if isinstance(error, gexc.BadRequest) or error.code == 400:
+        return f"{message}\nCheck the hydra.launcher settings; hydra.launcher.dry_run=true writes the requests to read"
+    return message

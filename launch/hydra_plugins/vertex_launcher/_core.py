@@ -1,0 +1,282 @@
+"""A sweep on Vertex AI: compose every job, submit, watch, collect.
+
+Every job's config is composed (and so checked) before the first submission, so a typo in one
+override costs nothing. Locally each job gets its sweep subdirectory as under Hydra's own launcher
+(``.hydra/`` and a log of its states); remotely it writes to ``<staging_bucket>/<sweep>/<job number>``,
+whose ``model/`` is the job's ``AIP_MODEL_DIR``."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Deque, Dict, List, Optional, Sequence
+
+from google.cloud.aiplatform_v1 import CreateCustomJobRequest, JobState
+from hydra import version
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from . import _spec
+from ._checks import LaunchError, check_wandb_key
+from ._client import Vertex
+from ._package import build_sdist, upload
+from ._results import RESULTS_FILE, read_json, write_table
+from .config import VertexLauncherConf
+
+log = logging.getLogger(__name__)
+
+ENDED = {JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED,
+         JobState.JOB_STATE_EXPIRED, JobState.JOB_STATE_PARTIALLY_SUCCEEDED}
+MAX_POLL_FACTOR = 10  # polling slows down to poll_interval x this while nothing changes
+
+
+class JobFailed(Exception):
+    """A Vertex AI job that did not succeed; the JobReturn of a FAILED job holds it."""
+
+
+@dataclass
+class Job:
+    num: int
+    overrides: List[str]
+    config: DictConfig  # the job's whole config, hydra node included
+    output_dir: Path  # local: .hydra/ and the job's log
+    remote_dir: str  # gs://: the job's base output directory
+    request: Dict[str, Any] = field(default_factory=dict)
+    name: str = ""  # the CustomJob's resource name, once submitted
+    state: JobState = JobState.JOB_STATE_UNSPECIFIED
+    error: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"#{self.num} {' '.join(self.overrides)}".strip()
+
+    def note(self, message: str) -> None:
+        """A line in the sweep's log and in the job's own log file."""
+        log.info("%s: %s", self.label, message)
+        with open(self.output_dir / f"{self.config.hydra.job.name}.log", "a") as stream:
+            stream.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}\n")
+
+
+class Sweep:
+    """One launcher's sweep; Optuna and other sweepers call launch() once per batch."""
+
+    def __init__(self, settings: VertexLauncherConf, config: DictConfig, hydra_context: HydraContext) -> None:
+        self.settings = settings
+        self.config = config
+        self.hydra_context = hydra_context
+        self.name = settings.sweep_name or f"{config.hydra.job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.dir = Path(str(config.hydra.sweep.dir))
+        self.rows: List[Dict[str, Any]] = []  # every job so far, for sweep_results.csv
+        self._vertex: Optional[Vertex] = None
+        self._package_uri: Optional[str] = None
+
+    @property
+    def vertex(self) -> Vertex:
+        if self._vertex is None:
+            self._vertex = Vertex(self.settings)
+        return self._vertex
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[JobReturn]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        saved = HydraConfig.instance().cfg
+        try:
+            jobs = [self._compose(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
+        finally:
+            HydraConfig.instance().cfg = saved
+        check_wandb_key(self.settings, [job.config for job in jobs])
+        package_uri = self._package() if self.settings.python_package() else None
+        for job in jobs:
+            job.request = self._request(job, package_uri)
+        if self.settings.dry_run:
+            return [self._dry_run(job) for job in jobs]
+        log.info("Vertex AI sweep %s: %d jobs in %s (%s), outputs in %s/%s", self.name, len(jobs),
+                 self.settings.project, self.settings.region, self.settings.staging_bucket, self.name)
+        if not self.settings.wait:
+            return [self._submitted(job) for job in jobs]
+        Watcher(self.vertex, self.settings).run(jobs)
+        returns = [self._collect(job) for job in jobs]
+        write_table(self.dir, self.rows)
+        return returns
+
+    def _compose(self, overrides: List[str], num: int) -> Job:
+        """The job's config as Hydra's own launcher makes it, and its local directory."""
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(config.hydra.job):
+            config.hydra.job.id = f"{self.name}-{num}"
+            config.hydra.job.num = num
+        HydraConfig.instance().set_config(config)
+        output_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+        with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
+            config.hydra.runtime.output_dir = str(output_dir.absolute())
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if config.hydra.output_subdir is not None:
+            hydra_dir = output_dir / str(config.hydra.output_subdir)
+            hydra_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(_task_config(config), hydra_dir / "config.yaml")
+            OmegaConf.save(OmegaConf.create({"hydra": config.hydra}), hydra_dir / "hydra.yaml")
+            OmegaConf.save(config.hydra.overrides.task, hydra_dir / "overrides.yaml")
+        remote_dir = f"{str(self.settings.staging_bucket).rstrip('/')}/{self.name}/{num}"
+        return Job(num, overrides, config, output_dir, remote_dir)
+
+    def _request(self, job: Job, package_uri: Optional[str]) -> Dict[str, Any]:
+        # Relative to where the sweep started, as the image's WORKDIR stands in for it; absolute if outside.
+        run_dir = os.path.relpath(job.output_dir.absolute(), str(job.config.hydra.runtime.cwd))
+        if run_dir.startswith(".."):
+            run_dir = str(job.output_dir.absolute())
+        return _spec.custom_job(
+            settings=self.settings, cfg=job.config, name=_spec.display_name(self.name, job.num, job.overrides),
+            job_labels=_spec.labels(self.name, job.num, job.overrides, dict(self.settings.labels)),
+            args=_spec.container_args(job.config, job.overrides, run_dir), output_dir=job.remote_dir,
+            package_uri=package_uri)
+
+    def _package(self) -> str:
+        """Build the sdist once per sweep (kept in the sweep directory) and upload it, unless dry run."""
+        if self._package_uri is None:
+            source = Path(str(self.config.hydra.runtime.cwd), self.settings.source_dir).resolve()
+            sdist = build_sdist(source, self.dir / "code")
+            self._package_uri = f"{str(self.settings.staging_bucket).rstrip('/')}/{self.name}/code/{sdist.name}"
+            if not self.settings.dry_run:
+                upload(sdist, self._package_uri)
+        return self._package_uri
+
+    def _dry_run(self, job: Job) -> JobReturn:
+        parent = f"projects/{self.settings.project}/locations/{self.settings.region}"
+        request = CreateCustomJobRequest(parent=parent, custom_job=job.request)
+        path = self.dir / "custom_jobs" / f"{job.num}.json"
+        path.parent.mkdir(exist_ok=True)
+        text = CreateCustomJobRequest.to_json(request, use_integers_for_enums=False,
+                                              always_print_fields_with_no_presence=False)
+        path.write_text(text + "\n")
+        job.note(f"dry run: request written to {path}, nothing submitted")
+        return _job_return(job, JobStatus.COMPLETED, None)  # Hydra's sweepers accept no other status here
+
+    def _submitted(self, job: Job) -> JobReturn:
+        job.name = self.vertex.create(job.request).name
+        job.note(f"submitted {job.name} (not waiting): {self.vertex.console_url(job.name)}")
+        return _job_return(job, JobStatus.COMPLETED, None)  # no result yet: the job has only started
+
+    def _collect(self, job: Job) -> JobReturn:
+        """Hydra's JobReturn from what the job left in its output directory."""
+        model_dir = f"{job.remote_dir}/model"
+        reported = read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}
+        results = read_json(f"{model_dir}/{RESULTS_FILE}") or {}
+        self.rows.append({"job": job.num, "state": job.state.name.removeprefix("JOB_STATE_"),
+                          **_override_columns(job.overrides), **results, "vertex_job": job.name})
+        if job.state is JobState.JOB_STATE_SUCCEEDED:
+            value = reported.get("return_value", results.get("objective"))
+            job.note(f"return value {value!r}")
+            return _job_return(job, JobStatus.COMPLETED, value)
+        reason = f"; the job reported {reported['error']}" if "error" in reported else ""
+        error = JobFailed(f"Vertex AI job {job.label} ({job.name}) ended {job.state.name}: {job.error}{reason}")
+        job.note(str(error))
+        return _job_return(job, JobStatus.FAILED, error)
+
+
+class Watcher:
+    """Submits up to max_concurrent_jobs at a time and polls until every job has ended."""
+
+    def __init__(self, vertex: Vertex, settings: VertexLauncherConf) -> None:
+        self.vertex = vertex
+        self.settings = settings
+        self.counts: Counter[str] = Counter()
+
+    def run(self, jobs: List[Job]) -> None:
+        waiting: Deque[Job] = deque(jobs)
+        active: List[Job] = []
+        interval = self.settings.poll_interval
+        try:
+            while waiting or active:
+                while waiting and len(active) < self.settings.max_concurrent_jobs:
+                    active.append(self._submit(waiting.popleft()))
+                changed = [job for job in active if self._poll(job)]
+                active = [job for job in active if job.state not in ENDED]
+                self._count(jobs)
+                if active or waiting:
+                    interval = self.settings.poll_interval if changed else min(
+                        interval * 1.5, self.settings.poll_interval * MAX_POLL_FACTOR)
+                    time.sleep(interval)
+        except KeyboardInterrupt:
+            self._cancel([job for job in jobs if job.name and job.state not in ENDED])
+            raise SystemExit(130) from None
+        except LaunchError as error:
+            running = [job for job in jobs if job.name and job.state not in ENDED]
+            raise LaunchError(f"{error}{_still_running(running, self.settings.region)}") from None
+
+    def _submit(self, job: Job) -> Job:
+        created = self.vertex.create(job.request)
+        job.name, job.state = created.name, JobState(created.state)
+        job.note(f"submitted {job.name}: {self.vertex.console_url(job.name)}")
+        return job
+
+    def _poll(self, job: Job) -> bool:
+        remote = self.vertex.get(job.name)
+        state = JobState(remote.state)
+        if state == job.state:
+            return False
+        job.state, job.error = state, remote.error.message
+        job.note(f"{state.name} {self.vertex.console_url(job.name)}")
+        return True
+
+    def _count(self, jobs: List[Job]) -> None:
+        counts = Counter(_phase(job.state) for job in jobs)
+        if counts != self.counts:
+            self.counts = counts
+            log.info("Vertex AI: %s", " · ".join(f"{counts[phase]} {phase}" for phase in
+                                                   ("pending", "running", "succeeded", "failed")))
+
+    def _cancel(self, jobs: List[Job]) -> None:
+        log.warning("Interrupted: cancelling the %d jobs this sweep started and has not seen end", len(jobs))
+        for job in jobs:
+            try:
+                self.vertex.cancel(job.name)
+                job.note(f"cancelled {job.name}")
+            except LaunchError as error:  # one job's cancel failing must not stop the others'
+                job.note(f"could not cancel {job.name}: {error}")
+
+
+def _phase(state: JobState) -> str:
+    if state is JobState.JOB_STATE_SUCCEEDED:
+        return "succeeded"
+    if state in ENDED:
+        return "failed"
+    return "running" if state is JobState.JOB_STATE_RUNNING else "pending"
+
+
+def _still_running(jobs: List[Job], region: str) -> str:
+    if not jobs:
+        return ""
+    lines = "\n".join(f"  {job.label}: gcloud ai custom-jobs cancel {job.name.rsplit('/', 1)[-1]} --region={region}"
+                      for job in jobs)
+    return f"\nThese jobs of the sweep were already submitted and keep running:\n{lines}"
+
+
+def _task_config(config: DictConfig) -> DictConfig:
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    return task
+
+
+def _job_return(job: Job, status: JobStatus, value: Any) -> JobReturn:
+    """As Hydra's run_job fills it in, with the value the remote run produced."""
+    chdir = job.config.hydra.job.chdir
+    if chdir is None:
+        chdir = not version.base_at_least("1.2")
+    return JobReturn(overrides=list(job.overrides), cfg=_task_config(job.config),
+                     hydra_cfg=OmegaConf.create({"hydra": job.config.hydra}),
+                     working_dir=str(job.output_dir) if chdir else os.getcwd(),
+                     task_name=str(job.config.hydra.job.name), status=status, _return_value=value)
+
+
+def _override_columns(overrides: List[str]) -> Dict[str, str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {override.key_or_group: override.get_value_element_as_str()
+            for override in OverridesParser.create().parse_overrides(overrides)}

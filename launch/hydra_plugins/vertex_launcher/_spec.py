@@ -1,0 +1,117 @@
+"""One Hydra job -> one CustomJob request (plain JSON-able dicts in the API's field names).
+
+The job runs the app's own entry point with the job's overrides, plus the Hydra settings that make
+the remote run this job: its config name, its output directory, and the callback that reads the
+job's secrets and reports its return value."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from .config import VertexLauncherConf
+
+CALLBACK = "hydra_plugins.vertex_launcher._callback.VertexJobCallback"
+SECRETS_VARIABLE = "VERTEX_LAUNCHER_SECRETS"  # NAME -> secret version, as JSON; read by the callback
+JOB_RETURN_FILE = "job_return.json"  # written by the callback into AIP_MODEL_DIR
+MAX_LABELS = 64
+_LABEL_CHARS = re.compile(r"[^a-z0-9_-]")
+# Hydra settings of the sweep that mean nothing inside a single remote run.
+_SWEEP_ONLY = ("hydra/launcher", "hydra.launcher", "hydra/sweeper", "hydra.sweeper", "hydra.sweep", "hydra.mode",
+               "hydra.run.dir", "hydra.callbacks.vertex_job")
+
+
+@dataclass(frozen=True)
+class Machine:
+    machine_type: str
+    accelerator_type: Optional[str]  # e.g. NVIDIA_TESLA_A100; null: CPU only
+    accelerator_count: int
+
+
+def machine(cfg: DictConfig, settings: VertexLauncherConf) -> Machine:
+    """The machine the job's own `hw` group asks for; the launcher's default where it names none."""
+    accelerator = OmegaConf.select(cfg, "hw.accelerator_type")
+    count = int(OmegaConf.select(cfg, "hw.gpus_per_node", default=0) or 0) if accelerator else 0
+    return Machine(OmegaConf.select(cfg, "hw.machine_type") or settings.machine_type, accelerator, count)
+
+
+def container_args(sweep_config: DictConfig, overrides: List[str], run_dir: str) -> List[str]:
+    """What the entry point gets: the job's config name and overrides, then Hydra settings."""
+    hydra_cfg = sweep_config.hydra
+    passed = [line for line in OmegaConf.to_container(hydra_cfg.overrides.hydra) if _keep(str(line))]
+    return [f"--config-name={hydra_cfg.job.config_name}", *overrides, *passed,
+            f"hydra.run.dir={quote(run_dir)}", f"+hydra.callbacks.vertex_job._target_={CALLBACK}"]
+
+
+def quote(value: str) -> str:
+    """A Hydra override value that stays one string whatever it holds (`a=1,b=2` is not a sweep)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _keep(line: str) -> bool:
+    key = OverridesParser.create().parse_override(line).key_or_group
+    return not key.startswith(_SWEEP_ONLY)
+
+
+def labels(sweep_name: str, job_num: int, overrides: List[str], extra: Dict[str, str]) -> Dict[str, str]:
+    """Labels to find and group the jobs by in the console and billing: the sweep, the job number and
+    each override (`optimizer.lr=1e-5` -> optimizer_lr: 1e-5), cleaned to Google's label rules."""
+    found = {"hydra_sweep": label_value(sweep_name), "hydra_job": str(job_num)}
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if len(found) < MAX_LABELS - len(extra):
+            found[label_key(override.key_or_group)] = label_value(override.get_value_element_as_str())
+    found.update({label_key(key): label_value(value) for key, value in extra.items()})
+    return found
+
+
+def label_key(text: str) -> str:
+    key = _LABEL_CHARS.sub("_", text.lower().lstrip("+~"))
+    return (key if key[:1].isalpha() else f"k{key}")[:63]
+
+
+def label_value(text: str) -> str:
+    return _LABEL_CHARS.sub("_", text.lower())[:63]
+
+
+def display_name(sweep_name: str, job_num: int, overrides: List[str]) -> str:
+    """Unique in the sweep, readable in the console's job list (at most 128 characters)."""
+    return f"{sweep_name}-{job_num} {' '.join(overrides)}".strip()[:128]
+
+
+def custom_job(*, settings: VertexLauncherConf, cfg: DictConfig, name: str, job_labels: Dict[str, str],
+               args: List[str], output_dir: str, package_uri: Optional[str]) -> Dict[str, Any]:
+    """The CustomJob resource, in the API's (snake_case) field names."""
+    hw = machine(cfg, settings)
+    machine_spec: Dict[str, Any] = {"machine_type": hw.machine_type}
+    if hw.accelerator_type:
+        machine_spec.update(accelerator_type=hw.accelerator_type, accelerator_count=hw.accelerator_count)
+    pool: Dict[str, Any] = {"machine_spec": machine_spec, "replica_count": 1}
+    env = [{"name": key, "value": value} for key, value in settings.env.items()]
+    if settings.secrets:  # references only: the job resolves them with its own service account
+        env.append({"name": SECRETS_VARIABLE, "value": json.dumps(dict(settings.secrets), sort_keys=True)})
+    if not settings.python_package():
+        pool["container_spec"] = {"image_uri": settings.image_uri, "args": args, "env": env}
+    else:
+        pool["python_package_spec"] = {"executor_image_uri": settings.executor_image_uri,
+                                       "package_uris": [package_uri], "python_module": settings.python_module,
+                                       "args": args, "env": env}
+    job_spec: Dict[str, Any] = {"worker_pool_specs": [pool], "base_output_directory": {"output_uri_prefix": output_dir},
+                                "scheduling": _scheduling(settings)}
+    if settings.service_account:
+        job_spec["service_account"] = settings.service_account
+    if settings.network:
+        job_spec["network"] = settings.network
+    return {"display_name": name, "labels": job_labels, "job_spec": job_spec}
+
+
+def _scheduling(settings: VertexLauncherConf) -> Dict[str, Any]:
+    scheduling: Dict[str, Any] = {"strategy": settings.strategy.value,
+                                  "restart_job_on_worker_restart": settings.restart_job_on_worker_restart}
+    if settings.timeout:
+        scheduling["timeout"] = f"{settings.timeout}s"
+    return scheduling

@@ -1,0 +1,59 @@
+"""The typed settings of ``hydra/launcher=vertex`` (``hydra.launcher.*`` on the command line)."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Dict, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+class Packaging(Enum):
+    container = "container"  # image_uri, whose entry point runs the app (the project's Dockerfile)
+    python_package = "python_package"  # a prebuilt Vertex image + this project's sdist, `python -m <module>`
+
+
+class Strategy(Enum):
+    STANDARD = "STANDARD"  # on-demand machines
+    SPOT = "SPOT"  # cheaper, preemptible: jobs resume from their checkpoints when restarted
+    FLEX_START = "FLEX_START"  # Dynamic Workload Scheduler: waits for scarce GPUs, then runs
+
+
+@dataclass
+class VertexLauncherConf:
+    _target_: str = "hydra_plugins.vertex_launcher.vertex_launcher.VertexLauncher"
+
+    project: Optional[str] = "${oc.env:GOOGLE_CLOUD_PROJECT,null}"  # Google Cloud project id
+    region: str = "us-central1"  # Vertex AI region the jobs run in
+    staging_bucket: Optional[str] = None  # gs://bucket[/prefix]: every job writes to <it>/<sweep>/<job number>
+    packaging: Packaging = Packaging.container  # how the code reaches the machine
+    image_uri: Optional[str] = None  # container: the training image (Artifact Registry URI)
+    # python_package: a prebuilt Vertex AI PyTorch image, and the module run as `python -m <module>`
+    executor_image_uri: str = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
+    python_module: str = "nli"
+    source_dir: str = "."  # python_package: the project whose sdist is built (relative to the launch directory)
+    machine_type: str = "n1-standard-8"  # when the job's `hw` group names no machine type
+    service_account: Optional[str] = None  # the jobs' identity (email); null: the project's default
+    network: Optional[str] = None  # VPC peering network (projects/<number>/global/networks/<name>)
+    labels: Dict[str, str] = field(default_factory=dict)  # added to the labels derived from the sweep
+    strategy: Strategy = Strategy.STANDARD  # scheduling: STANDARD, SPOT or FLEX_START
+    timeout: Optional[int] = None  # seconds a job may run; null: Vertex's default of 7 days
+    restart_job_on_worker_restart: bool = False  # restart the whole job when a worker restarts
+    max_concurrent_jobs: int = 16  # jobs in flight at once; the others wait their turn
+    wait: bool = True  # true: wait and collect results; false: submit and return
+    poll_interval: float = 30.0  # seconds between status polls; grows to 10x while nothing changes
+    dry_run: bool = False  # write each CustomJob request as JSON into the sweep directory; submit nothing
+    sweep_name: Optional[str] = None  # names the sweep's jobs and output folder; null: <job name>-<time>
+    env: Dict[str, str] = field(default_factory=dict)  # plain variables for the jobs (readable by viewers)
+    # Variables delivered by reference, never by value: NAME -> projects/P/secrets/S/versions/V.
+    # The job reads them from Secret Manager at start, with its service account.
+    secrets: Dict[str, str] = field(default_factory=dict)
+    # Another endpoint (an emulator): http://host:port talks REST with anonymous credentials.
+    api_endpoint: Optional[str] = None
+
+    def python_package(self) -> bool:
+        """packaging=python_package. Compared by name: Hydra's plugin discovery executes this module again
+        in a process that already imported it, so `Packaging` may be a newer class than the value's."""
+        return self.packaging.name == Packaging.python_package.name
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="vertex", node=VertexLauncherConf, provider="vertex_launcher")

@@ -1,0 +1,45 @@
+"""The launcher Hydra discovers. Plugin discovery executes every module of ``hydra_plugins`` whose name
+has no leading underscore (again, if it was already imported), so only this one and ``config`` are
+public and both stay light: the Vertex AI client and the rest load from ``_core`` at launch."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from .config import VertexLauncherConf
+
+
+class VertexLauncher(Launcher):
+    def __init__(self, **params: Any) -> None:
+        merged = OmegaConf.merge(OmegaConf.structured(VertexLauncherConf), params)
+        self.settings: VertexLauncherConf = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.sweep: Any = None  # _core.Sweep, made at the first launch and kept across batches
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        # The task function is not used: each job runs the app's own entry point on Vertex AI.
+        from ._checks import check_settings
+
+        check_settings(self.settings)  # before Hydra saves the sweep's config, so no secret lands there
+        self.config = config
+        self.hydra_context = hydra_context
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from ._checks import LaunchError
+
+        try:
+            from ._core import Sweep
+        except ImportError as error:
+            raise LaunchError(f"hydra/launcher=vertex needs Google's Vertex AI client ({error}): "
+                              "pip install 'nli-glue[vertex]' (or -e '.[vertex]' in a checkout)") from None
+
+        assert self.config is not None and self.hydra_context is not None, "setup() comes first"
+        if self.sweep is None:
+            self.sweep = Sweep(self.settings, self.config, self.hydra_context)
+        return self.sweep.launch(job_overrides, initial_job_idx)

@@ -1,0 +1,145 @@
+"""The training image, without a Docker engine: the Dockerfile parses as Docker reads it, copies
+what exists and is not ignored into the layout of this repository, and its entry point, run as
+`docker run IMAGE ARGS` would run it, trains and writes results."""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+from tests.conftest import FAST, ROOT, read_results
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> DockerfileParser:
+    return DockerfileParser(path=str(ROOT / "Dockerfile"))
+
+
+def _instructions(dockerfile: DockerfileParser, name: str) -> List[str]:
+    return [item["value"] for item in dockerfile.structure if item["instruction"] == name]
+
+
+def _workdir(dockerfile: DockerfileParser) -> str:
+    workdirs = _instructions(dockerfile, "WORKDIR")
+    assert workdirs, "no WORKDIR: the entry point's relative train.py would depend on the base image"
+    return workdirs[-1]
+
+
+def _entrypoint(dockerfile: DockerfileParser) -> List[str]:
+    entrypoints = _instructions(dockerfile, "ENTRYPOINT")
+    assert entrypoints, "no ENTRYPOINT"
+    # Exec form (a JSON list): container args are appended as Hydra overrides, and the signals of
+    # `docker stop` and Vertex AI reach python itself, not a shell that would swallow them.
+    entrypoint = json.loads(entrypoints[-1])
+    assert isinstance(entrypoint, list) and all(isinstance(arg, str) for arg in entrypoint)
+    return entrypoint
+
+
+def _docker_ignored(path: str, patterns: List[str]) -> bool:
+    """Whether Docker leaves ``path`` (relative, with /) out of the build context: the last
+    pattern that matches it or one of its parent folders decides; ``!`` patterns re-include."""
+    ignored = False
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    for pattern in patterns:
+        keep = pattern.startswith("!")
+        regex = _glob_regex(posixpath.normpath(pattern.lstrip("!").strip("/")))
+        if any(regex.fullmatch(prefix) for prefix in prefixes):
+            ignored = not keep
+    return ignored
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """Docker's .dockerignore globs: ``**`` crosses folders, ``*``, ``?`` and ``[...]`` do not."""
+    out = ""
+    for token in re.split(r"(\*\*/|\*\*|\*|\?|\[[^]]*\])", pattern):
+        if token.startswith("[") and token.endswith("]"):
+            out += "[^" + token[2:] if token.startswith("[!") or token.startswith("[^") else token
+        else:
+            out += {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}.get(token, re.escape(token))
+    return re.compile(out)
+
+
+def _dockerignore() -> List[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_dockerignore_matches_as_docker_does() -> None:
+    patterns = ["outputs", "**/__pycache__", "**/*.py[cod]", "*.egg-info", "!keep.egg-info"]
+    assert _docker_ignored("outputs/rte/model.bin", patterns)
+    assert _docker_ignored("nli/__pycache__/run.cpython-311.pyc", patterns)
+    assert _docker_ignored("nli_glue.egg-info", patterns)
+    assert _docker_ignored("launch/plugin.pyc", patterns) and not _docker_ignored("launch/plugin.py", patterns)
+    assert not _docker_ignored("keep.egg-info/PKG-INFO", patterns)
+    assert not _docker_ignored("nli/outputs.py", patterns) and not _docker_ignored("conf/outputs", patterns)
+
+
+def test_dockerfile_structure(dockerfile: DockerfileParser) -> None:
+    assert _instructions(dockerfile, "FROM"), "no FROM"
+    assert ":" in dockerfile.baseimage and not dockerfile.baseimage.endswith(":latest"), \
+        f"pin the base image to a tag: {dockerfile.baseimage}"
+    assert _workdir(dockerfile).startswith("/")
+    assert _entrypoint(dockerfile)[0] == "python"
+    assert dockerfile.envs.get("PYTHONUNBUFFERED") == "1"  # logs reach Cloud Logging line by line
+
+
+def test_copy_sources_exist_are_not_ignored_and_keep_the_repository_layout(dockerfile: DockerfileParser) -> None:
+    """Every COPY source is in the build context, and lands where it lies in the repository,
+    relative to the WORKDIR: so running the entry point from the repository root, as the next
+    test does, runs what the image runs."""
+    ignore = _dockerignore()
+    workdir, copied = "/", set()
+    for item in dockerfile.structure:
+        if item["instruction"] == "WORKDIR":
+            workdir = posixpath.join(workdir, item["value"])
+        if item["instruction"] != "COPY":
+            continue
+        words = item["value"].split()
+        assert not any(word.startswith("--from") for word in words), "COPY from another stage: extend this test"
+        *sources, dest = [word for word in words if not word.startswith("--")]  # flags: --chown, --chmod
+        for source in sources:
+            path = ROOT / source
+            assert path.exists(), f"COPY {source}: not in the repository"
+            assert not _docker_ignored(source.rstrip("/"), ignore), f"COPY {source}: excluded by .dockerignore"
+            if path.is_dir():  # Docker copies a folder's contents into dest
+                target = posixpath.join(workdir, dest)
+                for file in path.rglob("*"):
+                    relative = file.relative_to(ROOT).as_posix()
+                    if file.suffix in (".py", ".yaml"):
+                        assert not _docker_ignored(relative, ignore), f"{relative}: excluded by .dockerignore"
+            else:
+                target = posixpath.join(workdir, dest, path.name) if dest.endswith("/") or len(sources) > 1 \
+                    else posixpath.join(workdir, dest)
+            assert posixpath.normpath(target) == posixpath.join(_workdir(dockerfile), source.rstrip("/")), \
+                f"COPY {source} {dest}: lands at {target}, not where the repository has it"
+            copied.add(source.rstrip("/"))
+    assert {"conf", "nli", "launch", "train.py", "pyproject.toml", "README.md"} <= copied
+
+
+def test_entrypoint_runs_the_quickstart(dockerfile: DockerfileParser, tmp_path: Path) -> None:
+    """`docker run IMAGE <overrides>`: the exec-form entry point with the overrides appended, in the
+    WORKDIR (here the repository root, which the test above shows has the image's layout), under the
+    image's ENV."""
+    entrypoint = _entrypoint(dockerfile)
+    # The image's `python` is the interpreter the project is installed into; here that is the one
+    # running the tests, which a `python` on PATH need not be (a venv not activated, python3 only).
+    command = [sys.executable if entrypoint[0] == "python" else entrypoint[0], *entrypoint[1:]]
+    env = {**os.environ, **dockerfile.envs, "HF_HOME": str(tmp_path / "hf")}
+    out = tmp_path / "out"
+    # hydra.run.dir: Hydra's own files (.hydra/, train.log) would otherwise land in the repository.
+    args = [*FAST, f"output_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    proc = subprocess.run([*command, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    objective = read_results(out)["objective"]
+    assert isinstance(objective, (int, float)) and not isinstance(objective, bool)
+    assert (out / "config.yaml").is_file() and (out / "model").is_dir()
