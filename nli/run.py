@@ -119,12 +119,16 @@ def run(dict_cfg: DictConfig) -> Dict[str, Any]:
 
     try:
         with StopRequest() as stop:
-            result = loop.train(
-                model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, loader=train_loader,
-                sampler=sampler, save=save, plan=plan, progress=progress, best=best, stop=stop,
-                evaluate_at=lambda step: loop.evaluate(model, eval_loaders, cfg.task, device=device, dtype=dtype,
-                                                       step=step),
-                device=device, dtype=dtype, tracker=tracker, progress_bar=cfg.train.progress_bar)
+            try:
+                result = loop.train(
+                    model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, loader=train_loader,
+                    sampler=sampler, save=save, plan=plan, progress=progress, best=best, stop=stop,
+                    evaluate_at=lambda step: loop.evaluate(model, eval_loaders, cfg.task, device=device,
+                                                           dtype=dtype, step=step),
+                    device=device, dtype=dtype, tracker=tracker, progress_bar=cfg.train.progress_bar)
+            except loop.Preempted:
+                stop.hand_over()  # the checkpoint is written: submitit may requeue the job now
+                raise
     except loop.NonFiniteLoss as err:
         newest = checkpoints.newest_step()
         kept = f"the last good checkpoint, step {newest}, is kept in {checkpoints.where()}" if newest is not None \

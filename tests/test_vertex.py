@@ -410,3 +410,20 @@ def test_discovery_stays_light() -> None:
             "print('VertexLauncher' in names, any(m.startswith('google.cloud.aiplatform') for m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["True", "False"], proc.stderr
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"project": None}, "hydra.launcher.project is not set"),
+    ({"staging_bucket": None}, "hydra.launcher.staging_bucket is not set"),
+    ({"staging_bucket": "my-bucket"}, "is not a gs:// path"),
+    ({"image_uri": None}, "hydra.launcher.image_uri is not set"),
+    ({"secrets": {"WANDB_API_KEY": "wandb-api-key"}}, "is not a Secret Manager version"),
+    ({"env": {"WANDB_API_KEY": "abc"}}, "hydra.launcher.env.WANDB_API_KEY would put a secret"),
+])
+def test_settings_are_checked_with_the_fix(change: Dict[str, Any], message: str) -> None:
+    from hydra_plugins.vertex_launcher._checks import check_settings
+
+    good = {"project": PROJECT, "staging_bucket": BUCKET, "image_uri": IMAGE}
+    check_settings(VertexLauncherConf(**good))
+    with pytest.raises(LaunchError, match=message):
+        check_settings(VertexLauncherConf(**{**good, **change}))
