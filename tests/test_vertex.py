@@ -198,7 +198,8 @@ def test_python_package_job_runs_the_sdist(fake: FakeVertex, sweep_train: Callab
     with sweep_train(overrides, tmp_path / "sweep") as sweep:
         ret = sweep.returns[0][0]
         sdists = list((tmp_path / "sweep" / "code").glob("*.tar.gz"))
-    spec = fake.jobs[ret.hydra_cfg.hydra.job.id and next(reversed(fake.jobs))].job.job_spec.worker_pool_specs[0]
+    job = next(job for job in fake.jobs.values() if job.job.display_name.startswith("package-0"))
+    spec = job.job.job_spec.worker_pool_specs[0]
     assert ret.status is JobStatus.COMPLETED, ret._return_value
     assert ret.return_value == gcs_json(f"{BUCKET}/package/0/model/results.json")["objective"]
     assert [Path(uri).name for uri in spec.python_package_spec.package_uris] == [sdists[0].name]
