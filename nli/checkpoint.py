@@ -44,8 +44,8 @@ class Progress:
 
     step: int = 0  # optimizer steps done
     epoch: int = 0  # the epoch in progress
-    batches_in_epoch: int = 0  # micro-batches of that epoch already trained on
-    examples: int = 0  # training examples seen
+    examples_in_epoch: int = 0  # examples of that epoch already trained on, by all processes (any world size)
+    examples: int = 0  # training examples seen, by all processes
     seconds: float = 0.0  # time spent in training steps, over every attempt
     nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
 
@@ -93,13 +93,16 @@ class Checkpointer:
 
     def save(self, *, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, optimizer: torch.optim.Optimizer,
              scheduler: Any, scaler: torch.amp.GradScaler, progress: Progress, best: Optional[Evaluation],
-             evaluation: Optional[Evaluation], tracker_id: Optional[str]) -> str:
+             evaluation: Optional[Evaluation], tracker_id: Optional[str],
+             rng_ranks: Optional[List[Dict[str, Any]]] = None) -> str:
         """Write a checkpoint of the current step; the manifest goes last, so a crash at any
-        point leaves the previous checkpoints as they were."""
+        point leaves the previous checkpoints as they were. ``rng_ranks``: every process's random
+        generators, in rank order, under data parallelism; ``rng`` is always rank 0's (this one's)."""
         name = checkpoint_name(progress.step)
         self.storage.remove(name)  # an unfinished (or damaged) earlier attempt at this step
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                  "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
+                 "rng_ranks": rng_ranks or [],
                  "progress": asdict(progress), "best": asdict(best) if best else None,
                  "tracker_id": tracker_id, "identity": self.identity}
         files = {STATE: _serialize(state)}

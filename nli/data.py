@@ -14,6 +14,7 @@ from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from nli import sources
 from nli.config import DataConfig, TaskConfig
+from nli.distributed import World, shard
 
 log = logging.getLogger(__name__)
 
@@ -87,27 +88,48 @@ def tokenize(splits: Splits, tokenizer: PreTrainedTokenizerBase, task: TaskConfi
 
 class EpochSampler(Sampler[int]):
     """A new random order every epoch, fixed by the seed and the epoch, that can start part-way
-    through an epoch (after a resume) without reading the examples it skips."""
+    through an epoch (after a resume) without reading the examples it skips.
 
-    def __init__(self, size: int, *, seed: int) -> None:
-        self.size, self.seed = size, seed
+    Under data parallelism every rank draws the same order and cuts it into global batches of
+    ``batch_size``; rank r takes the r-th contiguous slice of each (``distributed.shard``), so the
+    ranks together see, step for step, exactly the batch one process would. A full batch splits
+    into equal slices of whole micro-batches; the epoch's last, shorter batch into slices that
+    differ by one example at most. ``start`` counts the examples of the epoch already trained on
+    by all ranks together: a whole number of global batches, whatever the world size."""
+
+    def __init__(self, size: int, *, seed: int, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
+        self.size, self.seed, self.batch_size, self.rank, self.world_size = size, seed, batch_size, rank, world_size
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, *, start: int = 0) -> None:
         self.epoch, self.start = epoch, start
 
+    def step_examples(self, done: int) -> int:
+        """Examples in the global batch that starts after ``done`` examples of the epoch."""
+        return min(self.batch_size, self.size - done)
+
+    def share(self, done: int) -> int:
+        """This rank's examples of the global batch that starts after ``done``."""
+        lo, hi = shard(self.step_examples(done), rank=self.rank, world_size=self.world_size)
+        return hi - lo
+
     def __iter__(self) -> Iterator[int]:
-        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        return iter(order[self.start:].tolist())
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        mine: List[int] = []
+        for begin in range(self.start, self.size, self.batch_size):
+            lo, hi = shard(self.step_examples(begin), rank=self.rank, world_size=self.world_size)
+            mine.extend(order[begin + lo:begin + hi])
+        return iter(mine)
 
     def __len__(self) -> int:
-        return max(self.size - self.start, 0)
+        return sum(self.share(begin) for begin in range(self.start, self.size, self.batch_size))
 
 
-def train_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, micro_batch_size: int, seed: int,
-                 num_workers: int, pin_memory: bool) -> Tuple[DataLoader, EpochSampler]:
-    """Shuffled micro-batches, and the sampler that sets each epoch's order."""
-    sampler = EpochSampler(len(ds), seed=seed)
+def train_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, batch_size: int, micro_batch_size: int,
+                 seed: int, world: World, num_workers: int, pin_memory: bool) -> Tuple[DataLoader, EpochSampler]:
+    """This rank's shuffled micro-batches of each global batch, and the sampler that sets each
+    epoch's order."""
+    sampler = EpochSampler(len(ds), seed=seed, batch_size=batch_size, rank=world.rank, world_size=world.world_size)
     # The loader's own generator seeds its workers, so that it never draws from the global
     # generator: dropout must see the same random numbers whether or not the run resumed.
     loader = DataLoader(ds, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
@@ -115,7 +137,11 @@ def train_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, mic
     return loader, sampler
 
 
-def eval_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, batch_size: int,
+def eval_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, batch_size: int, world: World,
                 num_workers: int, pin_memory: bool) -> DataLoader:
+    """This rank's contiguous slice of ``ds``, in order: the ranks' predictions, gathered in rank
+    order, are the split's in its own order, each example once."""
+    lo, hi = world.shard(len(ds))
+    ds = ds.select(range(lo, hi)) if (lo, hi) != (0, len(ds)) else ds
     return DataLoader(ds, batch_size=batch_size, sampler=SequentialSampler(ds),
                       collate_fn=collator, num_workers=num_workers, pin_memory=pin_memory)

@@ -131,7 +131,7 @@ def test_sigterm_mid_epoch_then_resume_ends_as_if_never_stopped(preempted: Path,
     newest = max(name for name, complete in checkpoints(run_dir).items() if complete)
     state = torch.load(run_dir / "checkpoints" / newest / "state.pt", weights_only=True)
     progress = state["progress"]
-    assert 0 < progress["batches_in_epoch"] < 20 and progress["epoch"] == 1, (newest, progress)  # mid-epoch
+    assert 0 < progress["examples_in_epoch"] < 640 and progress["epoch"] == 1, (newest, progress)  # mid-epoch
     proc = resume(run_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"resuming from checkpoint {run_dir / 'checkpoints' / newest}: step {int(newest[5:])} of 50" in proc.stdout
