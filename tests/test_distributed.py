@@ -1,0 +1,126 @@
+"""Data parallelism: the real train.py under torchrun with two CPU processes (gloo) ends where one
+process ends with the same global batch; the sampler's shards and Vertex AI's CLUSTER_SPEC."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from nli.data import EpochSampler
+from nli.distributed import from_cluster_spec, shard
+from tests.conftest import FAST, ROOT, read_results, run_train
+
+# 330 examples in batches of 32: ten full batches and a last one of 10, split 5 and 5 over two ranks;
+# dropout off, since each rank draws its own masks and one process draws other ones.
+ARGS = [*FAST, "hw=cpu", "data.synthetic_train_size=330", "model.scratch.dropout=0"]
+TIMING = {"train_examples_per_second", "train_seconds"}
+
+
+def torchrun(args: List[str], *, cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                           str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def exported(run_dir: Path) -> Dict[str, torch.Tensor]:
+    return AutoModelForSequenceClassification.from_pretrained(run_dir / "model").state_dict()
+
+
+@pytest.mark.parametrize("per_device", ["null", "8"], ids=["no-accumulation", "accumulation"])
+def test_two_processes_end_where_one_does(tmp_path: Path, per_device: str) -> None:
+    """With hw.per_device_batch_size=8 one process accumulates 4 micro-batches and each of two
+    processes 2: the same 32 examples per step either way."""
+    args = [*ARGS, f"hw.per_device_batch_size={per_device}"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    single = run_train([*args, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
+    assert single.returncode == 0, single.stdout + single.stderr
+    double = torchrun([*args, f"output_dir={two}", f"hydra.run.dir={two}"], cwd=tmp_path)
+    assert double.returncode == 0, double.stdout + double.stderr
+    assert "x 2 processes" in (two / "train.log").read_text()
+    ours, theirs = read_results(two), read_results(one)
+    assert {k: v for k, v in ours.items() if k not in TIMING} == {k: v for k, v in theirs.items() if k not in TIMING}
+    # Not bit for bit: each rank sums its half of the batch, and gloo's all-reduce adds the halves,
+    # in another order than one process summing all 32; float addition is not associative.
+    ours_w, theirs_w = exported(two), exported(one)
+    assert ours_w.keys() == theirs_w.keys()
+    for key, tensor in theirs_w.items():
+        torch.testing.assert_close(ours_w[key], tensor, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def single_process_batches(size: int, batch: int, micro: int, *, seed: int, epoch: int, start: int) -> List[List[int]]:
+    """Per optimizer step, the indices one process trains on: ``batch // micro`` micro-batches."""
+    sampler = EpochSampler(size, seed=seed, batch_size=batch)
+    sampler.set_epoch(epoch, start=start)
+    order = list(sampler)
+    return [order[i:i + batch] for i in range(0, len(order), batch)]
+
+
+def rank_steps(size: int, batch: int, micro: int, *, rank: int, world: int, seed: int, epoch: int,
+               start: int) -> List[List[List[int]]]:
+    """Per optimizer step, the micro-batches rank ``rank`` trains on, cut as the DataLoader cuts them."""
+    sampler = EpochSampler(size, seed=seed, batch_size=batch, rank=rank, world_size=world)
+    sampler.set_epoch(epoch, start=start)
+    mine, steps, done = list(sampler), [], start
+    assert len(mine) == len(sampler)
+    while done < size:
+        share = sampler.share(done)
+        taken, mine = mine[:share], mine[share:]
+        steps.append([taken[i:i + micro] for i in range(0, len(taken), micro)])
+        done += sampler.step_examples(done)
+    assert not mine
+    return steps
+
+
+@pytest.mark.parametrize("size,batch,micro,world,start", [
+    (330, 32, 16, 2, 0), (330, 32, 8, 2, 0), (330, 32, 4, 4, 64), (331, 32, 8, 2, 96), (100, 12, 2, 3, 36),
+    (64, 32, 32, 1, 32)])
+def test_ranks_together_see_each_step_of_one_process(size: int, batch: int, micro: int, world: int,
+                                                     start: int) -> None:
+    single = single_process_batches(size, batch, micro, seed=7, epoch=3, start=start)
+    ranks = [rank_steps(size, batch, micro, rank=r, world=world, seed=7, epoch=3, start=start) for r in range(world)]
+    assert all(len(steps) == len(single) for steps in ranks)
+    for step, expected in enumerate(single):
+        micro_batches = [mb for r in range(world) for mb in ranks[r][step]]
+        # Every micro-batch of a full step is whole; the union over ranks is the step's batch, in order.
+        assert [i for mb in micro_batches for i in mb] == expected
+        if len(expected) == batch:
+            assert all(len(mb) == micro for mb in micro_batches)
+
+
+def test_a_resume_at_another_world_size_continues_the_same_order() -> None:
+    """Two ranks stop after 3 steps of epoch 1; one process goes on from the examples consumed."""
+    whole = single_process_batches(330, 32, 32, seed=1, epoch=1, start=0)
+    later = single_process_batches(330, 32, 32, seed=1, epoch=1, start=3 * 32)
+    assert later == whole[3:]
+
+
+def test_shards_cover_everything_once() -> None:
+    for size in range(0, 20):
+        for world in range(1, 5):
+            bounds = [shard(size, rank=r, world_size=world) for r in range(world)]
+            assert bounds[0][0] == 0 and bounds[-1][1] == size
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+def test_cluster_spec_gives_torchs_variables() -> None:
+    spec = {"cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"],
+                        "workerpool1": ["cmle-training-workerpool1-ab-0:2222", "cmle-training-workerpool1-ab-1:2222"]},
+            "environment": "cloud", "task": {"type": "workerpool1", "index": 1}}
+    env = from_cluster_spec(json.dumps(spec), processes_per_node=4, local_rank=2)
+    assert env == {"MASTER_ADDR": "cmle-training-workerpool0-ab-0", "MASTER_PORT": "2222", "NODE_RANK": "2",
+                   "WORLD_SIZE": "12", "RANK": "10", "LOCAL_RANK": "2"}
+    primary = from_cluster_spec({**spec, "task": {"type": "workerpool0", "index": 0}})
+    assert primary["RANK"] == "0" and primary["NODE_RANK"] == "0" and primary["WORLD_SIZE"] == "3"
+    alone = from_cluster_spec({"cluster": {"workerpool0": ["host:1234"]}, "task": {"type": "workerpool0", "index": 0}})
+    assert alone["WORLD_SIZE"] == "1"
+    with pytest.raises(ValueError, match="workerpool3"):
+        from_cluster_spec({**spec, "task": {"type": "workerpool3", "index": 0}})
