@@ -247,6 +247,7 @@ class HardwareConfig:
     accelerator: Accelerator = MISSING  # device kind the run uses
     gpu: Optional[str] = None  # GPU model, e.g. V100; null for CPU or auto
     gpus_per_node: int = 0  # GPUs on one machine (0: CPU)
+    nodes: int = 1  # machines; more than one run as Vertex AI worker pools or Slurm nodes
     bf16: bool = False  # the GPU computes in bfloat16 (Ampere and newer)
     fp16: bool = False  # the GPU has fast float16 (tensor cores: Volta and newer)
     per_device_batch_size: Optional[int] = None  # examples per device per micro-step; null: whole batch
@@ -258,11 +259,12 @@ class HardwareConfig:
                  f"hw.per_device_batch_size={self.per_device_batch_size} must be positive")
         _require(self.accelerator != Accelerator.cuda or self.gpus_per_node > 0,
                  "hw.gpus_per_node must be at least 1 when hw.accelerator=cuda")
+        _require(self.nodes >= 1, f"hw.nodes={self.nodes} must be at least 1")
 
     @property
     def data_parallel_size(self) -> int:
-        """Processes that share one global batch (one per GPU; one on CPU)."""
-        return max(self.gpus_per_node, 1)
+        """Processes that share one global batch (one per GPU on every node; one per CPU node)."""
+        return self.nodes * max(self.gpus_per_node, 1)
 
 
 # --------------------------------------------------------------------------------------- logger

@@ -40,7 +40,8 @@ def test_groups_are_the_ones_the_readme_promises() -> None:
     assert set(options("optimizer")) == {"adamw", "adam", "sgd"}
     assert set(options("schedule")) == {"linear", "cosine", "constant"}
     assert set(options("precision")) == {"auto", "fp32", "fp16", "bf16"}
-    assert set(options("hw")) == {"auto", "cpu", "k80", "t4", "v100", "a100", "h100", "8xa100"}
+    assert set(options("hw")) == {"auto", "cpu", "k80", "t4", "v100", "a100", "h100", "2xv100", "8xa100", "2x8xa100",
+                                  "4x8xh100"}
     assert set(options("logger")) == {"none", "wandb", "tensorboard"}
     assert {"quickstart", "roberta-large-mnli"} <= set(options("experiment"))
 

@@ -428,3 +428,19 @@ def test_settings_are_checked_with_the_fix(change: Dict[str, Any], message: str)
     check_settings(VertexLauncherConf(**good))
     with pytest.raises(LaunchError, match=message):
         check_settings(VertexLauncherConf(**{**good, **change}))
+
+
+def test_dry_run_of_two_nodes_with_reduction_server(fake: FakeVertex, tmp_path: Path) -> None:
+    """hw=2x8xa100 and four Reduction Server replicas: the three worker pools of Google's sample."""
+    proc = sweep_cli([*launcher(fake), "hydra.launcher.dry_run=true", "hw=2x8xa100",
+                      "hydra.launcher.reduction_server_replicas=4", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                     cwd=tmp_path)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    request = json.loads((tmp_path / "sweep" / "custom_jobs" / "0.json").read_text())
+    pools = request["customJob"]["jobSpec"]["workerPoolSpecs"]
+    gpus = {"machineType": "a2-highgpu-8g", "acceleratorType": "NVIDIA_TESLA_A100", "acceleratorCount": 8}
+    assert [pool["machineSpec"] for pool in pools] == [gpus, gpus, {"machineType": "n1-highcpu-16"}]
+    assert [pool["replicaCount"] for pool in pools] == ["1", "1", "4"]
+    assert pools[0]["containerSpec"] == pools[1]["containerSpec"]  # every node runs the same code
+    assert pools[2]["containerSpec"]["imageUri"].endswith("/reductionserver:latest")

@@ -31,13 +31,15 @@ class Machine:
     machine_type: str
     accelerator_type: Optional[str]  # e.g. NVIDIA_TESLA_A100; null: CPU only
     accelerator_count: int
+    nodes: int  # machines of this kind: the primary and nodes - 1 more workers
 
 
 def machine(cfg: DictConfig, settings: VertexLauncherConf) -> Machine:
-    """The machine the job's own `hw` group asks for; the launcher's default where it names none."""
+    """The machines the job's own `hw` group asks for; the launcher's default where it names none."""
     accelerator = OmegaConf.select(cfg, "hw.accelerator_type")
     count = int(OmegaConf.select(cfg, "hw.gpus_per_node", default=0) or 0) if accelerator else 0
-    return Machine(OmegaConf.select(cfg, "hw.machine_type") or settings.machine_type, accelerator, count)
+    nodes = int(OmegaConf.select(cfg, "hw.nodes", default=1) or 1)
+    return Machine(OmegaConf.select(cfg, "hw.machine_type") or settings.machine_type, accelerator, count, nodes)
 
 
 def container_args(sweep_config: DictConfig, overrides: List[str], run_dir: str) -> List[str]:
@@ -100,13 +102,27 @@ def custom_job(*, settings: VertexLauncherConf, cfg: DictConfig, name: str, job_
         pool["python_package_spec"] = {"executor_image_uri": settings.executor_image_uri,
                                        "package_uris": [package_uri], "python_module": settings.python_module,
                                        "args": args, "env": env}
-    job_spec: Dict[str, Any] = {"worker_pool_specs": [pool], "base_output_directory": {"output_uri_prefix": output_dir},
+    job_spec: Dict[str, Any] = {"worker_pool_specs": _pools(pool, hw.nodes, settings),
+                                "base_output_directory": {"output_uri_prefix": output_dir},
                                 "scheduling": _scheduling(settings)}
     if settings.service_account:
         job_spec["service_account"] = settings.service_account
     if settings.network:
         job_spec["network"] = settings.network
     return {"display_name": name, "labels": job_labels, "job_spec": job_spec}
+
+
+def _pools(primary: Dict[str, Any], nodes: int, settings: VertexLauncherConf) -> List[Dict[str, Any]]:
+    """Vertex AI's worker pools: 0, the primary (one replica, the rendezvous host); 1, the other nodes
+    (same machine and code); 2, Reduction Server's CPU replicas, when asked for."""
+    pools = [primary]
+    if nodes > 1 or settings.reduction_server_replicas:
+        pools.append({**primary, "replica_count": nodes - 1} if nodes > 1 else {})  # an empty pool keeps the index
+    if settings.reduction_server_replicas:
+        pools.append({"machine_spec": {"machine_type": settings.reduction_server_machine_type},
+                      "replica_count": settings.reduction_server_replicas,
+                      "container_spec": {"image_uri": settings.reduction_server_image_uri}})
+    return pools
 
 
 def _scheduling(settings: VertexLauncherConf) -> Dict[str, Any]:
