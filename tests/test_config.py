@@ -71,7 +71,7 @@ def test_roberta_paper_recipe() -> None:
 
 
 # Which hardware cannot run which precision: the rest must compose.
-UNSUPPORTED = {("bf16", "k80"), ("bf16", "t4"), ("bf16", "v100"), ("fp16", "k80")}
+UNSUPPORTED = {("bf16", "k80"), ("bf16", "t4"), ("bf16", "v100"), ("bf16", "2xv100"), ("fp16", "k80")}
 
 
 # (The model plays no part in these rules; every model file composes in the test above.)
