@@ -124,3 +124,31 @@ def test_cluster_spec_gives_torchs_variables() -> None:
     assert alone["WORLD_SIZE"] == "1"
     with pytest.raises(ValueError, match="workerpool3"):
         from_cluster_spec({**spec, "task": {"type": "workerpool3", "index": 0}})
+
+
+def test_two_vertex_nodes_on_localhost_train_as_one_process(tmp_path: Path) -> None:
+    """Two replicas as Vertex AI starts them, one per worker pool, each told its place only by
+    CLUSTER_SPEC (no torchrun): they meet at the primary's address and end where one process does."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the rendezvous on the primary
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cluster = {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": ["127.0.0.1:2222"]}
+    out, one = tmp_path / "two-nodes", tmp_path / "one"
+    nodes = []
+    for task in ({"type": "workerpool0", "index": 0}, {"type": "workerpool1", "index": 0}):
+        spec = json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})
+        env = {**os.environ, "CLUSTER_SPEC": spec, "HYDRA_FULL_ERROR": "0"}
+        nodes.append(subprocess.Popen([sys.executable, str(ROOT / "train.py"), *ARGS, f"output_dir={out}",
+                                       f"hydra.run.dir={tmp_path / task['type']}"], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+    assert "x 2 processes" in (tmp_path / "workerpool0" / "train.log").read_text()  # one group of two
+    single = run_train([*ARGS, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    assert {k: v for k, v in read_results(out).items() if k not in TIMING} == \
+        {k: v for k, v in read_results(one).items() if k not in TIMING}
+    for key, tensor in exported(one).items():
+        torch.testing.assert_close(exported(out)[key], tensor, rtol=1e-4, atol=1e-5, msg=key)
