@@ -1,7 +1,7 @@
 # The training image for Vertex AI custom-container jobs (and any Docker host with GPUs):
 #
 #     docker build -t nli .
-#     docker run --gpus all nli task=rte hw=a100        # = python train.py task=rte hw=a100
+#     docker run --gpus all nli task=rte hw=a100        # = python train.py task=rte hw=a100, one process per GPU
 #
 # The container's arguments are Hydra overrides; Vertex AI passes a job's overrides as the args.
 #
@@ -52,4 +52,4 @@ COPY train.py README.md ./
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install --no-deps . && rm -rf build nli_glue.egg-info
 
 USER nli
-ENTRYPOINT ["python", "train.py"]
+ENTRYPOINT ["python", "-m", "nli.node"]

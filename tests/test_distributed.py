@@ -152,3 +152,19 @@ def test_two_vertex_nodes_on_localhost_train_as_one_process(tmp_path: Path) -> N
         {k: v for k, v in read_results(one).items() if k not in TIMING}
     for key, tensor in exported(one).items():
         torch.testing.assert_close(exported(out)[key], tensor, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("spec, gpus, expected", [
+    (None, 0, ["-m", "nli", "task=rte"]),
+    (None, 1, ["-m", "nli", "task=rte"]),
+    (None, 8, ["-m", "torch.distributed.run", "--nproc-per-node=8", "--standalone", "-m", "nli", "task=rte"]),
+    ({"type": "workerpool1", "index": 0}, 8,
+     ["-m", "torch.distributed.run", "--nproc-per-node=8", "--nnodes=2", "--node-rank=1",
+      "--master-addr=cmle-training-workerpool0-0", "--master-port=2222", "-m", "nli", "task=rte"]),
+])
+def test_the_image_entry_point_starts_one_process_per_gpu_on_every_node(spec, gpus, expected) -> None:
+    from nli.node import command
+
+    cluster = {"workerpool0": ["cmle-training-workerpool0-0:2222"], "workerpool1": ["cmle-training-workerpool1-0:2222"]}
+    env = {"CLUSTER_SPEC": json.dumps({"cluster": cluster, "task": spec})} if spec else {}
+    assert command(["task=rte"], env=env, gpus=gpus) == [sys.executable, *expected]

@@ -203,7 +203,7 @@ def test_python_package_job_runs_the_sdist(fake: FakeVertex, sweep_train: Callab
     assert ret.status is JobStatus.COMPLETED, ret._return_value
     assert ret.return_value == gcs_json(f"{BUCKET}/package/0/model/results.json")["objective"]
     assert [Path(uri).name for uri in spec.python_package_spec.package_uris] == [sdists[0].name]
-    assert spec.python_package_spec.python_module == "nli"
+    assert spec.python_package_spec.python_module == "nli.node"
 
 
 # ------------------------------------------------------------------------------ before anything runs

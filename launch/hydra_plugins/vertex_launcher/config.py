@@ -29,7 +29,7 @@ class VertexLauncherConf:
     image_uri: Optional[str] = None  # container: the training image (Artifact Registry URI)
     # python_package: a prebuilt Vertex AI PyTorch image, and the module run as `python -m <module>`
     executor_image_uri: str = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
-    python_module: str = "nli"
+    python_module: str = "nli.node"  # one process per GPU on every node (torchrun), or the run itself
     source_dir: str = "."  # python_package: the project whose sdist is built (relative to the launch directory)
     machine_type: str = "n1-standard-8"  # when the job's `hw` group names no machine type
     # Reduction Server (faster all-reduce for multi-node GPU jobs): replicas, their machine and image
