@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,34 @@ def test_the_image_entry_point_starts_one_process_per_gpu_on_every_node(spec, gp
     cluster = {"workerpool0": ["cmle-training-workerpool0-0:2222"], "workerpool1": ["cmle-training-workerpool1-0:2222"]}
     env = {"CLUSTER_SPEC": json.dumps({"cluster": cluster, "task": spec})} if spec else {}
     assert command(["task=rte"], env=env, gpus=gpus) == [sys.executable, *expected]
+
+
+def test_stopped_at_two_processes_resumes_at_one(tmp_path: Path) -> None:
+    """SIGTERM to torchrun mid-run: both ranks stop at the same step and rank 0 writes the checkpoint;
+    one process continues from it and ends where an uninterrupted single process does (to float
+    tolerance: the steps before the stop summed the ranks' halves in another order)."""
+    import signal
+    import time
+
+    args = [*[a for a in ARGS if not a.startswith(("train.max_steps", "train.log_every"))], "train.max_steps=40",
+            "train.log_every=1"]
+    run, one = tmp_path / "run", tmp_path / "one"
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(ROOT / "train.py"), *args, f"output_dir={run}", f"hydra.run.dir={run}"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while "step 15: loss" not in ((run / "train.log").read_text() if (run / "train.log").exists() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks
+    output = proc.communicate(timeout=120)[0]
+    stopped = int(re.search(r"SIGTERM at step (\d+)", output)[1])
+    assert 15 <= stopped < 40 and (run / "checkpoints" / f"step-{stopped:06d}" / "checkpoint.json").exists(), output
+    resumed = run_train([*args, f"output_dir={run}", f"hydra.run.dir={run}"], cwd=tmp_path)
+    assert resumed.returncode == 0 and f"step {stopped} of 40" in resumed.stderr + resumed.stdout, resumed.stderr
+    single = run_train([*args, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    assert {k: v for k, v in read_results(run).items() if k not in TIMING} == \
+        {k: v for k, v in read_results(one).items() if k not in TIMING}
+    for key, tensor in exported(one).items():
+        torch.testing.assert_close(exported(run)[key], tensor, rtol=1e-4, atol=1e-5, msg=key)
