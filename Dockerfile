@@ -1,7 +1,7 @@
 # The training image for Vertex AI custom-container jobs (and any Docker host with GPUs):
 #
 #     docker build -t nli .
-#     docker run --gpus all nli task=rte hw=a100        # = python train.py task=rte hw=a100, one process per GPU
+#     docker run --gpus all nli task=rte hw=8xa100      # torchrun: python -m nli task=rte hw=8xa100 on each GPU
 #
 # The container's arguments are Hydra overrides; Vertex AI passes a job's overrides as the args.
 #
@@ -26,6 +26,21 @@ ENV PYTHONUNBUFFERED=1 \
 
 # Some bases ship `python3` only; the ENTRYPOINT calls `python`.
 RUN command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python
+
+# Reduction Server (hydra.launcher.reduction_server_replicas > 0) reaches the GPU workers through
+# Google's NCCL plugin, which must be in their image. It comes from Google's apt repository, so it
+# is built in only when asked for:
+#     docker build --build-arg REDUCTION_SERVER=1 -t nli-rs .
+ARG REDUCTION_SERVER=0
+RUN if [ "$REDUCTION_SERVER" = 1 ]; then \
+      apt-get update && apt-get install -y --no-install-recommends ca-certificates curl gnupg \
+      && curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg \
+         | gpg --dearmor -o /usr/share/keyrings/cloud.google.gpg \
+      && echo "deb [signed-by=/usr/share/keyrings/cloud.google.gpg] https://packages.cloud.google.com/apt google-fast-socket main" \
+         > /etc/apt/sources.list.d/google-fast-socket.list \
+      && apt-get update && apt-get install -y --no-install-recommends google-reduction-server \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
 
 # An unprivileged user that owns /app, where the Hydra run directories (outputs/, multirun/) go
 # unless output_dir or AIP_MODEL_DIR points elsewhere; its home holds the Hugging Face caches.

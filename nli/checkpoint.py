@@ -49,6 +49,17 @@ class Progress:
     seconds: float = 0.0  # time spent in training steps, over every attempt
     nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
 
+    @classmethod
+    def saved(cls, state: Dict[str, Any], *, examples_per_epoch: int) -> "Progress":
+        """The progress a checkpoint recorded. Checkpoints from before data parallelism counted the
+        epoch's micro-batches (of a size the checkpoint does not hold); the examples seen in all
+        tell how far into the epoch they were."""
+        state = dict(state)
+        if "batches_in_epoch" in state:
+            del state["batches_in_epoch"]
+            state["examples_in_epoch"] = state["examples"] - state["epoch"] * examples_per_epoch
+        return cls(**state)
+
 
 @dataclass
 class Resumed:
@@ -144,13 +155,14 @@ class Checkpointer:
         complete = self._complete()
         return _step(complete[-1]) if complete else None
 
-    def resume(self, tokenizer_dir: Path) -> Optional[Resumed]:
+    def resume(self, tokenizer_dir: Path, *, examples_per_epoch: int) -> Optional[Resumed]:
         """The newest checkpoint that reads back intact, or None if there is none at all.
-        A damaged one is reported and skipped; if every one is damaged, that is an error."""
+        A damaged one is reported and skipped; if every one is damaged, that is an error.
+        ``examples_per_epoch``: the training split's size (reads older checkpoints' progress)."""
         complete = self._complete()
         for name in reversed(complete):
             try:
-                return self._load(name, tokenizer_dir)
+                return self._load(name, tokenizer_dir, examples_per_epoch)
             except _Damaged as err:
                 log.error("checkpoint %s is damaged: %s; trying the one before it", self.where(name), err)
         if complete:
@@ -158,7 +170,7 @@ class Checkpointer:
                                   "Delete that folder to start the run afresh")
         return None
 
-    def _load(self, name: str, tokenizer_dir: Path) -> Resumed:
+    def _load(self, name: str, tokenizer_dir: Path, examples_per_epoch: int) -> Resumed:
         manifest = self._manifest(name)
         files = {file: self._verified(name, file, expected) for file, expected in manifest["files"].items()}
         state = torch.load(io.BytesIO(files.pop(STATE)), map_location="cpu", weights_only=True)
@@ -166,8 +178,9 @@ class Checkpointer:
         for file, data in files.items():
             (tokenizer_dir / Path(file).name).write_bytes(data)
         best = Evaluation(**state["best"]) if state["best"] else None
-        return Resumed(name=name, state=state, progress=Progress(**state["progress"]), best=best,
-                       tracker_id=state["tracker_id"], tokenizer_dir=tokenizer_dir)
+        progress = Progress.saved(state["progress"], examples_per_epoch=examples_per_epoch)
+        return Resumed(name=name, state=state, progress=progress, best=best, tracker_id=state["tracker_id"],
+                       tokenizer_dir=tokenizer_dir)
 
     def _verified(self, name: str, file: str, expected: Dict[str, Any]) -> bytes:
         """The bytes of ``file``, checked against the manifest's size and SHA-256."""

@@ -9,33 +9,29 @@ standard ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` variables it sets up its proces
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import List, Mapping
+
+import torch
+
+from nli.distributed import node_of
 
 
 def command(args: List[str], *, env: Mapping[str, str], gpus: int) -> List[str]:
     """The command line this machine runs: the run itself, or torchrun around it."""
     run = ["-m", "nli", *args]
-    spec = json.loads(env["CLUSTER_SPEC"]) if env.get("CLUSTER_SPEC") else None
-    pools = spec["cluster"] if spec else {}
-    nodes = len(pools.get("workerpool0", [])) + len(pools.get("workerpool1", [])) or 1
-    if nodes == 1 and gpus <= 1:
+    node = node_of(env["CLUSTER_SPEC"]) if env.get("CLUSTER_SPEC") else None
+    if (node is None or node.nodes == 1) and gpus <= 1:
         return [sys.executable, *run]
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={max(gpus, 1)}"]
-    if nodes == 1:
+    if node is None or node.nodes == 1:
         return [*torchrun, "--standalone", *run]
-    task = spec["task"]
-    node_rank = 0 if task["type"] == "workerpool0" else int(task["index"]) + 1
-    host, port = pools["workerpool0"][0].rsplit(":", 1)
-    return [*torchrun, f"--nnodes={nodes}", f"--node-rank={node_rank}", f"--master-addr={host}",
-            f"--master-port={port}", *run]
+    return [*torchrun, f"--nnodes={node.nodes}", f"--node-rank={node.node_rank}", f"--master-addr={node.master_addr}",
+            f"--master-port={node.master_port}", *run]
 
 
 def main() -> None:
-    import torch  # here, not at the top: the tests import command() without it
-
     argv = command(sys.argv[1:], env=os.environ, gpus=torch.cuda.device_count())
     os.execv(argv[0], argv)  # this process becomes the run (or torchrun): signals reach it directly
 

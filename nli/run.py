@@ -93,7 +93,8 @@ def _run(cfg: Config, dict_cfg: DictConfig, world: World) -> Dict[str, Any]:
     _warn_if_gpus_idle(cfg, world)
     splits = data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=cfg.train.predict)
     with tempfile.TemporaryDirectory() as scratch:
-        resumed = checkpoints.resume(Path(scratch) / "tokenizer") if cfg.train.resume else None
+        resumed = (checkpoints.resume(Path(scratch) / "tokenizer", examples_per_epoch=len(splits.train))
+                   if cfg.train.resume else None)
         tokenizer = (AutoTokenizer.from_pretrained(resumed.tokenizer_dir) if resumed else
                      build_tokenizer(cfg.model, splits.train_texts(cfg.task.text_fields),
                                      max_seq_length=cfg.data.max_seq_length))
@@ -259,9 +260,10 @@ def _restore(resumed: Optional[Resumed], model: torch.nn.Module, optimizer: torc
 
 def _warn_if_gpus_idle(cfg: Config, world: World) -> None:
     if cfg.hw.data_parallel_size > world.world_size and world.is_main:
-        log.warning("hw has %d GPUs per node but this run uses %d process(es); gradient accumulation keeps "
-                    "the global batch at %d. Start it with torchrun --nproc-per-node %d to use them all",
-                    cfg.hw.data_parallel_size, world.world_size, cfg.train.batch_size, cfg.hw.data_parallel_size)
+        machines = f" on each of its {cfg.hw.nodes} machines" if cfg.hw.nodes > 1 else ""
+        log.warning("hw has %d GPUs but this run uses %d process(es); gradient accumulation keeps the global batch "
+                    "at %d. Start it with torchrun --nproc-per-node %d%s to use them all", cfg.hw.data_parallel_size,
+                    world.world_size, cfg.train.batch_size, cfg.hw.gpus_per_node, machines)
 
 
 def _seed_dropout(seed: int, world: World) -> None:

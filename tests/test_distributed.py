@@ -1,5 +1,6 @@
 """Data parallelism: the real train.py under torchrun with two CPU processes (gloo) ends where one
-process ends with the same global batch; the sampler's shards and Vertex AI's CLUSTER_SPEC."""
+process ends with the same global batch, and so do two Vertex AI replicas placed by CLUSTER_SPEC and
+two submitit tasks; the sampler's shards, CLUSTER_SPEC and the image's entry point."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import torch
@@ -32,29 +33,51 @@ def torchrun(args: List[str], *, cwd: Path, nproc: int = 2) -> subprocess.Comple
                           timeout=600)
 
 
-def exported(run_dir: Path) -> Dict[str, torch.Tensor]:
-    return AutoModelForSequenceClassification.from_pretrained(run_dir / "model").state_dict()
+Outcome = Tuple[Dict[str, Any], Dict[str, torch.Tensor]]  # results.json, and the exported model's weights
 
 
-@pytest.mark.parametrize("per_device", ["null", "8"], ids=["no-accumulation", "accumulation"])
-def test_two_processes_end_where_one_does(tmp_path: Path, per_device: str) -> None:
-    """With hw.per_device_batch_size=8 one process accumulates 4 micro-batches and each of two
-    processes 2: the same 32 examples per step either way."""
-    args = [*ARGS, f"hw.per_device_batch_size={per_device}"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    single = run_train([*args, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
-    assert single.returncode == 0, single.stdout + single.stderr
-    double = torchrun([*args, f"output_dir={two}", f"hydra.run.dir={two}"], cwd=tmp_path)
-    assert double.returncode == 0, double.stdout + double.stderr
+def outcome(run_dir: Path) -> Outcome:
+    results = {k: v for k, v in read_results(run_dir).items() if k not in TIMING}
+    return results, AutoModelForSequenceClassification.from_pretrained(run_dir / "model").state_dict()
+
+
+def assert_same_run(ours: Outcome, theirs: Outcome) -> None:
+    """The same results, and weights to float tolerance: not bit for bit, since each rank sums its
+    part of the batch and the all-reduce adds the parts, in another order than one process summing
+    all 32; float addition is not associative."""
+    assert ours[0] == theirs[0]
+    assert ours[1].keys() == theirs[1].keys()
+    for key, tensor in theirs[1].items():
+        torch.testing.assert_close(ours[1][key], tensor, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    """One process, the whole global batch at once: where every multi-process run must end."""
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    proc = run_train([*ARGS, f"output_dir={run_dir}", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return outcome(run_dir)
+
+
+def test_two_processes_end_where_one_does(tmp_path: Path, single: Outcome) -> None:
+    two = tmp_path / "two"
+    proc = torchrun([*ARGS, f"output_dir={two}", f"hydra.run.dir={two}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "x 2 processes" in (two / "train.log").read_text()
-    ours, theirs = read_results(two), read_results(one)
-    assert {k: v for k, v in ours.items() if k not in TIMING} == {k: v for k, v in theirs.items() if k not in TIMING}
-    # Not bit for bit: each rank sums its half of the batch, and gloo's all-reduce adds the halves,
-    # in another order than one process summing all 32; float addition is not associative.
-    ours_w, theirs_w = exported(two), exported(one)
-    assert ours_w.keys() == theirs_w.keys()
-    for key, tensor in theirs_w.items():
-        torch.testing.assert_close(ours_w[key], tensor, rtol=1e-4, atol=1e-5, msg=key)
+    assert_same_run(outcome(two), single)
+
+
+def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -> None:
+    """hydra.launcher.tasks_per_node=2 through submitit, whose local executor sets up each task's
+    environment as its Slurm executor does: each task finds its rank there (no torchrun)."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
+                           "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10", *ARGS,
+                           f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "x 2 processes" in (sweep / "0" / "train.log").read_text()
+    assert_same_run(outcome(sweep / "0"), single)
 
 
 def single_process_batches(size: int, batch: int, micro: int, *, seed: int, epoch: int, start: int) -> List[List[int]]:
@@ -127,32 +150,30 @@ def test_cluster_spec_gives_torchs_variables() -> None:
         from_cluster_spec({**spec, "task": {"type": "workerpool3", "index": 0}})
 
 
-def test_two_vertex_nodes_on_localhost_train_as_one_process(tmp_path: Path) -> None:
+def test_two_vertex_nodes_on_localhost_train_as_one_process(tmp_path: Path, single: Outcome) -> None:
     """Two replicas as Vertex AI starts them, one per worker pool, each told its place only by
-    CLUSTER_SPEC (no torchrun): they meet at the primary's address and end where one process does."""
+    CLUSTER_SPEC (no torchrun): they meet at the primary's address and end where one process does.
+    With hw.per_device_batch_size=8 each accumulates 2 micro-batches per step: the same 32 examples
+    as one process taking all 32 at once."""
     import socket
 
     with socket.socket() as probe:  # a free port for the rendezvous on the primary
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     cluster = {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": ["127.0.0.1:2222"]}
-    out, one = tmp_path / "two-nodes", tmp_path / "one"
+    out = tmp_path / "two-nodes"
     nodes = []
     for task in ({"type": "workerpool0", "index": 0}, {"type": "workerpool1", "index": 0}):
         spec = json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})
         env = {**os.environ, "CLUSTER_SPEC": spec, "HYDRA_FULL_ERROR": "0"}
-        nodes.append(subprocess.Popen([sys.executable, str(ROOT / "train.py"), *ARGS, f"output_dir={out}",
+        nodes.append(subprocess.Popen([sys.executable, str(ROOT / "train.py"), *ARGS, "hw.per_device_batch_size=8",
+                                       f"output_dir={out}",
                                        f"hydra.run.dir={tmp_path / task['type']}"], cwd=tmp_path, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
-    assert "x 2 processes" in (tmp_path / "workerpool0" / "train.log").read_text()  # one group of two
-    single = run_train([*ARGS, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
-    assert single.returncode == 0, single.stderr
-    assert {k: v for k, v in read_results(out).items() if k not in TIMING} == \
-        {k: v for k, v in read_results(one).items() if k not in TIMING}
-    for key, tensor in exported(one).items():
-        torch.testing.assert_close(exported(out)[key], tensor, rtol=1e-4, atol=1e-5, msg=key)
+    assert "(8 x 2 accumulated x 2 processes)" in (tmp_path / "workerpool0" / "train.log").read_text()
+    assert_same_run(outcome(out), single)
 
 
 @pytest.mark.parametrize("spec, gpus, expected", [
@@ -196,7 +217,4 @@ def test_stopped_at_two_processes_resumes_at_one(tmp_path: Path) -> None:
     assert resumed.returncode == 0 and f"step {stopped} of 40" in resumed.stderr + resumed.stdout, resumed.stderr
     single = run_train([*args, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
     assert single.returncode == 0, single.stderr
-    assert {k: v for k, v in read_results(run).items() if k not in TIMING} == \
-        {k: v for k, v in read_results(one).items() if k not in TIMING}
-    for key, tensor in exported(one).items():
-        torch.testing.assert_close(exported(run)[key], tensor, rtol=1e-4, atol=1e-5, msg=key)
+    assert_same_run(outcome(run), outcome(one))

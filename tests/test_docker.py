@@ -109,3 +109,25 @@ def test_entrypoint_runs_the_quickstart(dockerfile: DockerfileParser, tmp_path: 
     objective = read_results(out)["objective"]
     assert isinstance(objective, (int, float)) and not isinstance(objective, bool)
     assert (out / "config.yaml").is_file() and (out / "model").is_dir()
+
+
+def test_the_reduction_server_plugin_is_built_in_only_when_asked(dockerfile: DockerfileParser, tmp_path: Path) -> None:
+    """The RUN step behind `--build-arg REDUCTION_SERVER=1`, run by a shell as Docker runs it, with
+    apt-get, curl and gpg replaced by recorders and the system folders by temporary ones."""
+    assert dockerfile.args.get("REDUCTION_SERVER") == "0"
+    step = next(value for value in _instructions(dockerfile, "RUN") if "REDUCTION_SERVER" in value)
+    bin_dir, etc, keyrings = tmp_path / "bin", tmp_path / "sources.list.d", tmp_path / "keyrings"
+    for folder in (bin_dir, etc, keyrings):
+        folder.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ("apt-get", "curl", "gpg"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\n')
+        (bin_dir / tool).chmod(0o755)
+    script = step.replace("/etc/apt/sources.list.d/", f"{etc}/").replace("/usr/share/keyrings/", f"{keyrings}/")
+    for flag, installs in (("0", False), ("1", True)):
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "REDUCTION_SERVER": flag}
+        proc = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert calls.exists() == installs
+    assert "apt-get install -y --no-install-recommends google-reduction-server" in calls.read_text()
+    assert "packages.cloud.google.com/apt google-fast-socket main" in (etc / "google-fast-socket.list").read_text()

@@ -207,10 +207,31 @@ def test_which_file_is_damaged_is_named(preempted: Path, tmp_path: Path, how: st
         damage(state, how)
     saved = json.loads((run_dir / "checkpoints" / names[-1] / "checkpoint.json").read_text())["identity"]
     checkpointer = Checkpointer(Storage(str(run_dir / "checkpoints")), keep=2, identity=saved)
-    resumed = checkpointer.resume(tmp_path / "tokenizer")
+    resumed = checkpointer.resume(tmp_path / "tokenizer", examples_per_epoch=1000)
     assert resumed is not None and resumed.name == names[-2] and resumed.progress.step == int(names[-2][5:])
     assert f"checkpoint {run_dir / 'checkpoints' / names[-1]} is damaged: {message}" in caplog.text
     assert (tmp_path / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_a_checkpoint_from_before_data_parallelism_resumes_at_its_place(preempted: Path, tmp_path: Path) -> None:
+    """Checkpoints written before data parallelism counted the epoch's micro-batches
+    (``batches_in_epoch``) and had no per-rank generators; they load, at the same example."""
+    run_dir = copy_of(preempted, tmp_path)
+    newest = run_dir / "checkpoints" / max(n for n, done in checkpoints(run_dir).items() if done)
+    state = torch.load(newest / "state.pt", weights_only=True)
+    progress = dict(state["progress"])
+    examples_in_epoch = progress.pop("examples_in_epoch")
+    state["progress"] = {**progress, "batches_in_epoch": examples_in_epoch // 32}  # quickstart's micro-batches
+    del state["rng_ranks"]
+    torch.save(state, newest / "state.pt")
+    manifest = json.loads((newest / "checkpoint.json").read_text())
+    data = (newest / "state.pt").read_bytes()
+    manifest["files"]["state.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (newest / "checkpoint.json").write_text(json.dumps(manifest))
+    checkpointer = Checkpointer(Storage(str(run_dir / "checkpoints")), keep=2, identity=manifest["identity"])
+    resumed = checkpointer.resume(tmp_path / "tokenizer", examples_per_epoch=640)
+    assert resumed is not None and resumed.name == newest.name
+    assert resumed.progress.examples_in_epoch == examples_in_epoch and resumed.progress.epoch == 1
 
 
 def test_every_checkpoint_damaged_is_a_clear_error(preempted: Path, tmp_path: Path) -> None:
@@ -236,7 +257,7 @@ def test_a_checkpoint_of_another_task_is_refused(preempted: Path) -> None:
     saved = json.loads(next((preempted / "checkpoints").glob("*/checkpoint.json")).read_text())["identity"]
     checkpointer = Checkpointer(Storage(str(preempted / "checkpoints")), keep=2, identity={**saved, "task": "wnli"})
     with pytest.raises(CheckpointError, match="another run \\(task: checkpoint 'synthetic', config 'wnli'\\)"):
-        checkpointer.resume(preempted / "unused")
+        checkpointer.resume(preempted / "unused", examples_per_epoch=640)
 
 
 def test_resume_false_refuses_and_says_how_to_start_afresh(preempted: Path, tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ class VertexLauncherConf:
     source_dir: str = "."  # python_package: the project whose sdist is built (relative to the launch directory)
     machine_type: str = "n1-standard-8"  # when the job's `hw` group names no machine type
     # Reduction Server (faster all-reduce for multi-node GPU jobs): replicas, their machine and image
-    reduction_server_replicas: int = 0  # 0: none; Google suggests as many as the GPU workers' nodes
+    reduction_server_replicas: int = 0  # 0: none; enough to match the GPU machines' network bandwidth
     reduction_server_machine_type: str = "n1-highcpu-16"
     reduction_server_image_uri: str = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
     service_account: Optional[str] = None  # the jobs' identity (email); null: the project's default
