@@ -60,6 +60,15 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     return outcome(run_dir)
 
 
+def test_one_process_accumulating_ends_where_one_big_batch_does(tmp_path: Path, single: Outcome) -> None:
+    """32 examples as 4 micro-batches of 8 give the same training as one batch of 32."""
+    out = tmp_path / "accumulated"
+    proc = run_train([*ARGS, "hw.per_device_batch_size=8", f"output_dir={out}", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(8 x 4 accumulated)" in (out / "train.log").read_text()
+    assert_same_run(outcome(out), single)
+
+
 def test_two_processes_end_where_one_does(tmp_path: Path, single: Outcome) -> None:
     two = tmp_path / "two"
     proc = torchrun([*ARGS, f"output_dir={two}", f"hydra.run.dir={two}"], cwd=tmp_path)

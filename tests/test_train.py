@@ -71,22 +71,6 @@ def test_quickstart_reaches_the_promised_accuracy(tmp_path: Path) -> None:
     assert read_results(tmp_path)["accuracy"] >= 0.85
 
 
-def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
-    """32 examples as 4 micro-batches of 8 give the same training as one batch of 32."""
-    common = [*FAST, "model.scratch.dropout=0", "train.max_steps=4", "train.eval_every=4",
-              "hw=cpu", "precision=fp32"]
-    runs = {}
-    for name, extra in {"whole": [], "accumulated": ["hw.per_device_batch_size=8"]}.items():
-        out = tmp_path / name
-        proc = run_train([*common, *extra, f"hydra.run.dir={out}"], cwd=tmp_path,
-                         env={"HF_HOME": str(tmp_path / "hf")})
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        runs[name] = load_file(out / "model" / "model.safetensors")
-    assert "(8 x 4 accumulated)" in (tmp_path / "accumulated" / "train.log").read_text()
-    for key, tensor in runs["whole"].items():
-        torch.testing.assert_close(runs["accumulated"][key], tensor, rtol=1e-4, atol=1e-5)
-
-
 def test_local_multirun_writes_one_result_per_job(tmp_path: Path) -> None:
     proc = run_train(["-m", *FAST, "optimizer.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path}/sweep"],
                      cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
