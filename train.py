@@ -5,10 +5,16 @@
     python train.py -m task=rte,mrpc optimizer.lr=1e-5,2e-5 seed=1,2,3
 """
 
+import sys
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
 
+from nli.cli import answer_help
 from nli.config import register_configs
+
+CONF = Path(__file__).resolve().parent / "conf"
 
 register_configs()
 
@@ -21,4 +27,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    if not answer_help(sys.argv[1:], CONF, "train"):  # Hydra's own --help takes seconds (nli/cli.py)
+        main()

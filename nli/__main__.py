@@ -3,11 +3,13 @@
 An installed wheel or sdist carries the config inside the package (``nli/conf``); a source checkout
 keeps it at the top (``conf/``)."""
 
+import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from nli.cli import answer_help
 from nli.config import register_configs
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -24,4 +26,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    if not answer_help(sys.argv[1:], CONF, "train"):  # Hydra's own --help takes seconds (nli/cli.py)
+        main()

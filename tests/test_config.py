@@ -6,6 +6,7 @@ import itertools
 import os
 import subprocess
 import sys
+from typing import List
 from pathlib import Path
 
 import pytest
@@ -157,11 +158,27 @@ def test_bad_input_on_the_command_line(tmp_path: Path, args: list[str], expected
     assert "Traceback" not in output
 
 
-def test_help_lists_the_groups(tmp_path: Path) -> None:
-    proc = run_train(["--help"], cwd=tmp_path, timeout=60)
-    assert proc.returncode == 0
+@pytest.mark.parametrize("overrides", [[], ["model=tiny", "optimizer.lr=0.5"]], ids=["defaults", "overrides"])
+def test_help_is_hydras_without_torch(tmp_path: Path, overrides: List[str]) -> None:
+    """`--help` (nli/cli.py) prints what Hydra's own help prints, less the internal schema/ groups, without
+    importing torch; `--config-name` is a flag it leaves to Hydra, which gives Hydra's own text."""
+    ours = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "train.py"), "--help", *overrides],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    hydras = run_train(["--help", "--config-name", "train", *overrides], cwd=tmp_path, timeout=60)
+    assert ours.returncode == 0 and hydras.returncode == 0, ours.stderr + hydras.stderr
+    assert ours.stdout == "".join(line for line in hydras.stdout.splitlines(keepends=True)
+                                  if not line.startswith("schema/"))
     for group in ("model:", "task:", "optimizer:", "schedule:", "precision:", "hw:", "logger:", "experiment:"):
-        assert group in proc.stdout
+        assert f"\n{group} " in ours.stdout
+    if overrides:
+        assert "model_type: roberta" in ours.stdout and "lr: 0.5" in ours.stdout  # model=tiny: from scratch
+    imported = {line.split("|")[-1].strip() for line in ours.stderr.splitlines() if line.startswith("import time:")}
+    assert "hydra" in imported and not {"torch", "transformers", "datasets"} & imported
+
+
+def test_help_with_a_bad_override_is_hydras_error(tmp_path: Path) -> None:
+    proc = run_train(["--help", "model=nope"], cwd=tmp_path, timeout=60)
+    assert proc.returncode != 0 and "Could not find 'model/nope'" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_vertex_directories_become_the_output_and_checkpoint_dirs() -> None:
