@@ -310,6 +310,7 @@ class DataConfig:
     synthetic_train_size: int = 6000  # examples the synthetic task generates for training
     synthetic_eval_size: int = 1000  # examples the synthetic task generates for evaluation
     num_workers: int = 0  # DataLoader worker processes
+    bucket: int = 50  # global batches sorted together by length, so batches pad little; 0: plain random order
 
     def __post_init__(self) -> None:
         _require(self.max_seq_length >= 8, f"data.max_seq_length={self.max_seq_length} must be >= 8")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import datasets
 import torch
@@ -97,8 +97,10 @@ class EpochSampler(Sampler[int]):
     differ by one example at most. ``start`` counts the examples of the epoch already trained on
     by all ranks together: a whole number of global batches, whatever the world size."""
 
-    def __init__(self, size: int, *, seed: int, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, size: int, *, seed: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                 lengths: Optional[Sequence[int]] = None, bucket: int = 0) -> None:
         self.size, self.seed, self.batch_size, self.rank, self.world_size = size, seed, batch_size, rank, world_size
+        self.lengths, self.bucket = lengths, bucket
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, *, start: int = 0) -> None:
@@ -113,8 +115,26 @@ class EpochSampler(Sampler[int]):
         lo, hi = shard(self.step_examples(done), rank=self.rank, world_size=self.world_size)
         return hi - lo
 
+    def order(self) -> List[int]:
+        """The epoch's order, a function of the seed and the epoch alone."""
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        if not self.bucket or self.lengths is None:
+            return order
+        # Length buckets: each run of `bucket` global batches sorted by length, so that a batch (and
+        # each rank's slice of it) holds examples of about one length and pads little; then the full
+        # batches shuffled. The epoch's last, short batch stays last, so positions still count whole
+        # batches and a resume finds its place.
+        chunk = self.batch_size * self.bucket
+        order = [i for c in range(0, self.size, chunk)
+                 for i in sorted(order[c:c + chunk], key=lambda i: -self.lengths[i])]
+        full = self.size // self.batch_size
+        batches = torch.randperm(full, generator=generator).tolist()
+        return [i for b in batches for i in order[b * self.batch_size:(b + 1) * self.batch_size]] + \
+            order[full * self.batch_size:]
+
     def __iter__(self) -> Iterator[int]:
-        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        order = self.order()
         mine: List[int] = []
         for begin in range(self.start, self.size, self.batch_size):
             lo, hi = shard(self.step_examples(begin), rank=self.rank, world_size=self.world_size)
@@ -126,10 +146,13 @@ class EpochSampler(Sampler[int]):
 
 
 def train_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, batch_size: int, micro_batch_size: int,
-                 seed: int, world: World, num_workers: int, pin_memory: bool) -> Tuple[DataLoader, EpochSampler]:
+                 seed: int, world: World, num_workers: int, pin_memory: bool,
+                 bucket: int = 0) -> Tuple[DataLoader, EpochSampler]:
     """This rank's shuffled micro-batches of each global batch, and the sampler that sets each
-    epoch's order."""
-    sampler = EpochSampler(len(ds), seed=seed, batch_size=batch_size, rank=world.rank, world_size=world.world_size)
+    epoch's order (length-bucketed when ``bucket`` > 0)."""
+    lengths = [len(ids) for ids in ds["input_ids"]] if bucket else None
+    sampler = EpochSampler(len(ds), seed=seed, batch_size=batch_size, rank=world.rank, world_size=world.world_size,
+                           lengths=lengths, bucket=bucket)
     # The loader's own generator seeds its workers, so that it never draws from the global
     # generator: dropout must see the same random numbers whether or not the run resumed.
     loader = DataLoader(ds, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,

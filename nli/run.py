@@ -109,7 +109,8 @@ def _run(cfg: Config, dict_cfg: DictConfig, world: World) -> Dict[str, Any]:
     micro_batch_size = cfg.micro_batch_size(world.world_size)
     train_loader, sampler = data.train_loader(splits.train, collator, batch_size=cfg.train.batch_size,
                                               micro_batch_size=micro_batch_size, seed=cfg.seed, world=world,
-                                              num_workers=cfg.data.num_workers, pin_memory=pin)
+                                              num_workers=cfg.data.num_workers, pin_memory=pin,
+                                              bucket=cfg.data.bucket)
 
     def in_order(group: Dict[str, datasets.Dataset]) -> Dict[str, DataLoader]:
         return {name: data.eval_loader(ds, collator, batch_size=cfg.train.eval_batch_size, world=world,
