@@ -1,12 +1,13 @@
-"""The baseline: fine-tuning with the Hugging Face Trainer, set up as transformers' run_glue.py sets
-it up, on local GLUE files; prints one JSON line with its throughput, memory and test accuracy.
+"""The baseline: fine-tuning with the Hugging Face Trainer, set up as transformers' ``run_glue.py``
+sets it up, on GLUE-layout tsv files; prints one JSON line with its throughput, peak memory and
+accuracy. ``benchmarks/vs_trainer.py`` runs it beside train.py; it also runs alone:
 
-    python benchmarks/hf_trainer.py --model PATH --task-dir glue_data/RTE --steps 100 [--tuned]
+    python benchmarks/hf_trainer.py --model DIR --train RTE/train.tsv --dev RTE/dev.tsv \\
+        --columns sentence1 sentence2 label --labels entailment not_entailment --steps 100 [--tuned]
 
-Default: run_glue.py's defaults, every example padded to --max-seq-length. --tuned: dynamic
-padding (to a multiple of 8, as run_glue.py does in fp16) and length-grouped batches.
-(Work in progress for the throughput benchmark: the driver that alternates it with train.py and
-prints the table is still to come.)
+Default: ``run_glue.py``'s defaults, every example padded to ``--max-seq-length``. ``--tuned``: its
+``--pad_to_max_length False`` (dynamic padding, to a multiple of 8 in fp16 or bf16) with
+``--group_by_length`` (batches of about one length).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import resource
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -25,30 +26,41 @@ from datasets import Dataset, load_dataset
 from sklearn.metrics import accuracy_score
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
                           TrainingArguments, default_data_collator)
+from transformers.utils import logging as hf_logging
 
-LABELS = ["entailment", "not_entailment"]  # RTE's, in the Hub dataset's ClassLabel order
 
-
-def read_split(task_dir: Path, split: str) -> Dataset:
-    ds = load_dataset("csv", data_files=str(task_dir / f"{split}.tsv"), delimiter="\t", quoting=3)["train"]
-    ids = ds.map(lambda row: {"label_id": LABELS.index(row["label"])}, remove_columns=["label"])
+def read_tsv(path: Path, columns: List[str], labels: List[str]) -> Dataset:
+    """A GLUE tsv (no quoting, as GLUE writes them) with its label names turned into ids."""
+    first, second, label = columns
+    ds = load_dataset("csv", data_files=str(path), delimiter="\t", quoting=3, keep_default_na=False)["train"]
+    ids = ds.map(lambda row: {"a": row[first], "b": row[second], "label_id": labels.index(row[label])},
+                 remove_columns=ds.column_names)
     return ids.rename_column("label_id", "label")
 
 
-def run(args: argparse.Namespace) -> Dict[str, float]:
+def accuracy(trainer: Trainer, ds: Optional[Dataset]) -> Optional[float]:
+    if ds is None:
+        return None
+    out = trainer.predict(ds)
+    return float(accuracy_score(out.label_ids, np.argmax(out.predictions, axis=-1)))
+
+
+def run(args: argparse.Namespace) -> Dict[str, Optional[float]]:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=len(LABELS))
+    model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=len(args.labels))
     padding = False if args.tuned else "max_length"
 
-    def preprocess(rows: Dict) -> Dict:
-        return tokenizer(rows["sentence1"], rows["sentence2"], padding=padding, max_length=args.max_seq_length,
-                         truncation=True)
+    def tokenize(path: Optional[Path]) -> Optional[Dataset]:
+        if path is None:
+            return None
+        return read_tsv(path, args.columns, args.labels).map(
+            lambda rows: tokenizer(rows["a"], rows["b"], padding=padding, max_length=args.max_seq_length,
+                                   truncation=True), batched=True, remove_columns=["a", "b"])
 
-    columns = ["index", "sentence1", "sentence2"]
-    train, test = (read_split(args.task_dir, s).map(preprocess, batched=True, remove_columns=columns)
-                   for s in ("train", "test"))
+    train, dev, test = tokenize(args.train), tokenize(args.dev), tokenize(args.test)
     cuda = torch.cuda.is_available()
-    collator = (DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if args.precision != "fp32" else None)
+    # run_glue.py pads to a multiple of 8 in fp16 only; bf16 gains from it as much.
+    collator = (DataCollatorWithPadding(tokenizer, pad_to_multiple_of=None if args.precision == "fp32" else 8)
                 if args.tuned else default_data_collator)
     with tempfile.TemporaryDirectory() as out:
         training = TrainingArguments(
@@ -60,29 +72,34 @@ def run(args: argparse.Namespace) -> Dict[str, float]:
         trainer = Trainer(model=model, args=training, train_dataset=train, data_collator=collator,
                           processing_class=tokenizer)
         start = time.perf_counter()
-        metrics = trainer.train().metrics
+        trainer.train()
         seconds = time.perf_counter() - start
-        predictions = trainer.predict(test)
-    accuracy = accuracy_score(predictions.label_ids, np.argmax(predictions.predictions, axis=-1))
-    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        dev_accuracy, test_accuracy = accuracy(trainer, dev), accuracy(trainer, test)
     return {"examples_per_second": args.steps * args.batch_size / seconds,
-            "tokens_per_second": trainer.state.num_input_tokens_seen / seconds,
-            "trainer_samples_per_second": metrics["train_samples_per_second"],
-            "train_seconds": seconds, "peak_memory_bytes": peak, "test_accuracy": float(accuracy)}
+            "tokens_per_second": trainer.state.num_input_tokens_seen / seconds, "train_seconds": seconds,
+            "peak_memory_bytes": peak, "dev_accuracy": dev_accuracy, "test_accuracy": test_accuracy}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--task-dir", type=Path, required=True)
+    parser.add_argument("--model", required=True, help="a checkpoint directory (model and tokenizer)")
+    parser.add_argument("--train", type=Path, required=True)
+    parser.add_argument("--dev", type=Path, help="scored after training")
+    parser.add_argument("--test", type=Path, help="a labelled test file, scored after training")
+    parser.add_argument("--columns", nargs=3, default=["sentence1", "sentence2", "label"],
+                        metavar=("FIRST", "SECOND", "LABEL"))
+    parser.add_argument("--labels", nargs="+", required=True, help="label names, in the model's id order")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
-    parser.add_argument("--tuned", action="store_true")
-    print(json.dumps(run(parser.parse_args())))
+    parser.add_argument("--tuned", action="store_true", help="dynamic padding and length-grouped batches")
+    args = parser.parse_args()
+    hf_logging.set_verbosity_error()
+    print(json.dumps(run(args)))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ class Progress:
     epoch: int = 0  # the epoch in progress
     examples_in_epoch: int = 0  # examples of that epoch already trained on, by all processes (any world size)
     examples: int = 0  # training examples seen, by all processes
+    tokens: int = 0  # their real (non-pad) tokens
     seconds: float = 0.0  # time spent in training steps, over every attempt
     nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
 

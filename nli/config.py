@@ -55,6 +55,14 @@ class ScratchArchitecture:
                  "(256 byte symbols plus special tokens and merges)")
 
 
+class Attention(str, Enum):
+    """transformers' attention implementations (``attn_implementation``) for these encoders."""
+
+    sdpa = "sdpa"  # torch's scaled_dot_product_attention: fused kernels (flash, memory-efficient) where they apply
+    eager = "eager"  # the model's own matmul-softmax-matmul, as in the original papers' code
+    flash_attention_2 = "flash_attention_2"  # needs the flash-attn package and a GPU
+
+
 @dataclass
 class ModelConfig:
     name_or_path: Optional[str] = MISSING  # Hub id or local checkpoint dir; null: build `scratch`
@@ -62,6 +70,7 @@ class ModelConfig:
     revision: str = "main"  # Hub branch, tag or commit of name_or_path
     dropout: Optional[float] = None  # override the checkpoint's dropout probability; null: keep it
     ignore_mismatched_sizes: bool = False  # replace a checkpoint's classification head of another size
+    attention: Attention = Attention.sdpa  # how attention is computed
 
     def __post_init__(self) -> None:
         _require(
@@ -182,6 +191,7 @@ class OptimizerConfig:
 class AdamConfig(OptimizerConfig):
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # moment decay rates
     eps: float = 1e-8  # added to the denominator for stability
+    fused: bool = True  # one fused kernel for the whole update (CPU and GPU), as the HF Trainer's default
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -337,6 +347,7 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = None  # local path or gs://; null: <output_dir>/checkpoints
     resume: bool = True  # continue from the newest checkpoint in the output directory; false: refuse to
     skip_nonfinite: int = 0  # steps with a NaN or infinite loss to skip (no update) before stopping
+    compile: bool = False  # torch.compile the training model: faster steps after a compile of minutes
 
     def __post_init__(self) -> None:
         _require(self.batch_size > 0, f"train.batch_size={self.batch_size} must be positive")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import datasets
+import pyarrow.compute
 import torch
 from torch.utils.data import DataLoader, Sampler, SequentialSampler
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
@@ -95,13 +96,18 @@ class EpochSampler(Sampler[int]):
     ranks together see, step for step, exactly the batch one process would. A full batch splits
     into equal slices of whole micro-batches; the epoch's last, shorter batch into slices that
     differ by one example at most. ``start`` counts the examples of the epoch already trained on
-    by all ranks together: a whole number of global batches, whatever the world size."""
+    by all ranks together: a whole number of global batches, whatever the world size.
+
+    With ``bucket`` > 0 and the examples' ``lengths``, batches hold examples of about one length
+    (``_draw``): far less padding, the same reproducible order for a seed and an epoch."""
 
     def __init__(self, size: int, *, seed: int, batch_size: int, rank: int = 0, world_size: int = 1,
                  lengths: Optional[Sequence[int]] = None, bucket: int = 0) -> None:
         self.size, self.seed, self.batch_size, self.rank, self.world_size = size, seed, batch_size, rank, world_size
-        self.lengths, self.bucket = lengths, bucket
+        self.lengths = lengths if lengths is not None else [0] * size  # real (non-pad) tokens per example
+        self.bucket = bucket
         self.epoch, self.start = 0, 0
+        self._orders: Dict[int, List[int]] = {}
 
     def set_epoch(self, epoch: int, *, start: int = 0) -> None:
         self.epoch, self.start = epoch, start
@@ -115,19 +121,32 @@ class EpochSampler(Sampler[int]):
         lo, hi = shard(self.step_examples(done), rank=self.rank, world_size=self.world_size)
         return hi - lo
 
+    def step_tokens(self, done: int) -> int:
+        """Real tokens of the global batch that starts after ``done``: every rank knows them
+        without asking the others or the device."""
+        order = self.order()
+        return int(sum(self.lengths[i] for i in order[done:done + self.step_examples(done)]))
+
     def order(self) -> List[int]:
         """The epoch's order, a function of the seed and the epoch alone."""
+        if self.epoch not in self._orders:
+            self._orders = {self.epoch: self._draw()}
+        return self._orders[self.epoch]
+
+    def _draw(self) -> List[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.size, generator=generator).tolist()
-        if not self.bucket or self.lengths is None:
+        if not self.bucket:
             return order
         # Length buckets: each run of `bucket` global batches sorted by length, so that a batch (and
         # each rank's slice of it) holds examples of about one length and pads little; then the full
-        # batches shuffled. The epoch's last, short batch stays last, so positions still count whole
-        # batches and a resume finds its place.
+        # batches shuffled. Lengths count in bands of 8 tokens (what GPUs pad to anyway), and the
+        # stable sort keeps the random order within a band: where length tells the label (a short
+        # hypothesis, an entailment), a batch still mixes labels instead of holding one. The epoch's
+        # last, short batch stays last, so positions still count whole batches and a resume finds its place.
         chunk = self.batch_size * self.bucket
         order = [i for c in range(0, self.size, chunk)
-                 for i in sorted(order[c:c + chunk], key=lambda i: -self.lengths[i])]
+                 for i in sorted(order[c:c + chunk], key=lambda i: -math.ceil(self.lengths[i] / 8))]
         full = self.size // self.batch_size
         batches = torch.randperm(full, generator=generator).tolist()
         return [i for b in batches for i in order[b * self.batch_size:(b + 1) * self.batch_size]] + \
@@ -150,7 +169,7 @@ def train_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, bat
                  bucket: int = 0) -> Tuple[DataLoader, EpochSampler]:
     """This rank's shuffled micro-batches of each global batch, and the sampler that sets each
     epoch's order (length-bucketed when ``bucket`` > 0)."""
-    lengths = [len(ids) for ids in ds["input_ids"]] if bucket else None
+    lengths = pyarrow.compute.list_value_length(ds.with_format("arrow")[:]["input_ids"]).to_pylist()
     sampler = EpochSampler(len(ds), seed=seed, batch_size=batch_size, rank=world.rank, world_size=world.world_size,
                            lengths=lengths, bucket=bucket)
     # The loader's own generator seeds its workers, so that it never draws from the global

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 from contextlib import AbstractContextManager
 
 import torch
@@ -49,3 +50,11 @@ def resolve_precision(cfg: PrecisionConfig, device: torch.device) -> torch.dtype
 
 def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager:
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """The most memory this process has held: tensors on the GPU, or all of its resident memory on
+    the CPU (Linux counts ru_maxrss in KiB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -84,11 +84,16 @@ class TrainResult:
     best: Evaluation
     steps: int
     examples: int  # training examples processed
+    tokens: int  # their real (non-pad) tokens
     seconds: float  # wall time in training steps, evaluation and saving excluded
 
     @property
     def examples_per_second(self) -> float:
         return self.examples / max(self.seconds, 1e-9)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
 
 
 @dataclass
@@ -184,10 +189,12 @@ def train(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             stopping = _agreed_signal(stop, world, device)  # read once: a later signal waits for the next step
             _step_unless_nonfinite(model, optimizer, scheduler, scaler, step_loss, plan, progress)
             examples = sampler.step_examples(progress.examples_in_epoch)
-            window.add(step_loss, examples)
+            tokens = sampler.step_tokens(progress.examples_in_epoch)
+            window.add(step_loss, examples, tokens)
             step_loss.zero_()
             progress.step += 1
             progress.examples += examples
+            progress.tokens += tokens
             progress.examples_in_epoch += examples
             micro, micros = 0, _micro_batches(sampler, progress, loader)
             if progress.examples_in_epoch == plan.examples_per_epoch:
@@ -214,7 +221,8 @@ def train(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     bar.close()
     assert best is not None  # the last step always evaluates
     progress.seconds = clock.training_seconds()
-    return TrainResult(best=best, steps=progress.step, examples=progress.examples, seconds=progress.seconds)
+    return TrainResult(best=best, steps=progress.step, examples=progress.examples, tokens=progress.tokens,
+                       seconds=progress.seconds)
 
 
 def _micro_batches(sampler: EpochSampler, progress: Progress, loader: DataLoader) -> int:
@@ -305,12 +313,13 @@ class _Window:
 
     def restart(self) -> None:
         self._loss.zero_()
-        self._examples, self._steps = 0, 0
+        self._examples, self._tokens, self._steps = 0, 0, 0
         self._start = time.perf_counter()
 
-    def add(self, loss: torch.Tensor, examples: int) -> None:
+    def add(self, loss: torch.Tensor, examples: int, tokens: int) -> None:
         self._loss += loss  # no .item(): reading the loss would wait for the device
         self._examples += examples
+        self._tokens += tokens
 
     def step(self) -> None:
         self._steps += 1
@@ -323,6 +332,7 @@ class _Window:
         seconds = time.perf_counter() - self._start
         # Each step's loss is the mean over its global batch, averaged over the ranks.
         out = {"train/loss": self._loss.item() / max(self._steps, 1), "train/lr": lr,
-               "train/examples_per_second": self._examples / max(seconds, 1e-9), "train/epoch": epoch}
+               "train/examples_per_second": self._examples / max(seconds, 1e-9),
+               "train/tokens_per_second": self._tokens / max(seconds, 1e-9), "train/epoch": epoch}
         self.restart()
         return out

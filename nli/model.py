@@ -3,6 +3,7 @@ local directory) or an architecture with random weights and a tokenizer learnt f
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 from typing import Any, Dict, Iterable
@@ -12,7 +13,7 @@ from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTo
                           PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast,
                           RobertaTokenizerFast)
 
-from nli.config import ConfigError, ModelConfig, ScratchArchitecture, TaskConfig
+from nli.config import Attention, ConfigError, ModelConfig, ScratchArchitecture, TaskConfig
 from nli.hub import hub_download
 
 log = logging.getLogger(__name__)
@@ -79,11 +80,14 @@ def _dropout_kwargs(p: float | None) -> Dict[str, float]:
 
 
 def build_model(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    if cfg.attention == Attention.flash_attention_2 and importlib.util.find_spec("flash_attn") is None:
+        raise ConfigError("model.attention=flash_attention_2 needs the flash-attn package (pip install flash-attn, "
+                          "on a CUDA machine); model.attention=sdpa uses torch's own fused kernels")
     if cfg.scratch is not None:
-        return _scratch_model(cfg.scratch, task, tokenizer)
+        return _scratch_model(cfg.scratch, task, tokenizer, attention=cfg.attention.value)
     assert cfg.name_or_path is not None
     kwargs = {**_label_kwargs(task), **_dropout_kwargs(cfg.dropout),
-              "ignore_mismatched_sizes": cfg.ignore_mismatched_sizes}
+              "ignore_mismatched_sizes": cfg.ignore_mismatched_sizes, "attn_implementation": cfg.attention.value}
     if _local_dir(cfg.name_or_path):
         _check_head(AutoConfig.from_pretrained(cfg.name_or_path), cfg, task)
         return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
@@ -105,8 +109,8 @@ def _check_head(config: PretrainedConfig, cfg: ModelConfig, task: TaskConfig) ->
                           "randomly initialised one")
 
 
-def _scratch_model(arch: ScratchArchitecture, task: TaskConfig,
-                   tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+def _scratch_model(arch: ScratchArchitecture, task: TaskConfig, tokenizer: PreTrainedTokenizerBase, *,
+                   attention: str) -> PreTrainedModel:
     config = AutoConfig.for_model(
         arch.model_type,
         vocab_size=len(tokenizer),
@@ -122,7 +126,7 @@ def _scratch_model(arch: ScratchArchitecture, task: TaskConfig,
         **_dropout_kwargs(arch.dropout),
         **_label_kwargs(task),
     )
-    model = AutoModelForSequenceClassification.from_config(config)
+    model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention)
     log.info("model: %s from scratch, %.1fM parameters", arch.model_type,
              sum(p.numel() for p in model.parameters()) / 1e6)
     return model

@@ -25,7 +25,7 @@ from transformers import AutoTokenizer, DataCollatorWithPadding, PreTrainedToken
 from nli import data, distributed, loop
 from nli.checkpoint import CheckpointError, Checkpointer, Progress, Resumed, checkpoint_name, restore_rng, rng_state
 from nli.config import Config, ConfigError
-from nli.device import resolve_device, resolve_precision
+from nli.device import peak_memory_bytes, resolve_device, resolve_precision
 from nli.distributed import World
 from nli.hub import HubUnavailableError
 from nli.metrics import Evaluation
@@ -104,8 +104,9 @@ def _run(cfg: Config, dict_cfg: DictConfig, world: World) -> Dict[str, Any]:
     _seed_dropout(cfg.seed, world)
 
     pin = device.type == "cuda"
-    # Multiples of 8 let fp16/bf16 tensor cores run at full speed; on the CPU they only add padding.
-    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if pin else None)
+    # Multiples of 8 let fp16/bf16 tensor cores run at full speed, and leave a compiled model a
+    # handful of shapes to compile for, not one per length; on the CPU they only add padding.
+    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if pin or cfg.train.compile else None)
     micro_batch_size = cfg.micro_batch_size(world.world_size)
     train_loader, sampler = data.train_loader(splits.train, collator, batch_size=cfg.train.batch_size,
                                               micro_batch_size=micro_batch_size, seed=cfg.seed, world=world,
@@ -130,6 +131,8 @@ def _run(cfg: Config, dict_cfg: DictConfig, world: World) -> Dict[str, Any]:
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     progress, best = _restore(resumed, model, optimizer, scheduler, scaler, plan, checkpoints, world)
     trained = distributed.wrap(model, world, device)  # after the restore: DDP starts from rank 0's weights
+    if cfg.train.compile:
+        trained = torch.compile(trained)  # for training steps; evaluation runs the plain model
     tracker = build_tracker(cfg.logger, run_name=_run_name(out), group=_sweep_name(),
                             config=OmegaConf.to_container(dict_cfg, resolve=True), log_dir=_log_dir(out),
                             resume_id=resumed.tracker_id if resumed else None) if world.is_main else NullTracker()
@@ -188,6 +191,8 @@ def _run(cfg: Config, dict_cfg: DictConfig, world: World) -> Dict[str, Any]:
         "objective": final.objective,
         **final.metrics,
         "train_examples_per_second": result.examples_per_second,
+        "train_tokens_per_second": result.tokens_per_second,
+        "peak_memory_bytes": peak_memory_bytes(device),
         "train_seconds": result.seconds,
         "train_steps": result.steps,
         "best_step": result.best.step,

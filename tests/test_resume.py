@@ -24,14 +24,13 @@ from safetensors.torch import load
 
 from nli.checkpoint import CheckpointError, Checkpointer
 from nli.storage import Storage
-from tests.conftest import ROOT, read_results, run_train
+from tests.conftest import MEASURED, ROOT, read_results, run_train
 from tests.wandb_records import records
 
 # 20 optimizer steps per epoch, 50 in all: the signal lands in the middle of the second epoch.
 ARGS = ["experiment=quickstart", "data.synthetic_train_size=640", "data.synthetic_eval_size=96", "hw=cpu",
         "train.max_steps=50", "train.eval_every=15", "train.log_every=1", "train.checkpoint_every=5",
         "train.progress_bar=false"]
-TIMING = {"train_examples_per_second", "train_seconds"}  # the only results a restart may change
 
 
 def start(args: List[str], cwd: Path, env: Dict[str, str] | None = None,
@@ -67,8 +66,8 @@ Outcome = Tuple[Dict, Dict[str, torch.Tensor]]  # results.json, and the exported
 
 def assert_same_run(ours: Outcome, theirs: Outcome) -> None:
     (our_results, our_weights), (their_results, their_weights) = ours, theirs
-    assert {k: v for k, v in our_results.items() if k not in TIMING} == \
-        {k: v for k, v in their_results.items() if k not in TIMING}
+    assert {k: v for k, v in our_results.items() if k not in MEASURED} == \
+        {k: v for k, v in their_results.items() if k not in MEASURED}
     assert our_weights.keys() == their_weights.keys()
     for key, tensor in their_weights.items():
         assert torch.equal(our_weights[key], tensor), key  # exactly, on the CPU

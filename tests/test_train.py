@@ -34,6 +34,9 @@ def test_outputs_follow_the_contract(fast_run: Path) -> None:
     assert results["status"] == "completed"
     assert results["objective"] == results["accuracy"] and 0 <= results["accuracy"] <= 1
     assert results["train_examples_per_second"] > 0 and results["train_seconds"] > 0
+    # Real tokens per example: more than the four special tokens, fewer than the 64 allowed.
+    assert 4 < results["train_tokens_per_second"] / results["train_examples_per_second"] < 64
+    assert results["peak_memory_bytes"] > 100 * 2**20  # torch and the model alone hold more
     assert results["train_steps"] == 12
     saved = yaml.safe_load((fast_run / "config.yaml").read_text())
     assert saved["task"]["name"] == "synthetic" and saved["train"]["max_steps"] == 12
@@ -132,3 +135,20 @@ def test_local_checkpoint_that_does_not_exist(tmp_path: Path) -> None:
                       f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 1
     assert f"model.name_or_path={tmp_path}/nowhere is not a directory" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_compiled_model_trains_as_the_plain_one(tmp_path: Path) -> None:
+    """train.compile=true (inductor, about a minute of compiling on a CPU) takes the same steps to the
+    same weights, to float rounding: fused kernels add in another order. Dropout off, since compiled
+    code draws its masks from another generator."""
+    weights = {}
+    for compiled in (False, True):
+        out = tmp_path / str(compiled)
+        proc = run_train([*FAST, "hw=cpu", "model.scratch.dropout=0", f"train.compile={str(compiled).lower()}",
+                          f"hydra.run.dir={out}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        weights[compiled] = load_file(out / "model" / "model.safetensors")
+    assert weights[True].keys() == weights[False].keys()
+    for name, plain in weights[False].items():
+        torch.testing.assert_close(weights[True][name], plain, rtol=1e-3, atol=1e-4)

