@@ -47,6 +47,10 @@ def assert_same_run(ours: Outcome, theirs: Outcome) -> None:
     assert ours[0] == theirs[0]
     assert ours[1].keys() == theirs[1].keys()
     for key, tensor in theirs[1].items():
+        if key.endswith("attention.self.key.bias"):
+            # Softmax ignores a bias added to every key: its gradient is zero up to rounding, and
+            # Adam scales that noise to learning-rate-sized steps of either sign.
+            continue
         torch.testing.assert_close(ours[1][key], tensor, rtol=1e-4, atol=1e-5, msg=key)
 
 
