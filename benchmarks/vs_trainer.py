@@ -44,7 +44,7 @@ class Task:
 
     name: str
     folder: Path
-    files: Dict[str, str]  # train, validation, test -> file name
+    files: Dict[str, str]  # train, validation, test -> file name; submission: train.py's predictions of test
     columns: List[str]  # first text, second text, label
     labels: List[str]
 
@@ -55,8 +55,10 @@ class Task:
             sys.exit(f"--task {name}: the benchmark runs sentence-pair classification tasks (rte, mnli, qnli, ...)")
         columns = [conf.glue.columns[field] for field in conf.text_fields] + [conf.glue.columns.label]
         main_split = next(iter(conf.eval_splits))
+        test_split = next(iter(conf.test_splits))
         files = {"train": conf.glue.files.train, "validation": conf.glue.files[main_split],
-                 "test": conf.glue.files[next(iter(conf.test_splits))]}
+                 "test": conf.glue.files[test_split],
+                 "submission": f"{conf.test_splits[test_split]}.tsv"}  # train.py's predictions of that file
         task = cls(name, data_dir / conf.glue.folder, files, columns, list(conf.label_names))
         for split in ("train", "validation"):
             if not (task.folder / files[split]).is_file():
@@ -77,7 +79,7 @@ def run_ours(args: argparse.Namespace, task: Task, model: Path, out: Path) -> Di
                f"output_dir={out}", f"hydra.run.dir={out}", *args.overrides]
     call(command, "ours", verbose=args.verbose)
     results = json.loads((out / "results.json").read_text())
-    test = test_accuracy(next((out / "predictions").iterdir()), task) if args.test else None
+    test = score_predictions(out / "predictions" / task.files["submission"], task) if args.test else None
     return {"examples_per_second": results["train_examples_per_second"],
             "tokens_per_second": results["train_tokens_per_second"], "train_seconds": results["train_seconds"],
             "peak_memory_bytes": results["peak_memory_bytes"], "dev_accuracy": results["accuracy"],
@@ -107,7 +109,7 @@ def call(command: List[str], system: str, *, verbose: bool) -> str:
     return proc.stdout
 
 
-def test_accuracy(predictions: Path, task: Task) -> float:
+def score_predictions(predictions: Path, task: Task) -> float:
     """train.py's submission file scored against a test file that has labels."""
     from sklearn.metrics import accuracy_score
 
