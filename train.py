@@ -11,7 +11,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nli.cli import answer_help
+from nli.cli import answer_help, train
 from nli.config import register_configs
 
 CONF = Path(__file__).resolve().parent / "conf"
@@ -21,9 +21,7 @@ register_configs()
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    from nli.run import main as run  # deferred: `--help` and `--cfg` answer without torch
-
-    return run(cfg)
+    return train(cfg)  # imports torch only once the config checks: `--help` and `--cfg` answer without it
 
 
 if __name__ == "__main__":

@@ -12,13 +12,16 @@ traceback Hydra's own help ends in.
 
 from __future__ import annotations
 
+import logging
 import string
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from nli.config import ConfigError
 
 HELP_FLAGS = ("--help", "-h")
 HYDRA_ONLY = ("$HYDRA_CONFIG_GROUPS", "$FLAGS_HELP", "${HYDRA_CONFIG_GROUPS}", "${FLAGS_HELP}")
@@ -62,3 +65,16 @@ def answer_help(argv: List[str], conf_dir: Path, config_name: str) -> bool:
         return False
     print(text)
     return True
+
+
+def train(cfg: DictConfig) -> float:
+    """Hydra's task function for ``train.py`` and ``python -m nli``. The config's rules are checked
+    before torch and transformers load (about 9 s), so a wrong value is answered in a second."""
+    try:
+        OmegaConf.to_object(cfg)
+    except ConfigError as err:
+        logging.getLogger("nli.run").error("%s", err)  # into the run's log, as nli.run logs it
+        raise SystemExit(f"error: {err}") from None
+    from nli.run import main as run
+
+    return run(cfg)

@@ -6,7 +6,7 @@ import itertools
 import os
 import subprocess
 import sys
-from typing import List
+from typing import List, Set
 from pathlib import Path
 
 import pytest
@@ -137,6 +137,11 @@ def test_typo_and_wrong_type_fail_at_composition() -> None:
     assert "train.batch_size" in str(err.value.__cause__)
 
 
+def imported(stderr: str) -> Set[str]:
+    """The modules a process imported, from its ``-X importtime`` report."""
+    return {line.split("|")[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
 @pytest.mark.parametrize("args,expected", [
     (["model=robert-base"], ["Could not find 'model/robert-base'", "roberta-base", "roberta-large"]),
     (["train.epocs=3"], ["Key 'epocs' not in 'TrainConfig'", "train.epocs"]),
@@ -148,14 +153,16 @@ def test_typo_and_wrong_type_fail_at_composition() -> None:
      ["train.batch_size=32 must be a multiple of hw.per_device_batch_size=12"]),
 ])
 def test_bad_input_on_the_command_line(tmp_path: Path, args: list[str], expected: list[str]) -> None:
-    """What a user sees: a non-zero exit and the key, before any data or model loads."""
-    proc = run_train([*args, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout=120)
+    """What a user sees: a non-zero exit and the key, before torch loads (so in about a second)."""
+    proc = run_train([*args, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout=120,
+                     env={"PYTHONPROFILEIMPORTTIME": "1"})
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
     for text in expected:
         assert text in output
     assert not (tmp_path / "run" / "model").exists()
     assert "Traceback" not in output
+    assert "hydra" in imported(proc.stderr) and not {"torch", "transformers", "datasets"} & imported(proc.stderr)
 
 
 @pytest.mark.parametrize("overrides", [[], ["model=tiny", "optimizer.lr=0.5"]], ids=["defaults", "overrides"])
@@ -172,8 +179,7 @@ def test_help_is_hydras_without_torch(tmp_path: Path, overrides: List[str]) -> N
         assert f"\n{group} " in ours.stdout
     if overrides:
         assert "model_type: roberta" in ours.stdout and "lr: 0.5" in ours.stdout  # model=tiny: from scratch
-    imported = {line.split("|")[-1].strip() for line in ours.stderr.splitlines() if line.startswith("import time:")}
-    assert "hydra" in imported and not {"torch", "transformers", "datasets"} & imported
+    assert "hydra" in imported(ours.stderr) and not {"torch", "transformers", "datasets"} & imported(ours.stderr)
 
 
 def test_cfg_job_prints_the_config_without_torch(tmp_path: Path) -> None:
@@ -183,8 +189,7 @@ def test_cfg_job_prints_the_config_without_torch(tmp_path: Path) -> None:
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["model"]["scratch"]["model_type"] == "roberta" and cfg["train"]["compile"] is True
     assert cfg["data"]["bucket"] == 50 and cfg["optimizer"]["fused"] is True and cfg["model"]["attention"] == "sdpa"
-    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "hydra" in imported and not {"torch", "transformers", "datasets"} & imported
+    assert "hydra" in imported(proc.stderr) and not {"torch", "transformers", "datasets"} & imported(proc.stderr)
 
 
 def test_help_with_a_bad_override_is_hydras_error(tmp_path: Path) -> None:
