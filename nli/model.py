@@ -13,6 +13,7 @@ from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTo
                           PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast,
                           RobertaTokenizerFast)
 
+from nli import first_token
 from nli.config import Attention, ConfigError, ModelConfig, ScratchArchitecture, TaskConfig
 from nli.hub import hub_download
 
@@ -80,6 +81,12 @@ def _dropout_kwargs(p: float | None) -> Dict[str, float]:
 
 
 def build_model(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    model = _build(cfg, task, tokenizer)
+    first_token.install(model)  # the head reads one token: the last layer computes that one alone
+    return model
+
+
+def _build(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     if cfg.attention == Attention.flash_attention_2 and importlib.util.find_spec("flash_attn") is None:
         raise ConfigError("model.attention=flash_attention_2 needs the flash-attn package (pip install flash-attn, "
                           "on a CUDA machine); model.attention=sdpa uses torch's own fused kernels")

@@ -65,3 +65,15 @@ def test_model_flops_per_token_count_the_weights_outside_the_embeddings(tmp_path
     layer = 12 * 1024**2 + 9 * 1024 + 4 * 1024  # weights; biases (q, k, v, out, 4h up, down); two LayerNorms
     head = 1024**2 + 1024 + 2 * 1024 + 2  # dense h x h, then h x 2 labels
     assert flops_per_token(tmp_path, mean_tokens=40) == 6 * (24 * layer + head) + 12 * 24 * 1024 * 40
+
+
+def test_step_ablation_times_every_variant_on_real_pairs(tmp_path: Path) -> None:
+    out = tmp_path / "ablation.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_ablation.py"), "--batch-size", "4",
+                           "--batches", "2", "--rounds", "1", "--json", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["variant"] for row in rows] == ["stock", "first-token", "cpu-dropout", "both"]
+    assert rows[0]["speedup"] == 1 and all(row["seconds_per_step"] > 0 for row in rows)
+    assert "speed-up" in proc.stdout and f"written to {out}" in proc.stdout

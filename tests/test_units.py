@@ -7,13 +7,14 @@ import os
 import signal
 import threading
 from collections import Counter
+from typing import Dict, List
 
 import numpy as np
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-from nli import metrics, synthetic
+from nli import cpu_dropout, first_token, metrics, synthetic
 from nli.config import (AdamConfig, Attention, ConfigError, ModelConfig, SGDConfig, ScratchArchitecture,
                         TaskConfig)
 from nli.model import build_model, train_bpe_tokenizer
@@ -106,3 +107,87 @@ def test_signals_become_a_stop_request_and_a_second_ctrl_c_stops_at_once() -> No
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_cpu_dropout_drops_p_of_the_elements_and_scales_the_rest() -> None:
+    torch.manual_seed(0)
+    for p in (0.1, 0.5):
+        dropped = cpu_dropout.drop(torch.ones(1000, 1001), p)  # an odd count: half a random word is left over
+        assert (dropped == 0).float().mean().item() == pytest.approx(p, abs=0.002)
+        assert dropped.unique().tolist() == [0.0, pytest.approx(1 / (1 - p))]
+    torch.manual_seed(0)
+    first = cpu_dropout.keep_mask(torch.Size([64, 64]), 0.1)
+    torch.manual_seed(0)
+    assert torch.equal(first, cpu_dropout.keep_mask(torch.Size([64, 64]), 0.1))  # torch's generator decides
+
+
+def test_cpu_dropout_attention_masks_padding_and_drops_the_probabilities() -> None:
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(2, 3, 5, 4) for _ in range(3))
+    allowed = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    allowed[1, :, :, 3:] = False  # the second sequence has two pad tokens
+    module = torch.nn.Module()
+    torch.manual_seed(7)
+    out, _ = cpu_dropout.attention(module, query, key, value, allowed, dropout=0.2, scaling=0.5)
+    torch.manual_seed(7)
+    keep = cpu_dropout.keep_mask(torch.Size([2, 3, 5, 5]), 0.2)
+    probs = torch.softmax((query @ key.transpose(2, 3) * 0.5).masked_fill(~allowed, float("-inf")), dim=-1)
+    expected = ((probs * keep / 0.8) @ value).transpose(1, 2)
+    assert torch.allclose(out, expected, atol=1e-6)
+
+
+def _tiny_classifier(model_type: str, attention: str = "sdpa") -> AutoModelForSequenceClassification:
+    """A 2-layer model whose dropout probability is too small to drop anything."""
+    config = AutoConfig.for_model(model_type, vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64, num_labels=3, pad_token_id=1,
+                                  hidden_dropout_prob=1e-9, attention_probs_dropout_prob=1e-9)
+    torch.manual_seed(0)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attention).eval()
+
+
+def _batches() -> List[Dict[str, torch.Tensor]]:
+    """A padded batch, and one without padding (SDPA is then given no mask)."""
+    torch.manual_seed(1)
+    mask = torch.ones(4, 12, dtype=torch.long)
+    mask[1, 7:], mask[3, 3:] = 0, 0
+    padded = {"input_ids": torch.randint(3, 100, (4, 12)).masked_fill(mask == 0, 1), "attention_mask": mask}
+    return [padded, {"input_ids": torch.randint(3, 100, (2, 9)), "attention_mask": torch.ones(2, 9, dtype=torch.long)}]
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_a_model_with_cpu_dropout_computes_what_it_did(model_type: str) -> None:
+    """In evaluation the same logits; in training with a drop probability too small to drop
+    anything, the same logits through the new attention and dropout."""
+    model = _tiny_classifier(model_type)
+    before = [model(**batch).logits for batch in _batches()]
+    cpu_dropout.install(model)
+    assert model.config._attn_implementation == cpu_dropout.ATTENTION
+    assert sum(isinstance(m, cpu_dropout.CpuDropout) for m in model.modules()) == 8  # embeddings, 3 per layer, head
+    for batch, logits in zip(_batches(), before):
+        assert torch.equal(model.eval()(**batch).logits, logits)
+        assert torch.allclose(model.train()(**batch).logits, logits, atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type,attention", [("bert", "sdpa"), ("roberta", "sdpa"), ("roberta", "eager")])
+def test_the_last_layer_for_the_first_token_alone_gives_the_same_logits(model_type: str, attention: str) -> None:
+    model = _tiny_classifier(model_type, attention)
+    names = list(model.state_dict())
+    before = [model(**batch).logits for batch in _batches()]
+    model.train()
+    trained = [model(**batch).logits for batch in _batches()]
+    assert first_token.install(model)
+    assert list(model.state_dict()) == names  # checkpoints and exports unchanged
+    for batch, logits, train_logits in zip(_batches(), before, trained):
+        assert torch.allclose(model.eval()(**batch).logits, logits, atol=1e-6)
+        assert torch.allclose(model.train()(**batch).logits, train_logits, atol=1e-6)
+    cpu_dropout.install(model)  # as train.py runs on the CPU: both together
+    for batch, logits in zip(_batches(), trained):
+        assert torch.allclose(model(**batch).logits, logits, atol=1e-6)
+    hidden = model.base_model(**_batches()[0]).last_hidden_state
+    assert hidden.shape[1] == 1  # only the first position was computed
+
+
+def test_the_first_token_alone_only_where_the_head_reads_only_that() -> None:
+    config = AutoConfig.for_model("bert", vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64)
+    assert not first_token.install(AutoModelForTokenClassification.from_config(config))  # reads every token
