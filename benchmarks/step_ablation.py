@@ -7,8 +7,9 @@ variant's time per step and speed-up over the stock model, and writes them as JS
     python benchmarks/step_ablation.py --model <checkpoint dir> --task MNLI --device cuda
 
 Variants: ``stock``; ``first-token`` (the last layer for the first token alone, nli/first_token.py);
-``cpu-dropout`` (nli/cpu_dropout.py, CPU only); ``both`` (what train.py runs on a CPU). Each batch's
-fastest round counts, so that a round slowed by the machine does not count against one variant.
+``cpu-dropout`` (nli/cpu_dropout.py, CPU only); ``unpadded`` (layers on real tokens only,
+nli/unpadded.py, CPU only); ``all`` (what train.py runs on a CPU). Each batch's fastest round counts,
+so that a round slowed by the machine does not count against one variant.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from typing import Callable, Dict, List
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-from nli import cpu_dropout, first_token
+from nli import cpu_dropout, first_token, unpadded
 from nli.data import EpochSampler
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS: Dict[str, List[Callable[[torch.nn.Module], object]]] = {
     "stock": [], "first-token": [first_token.install], "cpu-dropout": [cpu_dropout.install],
-    "both": [first_token.install, cpu_dropout.install]}
+    "unpadded": [unpadded.install], "all": [first_token.install, cpu_dropout.install, unpadded.install]}
+CPU_ONLY = {"cpu-dropout", "unpadded"}
 
 
 def batches(args: argparse.Namespace) -> List[Dict[str, torch.Tensor]]:
@@ -50,7 +52,7 @@ def batches(args: argparse.Namespace) -> List[Dict[str, torch.Tensor]]:
 def measure(args: argparse.Namespace) -> Dict[str, float]:
     """Seconds per step of each variant: the mean over batches of each batch's fastest round."""
     device = torch.device(args.device)
-    variants = [v for v in args.variants if device.type == "cpu" or "dropout" not in v]
+    variants = [v for v in args.variants if device.type == "cpu" or v not in CPU_ONLY]
     data = [{k: v.to(device) for k, v in b.items()} for b in batches(args)]
     models = {}
     for name in variants:
@@ -58,7 +60,8 @@ def measure(args: argparse.Namespace) -> Dict[str, float]:
         model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2,
                                                                    attn_implementation="sdpa").to(device)
         for install in VARIANTS[name]:
-            install(model)
+            if device.type == "cpu" or install is first_token.install:  # the others are for the CPU alone
+                install(model)
         models[name] = (model.train(), torch.optim.AdamW(model.parameters(), lr=2e-5, fused=True))
     best = {name: [float("inf")] * len(data) for name in variants}
     for round_ in range(args.rounds):

@@ -71,6 +71,10 @@ class ModelConfig:
     dropout: Optional[float] = None  # override the checkpoint's dropout probability; null: keep it
     ignore_mismatched_sizes: bool = False  # replace a checkpoint's classification head of another size
     attention: Attention = Attention.sdpa  # how attention is computed
+    # The last layer for the first token alone (nli/first_token.py); training on a CPU, also layers
+    # on real tokens only (nli/unpadded.py) and cheaper dropout (nli/cpu_dropout.py). false: the
+    # stock transformers forward, e.g. to read every position's hidden states.
+    fast_paths: bool = True
 
     def __post_init__(self) -> None:
         _require(

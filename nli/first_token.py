@@ -43,6 +43,22 @@ def install(model: PreTrainedModel) -> bool:
     return True
 
 
+def applies(model: PreTrainedModel) -> bool:
+    """``model``'s head reads the first token of an encoder laid out as BERT's, whose attention
+    takes a 4-D mask."""
+    return type(model).__name__ in HEADS and model.config._attn_implementation in ATTENTIONS
+
+
+def attend(attention: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``attention``'s (a BertSelfAttention) configured attention function on these heads:
+    (batch, queries, heads, head width)."""
+    function = ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, eager_attention_forward)
+    context, _ = function(attention, query, key, value, mask, scaling=attention.scaling,
+                          dropout=attention.dropout.p if attention.training else 0.0)
+    return context
+
+
 def _first_token_forward(layer: nn.Module, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                          *args: Any, **kwargs: Any) -> torch.Tensor:
     """BertLayer.forward (RoBERTa's is the same) with queries from the first position only."""
@@ -52,10 +68,8 @@ def _first_token_forward(layer: nn.Module, hidden_states: torch.Tensor, attentio
     query = attention.query(first).view(heads).transpose(1, 2)
     key = attention.key(hidden_states).view(heads).transpose(1, 2)
     value = attention.value(hidden_states).view(heads).transpose(1, 2)
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, eager_attention_forward)
     mask = attention_mask[:, :, :1] if attention_mask is not None else None
-    context, _ = attend(attention, query, key, value, mask, scaling=attention.scaling,
-                        dropout=attention.dropout.p if attention.training else 0.0)
+    context = attend(attention, query, key, value, mask)
     attention_output = layer.attention.output(context.reshape(batch, 1, -1), first)
     return layer.feed_forward_chunk(attention_output)
 

@@ -82,7 +82,8 @@ def _dropout_kwargs(p: float | None) -> Dict[str, float]:
 
 def build_model(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     model = _build(cfg, task, tokenizer)
-    first_token.install(model)  # the head reads one token: the last layer computes that one alone
+    if cfg.fast_paths:
+        first_token.install(model)  # the head reads one token: the last layer computes that one alone
     return model
 
 

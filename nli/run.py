@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import cpu_dropout, data, distributed, loop
+from nli import cpu_dropout, data, distributed, loop, unpadded
 from nli.checkpoint import CheckpointError, Checkpointer, Progress, Resumed, checkpoint_name, restore_rng, rng_state
 from nli.config import Config, ConfigError
 from nli.device import peak_memory_bytes, resolve_device, resolve_precision
@@ -101,8 +101,10 @@ def _run(cfg: Config, dict_cfg: DictConfig, world: World) -> Dict[str, Any]:
     tokenizer = _rank0_tokenizer(tokenizer, world)
     splits = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
     model = build_model(cfg.model, cfg.task, tokenizer).to(device)
-    if device.type == "cpu" and not cfg.train.compile:  # a compiled model fuses its own dropout
+    # A compiled model fuses its own dropout and wants fixed shapes.
+    if cfg.model.fast_paths and device.type == "cpu" and not cfg.train.compile:
         cpu_dropout.install(model)
+        unpadded.install(model)
     _seed_dropout(cfg.seed, world)
 
     pin = device.type == "cuda"

@@ -74,6 +74,6 @@ def test_step_ablation_times_every_variant_on_real_pairs(tmp_path: Path) -> None
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert [row["variant"] for row in rows] == ["stock", "first-token", "cpu-dropout", "both"]
+    assert [row["variant"] for row in rows] == ["stock", "first-token", "cpu-dropout", "unpadded", "all"]
     assert rows[0]["speedup"] == 1 and all(row["seconds_per_step"] > 0 for row in rows)
     assert "speed-up" in proc.stdout and f"written to {out}" in proc.stdout

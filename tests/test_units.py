@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-from nli import cpu_dropout, first_token, metrics, synthetic
+from nli import cpu_dropout, first_token, metrics, synthetic, unpadded
 from nli.config import (AdamConfig, Attention, ConfigError, ModelConfig, SGDConfig, ScratchArchitecture,
                         TaskConfig)
 from nli.model import build_model, train_bpe_tokenizer
@@ -82,7 +82,7 @@ def test_optimizer_class_comes_from_config() -> None:
     assert not unfused.defaults["fused"]
 
 
-def test_attention_implementation_comes_from_config() -> None:
+def test_attention_implementation_and_fast_paths_come_from_config() -> None:
     tokenizer = train_bpe_tokenizer(["a small text", "another one"] * 50, vocab_size=300, max_seq_length=32)
     task = TaskConfig(name="t", text_fields=["a", "b"], label_names=["x", "y"], eval_splits={"validation": ""},
                       metrics=["accuracy"], main_metric="accuracy")
@@ -90,6 +90,10 @@ def test_attention_implementation_comes_from_config() -> None:
         model = build_model(ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300),
                                         attention=attention), task, tokenizer)
         assert model.config._attn_implementation == attention.value
+        assert "forward" in vars(model.base_model.encoder.layer[-1])  # the last layer: the first token alone
+    stock = build_model(ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300), fast_paths=False),
+                        task, tokenizer)
+    assert not any("forward" in vars(module) for module in stock.modules())  # as transformers builds it
     if importlib.util.find_spec("flash_attn") is None:
         with pytest.raises(ConfigError, match="needs the flash-attn package"):
             build_model(ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300),
@@ -187,7 +191,39 @@ def test_the_last_layer_for_the_first_token_alone_gives_the_same_logits(model_ty
     assert hidden.shape[1] == 1  # only the first position was computed
 
 
+def _outputs(model: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
+    """The logits and every weight's gradient of their sum."""
+    model.zero_grad()
+    logits = model(**batch).logits
+    logits.sum().backward()
+    return [logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("model_type,attention", [("bert", "sdpa"), ("roberta", "sdpa"), ("roberta", "eager")])
+def test_layers_on_real_tokens_only_give_the_same_logits_and_gradients(model_type: str, attention: str) -> None:
+    model = _tiny_classifier(model_type, attention).train()  # dropout too small to drop anything
+    left = {"input_ids": torch.tensor([[1, 1, 5, 6], [7, 8, 9, 10]]), "attention_mask": torch.tensor([[0, 0, 1, 1],
+                                                                                                      [1, 1, 1, 1]])}
+    batches = [*_batches(), left]
+    expected = [_outputs(model, batch) for batch in batches]
+    first_token.install(model)
+    cpu_dropout.install(model)  # all three, as train.py runs on the CPU
+    assert unpadded.install(model)
+    assert len(expected[0]) == 1 + len(list(model.parameters()))  # every weight has a gradient
+    rows: List[torch.Size] = []  # what the first layer's feed-forward is given
+    model.base_model.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, x, y: rows.append(x[0].shape))
+    for batch, outputs in zip(batches, expected):
+        for got, want in zip(_outputs(model, batch), outputs, strict=True):
+            assert torch.allclose(got, want, atol=1e-5)
+        assert torch.allclose(model.eval()(**batch).logits, outputs[0], atol=1e-5)
+        model.train()
+    real = int(batches[0]["attention_mask"].sum())
+    assert rows[0] == (real, 32) and real < 4 * 12  # the padded batch: its real tokens alone
+    assert rows[2] == (2, 9, 32) and rows[4] == (2, 4, 32)  # no padding, or padding on the left: the stock layers
+
+
 def test_the_first_token_alone_only_where_the_head_reads_only_that() -> None:
     config = AutoConfig.for_model("bert", vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=64)
     assert not first_token.install(AutoModelForTokenClassification.from_config(config))  # reads every token
+    assert not unpadded.install(AutoModelForTokenClassification.from_config(config))
