@@ -13,7 +13,7 @@ from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTo
                           PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast,
                           RobertaTokenizerFast)
 
-from nli import first_token
+from nli import cpu_dropout, first_token, unpadded
 from nli.config import Attention, ConfigError, ModelConfig, ScratchArchitecture, TaskConfig
 from nli.hub import hub_download
 
@@ -85,6 +85,17 @@ def build_model(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokeniz
     if cfg.fast_paths:
         first_token.install(model)  # the head reads one token: the last layer computes that one alone
     return model
+
+
+def install_cpu_paths(model: PreTrainedModel, cfg: ModelConfig, *, compiled: bool) -> bool:
+    """For training on a CPU: cheaper dropout and layers on real tokens only, unless
+    model.fast_paths=false or the model is to be compiled (which fuses its own dropout and wants
+    fixed shapes). True if installed."""
+    if not cfg.fast_paths or compiled:
+        return False
+    cpu_dropout.install(model)
+    unpadded.install(model)
+    return True
 
 
 def _build(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:

@@ -22,14 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import cpu_dropout, data, distributed, loop, unpadded
+from nli import data, distributed, loop
 from nli.checkpoint import CheckpointError, Checkpointer, Progress, Resumed, checkpoint_name, restore_rng, rng_state
 from nli.config import Config, ConfigError
 from nli.device import peak_memory_bytes, resolve_device, resolve_precision
 from nli.distributed import World
 from nli.hub import HubUnavailableError
 from nli.metrics import Evaluation
-from nli.model import build_model, build_tokenizer, load_export, save_pretrained
+from nli.model import build_model, build_tokenizer, install_cpu_paths, load_export, save_pretrained
 from nli.optim import build_optimizer, build_scheduler
 from nli.predictions import submission
 from nli.signals import StopRequest
@@ -101,10 +101,8 @@ def _run(cfg: Config, dict_cfg: DictConfig, world: World) -> Dict[str, Any]:
     tokenizer = _rank0_tokenizer(tokenizer, world)
     splits = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
     model = build_model(cfg.model, cfg.task, tokenizer).to(device)
-    # A compiled model fuses its own dropout and wants fixed shapes.
-    if cfg.model.fast_paths and device.type == "cpu" and not cfg.train.compile:
-        cpu_dropout.install(model)
-        unpadded.install(model)
+    if device.type == "cpu":
+        install_cpu_paths(model, cfg.model, compiled=cfg.train.compile)
     _seed_dropout(cfg.seed, world)
 
     pin = device.type == "cuda"

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoMod
 from nli import cpu_dropout, first_token, metrics, synthetic, unpadded
 from nli.config import (AdamConfig, Attention, ConfigError, ModelConfig, SGDConfig, ScratchArchitecture,
                         TaskConfig)
-from nli.model import build_model, train_bpe_tokenizer
+from nli.model import build_model, install_cpu_paths, train_bpe_tokenizer
 from nli.optim import build_optimizer, param_groups
 from nli.signals import StopRequest
 
@@ -91,9 +91,16 @@ def test_attention_implementation_and_fast_paths_come_from_config() -> None:
                                         attention=attention), task, tokenizer)
         assert model.config._attn_implementation == attention.value
         assert "forward" in vars(model.base_model.encoder.layer[-1])  # the last layer: the first token alone
-    stock = build_model(ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300), fast_paths=False),
-                        task, tokenizer)
+    model_cfg = ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300))
+    assert install_cpu_paths(model, model_cfg, compiled=False)  # the eager model of the loop's last round
+    assert any(isinstance(m, cpu_dropout.CpuDropout) for m in model.modules())
+    assert "forward" in vars(model.base_model.encoder)  # real tokens only
+    assert not install_cpu_paths(build_model(model_cfg, task, tokenizer), model_cfg, compiled=True)
+    off = ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300), fast_paths=False)
+    stock = build_model(off, task, tokenizer)
+    assert not install_cpu_paths(stock, off, compiled=False)
     assert not any("forward" in vars(module) for module in stock.modules())  # as transformers builds it
+    assert not any(isinstance(m, cpu_dropout.CpuDropout) for m in stock.modules())
     if importlib.util.find_spec("flash_attn") is None:
         with pytest.raises(ConfigError, match="needs the flash-attn package"):
             build_model(ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300),
