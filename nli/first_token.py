@@ -35,7 +35,7 @@ ATTENTIONS = {"sdpa", "eager", cpu_dropout.ATTENTION}
 def install(model: PreTrainedModel) -> bool:
     """Make ``model``'s last layer compute the first token alone, where its head reads only that
     token and its attention takes a 4-D mask. True if it did."""
-    if type(model).__name__ not in HEADS or model.config._attn_implementation not in ATTENTIONS:
+    if not applies(model):
         return False
     layer = model.base_model.encoder.layer[-1]
     layer.forward = types.MethodType(_first_token_forward, layer)
@@ -72,4 +72,3 @@ def _first_token_forward(layer: nn.Module, hidden_states: torch.Tensor, attentio
     context = attend(attention, query, key, value, mask)
     attention_output = layer.attention.output(context.reshape(batch, 1, -1), first)
     return layer.feed_forward_chunk(attention_output)
-
