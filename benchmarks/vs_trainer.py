@@ -6,13 +6,15 @@ ours) and writes it as JSON and Markdown.
 
     python benchmarks/vs_trainer.py                       # MiniLM, one epoch of RTE: 9 minutes on 2 CPU cores
     python benchmarks/vs_trainer.py --steps 117 --test    # 3 epochs, scored on RTE's labelled test.tsv too
+    python benchmarks/vs_trainer.py --steps 117 --test --seed 1 2 3   # accuracy as a mean over three seeds
     python benchmarks/vs_trainer.py --synthetic --arch roberta-large --precision bf16 --steps 300
 
 Systems: ``ours`` (train.py), ``hf-defaults`` (run_glue.py's defaults: every example padded to the
 sequence length), ``hf-tuned`` (dynamic padding and --group_by_length). Overrides after ``--`` go to
 train.py alone (e.g. ``-- train.compile=true``). Throughput counts training steps only (train.py's
 own clock; the Trainer's train()), wall time the whole process, start-up, evaluation and saving
-included. With several ``--rounds`` each system's fastest round is reported.
+included. With several ``--rounds`` or seeds, speed, memory and wall time are each system's fastest
+run; accuracies are the mean over seeds, with their standard deviation across seeds.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # nli, when the project is not installed
 
 SYSTEMS = ("ours", "hf-defaults", "hf-tuned")
+Figures = Dict[str, Optional[float]]  # one run's measurements
 # Dense bf16 tensor-core peaks (FLOP/s) by device name, from the vendors' data sheets.
 PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "B200": 2250e12, "A100": 312e12, "L4": 121e12}
 
@@ -67,9 +71,9 @@ class Task:
         return task
 
 
-def run_ours(args: argparse.Namespace, task: Task, model: Path, out: Path) -> Dict[str, Optional[float]]:
+def run_ours(args: argparse.Namespace, task: Task, model: Path, out: Path, seed: int) -> Figures:
     command = [sys.executable, str(ROOT / "train.py"), f"task={task.name}", f"model.name_or_path={model}",
-               f"data.dir={task.folder.parent}", f"data.max_seq_length={args.seq_len}", f"seed={args.seed}",
+               f"data.dir={task.folder.parent}", f"data.max_seq_length={args.seq_len}", f"seed={seed}",
                f"train.max_steps={args.steps}", f"train.batch_size={args.batch_size}", f"train.eval_every={args.steps}",
                f"train.checkpoint_every={args.steps}", "train.eval_batch_size=128", "train.max_grad_norm=1.0",
                f"train.predict={str(args.test).lower()}", "train.progress_bar=false", "train.resume=false",
@@ -86,12 +90,12 @@ def run_ours(args: argparse.Namespace, task: Task, model: Path, out: Path) -> Di
             "test_accuracy": test}
 
 
-def run_trainer(args: argparse.Namespace, task: Task, model: Path, tuned: bool) -> Dict[str, Optional[float]]:
+def run_trainer(args: argparse.Namespace, task: Task, model: Path, tuned: bool, seed: int) -> Figures:
     folder = task.folder
     command = [sys.executable, str(ROOT / "benchmarks" / "hf_trainer.py"), "--model", str(model),
                "--train", str(folder / task.files["train"]), "--dev", str(folder / task.files["validation"]),
                "--columns", *task.columns, "--labels", *task.labels, "--steps", str(args.steps),
-               "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(args.seed),
+               "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(seed),
                "--max-seq-length", str(args.seq_len), "--precision", args.precision]
     if args.test:
         command += ["--test", str(folder / task.files["test"])]
@@ -154,9 +158,9 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple:
     from mnli_like import write_glue_folder, write_random_model
 
     texts = write_glue_folder(work / "glue" / "RTE", train=args.synthetic_size, dev=max(args.synthetic_size // 8, 64),
-                              seed=args.seed)
+                              seed=args.seed[0])
     write_random_model(work / "model", architecture=args.arch, texts=texts, max_seq_length=args.seq_len,
-                       seed=args.seed)
+                       seed=args.seed[0])
     return Task.from_conf("rte", work / "glue"), work / "model"
 
 
@@ -168,19 +172,22 @@ def measure(args: argparse.Namespace) -> Dict:
             rows = len((task.folder / task.files["train"]).read_text().splitlines()) - 1
             args.steps = -(-rows // args.batch_size)
         runs: Dict[str, List[Dict]] = {system: [] for system in args.systems}
-        for round_ in range(args.rounds):
-            # Each round starts with another system, so that no system always runs first (cold caches).
-            order = args.systems[round_ % len(args.systems):] + args.systems[:round_ % len(args.systems)]
+        plan = [(round_, seed) for round_ in range(args.rounds) for seed in args.seed]
+        for turn, (round_, seed) in enumerate(plan):
+            # Each turn starts with another system, so that no system always runs first (cold caches).
+            order = args.systems[turn % len(args.systems):] + args.systems[:turn % len(args.systems)]
             for system in order:
                 start = time.perf_counter()
                 if system == "ours":
-                    figures = run_ours(args, task, model, work / f"ours-{round_}")
+                    figures = run_ours(args, task, model, work / f"ours-{turn}", seed)
                 else:
-                    figures = run_trainer(args, task, model, tuned=system == "hf-tuned")
+                    figures = run_trainer(args, task, model, tuned=system == "hf-tuned", seed=seed)
                 figures["wall_seconds"] = time.perf_counter() - start
-                print(f"round {round_ + 1} {system}: {figures['examples_per_second']:.2f} examples/s", flush=True)
+                figures["seed"] = seed
+                print(f"round {round_ + 1} seed {seed} {system}: {figures['examples_per_second']:.2f} examples/s, "
+                      f"dev accuracy {figures['dev_accuracy']:.4f}", flush=True)
                 runs[system].append(figures)
-        best = {system: max(rounds, key=lambda r: r["examples_per_second"]) for system, rounds in runs.items()}
+        best = {system: summarise(rounds) for system, rounds in runs.items()}
         mean_tokens = best["ours"]["tokens_per_second"] / best["ours"]["examples_per_second"] \
             if "ours" in best else None
         peak = peak_flops()
@@ -189,6 +196,27 @@ def measure(args: argparse.Namespace) -> Dict:
             for figures in best.values():
                 figures["mfu"] = per_token * figures["tokens_per_second"] / peak
     return {"machine": machine(), "settings": settings(args, task), "systems": best}
+
+
+def summarise(runs: List[Dict]) -> Dict:
+    """One system's runs as one row: the fastest run's speed, memory and wall time (the least
+    disturbed by the shared host), each accuracy averaged over seeds. With several seeds, the
+    accuracies' standard deviation across seeds and the value for each seed come too."""
+    row = dict(max(runs, key=lambda run: run["examples_per_second"]))
+    del row["seed"]
+    for key in ("dev_accuracy", "test_accuracy"):
+        per_seed: Dict[int, List[float]] = {}
+        for run in runs:
+            if run.get(key) is not None:
+                per_seed.setdefault(run["seed"], []).append(run[key])
+        if not per_seed:
+            continue
+        means = {seed: statistics.fmean(values) for seed, values in per_seed.items()}
+        row[key] = statistics.fmean(means.values())
+        if len(means) > 1:
+            row[f"{key}_sd"] = statistics.stdev(means.values())
+            row[f"{key}_by_seed"] = {str(seed): value for seed, value in means.items()}
+    return row
 
 
 def machine() -> str:
@@ -204,7 +232,7 @@ def machine() -> str:
 def settings(args: argparse.Namespace, task: Task) -> Dict:
     return {"model": args.arch + " (random weights)" if args.synthetic else str(args.model),
             "task": "MNLI-like lengths (synthetic)" if args.synthetic else task.name, "steps": args.steps,
-            "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "seq_len": args.seq_len,
+            "batch_size": args.batch_size, "lr": args.lr, "seeds": args.seed, "seq_len": args.seq_len,
             "precision": args.precision, "rounds": args.rounds, "ours_overrides": args.overrides}
 
 
@@ -230,13 +258,34 @@ def markdown(report: Dict) -> str:
                 continue
             scale = 2 ** -30 if key == "peak_memory_bytes" else 1
             cell = fmt.format(value * scale)
+            if figures.get(f"{key}_sd") is not None:
+                cell += " ± " + fmt.format(figures[f"{key}_sd"])
             if system != "ours" and ours.get(key) and key not in ("dev_accuracy", "test_accuracy"):
                 cell += f" ({value / ours[key]:.2f}x)"
             cells.append(cell)
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     speedups = [f"{ours['examples_per_second'] / figures['examples_per_second']:.2f}x the examples/s of {name}"
                 for name, figures in systems.items() if name != "ours" and ours]
-    return "\n".join(lines) + "\n" + (f"\nours: {', '.join(speedups)}\n" if speedups else "")
+    summary = [f"ours: {', '.join(speedups)}"] if speedups else []
+    return "\n".join(lines + [""] + summary + accuracy_gaps(report)) + "\n"
+
+
+def accuracy_gaps(report: Dict) -> List[str]:
+    """With several seeds: ours' mean accuracy minus each Trainer's, in points, with the standard
+    error of that difference (each mean's spread across seeds over the root of the seed count)."""
+    seeds, systems = len(report["settings"]["seeds"]), report["systems"]
+    if seeds < 2 or "ours" not in systems:
+        return []
+    ours = systems["ours"]
+    key = "test_accuracy" if ours.get("test_accuracy") is not None else "dev_accuracy"
+    gaps = []
+    for name, figures in systems.items():
+        if name == "ours":
+            continue
+        error = ((ours[f"{key}_sd"] ** 2 + figures[f"{key}_sd"] ** 2) / seeds) ** 0.5
+        gaps.append(f"{100 * (ours[key] - figures[key]):+.1f} ± {100 * error:.1f} points against {name}")
+    title = key.replace("_", " ")
+    return [f"{title}, ours minus the Trainer over {seeds} seeds: " + ", ".join(gaps)] if gaps else []
 
 
 def main() -> None:
@@ -254,7 +303,8 @@ def main() -> None:
                         "fairly: the tuned Trainer takes its longest batches first")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--seed", type=int, nargs="+", default=[42], help="one or more seeds: every system "
+                        "runs once per seed (and round)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--rounds", type=int, default=1)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 TINY = ["experiment=quickstart", "hw=cpu", "data.synthetic_train_size=128", "data.synthetic_eval_size=32",
@@ -29,10 +31,10 @@ def test_scaling_runs_one_and_two_processes(tmp_path: Path) -> None:
 
 
 def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
-    """MNLI-like synthetic data, a tiny random RoBERTa, three steps of each system."""
+    """MNLI-like synthetic data, a tiny random RoBERTa, three steps of each system for each of two seeds."""
     out = tmp_path / "table"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trainer.py"), "--synthetic", "--arch", "tiny",
-                           "--synthetic-size", "256", "--steps", "3", "--test", "--out", str(out)],
+                           "--synthetic-size", "256", "--steps", "3", "--test", "--seed", "1", "2", "--out", str(out)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.with_suffix(".json").read_text())
@@ -44,11 +46,20 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
         assert 15 < figures["tokens_per_second"] / figures["examples_per_second"] < 80
         assert 0 <= figures["dev_accuracy"] <= 1 and 0 <= figures["test_accuracy"] <= 1
         assert "mfu" not in figures  # no GPU here
-    assert report["settings"]["steps"] == 3 and report["settings"]["task"].startswith("MNLI-like")
+        for key in ("dev_accuracy", "test_accuracy"):  # the mean over the seeds, and their spread
+            by_seed = figures[f"{key}_by_seed"]
+            assert list(by_seed) == ["1", "2"]
+            assert figures[key] == pytest.approx(sum(by_seed.values()) / 2)
+            assert figures[f"{key}_sd"] == pytest.approx(abs(by_seed["1"] - by_seed["2"]) / 2 ** 0.5)
+    settings = report["settings"]
+    assert settings["steps"] == 3 and settings["task"].startswith("MNLI-like") and settings["seeds"] == [1, 2]
+    assert proc.stdout.count(" seed 1 ") == 3 and proc.stdout.count(" seed 2 ") == 3
     table = out.with_suffix(".md").read_text()
     assert "| system | examples/s | tokens/s | peak memory (GiB) |" in table
     ratio = systems["ours"]["examples_per_second"] / systems["hf-defaults"]["examples_per_second"]
     assert f"ours: {ratio:.2f}x the examples/s of hf-defaults" in table
+    gap = 100 * (systems["ours"]["test_accuracy"] - systems["hf-tuned"]["test_accuracy"])
+    assert "test accuracy, ours minus the Trainer over 2 seeds: " in table and f"{gap:+.1f} ± " in table
     assert table.split("\n\n", 1)[1] in proc.stdout  # the same table, after the machine's line
 
 
