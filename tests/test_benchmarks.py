@@ -63,6 +63,14 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
     assert table.split("\n\n", 1)[1] in proc.stdout  # the same table, after the machine's line
 
 
+def test_vs_trainer_refuses_a_seed_given_twice(tmp_path: Path) -> None:
+    """A repeated seed would be averaged as one while the gap's standard error counted it twice."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trainer.py"), "--seed", "1", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--seed 1 1: give each seed once (--rounds repeats runs)" in proc.stderr
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing written
+
+
 def test_model_flops_per_token_count_the_weights_outside_the_embeddings(tmp_path: Path) -> None:
     """RoBERTa-large: 24 layers of 12.6M weights (4h^2 attention + 8h^2 feed-forward, h=1024, plus
     biases and LayerNorms) and a 1M classification head, 6 FLOPs each per token, plus attention's
