@@ -314,6 +314,9 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="show the runs' own output")
     parser.add_argument("overrides", nargs="*", help="after --: train.py overrides")
     args = parser.parse_args()
+    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} {value}: give at least 1")
     if len(set(args.seed)) != len(args.seed):
         parser.error(f"--seed {' '.join(map(str, args.seed))}: give each seed once (--rounds repeats runs)")
     if args.model is None and not args.synthetic:

@@ -63,11 +63,16 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
     assert table.split("\n\n", 1)[1] in proc.stdout  # the same table, after the machine's line
 
 
-def test_vs_trainer_refuses_a_seed_given_twice(tmp_path: Path) -> None:
-    """A repeated seed would be averaged as one while the gap's standard error counted it twice."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trainer.py"), "--seed", "1", "1"],
+@pytest.mark.parametrize("flags, error", [
+    # A repeated seed would be averaged as one while the gap's standard error counted it twice.
+    (["--seed", "1", "1"], "--seed 1 1: give each seed once (--rounds repeats runs)"),
+    (["--rounds", "0"], "--rounds 0: give at least 1"),  # no runs: nothing to report
+    (["--steps", "0"], "--steps 0: give at least 1"),
+])
+def test_vs_trainer_refuses_bad_flags_before_running(tmp_path: Path, flags: list, error: str) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trainer.py"), *flags],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "--seed 1 1: give each seed once (--rounds repeats runs)" in proc.stderr
+    assert proc.returncode == 2 and error in proc.stderr
     assert not list(tmp_path.iterdir())  # nothing ran, nothing written
 
 
