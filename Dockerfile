@@ -43,7 +43,8 @@ RUN if [ "$REDUCTION_SERVER" = 1 ]; then \
     fi
 
 # An unprivileged user that owns /app, where the Hydra run directories (outputs/, multirun/) go
-# unless output_dir or AIP_MODEL_DIR points elsewhere; its home holds the Hugging Face caches.
+# unless output_dir or the platform (a Vertex AI job's directories) points elsewhere; its home holds the
+# Hugging Face caches.
 # No fixed uid: Ubuntu 24.04 bases already have a user 1000.
 RUN useradd --create-home --user-group nli && install -d -o nli -g nli /app
 WORKDIR /app

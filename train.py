@@ -11,8 +11,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nli.cli import answer_help, train
+from nli.cli import train
 from nli.config import register_configs
+from nli.help import answer_help
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -25,5 +26,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    if not answer_help(sys.argv[1:], CONF, "train"):  # Hydra's own --help takes seconds (nli/cli.py)
+    if not answer_help(sys.argv[1:], CONF, "train"):  # Hydra's own --help takes seconds (nli/help.py)
         main()

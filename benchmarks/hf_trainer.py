@@ -1,8 +1,9 @@
 """The baseline: fine-tuning with the Hugging Face Trainer, set up as transformers' ``run_glue.py``
 sets it up, on GLUE-layout tsv files; prints one JSON line with its throughput, peak memory and
-accuracy. ``benchmarks/vs_trainer.py`` runs it beside train.py; it also runs alone:
+accuracy. ``python -m benchmarks.vs_trainer`` runs it beside train.py; it also runs alone, from the
+repository root:
 
-    python benchmarks/hf_trainer.py --model DIR --train RTE/train.tsv --dev RTE/dev.tsv \\
+    python -m benchmarks.hf_trainer --model DIR --train RTE/train.tsv --dev RTE/dev.tsv \\
         --columns sentence1 sentence2 label --labels entailment not_entailment --steps 100 [--tuned]
 
 Default: ``run_glue.py``'s defaults, every example padded to ``--max-seq-length``. ``--tuned``: its
@@ -24,8 +25,14 @@ import numpy as np
 import torch
 from datasets import Dataset, load_dataset
 from sklearn.metrics import accuracy_score
-from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                          TrainingArguments, default_data_collator)
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    Trainer,
+    TrainingArguments,
+    default_data_collator,
+)
 from transformers.utils import logging as hf_logging
 
 
@@ -82,7 +89,8 @@ def run(args: argparse.Namespace) -> Dict[str, Optional[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.hf_trainer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a checkpoint directory (model and tokenizer)")
     parser.add_argument("--train", type=Path, required=True)
     parser.add_argument("--dev", type=Path, help="scored after training")

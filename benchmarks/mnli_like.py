@@ -4,10 +4,15 @@ GLUE's RTE layout, and a model with random weights whose tokenizer reads each wo
 
 Only the lengths are MNLI's: the words are made up, and the label (does the hypothesis's first word
 occur in the premise?) is there so that the loss has something to fall on.
+``python -m benchmarks.vs_trainer --synthetic`` writes them for itself; to write them alone, from
+the repository root:
+
+    python -m benchmarks.mnli_like OUT --arch roberta-large   # OUT/glue/RTE/*.tsv and OUT/model
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import math
 import random
@@ -77,3 +82,23 @@ def write_random_model(directory: Path, *, architecture: str, texts: List[str], 
     torch.manual_seed(seed)
     AutoModelForSequenceClassification.from_config(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.mnli_like", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="writes OUT/glue/RTE/{train,dev,test}.tsv and the checkpoint OUT/model")
+    parser.add_argument("--arch", default="roberta-large", choices=list(ARCHITECTURES))
+    parser.add_argument("--train", type=int, default=4096,
+                        help="training pairs (dev and test: an eighth as many each, at least 64)")
+    parser.add_argument("--seq-len", type=int, default=128, help="the model's maximum length")
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args()
+    texts = write_glue_folder(args.out / "glue" / "RTE", train=args.train, dev=max(args.train // 8, 64), seed=args.seed)
+    write_random_model(args.out / "model", architecture=args.arch, texts=texts, max_seq_length=args.seq_len,
+                       seed=args.seed)
+    print(f"written: {args.out / 'glue' / 'RTE'} (task=rte data.dir={args.out / 'glue'}) and {args.out / 'model'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -2,8 +2,8 @@
 per CPU core), with the same global batch; prints examples/s, the speed-up over one process and
 the scaling efficiency (speed-up / processes), and writes them as JSON.
 
-    python benchmarks/scaling.py                                  # CPU: model=tiny, 1 and 2 processes
-    python benchmarks/scaling.py --processes 1 2 --steps 200 -- \\
+    python -m benchmarks.scaling                                  # CPU: model=tiny, 1 and 2 processes
+    python -m benchmarks.scaling --processes 1 2 --steps 200 -- \\
         model=roberta-large task=synthetic hw=a100 precision=bf16 train.batch_size=64
 
 Overrides after ``--`` go to every run. Throughput is train.py's own ``train_examples_per_second``:
@@ -59,7 +59,8 @@ def table(best: Dict[int, Dict[str, float]]) -> List[Dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
     parser.add_argument("--repeats", type=int, default=2, help="rounds of every size, alternating")

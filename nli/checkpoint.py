@@ -1,10 +1,14 @@
 """Checkpoints that survive preemption: written whole or not at all, verified when read.
 
-A checkpoint is a folder ``checkpoints/step-000120/`` holding ``state.pt`` (model, optimizer,
-schedule, loss scaler, every random generator, the position in the data, the best evaluation,
-the logger's run id), the tokenizer, and last ``checkpoint.json``: the manifest with each file's
-size and SHA-256. A folder without a manifest is a save that never finished and is ignored; a
-file that does not match its manifest is reported, and the previous checkpoint is used instead.
+What a checkpoint holds is a registry (:class:`TrainingState`) of stateful parts, anything with
+``state_dict`` and ``load_state_dict``: the model, optimizer, schedule, loss scaler, the position
+in the data, the best evaluation, the loggers' run ids, every random generator... Saving and
+restoring go through the registry alone, so adding a part is one ``register`` line.
+
+A checkpoint is a folder ``checkpoints/step-000120/`` holding ``state.pt`` (every part's state),
+the tokenizer, and last ``checkpoint.json``: the manifest with each file's size and SHA-256. A
+folder without a manifest is a save that never finished and is ignored; a file that does not match
+its manifest is reported, and the previous checkpoint is used instead.
 """
 
 from __future__ import annotations
@@ -15,27 +19,60 @@ import json
 import logging
 import random
 import re
-import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol, Set, Tuple, cast
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from nli.metrics import Evaluation
+from nli.distributed import World
+from nli.errors import CheckpointError
+from nli.evaluation import Evaluation
+from nli.model import tokenizer_files
 from nli.storage import Storage
 
 log = logging.getLogger(__name__)
 
+FORMAT = 2  # of state.pt: a dict of the registered parts' states
 MANIFEST = "checkpoint.json"
 STATE = "state.pt"
 _NAME = re.compile(r"^step-(\d+)$")
 
 
-class CheckpointError(RuntimeError):
-    """No usable checkpoint, or one that belongs to another run; the message says what to do."""
+class Stateful(Protocol):
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None: ...
+
+
+class TrainingState:
+    """The parts a checkpoint saves, by name. They are restored in the order they were registered:
+    register the random generators last, so that nothing restored after them draws from them."""
+
+    def __init__(self) -> None:
+        self._parts: Dict[str, Stateful] = {}
+        self._optional: Set[str] = set()
+
+    def register(self, name: str, part: Stateful, *, optional: bool = False) -> None:
+        """``optional``: a checkpoint without this part (written before it was switched on) leaves it
+        as it is; any other missing part is an error."""
+        assert name not in self._parts, f"{name} is registered twice"
+        self._parts[name] = part
+        if optional:
+            self._optional.add(name)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {name: part.state_dict() for name, part in self._parts.items()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        missing = [name for name in self._parts if name not in state and name not in self._optional]
+        if missing:
+            raise CheckpointError(f"the checkpoint holds no state for {', '.join(missing)}")
+        for name, part in self._parts.items():
+            if name in state:
+                part.load_state_dict(state[name])
 
 
 @dataclass
@@ -50,33 +87,38 @@ class Progress:
     seconds: float = 0.0  # time spent in training steps, over every attempt
     nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
 
-    @classmethod
-    def saved(cls, state: Dict[str, Any], *, examples_per_epoch: int) -> "Progress":
-        """The progress a checkpoint recorded. Checkpoints from before data parallelism counted the
-        epoch's micro-batches (of a size the checkpoint does not hold); the examples seen in all
-        tell how far into the epoch they were."""
-        state = dict(state)
-        if "batches_in_epoch" in state:
-            del state["batches_in_epoch"]
-            state["examples_in_epoch"] = state["examples"] - state["epoch"] * examples_per_epoch
-        return cls(**state)
+    def state_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        for item in fields(self):
+            setattr(self, item.name, state[item.name])
 
 
-@dataclass
-class Resumed:
-    """What a checkpoint hands back to the run."""
+class BestEvaluation:
+    """The best evaluation so far by the task's main metric: its step picks the model to export."""
 
-    name: str
-    state: Dict[str, Any]  # model, optimizer, scheduler, scaler, rng
-    progress: Progress
-    best: Optional[Evaluation]
-    tracker_id: Optional[str]
-    tokenizer_dir: Path  # a local copy of the checkpoint's tokenizer
+    def __init__(self) -> None:
+        self.evaluation: Optional[Evaluation] = None
+
+    def update(self, evaluation: Evaluation) -> bool:
+        """Keep ``evaluation`` if it is the best so far; True if it is."""
+        improved = self.evaluation is None or evaluation.better_than(self.evaluation)
+        if improved:
+            self.evaluation = evaluation
+        return improved
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"evaluation": asdict(self.evaluation) if self.evaluation else None}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.evaluation = Evaluation(**state["evaluation"]) if state["evaluation"] else None
 
 
 def rng_state() -> Dict[str, Any]:
     """Every random generator the run draws from, in a form ``torch.load(weights_only=True)`` reads."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    # numpy types it as that tuple or a dict (another bit generator's state); the global generator is an MT19937.
+    kind, keys, pos, has_gauss, gauss = cast(Tuple[str, np.ndarray, int, int, float], np.random.get_state())
     return {"python": random.getstate(),
             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
             "torch": torch.get_rng_state(),
@@ -92,8 +134,48 @@ def restore_rng(state: Dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class Checkpointer:
-    """Saves and finds the checkpoints of one run, one folder each under ``storage``."""
+def seed_rank(seed: int, world: World) -> None:
+    """Ranks other than 0 draw dropout from their own stream, so that their masks are not copies of
+    rank 0's; rank 0 keeps the stream a single process would use."""
+    if world.rank:
+        torch.manual_seed(seed * 1_000_003 + world.rank)
+
+
+class RandomState:
+    """Every rank's random generators (dropout differs by rank). Its ``state_dict`` gathers them, so
+    every rank calls it. They come back exactly at the world size that saved them; at another, rank
+    0 goes on with the saved rank 0's stream and the others with fresh ones."""
+
+    def __init__(self, world: World, progress: Progress) -> None:
+        self.world, self.progress = world, progress
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"ranks": self.world.gather(rng_state())}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        ranks = state["ranks"]
+        if len(ranks) == self.world.world_size:
+            restore_rng(ranks[self.world.rank])
+            return
+        restore_rng(ranks[0])
+        seed_rank(self.progress.step * 7919 + 1, self.world)  # dropout then differs from an unbroken run
+        log.warning("resuming %d process(es) from a checkpoint of %d: dropout continues on new random streams",
+                    self.world.world_size, len(ranks))
+
+
+@dataclass
+class Snapshot:
+    """A checkpoint read back: every part's state, and its tokenizer."""
+
+    name: str
+    step: int
+    state: Dict[str, Any]  # part name -> its state
+    tokenizer_files: Dict[str, bytes]  # file name -> content: the tokenizer the run was trained with
+
+
+class Checkpoints:
+    """The checkpoint folders of one run under ``storage``: find, read, verify and prune them.
+    ``identity`` (the model and task) marks them, so that another run's are never resumed."""
 
     def __init__(self, storage: Storage, *, keep: int, identity: Dict[str, Any]) -> None:
         self.storage, self.keep, self.identity = storage, keep, identity
@@ -101,69 +183,17 @@ class Checkpointer:
     def where(self, *name: str) -> str:
         return self.storage.describe(*name)
 
-    # ------------------------------------------------------------------------------- writing
-
-    def save(self, *, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, optimizer: torch.optim.Optimizer,
-             scheduler: Any, scaler: torch.amp.GradScaler, progress: Progress, best: Optional[Evaluation],
-             evaluation: Optional[Evaluation], tracker_id: Optional[str],
-             rng_ranks: Optional[List[Dict[str, Any]]] = None) -> str:
-        """Write a checkpoint of the current step; the manifest goes last, so a crash at any
-        point leaves the previous checkpoints as they were. ``rng_ranks``: every process's random
-        generators, in rank order, under data parallelism; ``rng`` is always rank 0's (this one's)."""
-        name = checkpoint_name(progress.step)
-        self.storage.remove(name)  # an unfinished (or damaged) earlier attempt at this step
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
-                 "rng_ranks": rng_ranks or [],
-                 "progress": asdict(progress), "best": asdict(best) if best else None,
-                 "tracker_id": tracker_id, "identity": self.identity}
-        files = {STATE: _serialize(state)}
-        with tempfile.TemporaryDirectory() as tmp:
-            tokenizer.save_pretrained(tmp)
-            files.update({f"tokenizer/{p.name}": p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()})
-        for file, data in files.items():
-            self.storage.write_bytes(f"{name}/{file}", data)
-        manifest = {"step": progress.step, "identity": self.identity,
-                    "objective": evaluation.objective if evaluation else None,
-                    "files": {file: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-                              for file, data in files.items()}}
-        self.storage.write_text(f"{name}/{MANIFEST}", json.dumps(manifest, indent=1))
-        self._prune(best)
-        return name
-
-    def _prune(self, best: Optional[Evaluation]) -> None:
-        """Keep the newest ``keep`` complete checkpoints and the best one; drop the rest, and
-        unfinished saves older than the newest complete checkpoint."""
-        complete = self._complete()
-        keep = set(complete[-self.keep:])
-        if best is not None:
-            keep.add(checkpoint_name(best.step))
-        newest = _step(complete[-1]) if complete else -1
-        for name in self._names():
-            finished = name in complete
-            if (finished and name not in keep) or (not finished and _step(name) < newest):
-                self.storage.remove(name)
-
-    # ------------------------------------------------------------------------------- reading
-
-    def _names(self) -> List[str]:
-        return sorted((n for n in self.storage.list("") if _NAME.match(n)), key=_step)
-
-    def _complete(self) -> List[str]:
-        return [n for n in self._names() if self.storage.exists(f"{n}/{MANIFEST}")]
-
     def newest_step(self) -> Optional[int]:
         complete = self._complete()
         return _step(complete[-1]) if complete else None
 
-    def resume(self, tokenizer_dir: Path, *, examples_per_epoch: int) -> Optional[Resumed]:
+    def latest(self) -> Optional[Snapshot]:
         """The newest checkpoint that reads back intact, or None if there is none at all.
-        A damaged one is reported and skipped; if every one is damaged, that is an error.
-        ``examples_per_epoch``: the training split's size (reads older checkpoints' progress)."""
+        A damaged one is reported and skipped; if every one is damaged, that is an error."""
         complete = self._complete()
         for name in reversed(complete):
             try:
-                return self._load(name, tokenizer_dir, examples_per_epoch)
+                return self._load(name)
             except _Damaged as err:
                 log.error("checkpoint %s is damaged: %s; trying the one before it", self.where(name), err)
         if complete:
@@ -171,17 +201,61 @@ class Checkpointer:
                                   "Delete that folder to start the run afresh")
         return None
 
-    def _load(self, name: str, tokenizer_dir: Path, examples_per_epoch: int) -> Resumed:
+    def check_identity(self, step: int) -> None:
+        """Fail, touching nothing, if checkpoint ``step`` belongs to another model or task."""
+        try:
+            self._manifest(checkpoint_name(step))
+        except _Damaged:
+            pass  # latest() reports it and falls back to an older checkpoint
+
+    def load_model_weights(self, step: int) -> Dict[str, torch.Tensor]:
+        """The model weights of the checkpoint of ``step`` (the best one, for the final export)."""
+        name = checkpoint_name(step)
+        try:
+            data = self._verified(name, STATE, self._manifest(name)["files"][STATE])
+        except _Damaged as err:
+            raise CheckpointError(f"the best checkpoint, {self.where(name)}, is damaged: {err}. Its weights "
+                                  "cannot be exported; start the run afresh in a new output_dir") from None
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)["parts"]["model"]
+
+    def write(self, step: int, files: Dict[str, bytes], *, objective: Optional[float]) -> str:
+        """Write the checkpoint of ``step``; the manifest goes last, so a crash at any point leaves the
+        previous checkpoints as they were."""
+        name = checkpoint_name(step)
+        self.storage.remove(name)  # an unfinished (or damaged) earlier attempt at this step
+        for file, data in files.items():
+            self.storage.write_bytes(f"{name}/{file}", data)
+        manifest = {"step": step, "format": FORMAT, "identity": self.identity, "objective": objective,
+                    "files": {file: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                              for file, data in files.items()}}
+        self.storage.write_text(f"{name}/{MANIFEST}", json.dumps(manifest, indent=1))
+        return name
+
+    def prune(self, *, keep_step: Optional[int]) -> None:
+        """Keep the newest ``keep`` complete checkpoints and that of ``keep_step`` (the best); drop
+        the rest, and unfinished saves older than the newest complete checkpoint."""
+        complete = self._complete()
+        keep = set(complete[-self.keep:])
+        if keep_step is not None:
+            keep.add(checkpoint_name(keep_step))
+        newest = _step(complete[-1]) if complete else -1
+        for name in self._names():
+            finished = name in complete
+            if (finished and name not in keep) or (not finished and _step(name) < newest):
+                self.storage.remove(name)
+
+    def _names(self) -> List[str]:
+        return sorted((n for n in self.storage.list("") if _NAME.match(n)), key=_step)
+
+    def _complete(self) -> List[str]:
+        return [n for n in self._names() if self.storage.exists(f"{n}/{MANIFEST}")]
+
+    def _load(self, name: str) -> Snapshot:
         manifest = self._manifest(name)
         files = {file: self._verified(name, file, expected) for file, expected in manifest["files"].items()}
         state = torch.load(io.BytesIO(files.pop(STATE)), map_location="cpu", weights_only=True)
-        tokenizer_dir.mkdir(parents=True, exist_ok=True)
-        for file, data in files.items():
-            (tokenizer_dir / Path(file).name).write_bytes(data)
-        best = Evaluation(**state["best"]) if state["best"] else None
-        progress = Progress.saved(state["progress"], examples_per_epoch=examples_per_epoch)
-        return Resumed(name=name, state=state, progress=progress, best=best, tracker_id=state["tracker_id"],
-                       tokenizer_dir=tokenizer_dir)
+        return Snapshot(name=name, step=manifest["step"], state=state["parts"],
+                        tokenizer_files={Path(file).name: data for file, data in files.items()})
 
     def _verified(self, name: str, file: str, expected: Dict[str, Any]) -> bytes:
         """The bytes of ``file``, checked against the manifest's size and SHA-256."""
@@ -201,14 +275,11 @@ class Checkpointer:
         except (OSError, ValueError) as err:
             raise _Damaged(f"{MANIFEST} cannot be read ({err})") from None
         self._check_identity(manifest.get("identity"), name)
+        if manifest.get("format") != FORMAT:
+            raise CheckpointError(f"{self.where(name)} was written by another version of this project (checkpoint "
+                                  f"format {manifest.get('format', 1)}, this one reads {FORMAT}). Continue it with "
+                                  "that version, or start afresh in a new output_dir")
         return manifest
-
-    def check_identity(self, step: int) -> None:
-        """Fail, touching nothing, if checkpoint ``step`` belongs to another model or task."""
-        try:
-            self._manifest(checkpoint_name(step))
-        except _Damaged:
-            pass  # resume() reports it and falls back to an older checkpoint
 
     def _check_identity(self, theirs: Any, name: str) -> None:
         if theirs != self.identity:
@@ -219,14 +290,27 @@ class Checkpointer:
                 f"{self.where(name)} is a checkpoint of another run ({differ}). Nothing was changed. "
                 "Give this run its own output_dir (or hydra.run.dir), or delete the old run's folder")
 
-    def load_model_weights(self, name: str) -> Dict[str, torch.Tensor]:
-        """The model weights of checkpoint ``name`` (the best one, for the final export)."""
-        try:
-            data = self._verified(name, STATE, self._manifest(name)["files"][STATE])
-        except _Damaged as err:
-            raise CheckpointError(f"the best checkpoint, {self.where(name)}, is damaged: {err}. Its weights "
-                                  "cannot be exported; start the run afresh in a new output_dir") from None
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)["model"]
+
+class Checkpointer:
+    """Writes the run's checkpoints: every registered part, and the tokenizer. Every rank calls
+    :meth:`save` (the random generators are gathered from all of them); rank 0 alone writes, and the
+    others wait until the checkpoint is whole, since the export and a later resume read it."""
+
+    def __init__(self, checkpoints: Checkpoints, state: TrainingState, tokenizer: PreTrainedTokenizerBase,
+                 world: World) -> None:
+        self.checkpoints, self.state, self.tokenizer, self.world = checkpoints, state, tokenizer, world
+
+    def save(self, *, step: int, objective: Optional[float], best_step: Optional[int]) -> str:
+        state = self.state.state_dict()
+        name = checkpoint_name(step)
+        if self.world.is_main:
+            files = {STATE: _serialize({"format": FORMAT, "parts": state}),
+                     **{f"tokenizer/{name}": content for name, content in tokenizer_files(self.tokenizer).items()}}
+            self.checkpoints.write(step, files, objective=objective)
+            self.checkpoints.prune(keep_step=best_step)
+            log.info("step %d: checkpoint written to %s", step, self.checkpoints.where(name))
+        self.world.barrier()
+        return self.checkpoints.where(name)
 
 
 class _Damaged(Exception):

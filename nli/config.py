@@ -18,9 +18,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key and the fix."""
+from nli.errors import ConfigError
 
 
 def _require(ok: bool, message: str) -> None:
@@ -71,10 +69,7 @@ class ModelConfig:
     dropout: Optional[float] = None  # override the checkpoint's dropout probability; null: keep it
     ignore_mismatched_sizes: bool = False  # replace a checkpoint's classification head of another size
     attention: Attention = Attention.sdpa  # how attention is computed
-    # The last layer for the first token alone (nli/first_token.py); training on a CPU, also layers
-    # on real tokens only (nli/unpadded.py) and cheaper dropout (nli/cpu_dropout.py). false: the
-    # stock transformers forward, e.g. to read every position's hidden states.
-    fast_paths: bool = True
+    fast_paths: bool = True  # faster forward where it applies (nli/fastpaths); false: transformers' own
 
     def __post_init__(self) -> None:
         _require(
@@ -209,15 +204,10 @@ class SGDConfig(OptimizerConfig):
     nesterov: bool = False  # Nesterov momentum
 
 
-class ScheduleName(str, Enum):
-    linear = "linear"
-    cosine = "cosine"
-    constant = "constant"
-
-
 @dataclass
 class ScheduleConfig:
-    name: ScheduleName = MISSING  # shape of the learning rate after warm-up
+    # the schedule's function, (optimizer, *, warmup_steps, total_steps) -> an LR scheduler (nli.optim)
+    _target_: str = MISSING
     warmup_ratio: float = 0.0  # warm-up as a fraction of all optimizer steps
     warmup_steps: Optional[int] = None  # warm-up in optimizer steps; overrides warmup_ratio
 
@@ -255,8 +245,17 @@ class Accelerator(str, Enum):
 
 
 @dataclass
+class VertexMachine:
+    """The machine Vertex AI runs a job of this hardware on (read by the Vertex launcher through
+    nli.contract.job_needs)."""
+
+    machine_type: Optional[str] = None  # Google Cloud machine type, e.g. a2-highgpu-1g; null: the launcher's default
+    accelerator_type: Optional[str] = None  # Vertex AI accelerator type, e.g. NVIDIA_TESLA_A100; null: none
+
+
+@dataclass
 class HardwareConfig:
-    """A machine: what runs the job here, and what the Vertex launcher asks Google Cloud for."""
+    """A machine: what runs the job here, and what a launcher asks a cloud for."""
 
     accelerator: Accelerator = MISSING  # device kind the run uses
     gpu: Optional[str] = None  # GPU model, e.g. V100; null for CPU or auto
@@ -265,8 +264,7 @@ class HardwareConfig:
     bf16: bool = False  # the GPU computes in bfloat16 (Ampere and newer)
     fp16: bool = False  # the GPU has fast float16 (tensor cores: Volta and newer)
     per_device_batch_size: Optional[int] = None  # examples per device per micro-step; null: whole batch
-    machine_type: Optional[str] = None  # Google Cloud machine type, e.g. n1-standard-8
-    accelerator_type: Optional[str] = None  # Vertex accelerator type, e.g. NVIDIA_TESLA_V100
+    vertex: VertexMachine = field(default_factory=VertexMachine)  # the machine on Vertex AI
 
     def __post_init__(self) -> None:
         _require(self.per_device_batch_size is None or self.per_device_batch_size > 0,
@@ -292,7 +290,10 @@ class WandbMode(str, Enum):
 
 @dataclass
 class LoggerConfig:
-    kind: str = MISSING  # none, wandb or tensorboard
+    """One logger: ``logger=wandb`` selects one, ``logger=[wandb,tensorboard]`` several, each under
+    its own key (``logger.wandb.mode=offline``)."""
+
+    _target_: str = MISSING  # the logger's class, built with hydra.utils.instantiate (nli.tracking)
 
 
 @dataclass
@@ -307,6 +308,11 @@ class WandbConfig(LoggerConfig):
 @dataclass
 class TensorBoardConfig(LoggerConfig):
     subdir: str = "tensorboard"  # event files go to <output_dir>/<subdir>
+
+
+@dataclass
+class CsvConfig(LoggerConfig):
+    file: str = "metrics.csv"  # one row per logged value (step, metric, value) in <output_dir>/<file>
 
 
 # ---------------------------------------------------------------------------------- data, train
@@ -336,6 +342,23 @@ class DataConfig:
 
 
 @dataclass
+class EarlyStoppingConfig:
+    """Stop training once the task's main metric has not improved for ``patience`` evaluations."""
+
+    patience: Optional[int] = None  # evaluations without improvement before training stops; null: never
+    min_delta: float = 0.0  # rise of the main metric that counts as an improvement (in its own units)
+
+    def __post_init__(self) -> None:
+        _require(self.patience is None or self.patience >= 1,
+                 f"train.early_stopping.patience={self.patience} must be at least 1, or null to train to the end")
+        _require(self.min_delta >= 0, f"train.early_stopping.min_delta={self.min_delta} must be >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.patience is not None
+
+
+@dataclass
 class TrainConfig:
     epochs: float = 3.0  # passes over the training set (fractions allowed)
     max_steps: Optional[int] = None  # optimizer steps; overrides epochs when set
@@ -348,10 +371,11 @@ class TrainConfig:
     predict: bool = False  # write test-set predictions in GLUE's submission format (<TASK>.tsv)
     checkpoint_every: int = 1000  # optimizer steps between checkpoints (there is one at each evaluation too)
     keep_checkpoints: int = 2  # newest checkpoints kept, besides the best one
-    checkpoint_dir: Optional[str] = None  # local path or gs://; null: <output_dir>/checkpoints
+    checkpoint_dir: Optional[str] = None  # local path or gs://; null: the platform's, else <output_dir>/checkpoints
     resume: bool = True  # continue from the newest checkpoint in the output directory; false: refuse to
     skip_nonfinite: int = 0  # steps with a NaN or infinite loss to skip (no update) before stopping
     compile: bool = False  # torch.compile the training model: faster steps after a compile of minutes
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)  # stop when the metric stalls
 
     def __post_init__(self) -> None:
         _require(self.batch_size > 0, f"train.batch_size={self.batch_size} must be positive")
@@ -373,22 +397,24 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    model: ModelConfig = MISSING
-    task: TaskConfig = MISSING
+    model: ModelConfig = MISSING  # the encoder and its tokenizer, chosen by model=
+    task: TaskConfig = MISSING  # the GLUE task (or your own), chosen by task=
     optimizer: Any = MISSING  # one of OptimizerConfig's subclasses, chosen by optimizer=
-    schedule: ScheduleConfig = MISSING
-    precision: PrecisionConfig = MISSING
-    hw: HardwareConfig = MISSING
-    logger: Any = MISSING  # LoggerConfig or a subclass, chosen by logger=
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    schedule: ScheduleConfig = MISSING  # the learning rate over the steps, chosen by schedule=
+    precision: PrecisionConfig = MISSING  # the forward and backward pass's number format, chosen by precision=
+    hw: HardwareConfig = MISSING  # the machine, chosen by hw=
+    logger: Dict[str, Any] = field(default_factory=dict)  # name -> LoggerConfig; logger=[a,b] selects several
+    data: DataConfig = field(default_factory=DataConfig)  # where the examples come from, and how many
+    train: TrainConfig = field(default_factory=TrainConfig)  # how long, how often to look, checkpoints
     seed: int = 42  # seeds Python, NumPy and torch
-    output_dir: str = MISSING  # results, model and logs; the Hydra run directory by default
+    # results, model and logs (local or gs://); null: the platform's, else the Hydra run dir
+    output_dir: Optional[str] = None
 
     def __post_init__(self) -> None:
         self.check_batch(self.hw.data_parallel_size)
         self._check_precision()
         self._check_data_source()
+        self._check_loggers()
         scratch = self.model.scratch
         if scratch is not None and scratch.model_type in ("roberta", "xlm-roberta", "camembert"):
             # RoBERTa numbers positions from padding_idx + 1, so it needs two spare positions.
@@ -439,6 +465,12 @@ class Config:
             _require(not missing, f"data.files must name a file for the split(s) {missing} of "
                      f"task={task.name}: add +data.files.{missing[0] if missing else ''}=path/to/file.csv")
 
+    def _check_loggers(self) -> None:
+        for name, logger in self.logger.items():
+            # `logger.mode=offline` (before several loggers at once) lands here as a plain value.
+            _require(isinstance(logger, LoggerConfig), f"logger.{name}={logger!r} is not a logger: each logger "
+                     f"has its own key, e.g. logger=wandb logger.wandb.mode=offline")
+
     def micro_batch_size(self, world_size: int) -> int:
         """Examples one device processes per forward pass."""
         share = max(1, self.train.batch_size // world_size)
@@ -466,8 +498,8 @@ def register_configs() -> None:
         ("schedule", "base", ScheduleConfig),
         ("precision", "base", PrecisionConfig),
         ("hw", "base", HardwareConfig),
-        ("logger", "base", LoggerConfig),
         ("logger", "wandb", WandbConfig),
         ("logger", "tensorboard", TensorBoardConfig),
+        ("logger", "csv", CsvConfig),
     ]:
         cs.store(group=f"schema/{group}", name=name, node=node)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import resource
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
 import torch
 
-from nli.config import Accelerator, ConfigError, HardwareConfig, Precision, PrecisionConfig
+from nli.config import Accelerator, HardwareConfig, Precision, PrecisionConfig
+from nli.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +50,20 @@ def resolve_precision(cfg: PrecisionConfig, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
-def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager:
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+@dataclass(frozen=True)
+class Compute:
+    """Where the run computes, and in which precision."""
+
+    device: torch.device
+    dtype: torch.dtype  # of the forward and backward pass (autocast); the weights stay float32
+
+    def autocast(self) -> AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
+
+def resolve(hw: HardwareConfig, precision: PrecisionConfig) -> Compute:
+    device = resolve_device(hw)
+    return Compute(device=device, dtype=resolve_precision(precision, device))
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -14,16 +14,14 @@ from contextlib import contextmanager
 from typing import Iterator
 from urllib.parse import urlparse
 
+from nli.errors import HubUnavailableError
+
 OFFLINE_HINT = (
     "To run offline: point model.name_or_path at a local checkpoint directory, data.dir at a "
     "local GLUE directory (glue_data/ with RTE/, MNLI/, ...), load what is already in the Hugging "
     "Face cache with HF_HUB_OFFLINE=1, or try experiment=quickstart (a tiny model on a generated "
     "task, no download)."
 )
-
-
-class HubUnavailableError(RuntimeError):
-    """Something had to come from the Hugging Face Hub and could not."""
 
 
 def _offline_mode() -> bool:

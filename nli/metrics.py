@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Callable, Dict, List
 
 import numpy as np
@@ -32,17 +30,3 @@ def compute(names: List[str], predictions: np.ndarray, references: np.ndarray,
     if len(names) > 1:  # as run_glue.py reports tasks with two metrics
         scores[f"combined_score{suffix}"] = float(np.mean([scores[f"{n}{suffix}"] for n in names]))
     return scores
-
-
-@dataclass
-class Evaluation:
-    step: int
-    metrics: Dict[str, float]  # GLUE names, with a suffix per extra split (accuracy_mm)
-    objective: float  # the task's main metric on its main split
-
-    def better_than(self, other: "Evaluation") -> bool:
-        """Higher is better; an undefined score (NaN: a correlation of constant predictions)
-        is worse than any number."""
-        if math.isnan(other.objective):
-            return not math.isnan(self.objective)
-        return self.objective > other.objective

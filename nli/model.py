@@ -5,16 +5,25 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, Mapping
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
-                          PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast,
-                          RobertaTokenizerFast)
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    RobertaTokenizerFast,
+)
 
-from nli import cpu_dropout, first_token, unpadded
-from nli.config import Attention, ConfigError, ModelConfig, ScratchArchitecture, TaskConfig
+from nli.config import Attention, ModelConfig, ScratchArchitecture, TaskConfig
+from nli.distributed import World
+from nli.errors import ConfigError
 from nli.hub import hub_download
 
 log = logging.getLogger(__name__)
@@ -60,7 +69,9 @@ def train_bpe_tokenizer(texts: Iterable[str], *, vocab_size: int,
                                   show_progress=False)
     bpe.train_from_iterator(texts, trainer)
     bos, eos = SPECIAL_TOKENS["bos_token"], SPECIAL_TOKENS["eos_token"]
-    bpe.post_processor = processors.RobertaProcessing((eos, bpe.token_to_id(eos)), (bos, bpe.token_to_id(bos)))
+    eos_id, bos_id = bpe.token_to_id(eos), bpe.token_to_id(bos)
+    assert eos_id is not None and bos_id is not None  # special tokens are in every trained vocabulary
+    bpe.post_processor = processors.RobertaProcessing((eos, eos_id), (bos, bos_id))
     # The RoBERTa class gives the saved tokenizer RoBERTa's behaviour under AutoTokenizer.
     return RobertaTokenizerFast(tokenizer_object=bpe, cls_token=bos, sep_token=eos,
                                 model_max_length=max_seq_length, **SPECIAL_TOKENS)
@@ -81,21 +92,9 @@ def _dropout_kwargs(p: float | None) -> Dict[str, float]:
 
 
 def build_model(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
-    model = _build(cfg, task, tokenizer)
-    if cfg.fast_paths:
-        first_token.install(model)  # the head reads one token: the last layer computes that one alone
-    return model
-
-
-def install_cpu_paths(model: PreTrainedModel, cfg: ModelConfig, *, compiled: bool) -> bool:
-    """For training on a CPU: cheaper dropout and layers on real tokens only, unless
-    model.fast_paths=false or the model is to be compiled (which fuses its own dropout and wants
-    fixed shapes). True if installed."""
-    if not cfg.fast_paths or compiled:
-        return False
-    cpu_dropout.install(model)
-    unpadded.install(model)
-    return True
+    """The model as transformers builds it; the fast paths (:func:`nli.fastpaths.install`) come on
+    once it is on its device."""
+    return _build(cfg, task, tokenizer)
 
 
 def _build(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -160,3 +159,26 @@ def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     """Model and tokenizer in one directory, as ``from_pretrained`` and ``pipeline`` load them."""
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+
+
+def tokenizer_files(tokenizer: PreTrainedTokenizerBase) -> Dict[str, bytes]:
+    """The files ``save_pretrained`` writes for ``tokenizer``: file name -> content."""
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        return {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir()) if path.is_file()}
+
+
+def tokenizer_from_files(files: Mapping[str, bytes]) -> PreTrainedTokenizerBase:
+    """The tokenizer :func:`tokenizer_files` saved."""
+    with tempfile.TemporaryDirectory() as folder:
+        for name, content in files.items():
+            (Path(folder) / name).write_bytes(content)
+        return AutoTokenizer.from_pretrained(folder)
+
+
+def share_tokenizer(tokenizer: PreTrainedTokenizerBase, world: World) -> PreTrainedTokenizerBase:
+    """Rank 0's tokenizer on every rank: one learnt from the training text must not differ by a
+    token between ranks, or their examples would not mean the same thing."""
+    if not world.distributed:
+        return tokenizer
+    return tokenizer_from_files(world.gather(tokenizer_files(tokenizer) if world.is_main else None)[0])

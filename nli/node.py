@@ -15,13 +15,14 @@ from typing import List, Mapping
 
 import torch
 
-from nli.distributed import node_of
+from nli.contract import VERTEX_CLUSTER_SPEC
+from nli.platform.vertex import node_of
 
 
 def command(args: List[str], *, env: Mapping[str, str], gpus: int) -> List[str]:
     """The command line this machine runs: the run itself, or torchrun around it."""
     run = ["-m", "nli", *args]
-    node = node_of(env["CLUSTER_SPEC"]) if env.get("CLUSTER_SPEC") else None
+    node = node_of(env[VERTEX_CLUSTER_SPEC]) if env.get(VERTEX_CLUSTER_SPEC) else None
     if (node is None or node.nodes == 1) and gpus <= 1:
         return [sys.executable, *run]
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={max(gpus, 1)}"]

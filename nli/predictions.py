@@ -13,7 +13,7 @@ import io
 from typing import Tuple
 
 from nli.config import TaskConfig
-from nli.loop import Predictions
+from nli.evaluation import Predictions
 
 
 def submission(task: TaskConfig, split: str, predictions: Predictions) -> Tuple[str, str]:

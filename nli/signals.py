@@ -4,16 +4,17 @@ Vertex AI sends SIGTERM before it reclaims a spot VM, Slurm before a time limit,
 sends SIGINT. Instead of dying mid-step, the run finishes the step, writes a checkpoint and
 exits; started again, it continues from there. A second Ctrl-C stops at once.
 
-Under submitit (hydra/launcher=submitit_slurm), Slurm warns a job with submitit's signal (USR2)
-before its time limit or a preemption, and submitit's handler requeues it. That signal stops the
-run the same way, and once the checkpoint is written `hand_over()` passes it on to submitit, so the
+A platform that requeues a job on a signal of its own (submitit on Slurm: USR2, before a time
+limit or a preemption) names it (nli.platform); that signal stops the run the same way, and once
+the checkpoint is written `hand_over()` passes it on to the platform's own handler, so the
 requeued job continues from this very step.
+
+Light on purpose (no torch): the entry point catches :class:`Preempted` before torch loads.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from types import FrameType
@@ -24,13 +25,21 @@ log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class StopRequest:
-    """While active (``with StopRequest() as stop:``), ``stop.signal`` names the signal that
-    asked the run to stop, or is None."""
+class Preempted(Exception):
+    """A signal asked the run to stop; a checkpoint of ``step`` has been written."""
 
-    def __init__(self) -> None:
+    def __init__(self, step: int, signal: str) -> None:
+        super().__init__(f"{signal} at step {step}")
+        self.step, self.signal = step, signal
+
+
+class StopRequest:
+    """While active (``with StopRequest(requeue=...) as stop:``), ``stop.signal`` names the signal
+    that asked the run to stop, or is None."""
+
+    def __init__(self, *, requeue: Optional[signal.Signals] = None) -> None:
         self.signal: Optional[str] = None
-        self._requeue = submitit_signal()
+        self._requeue = requeue
         self._previous: Dict[int, Any] = {}
 
     def __enter__(self) -> "StopRequest":
@@ -40,11 +49,11 @@ class StopRequest:
         return self
 
     def hand_over(self) -> None:
-        """After the stop's checkpoint: if submitit's signal asked for the stop, run submitit's own
-        handler, which requeues the job and ends this process."""
+        """After the stop's checkpoint: if the platform's requeue signal asked for the stop, run the
+        platform's own handler, which requeues the job and ends this process."""
         handler = self._previous.get(self._requeue) if self._requeue else None
         if self._requeue and self.signal == self._requeue.name and callable(handler):
-            log.warning("handing %s over to submitit, which requeues the job", self.signal)
+            log.warning("handing %s over to the platform, which requeues the job", self.signal)
             handler(self._requeue, None)
 
     def __exit__(self, *exc: object) -> None:
@@ -57,11 +66,3 @@ class StopRequest:
             raise KeyboardInterrupt  # pressed twice: stop now
         self.signal = name
         log.warning("%s received: stopping after this step, with a checkpoint", name)
-
-
-def submitit_signal() -> Optional[signal.Signals]:
-    """The signal submitit requeues a job on, when this process is a submitit job (it sets
-    SUBMITIT_EXECUTOR); USR2 unless SUBMITIT_PREEMPT_SIGNAL names another."""
-    if not os.environ.get("SUBMITIT_EXECUTOR"):
-        return None
-    return signal.Signals[f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}"]

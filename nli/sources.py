@@ -20,6 +20,7 @@ from datasets.exceptions import DatasetGenerationError
 
 from nli import synthetic
 from nli.config import DataConfig, GlueFilesConfig, TaskConfig
+from nli.errors import DataError
 from nli.hub import hub_download
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,6 @@ FILE_FORMATS: Dict[str, tuple[str, Dict[str, Any]]] = {
     ".json": ("json", {}),
     ".parquet": ("parquet", {}),
 }
-
-
-class DataError(ValueError):
-    """Data that cannot be used as it is; the message names the file and what to change."""
 
 
 def load(task: TaskConfig, data: DataConfig, splits: List[str]) -> Dict[str, datasets.Dataset]:

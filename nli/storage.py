@@ -17,9 +17,7 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-
-class StorageError(OSError):
-    """The output directory cannot be written or read; the message says where and why."""
+from nli.errors import StorageError
 
 
 class Storage:

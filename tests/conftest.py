@@ -25,7 +25,7 @@ from nli.config import Config, register_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-GLUE_DATA = ROOT.parent / "shared" / "data" / "glue_data"  # real RTE and WNLI, in GLUE's layout
+GLUE_DATA = ROOT / "tests" / "data" / "glue_data"  # real RTE and WNLI, in GLUE's layout (tests/data/README.md)
 
 # A few hundred synthetic examples and a handful of steps: seconds per run on 2 CPU cores.
 # What a run measures rather than computes: the only results that differ between equal runs.
@@ -45,7 +45,7 @@ def hydra_conf() -> Iterator[None]:
 
 def compose_config(overrides: List[str]) -> DictConfig:
     """The config train.py would get, composed by Hydra from conf/."""
-    return compose("train", overrides=["output_dir=unused", *overrides])
+    return compose("train", overrides=overrides)
 
 
 def build_config(overrides: List[str]) -> Config:

@@ -477,12 +477,12 @@ def _parse_custom_job(body: bytes) -> CustomJob:
     except (ParseError, UnicodeDecodeError) as error:
         unknown = re.search(r'has no field named "(\w+)" at "CustomJob\.?([^"]*)"', str(error))
         if unknown is None:
-            raise ApiError(400, "INVALID_ARGUMENT", f"Invalid JSON payload received. {error}")
+            raise ApiError(400, "INVALID_ARGUMENT", f"Invalid JSON payload received. {error}") from error
         where = ".".join(filter(None, ["custom_job", _snake_case(unknown[2])]))
         raise ApiError(400, "INVALID_ARGUMENT",
                        f"Invalid JSON payload received. Unknown name \"{unknown[1]}\" at '{where}': Cannot find field.",
                        [(where, f'Invalid JSON payload received. Unknown name "{unknown[1]}" at \'{where}\': '
-                                "Cannot find field.")])
+                                "Cannot find field.")]) from error
     for output_only in ("start_time", "end_time", "error", "web_access_uris"):  # the service ignores these
         delattr(job, output_only)
     return job

@@ -1,4 +1,5 @@
-"""The benchmark scripts run end to end on a few steps (correctness only: no timing is asserted)."""
+"""The benchmark scripts run end to end on a few steps (correctness only: no timing is asserted), as
+a user runs them: ``python -m benchmarks.X`` from the repository root."""
 
 from __future__ import annotations
 
@@ -6,20 +7,28 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import List
 
 import pytest
 
+from benchmarks.mnli_like import ARCHITECTURES
+from benchmarks.vs_trainer import flops_per_token
 from tests.conftest import ROOT
 
 TINY = ["experiment=quickstart", "hw=cpu", "data.synthetic_train_size=128", "data.synthetic_eval_size=32",
         "model.scratch.dropout=0"]
 
 
+def benchmark(name: str, args: List[str], *, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.NAME ARGS`` from the repository root."""
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def test_scaling_runs_one_and_two_processes(tmp_path: Path) -> None:
     out = tmp_path / "scaling.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--processes", "1", "2",
-                           "--steps", "3", "--repeats", "1", "--json", str(out), "--", *TINY],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = benchmark("scaling", ["--processes", "1", "2", "--steps", "3", "--repeats", "1", "--json", str(out),
+                                 "--", *TINY])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [row["processes"] for row in rows] == [1, 2]
@@ -33,9 +42,8 @@ def test_scaling_runs_one_and_two_processes(tmp_path: Path) -> None:
 def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
     """MNLI-like synthetic data, a tiny random RoBERTa, three steps of each system for each of two seeds."""
     out = tmp_path / "table"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trainer.py"), "--synthetic", "--arch", "tiny",
-                           "--synthetic-size", "256", "--steps", "3", "--test", "--seed", "1", "2", "--out", str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = benchmark("vs_trainer", ["--synthetic", "--arch", "tiny", "--synthetic-size", "256", "--steps", "3",
+                                    "--test", "--seed", "1", "2", "--out", str(out)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.with_suffix(".json").read_text())
     systems = report["systems"]
@@ -70,8 +78,7 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
     (["--steps", "0"], "--steps 0: give at least 1"),
 ])
 def test_vs_trainer_refuses_bad_flags_before_running(tmp_path: Path, flags: list, error: str) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trainer.py"), *flags],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = benchmark("vs_trainer", [*flags, "--out", str(tmp_path / "table")], timeout=120)
     assert proc.returncode == 2 and error in proc.stderr
     assert not list(tmp_path.iterdir())  # nothing ran, nothing written
 
@@ -80,10 +87,7 @@ def test_model_flops_per_token_count_the_weights_outside_the_embeddings(tmp_path
     """RoBERTa-large: 24 layers of 12.6M weights (4h^2 attention + 8h^2 feed-forward, h=1024, plus
     biases and LayerNorms) and a 1M classification head, 6 FLOPs each per token, plus attention's
     12 x layers x h x length; the embeddings are looked up, not multiplied."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from mnli_like import ARCHITECTURES
     from transformers import AutoConfig
-    from vs_trainer import flops_per_token
 
     AutoConfig.for_model("roberta", num_labels=2, **ARCHITECTURES["roberta-large"]).save_pretrained(tmp_path)
     layer = 12 * 1024**2 + 9 * 1024 + 4 * 1024  # weights; biases (q, k, v, out, 4h up, down); two LayerNorms
@@ -93,11 +97,13 @@ def test_model_flops_per_token_count_the_weights_outside_the_embeddings(tmp_path
 
 def test_step_ablation_times_every_variant_on_real_pairs(tmp_path: Path) -> None:
     out = tmp_path / "ablation.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_ablation.py"), "--batch-size", "4",
-                           "--batches", "2", "--rounds", "1", "--json", str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = benchmark("step_ablation", ["--batch-size", "4", "--batches", "2", "--rounds", "1", "--json", str(out)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["rows"]
+    report = json.loads(out.read_text())
+    assert report["settings"]["data_dir"] == str(ROOT / "tests" / "data" / "glue_data")  # in the repository
+    rows = report["rows"]
     assert [row["variant"] for row in rows] == ["stock", "first-token", "cpu-dropout", "unpadded", "all"]
+    assert [row["paths"] for row in rows] == [[], ["first_token"], ["cpu_dropout"], ["unpadded"],
+                                              ["first_token", "cpu_dropout", "unpadded"]]  # nli.fastpaths.install's
     assert rows[0]["speedup"] == 1 and all(row["seconds_per_step"] > 0 for row in rows)
     assert "speed-up" in proc.stdout and f"written to {out}" in proc.stdout

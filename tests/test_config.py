@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import os
+import re
 import subprocess
 import sys
-from typing import List, Set
 from pathlib import Path
+from typing import List, Set
 
 import pytest
 import yaml
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
-from nli.config import AdamConfig, Config, ConfigError, SGDConfig, TensorBoardConfig, WandbConfig
+import nli.config
+from nli.config import AdamConfig, Config, CsvConfig, SGDConfig, TensorBoardConfig, WandbConfig
+from nli.contract import job_needs
+from nli.errors import ConfigError
+from nli.help import field_descriptions
 from tests.conftest import CONF, ROOT, build_config, compose_config, run_train
 
 GROUP_OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
@@ -30,8 +35,9 @@ def test_every_yaml_composes_into_its_schema(group: str, name: str) -> None:
     assert isinstance(cfg, Config)
     if group == "experiment":
         return
-    node = getattr(cfg, group)
-    assert type(node).__name__.endswith("Config"), f"{group}/{name}.yaml is not typed by a schema"
+    nodes = list(cfg.logger.values()) if group == "logger" else [getattr(cfg, group)]  # loggers: one key each
+    for node in nodes:
+        assert type(node).__name__.endswith("Config"), f"{group}/{name}.yaml is not typed by a schema"
 
 
 def test_groups_are_the_ones_the_readme_promises() -> None:
@@ -41,9 +47,9 @@ def test_groups_are_the_ones_the_readme_promises() -> None:
     assert set(options("optimizer")) == {"adamw", "adam", "sgd"}
     assert set(options("schedule")) == {"linear", "cosine", "constant"}
     assert set(options("precision")) == {"auto", "fp32", "fp16", "bf16"}
-    assert set(options("hw")) == {"auto", "cpu", "k80", "t4", "v100", "a100", "h100", "2xv100", "8xa100", "2x8xa100",
+    assert set(options("hw")) == {"auto", "cpu", "t4", "v100", "a100", "h100", "2xv100", "8xa100", "2x8xa100",
                                   "4x8xh100"}
-    assert set(options("logger")) == {"none", "wandb", "tensorboard"}
+    assert set(options("logger")) == {"none", "wandb", "tensorboard", "csv"}
     assert {"quickstart", "roberta-large-mnli"} <= set(options("experiment"))
 
 
@@ -53,14 +59,31 @@ def test_defaults() -> None:
     assert cfg.task.name == "mnli" and cfg.task.eval_splits == {"validation_matched": "",
                                                                 "validation_mismatched": "_mm"}
     assert isinstance(cfg.optimizer, AdamConfig) and cfg.optimizer._target_ == "torch.optim.AdamW"
-    assert cfg.schedule.name.value == "linear" and cfg.precision.dtype.value == "auto"
-    assert cfg.hw.accelerator.value == "auto" and cfg.logger.kind == "none"
+    assert cfg.schedule._target_ == "nli.optim.linear" and cfg.precision.dtype.value == "auto"
+    assert cfg.hw.accelerator.value == "auto" and cfg.logger == {}
+    assert cfg.output_dir is None and cfg.train.checkpoint_dir is None  # the platform's, else Hydra's run dir
+    assert cfg.train.early_stopping.patience is None  # off
 
 
 def test_optimizer_and_logger_groups_pick_their_own_schema() -> None:
     assert isinstance(build_config(["optimizer=sgd"]).optimizer, SGDConfig)
-    assert isinstance(build_config(["logger=wandb"]).logger, WandbConfig)
-    assert isinstance(build_config(["logger=tensorboard"]).logger, TensorBoardConfig)
+    assert isinstance(build_config(["logger=wandb"]).logger["wandb"], WandbConfig)
+    assert isinstance(build_config(["logger=tensorboard"]).logger["tensorboard"], TensorBoardConfig)
+    both = build_config(["logger=[wandb,tensorboard,csv]", "logger.wandb.mode=offline"]).logger
+    assert [type(cfg) for cfg in both.values()] == [WandbConfig, TensorBoardConfig, CsvConfig]
+    assert both["wandb"].mode.value == "offline" and both["csv"]._target_ == "nli.tracking.CsvTracker"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["logger=wandb", "+logger.mode=offline"], "logger.mode='offline' is not a logger: each logger has its own key, "
+                                               "e.g. logger=wandb logger.wandb.mode=offline"),
+    (["train.early_stopping.patience=0"], "train.early_stopping.patience=0 must be at least 1"),
+    (["train.early_stopping.patience=2", "train.early_stopping.min_delta=-1"],
+     "train.early_stopping.min_delta=-1.0 must be >= 0"),
+])
+def test_logger_and_early_stopping_values_are_checked(overrides: List[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_config(overrides)
 
 
 def test_roberta_paper_recipe() -> None:
@@ -72,7 +95,7 @@ def test_roberta_paper_recipe() -> None:
 
 
 # Which hardware cannot run which precision: the rest must compose.
-UNSUPPORTED = {("bf16", "k80"), ("bf16", "t4"), ("bf16", "v100"), ("bf16", "2xv100"), ("fp16", "k80")}
+UNSUPPORTED = {("bf16", "t4"), ("bf16", "v100"), ("bf16", "2xv100")}
 
 
 # (The model plays no part in these rules; every model file composes in the test above.)
@@ -90,12 +113,17 @@ def test_precision_hw_matrix(precision: str, hw: str) -> None:
 
 
 def test_hw_profiles_carry_what_vertex_needs() -> None:
-    v100 = build_config(["hw=v100"]).hw
-    assert (v100.machine_type, v100.accelerator_type, v100.gpus_per_node) == (
-        "n1-standard-8", "NVIDIA_TESLA_V100", 1)
-    a100x8 = build_config(["hw=8xa100"]).hw
-    assert (a100x8.machine_type, a100x8.accelerator_type, a100x8.gpus_per_node) == (
-        "a2-highgpu-8g", "NVIDIA_TESLA_A100", 8)
+    """The launcher reads a job's machines through nli.contract, never the hw keys themselves."""
+    v100 = job_needs(compose_config(["hw=v100"]))
+    assert (v100.machine_type, v100.accelerator_type, v100.accelerators_per_node, v100.nodes) == (
+        "n1-standard-8", "NVIDIA_TESLA_V100", 1, 1)
+    a100x8 = job_needs(compose_config(["hw=2x8xa100"]))
+    assert (a100x8.machine_type, a100x8.accelerator_type, a100x8.accelerators_per_node, a100x8.nodes) == (
+        "a2-highgpu-8g", "NVIDIA_TESLA_A100", 8, 2)
+    cpu = job_needs(compose_config(["hw=auto"]))
+    assert (cpu.machine_type, cpu.accelerator_type, cpu.accelerators_per_node) == (None, None, 0)
+    assert job_needs(compose_config(["logger=wandb"])).secrets == {"WANDB_API_KEY"}
+    assert not job_needs(compose_config(["logger=[wandb,csv]", "logger.wandb.mode=offline"])).secrets
 
 
 def test_accumulation_keeps_the_global_batch() -> None:
@@ -165,21 +193,104 @@ def test_bad_input_on_the_command_line(tmp_path: Path, args: list[str], expected
     assert "hydra" in imported(proc.stderr) and not {"torch", "transformers", "datasets"} & imported(proc.stderr)
 
 
+def without_descriptions(help_text: str) -> str:
+    """The help with the config's ``# ...`` descriptions taken out: Hydra's text, where ours adds them."""
+    lines = [re.sub(r" +# .*$", "", line) for line in help_text.splitlines(keepends=False)
+             if not re.match(r" *# ", line)]
+    return "".join(line + "\n" for line in lines)
+
+
 @pytest.mark.parametrize("overrides", [[], ["model=tiny", "optimizer.lr=0.5"]], ids=["defaults", "overrides"])
-def test_help_is_hydras_without_torch(tmp_path: Path, overrides: List[str]) -> None:
-    """`--help` (nli/cli.py) prints what Hydra's own help prints, less the internal schema/ groups, without
-    importing torch; `--config-name` is a flag it leaves to Hydra, which gives Hydra's own text."""
-    ours = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "train.py"), "--help", *overrides],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+def test_help_describes_every_key_without_torch(tmp_path: Path, overrides: List[str]) -> None:
+    """`--help` (nli/help.py) prints Hydra's help, less the internal schema/ groups, with each key's
+    description from the schema after it as a YAML comment, in a second, without importing torch;
+    `--config-name` is a flag it leaves to Hydra, which gives Hydra's own text."""
+    env = {"PYTHONPROFILEIMPORTTIME": "1", "COLUMNS": "120"}
+    ours = run_train(["--help", *overrides], cwd=tmp_path, timeout=60, env=env)
     hydras = run_train(["--help", "--config-name", "train", *overrides], cwd=tmp_path, timeout=60)
-    assert ours.returncode == 0 and hydras.returncode == 0, ours.stderr + hydras.stderr
-    assert ours.stdout == "".join(line for line in hydras.stdout.splitlines(keepends=True)
-                                  if not line.startswith("schema/"))
-    for group in ("model:", "task:", "optimizer:", "schedule:", "precision:", "hw:", "logger:", "experiment:"):
-        assert f"\n{group} " in ours.stdout
-    if overrides:
-        assert "model_type: roberta" in ours.stdout and "lr: 0.5" in ours.stdout  # model=tiny: from scratch
+    job = run_train(["--cfg", "job", *overrides], cwd=tmp_path, timeout=60)
+    assert ours.returncode == 0 and hydras.returncode == 0 and job.returncode == 0, ours.stderr + hydras.stderr
+    help_text = ours.stdout
+
+    # Hydra's template around it, as Hydra fills it; the config is the same YAML, comments aside.
+    hydra_text = "".join(line for line in hydras.stdout.splitlines(keepends=True) if not line.startswith("schema/"))
+    assert job.stdout in hydra_text
+    before, after = hydra_text.split(job.stdout)
+    plain = without_descriptions(help_text)
+    assert plain.startswith(before) and plain.endswith(after)
+    config = help_text[len(before):len(help_text) - len(after)]
+    assert yaml.safe_load(config) == yaml.safe_load(job.stdout)
+    for group, names in {path.name: sorted(p.stem for p in path.glob("*.yaml")) for path in CONF.iterdir()
+                         if path.is_dir()}.items():
+        assert f"\n{group}: {', '.join(names)}\n" in help_text
+
+    # Each key with its description on its line, lined up; dict- and list-valued keys on the key's line.
+    assert re.search(r"^  lr: \S+ +# peak learning rate$", help_text, re.M)  # AdamConfig's, from OptimizerConfig
+    assert re.search(r"^  batch_size: 32 +# global batch: examples per optimizer step", help_text, re.M)
+    assert re.search(r"^  betas: +# moment decay rates$", help_text, re.M)
+    assert re.search(r"^  fast_paths: true +# faster forward where it applies", help_text, re.M)
+    assert re.search(r"^output_dir: null +# results, model and logs \(local or gs://\)", help_text, re.M)  # above
+    assert re.search(r"^    min_delta: 0.0 +# rise of the main metric", help_text, re.M)  # train.early_stopping
+    assert re.search(r"^seed: 42 +# seeds Python, NumPy and torch$", help_text, re.M)
+    columns = {line.index("# ") for line in config.splitlines()
+               if re.match(r" *(weight_decay|batch_size|seed): ", line)}
+    assert len(columns) == 1
+    if overrides:  # model=tiny: from scratch, its architecture a nested block
+        assert re.search(r"^  scratch: +# architecture when name_or_path is null$", help_text, re.M)
+        assert re.search(r"^    model_type: roberta +# any transformers model type", help_text, re.M)
+        assert re.search(r"^    hidden_size: 128 +# width of every layer$", help_text, re.M)
+        assert re.search(r"^  lr: 0.5 +# peak learning rate$", help_text, re.M)
     assert "hydra" in imported(ours.stderr) and not {"torch", "transformers", "datasets"} & imported(ours.stderr)
+
+
+def test_help_describes_each_logger_of_several(tmp_path: Path) -> None:
+    """A node the schema types inside a plain dict (logger.<name>) gets its own descriptions; `python -m nli`."""
+    proc = run_train(["--help", "logger=[wandb,tensorboard]", "optimizer=sgd"], cwd=tmp_path, timeout=60,
+                     module=True, env={"COLUMNS": "120"})
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^  wandb:\n    _target_: \S+ +# the logger's class", proc.stdout, re.M)
+    assert re.search(r"^    project: nli +# W&B project$", proc.stdout, re.M)
+    assert re.search(r"^    subdir: tensorboard +# event files go to", proc.stdout, re.M)
+    assert re.search(r"^  momentum: 0.9 +# heavy-ball momentum$", proc.stdout, re.M)
+    assert re.search(r"^  lr: \S+ +# peak learning rate$", proc.stdout, re.M)  # SGDConfig's, from OptimizerConfig
+
+
+def test_every_schema_field_has_a_description() -> None:
+    """`--help` describes a key with its field's comment in nli/config.py (trailing, or the lines above):
+    a field without one would be a key the help leaves unexplained."""
+    schemas = [cls for cls in vars(nli.config).values()
+               if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == "nli.config"]
+    assert schemas
+    undescribed = [f"{cls.__name__}.{f.name}" for cls in schemas for f in dataclasses.fields(cls)
+                   if f.name not in field_descriptions(cls)]
+    assert not undescribed, f"give these fields of nli/config.py a comment: {undescribed}"
+
+
+@dataclasses.dataclass
+class _Commented:
+    trailing: int = 1  # after the field
+    # above the field,
+    # on two lines
+    above: int = 2
+    both: int = 3  # the trailing one wins
+    bare: int = 4
+
+    spaced: int = 5  # noqa: E501
+
+
+@dataclasses.dataclass
+class _Subclass(_Commented):
+    trailing: int = 10
+    own: List[int] = dataclasses.field(  # across lines
+        default_factory=list)
+
+
+def test_field_descriptions_read_the_source() -> None:
+    assert field_descriptions(_Commented) == {"trailing": "after the field", "above": "above the field, on two lines",
+                                              "both": "the trailing one wins"}
+    assert field_descriptions(_Subclass) == {**field_descriptions(_Commented), "own": "across lines"}
+    assert field_descriptions(AdamConfig)["lr"] == "peak learning rate"
+    assert field_descriptions(dict) == {}
 
 
 def test_cfg_job_prints_the_config_without_torch(tmp_path: Path) -> None:
@@ -195,15 +306,3 @@ def test_cfg_job_prints_the_config_without_torch(tmp_path: Path) -> None:
 def test_help_with_a_bad_override_is_hydras_error(tmp_path: Path) -> None:
     proc = run_train(["--help", "model=nope"], cwd=tmp_path, timeout=60)
     assert proc.returncode != 0 and "Could not find 'model/nope'" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def test_vertex_directories_become_the_output_and_checkpoint_dirs() -> None:
-    """Vertex AI sets AIP_MODEL_DIR and AIP_CHECKPOINT_DIR; a run there writes to them."""
-    env = {**os.environ, "AIP_MODEL_DIR": "gs://bucket/job/model", "AIP_CHECKPOINT_DIR": "gs://bucket/job/checkpoints"}
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--cfg", "job", "--resolve"], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    cfg = yaml.safe_load(proc.stdout)
-    assert cfg["output_dir"] == "gs://bucket/job/model"
-    assert cfg["train"]["checkpoint_dir"] == "gs://bucket/job/checkpoints"
-    assert build_config([]).train.checkpoint_dir is None  # elsewhere: <output_dir>/checkpoints

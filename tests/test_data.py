@@ -94,8 +94,10 @@ def custom_files(root: Path, suffix: str) -> Dict[str, Path]:
         frame = pd.DataFrame(read_glue_tsv(GLUE_DATA / "RTE" / f"{name}.tsv")).rename(
             columns={"sentence1": "text_a", "sentence2": "text_b", "label": "gold"})
         path = paths[split] = root / f"{split}{suffix}"
-        {".csv": lambda: frame.to_csv(path, index=False), ".parquet": lambda: frame.to_parquet(path),
-         ".jsonl": lambda: frame.to_json(path, orient="records", lines=True)}[suffix]()
+        write = {".csv": lambda frame, path: frame.to_csv(path, index=False),
+                 ".parquet": lambda frame, path: frame.to_parquet(path),
+                 ".jsonl": lambda frame, path: frame.to_json(path, orient="records", lines=True)}[suffix]
+        write(frame, path)
     return paths
 
 

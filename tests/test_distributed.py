@@ -17,16 +17,26 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from nli.data import EpochSampler
-from nli.distributed import from_cluster_spec, shard
-from tests.conftest import FAST, MEASURED, ROOT, read_results, run_train
+from nli.distributed import shard
+from nli.platform.vertex import from_cluster_spec
+from tests.conftest import MEASURED, ROOT, read_results
+from tests.conftest import run_train as run_any
+from tests.reference import PORTABLE, RUNS, digest, recorded
 
 # 330 examples in batches of 32: ten full batches and a last one of 10, split 5 and 5 over two ranks;
 # dropout off, since each rank draws its own masks and one process draws other ones.
-ARGS = [*FAST, "hw=cpu", "data.synthetic_train_size=330", "model.scratch.dropout=0"]
+# The same run as the recorded reference's two-process run.
+ARGS = RUNS["torchrun"]
+
+
+def run_train(args: List[str], **kwargs: Any) -> subprocess.CompletedProcess:
+    """Every run here computes with the portable kernels, so the two-process run can be held to the
+    recorded reference as well (tests/reference.py)."""
+    return run_any(args, env={**PORTABLE, **kwargs.pop("env", {})}, **kwargs)
 
 
 def torchrun(args: List[str], *, cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **PORTABLE}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                            str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
@@ -78,6 +88,10 @@ def test_two_processes_end_where_one_does(tmp_path: Path, single: Outcome) -> No
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "x 2 processes" in (two / "train.log").read_text()
     assert_same_run(outcome(two), single)
+    # ... and bit for bit what it computed before the recipe was restructured.
+    ours, reference = digest(two), recorded("torchrun")
+    assert {key: ours["results"][key] for key in reference["results"]} == reference["results"]
+    assert ours["weights"] == reference["weights"]
 
 
 def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -> None:
@@ -86,7 +100,8 @@ def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -
     sweep = tmp_path / "sweep"
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
                            "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10", *ARGS,
-                           f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                           f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **PORTABLE})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "x 2 processes" in (sweep / "0" / "train.log").read_text()
     assert_same_run(outcome(sweep / "0"), single)
@@ -251,7 +266,7 @@ def test_two_vertex_nodes_on_localhost_train_as_one_process(tmp_path: Path, sing
     nodes = []
     for task in ({"type": "workerpool0", "index": 0}, {"type": "workerpool1", "index": 0}):
         spec = json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})
-        env = {**os.environ, "CLUSTER_SPEC": spec, "HYDRA_FULL_ERROR": "0"}
+        env = {**os.environ, "CLUSTER_SPEC": spec, "HYDRA_FULL_ERROR": "0", **PORTABLE}
         nodes.append(subprocess.Popen([sys.executable, str(ROOT / "train.py"), *ARGS, "hw.per_device_batch_size=8",
                                        f"output_dir={out}",
                                        f"hydra.run.dir={tmp_path / task['type']}"], cwd=tmp_path, env=env,
@@ -290,7 +305,8 @@ def test_stopped_at_two_processes_resumes_at_one(tmp_path: Path) -> None:
     run, one = tmp_path / "run", tmp_path / "one"
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                              str(ROOT / "train.py"), *args, f"output_dir={run}", f"hydra.run.dir={run}"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **PORTABLE})
     deadline = time.monotonic() + 300
     while "step 15: loss" not in ((run / "train.log").read_text() if (run / "train.log").exists() else ""):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]

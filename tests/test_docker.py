@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from dockerfile_parse import DockerfileParser
 from docker.utils.build import PatternMatcher
+from dockerfile_parse import DockerfileParser
 
 from tests.conftest import FAST, ROOT, read_results
 

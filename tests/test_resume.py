@@ -22,7 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from nli.checkpoint import CheckpointError, Checkpointer
+from nli.checkpoint import Checkpoints
+from nli.errors import CheckpointError
 from nli.storage import Storage
 from tests.conftest import MEASURED, ROOT, read_results, run_train
 from tests.wandb_records import records
@@ -129,7 +130,7 @@ def test_sigterm_mid_epoch_then_resume_ends_as_if_never_stopped(preempted: Path,
     run_dir = copy_of(preempted, tmp_path)
     newest = max(name for name, complete in checkpoints(run_dir).items() if complete)
     state = torch.load(run_dir / "checkpoints" / newest / "state.pt", weights_only=True)
-    progress = state["progress"]
+    progress = state["parts"]["progress"]
     assert 0 < progress["examples_in_epoch"] < 640 and progress["epoch"] == 1, (newest, progress)  # mid-epoch
     proc = resume(run_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -205,32 +206,26 @@ def test_which_file_is_damaged_is_named(preempted: Path, tmp_path: Path, how: st
     else:
         damage(state, how)
     saved = json.loads((run_dir / "checkpoints" / names[-1] / "checkpoint.json").read_text())["identity"]
-    checkpointer = Checkpointer(Storage(str(run_dir / "checkpoints")), keep=2, identity=saved)
-    resumed = checkpointer.resume(tmp_path / "tokenizer", examples_per_epoch=1000)
-    assert resumed is not None and resumed.name == names[-2] and resumed.progress.step == int(names[-2][5:])
+    resumed = Checkpoints(Storage(str(run_dir / "checkpoints")), keep=2, identity=saved).latest()
+    assert resumed is not None and resumed.name == names[-2] and resumed.state["progress"]["step"] == int(names[-2][5:])
     assert f"checkpoint {run_dir / 'checkpoints' / names[-1]} is damaged: {message}" in caplog.text
-    assert (tmp_path / "tokenizer" / "tokenizer.json").is_file()
+    assert "tokenizer.json" in resumed.tokenizer_files
 
 
-def test_a_checkpoint_from_before_data_parallelism_resumes_at_its_place(preempted: Path, tmp_path: Path) -> None:
-    """Checkpoints written before data parallelism counted the epoch's micro-batches
-    (``batches_in_epoch``) and had no per-rank generators; they load, at the same example."""
+def test_a_checkpoint_of_another_version_is_refused_and_left_alone(preempted: Path, tmp_path: Path) -> None:
+    """A checkpoint written before the checkpoint registry (format 1: no format in its manifest) is not
+    read as if it were one of today's: the run stops, says why, and changes nothing."""
     run_dir = copy_of(preempted, tmp_path)
     newest = run_dir / "checkpoints" / max(n for n, done in checkpoints(run_dir).items() if done)
-    state = torch.load(newest / "state.pt", weights_only=True)
-    progress = dict(state["progress"])
-    examples_in_epoch = progress.pop("examples_in_epoch")
-    state["progress"] = {**progress, "batches_in_epoch": examples_in_epoch // 32}  # quickstart's micro-batches
-    del state["rng_ranks"]
-    torch.save(state, newest / "state.pt")
     manifest = json.loads((newest / "checkpoint.json").read_text())
-    data = (newest / "state.pt").read_bytes()
-    manifest["files"]["state.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    del manifest["format"]
     (newest / "checkpoint.json").write_text(json.dumps(manifest))
-    checkpointer = Checkpointer(Storage(str(run_dir / "checkpoints")), keep=2, identity=manifest["identity"])
-    resumed = checkpointer.resume(tmp_path / "tokenizer", examples_per_epoch=640)
-    assert resumed is not None and resumed.name == newest.name
-    assert resumed.progress.examples_in_epoch == examples_in_epoch and resumed.progress.epoch == 1
+    before = snapshot(run_dir)
+    proc = resume(run_dir)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (f"{newest} was written by another version of this project (checkpoint format 1, this one reads 2)"
+            in proc.stderr)
+    assert snapshot(run_dir) == before
 
 
 def test_every_checkpoint_damaged_is_a_clear_error(preempted: Path, tmp_path: Path) -> None:
@@ -254,9 +249,9 @@ def test_another_runs_checkpoint_is_refused_and_left_alone(preempted: Path, tmp_
 
 def test_a_checkpoint_of_another_task_is_refused(preempted: Path) -> None:
     saved = json.loads(next((preempted / "checkpoints").glob("*/checkpoint.json")).read_text())["identity"]
-    checkpointer = Checkpointer(Storage(str(preempted / "checkpoints")), keep=2, identity={**saved, "task": "wnli"})
+    foreign = Checkpoints(Storage(str(preempted / "checkpoints")), keep=2, identity={**saved, "task": "wnli"})
     with pytest.raises(CheckpointError, match="another run \\(task: checkpoint 'synthetic', config 'wnli'\\)"):
-        checkpointer.resume(preempted / "unused", examples_per_epoch=640)
+        foreign.latest()
 
 
 def test_resume_false_refuses_and_says_how_to_start_afresh(preempted: Path, tmp_path: Path) -> None:
@@ -347,7 +342,7 @@ def test_a_missing_bucket_fails_before_training(tmp_path: Path, gcs_emulator: Di
 def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     wandb_env = {"WANDB_SILENT": "true", "HF_HOME": str(tmp_path / "hf")}
-    args = [*ARGS, "logger=wandb", "logger.mode=offline"]
+    args = [*ARGS, "logger=wandb", "logger.wandb.mode=offline"]
     assert stop_with_sigterm(run_dir, env=wandb_env, args=args).returncode == 75
     proc = run_train([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=wandb_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -50,7 +50,7 @@ def test_submitit_local_sweep_and_a_requeue_that_resumes(tmp_path: Path) -> None
 
     log = next(text for text in (path.read_text() for path in (sweep / ".submitit").glob("*/*_log.*"))
                if "SIGUSR2 received" in text)
-    received, handed = log.index("SIGUSR2 received"), log.index("handing SIGUSR2 over to submitit")
+    received, handed = log.index("SIGUSR2 received"), log.index("handing SIGUSR2 over to the platform")
     resumed = int(re.search(r"resuming from checkpoint \S+: step (\d+) of 90", log)[1])
     assert f"step {resumed}: checkpoint written" in log[received:handed]  # the stop's own checkpoint
     assert "Requeued job" in log[handed:]

@@ -66,14 +66,6 @@ def test_python_dash_m_nli_is_train_py(fast_run: Path, tmp_path: Path) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_quickstart_reaches_the_promised_accuracy(tmp_path: Path) -> None:
-    """The README's first command: the full quickstart, on this machine's CPU."""
-    proc = run_train(["experiment=quickstart", "train.progress_bar=false", f"hydra.run.dir={tmp_path}"],
-                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert read_results(tmp_path)["accuracy"] >= 0.85
-
-
 def test_local_multirun_writes_one_result_per_job(tmp_path: Path) -> None:
     proc = run_train(["-m", *FAST, "optimizer.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path}/sweep"],
                      cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
@@ -85,7 +77,7 @@ def test_local_multirun_writes_one_result_per_job(tmp_path: Path) -> None:
 
 
 def test_wandb_offline_writes_its_run_files(tmp_path: Path) -> None:
-    proc = run_train([*FAST, "logger=wandb", "logger.mode=offline", "logger.tags=[smoke]",
+    proc = run_train([*FAST, "logger=wandb", "logger.wandb.mode=offline", "logger.wandb.tags=[smoke]",
                       f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
                      env={"HF_HOME": str(tmp_path / "hf"), "WANDB_SILENT": "true"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -96,7 +88,7 @@ def test_wandb_offline_writes_its_run_files(tmp_path: Path) -> None:
         by_kind.setdefault(record.WhichOneof("record_type"), []).append(record)
     run = by_kind["run"][0].run
     assert list(run.tags) == ["smoke"]
-    assert "logger.mode=offline" in run.display_name  # named after the Hydra job's overrides
+    assert "logger.wandb.mode=offline" in run.display_name  # named after the Hydra job's overrides
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert config["task"]["name"] == "synthetic" and config["train"]["max_steps"] == 12
     summary = {item.key: json.loads(item.value_json) for r in by_kind["summary"] for item in r.summary.update

@@ -1,10 +1,17 @@
-"""The pieces under train.py: metrics, the synthetic task, the optimizer's parameter groups."""
+"""The pieces under train.py: metrics, the synthetic task, the optimizer's parameter groups, the
+fast paths (nli.fastpaths)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import importlib.util
+import json
+import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections import Counter
 from typing import Dict, List
@@ -12,13 +19,14 @@ from typing import Dict, List
 import numpy as np
 import pytest
 import torch
+import transformers
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-from nli import cpu_dropout, first_token, metrics, synthetic, unpadded
-from nli.config import (AdamConfig, Attention, ConfigError, ModelConfig, SGDConfig, ScratchArchitecture,
-                        TaskConfig)
-from nli.model import build_model, install_cpu_paths, train_bpe_tokenizer
-from nli.optim import build_optimizer, param_groups
+from nli import fastpaths, metrics, synthetic
+from nli.config import AdamConfig, Attention, ConfigError, ModelConfig, ScratchArchitecture, SGDConfig, TaskConfig
+from nli.fastpaths import cpu_dropout, first_token, unpadded
+from nli.model import build_model, train_bpe_tokenizer
+from nli.optim import build_optimizer, build_scheduler, param_groups
 from nli.signals import StopRequest
 
 
@@ -82,23 +90,51 @@ def test_optimizer_class_comes_from_config() -> None:
     assert not unfused.defaults["fused"]
 
 
+@pytest.mark.parametrize("schedule,transformers_name", [("linear", "linear"), ("cosine", "cosine"),
+                                                        ("constant", "constant_with_warmup")])
+def test_each_schedule_is_the_transformers_schedule_it_names(schedule: str, transformers_name: str) -> None:
+    """conf/schedule/ picks its function by _target_, as optimizers and loggers do: the learning rates
+    are transformers' own, warm-up included."""
+    from tests.conftest import build_config
+
+    cfg = build_config([f"schedule={schedule}", "schedule.warmup_steps=3"]).schedule
+
+    def rates(make) -> List[float]:
+        optimizer = torch.optim.SGD(_tiny_model().parameters(), lr=0.1)
+        scheduler, seen = make(optimizer), []
+        for _ in range(10):
+            seen.append(scheduler.get_last_lr()[0])
+            optimizer.step()
+            scheduler.step()
+        return seen
+
+    ours = rates(lambda optimizer: build_scheduler(cfg, optimizer, total_steps=10))
+    theirs = rates(lambda optimizer: transformers.get_scheduler(transformers_name, optimizer, num_warmup_steps=3,
+                                                                num_training_steps=10))
+    assert ours == theirs and ours[0] == 0.0 and max(ours) == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="schedule._target_=nli.optim.nowhere names no function"):
+        build_scheduler(dataclasses.replace(cfg, _target_="nli.optim.nowhere"), torch.optim.SGD(
+            _tiny_model().parameters(), lr=0.1), total_steps=10)
+
+
 def test_attention_implementation_and_fast_paths_come_from_config() -> None:
     tokenizer = train_bpe_tokenizer(["a small text", "another one"] * 50, vocab_size=300, max_seq_length=32)
     task = TaskConfig(name="t", text_fields=["a", "b"], label_names=["x", "y"], eval_splits={"validation": ""},
                       metrics=["accuracy"], main_metric="accuracy")
+    cpu = torch.device("cpu")
     for attention in (Attention.sdpa, Attention.eager):
-        model = build_model(ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300),
-                                        attention=attention), task, tokenizer)
+        model_cfg = ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300), attention=attention)
+        model = build_model(model_cfg, task, tokenizer)
         assert model.config._attn_implementation == attention.value
+        assert not any("forward" in vars(module) for module in model.modules())  # as transformers builds it
+        # As the run installs them, once the model is on its device.
+        assert fastpaths.install(model, device=cpu, enabled=model_cfg.fast_paths) == list(fastpaths.PATHS)
         assert "forward" in vars(model.base_model.encoder.layer[-1])  # the last layer: the first token alone
-    model_cfg = ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300))
-    assert install_cpu_paths(model, model_cfg, compiled=False)  # the eager model of the loop's last round
-    assert any(isinstance(m, cpu_dropout.CpuDropout) for m in model.modules())
-    assert "forward" in vars(model.base_model.encoder)  # real tokens only
-    assert not install_cpu_paths(build_model(model_cfg, task, tokenizer), model_cfg, compiled=True)
+        assert any(isinstance(m, cpu_dropout.CpuDropout) for m in model.modules())
+        assert "forward" in vars(model.base_model.encoder)  # real tokens only
     off = ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300), fast_paths=False)
     stock = build_model(off, task, tokenizer)
-    assert not install_cpu_paths(stock, off, compiled=False)
+    assert fastpaths.install(stock, device=cpu, enabled=off.fast_paths) == []
     assert not any("forward" in vars(module) for module in stock.modules())  # as transformers builds it
     assert not any(isinstance(m, cpu_dropout.CpuDropout) for m in stock.modules())
     if importlib.util.find_spec("flash_attn") is None:
@@ -147,11 +183,12 @@ def test_cpu_dropout_attention_masks_padding_and_drops_the_probabilities() -> No
     assert torch.allclose(out, expected, atol=1e-6)
 
 
-def _tiny_classifier(model_type: str, attention: str = "sdpa") -> AutoModelForSequenceClassification:
-    """A 2-layer model whose dropout probability is too small to drop anything."""
+def _tiny_classifier(model_type: str, attention: str = "sdpa", dropout: float = 1e-9,
+                     **config_kwargs: object) -> AutoModelForSequenceClassification:
+    """A 2-layer model; by default its dropout probability is too small to drop anything."""
     config = AutoConfig.for_model(model_type, vocab_size=100, hidden_size=32, num_hidden_layers=2,
                                   num_attention_heads=2, intermediate_size=64, num_labels=3, pad_token_id=1,
-                                  hidden_dropout_prob=1e-9, attention_probs_dropout_prob=1e-9)
+                                  hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, **config_kwargs)
     torch.manual_seed(0)
     return AutoModelForSequenceClassification.from_config(config, attn_implementation=attention).eval()
 
@@ -234,3 +271,153 @@ def test_the_first_token_alone_only_where_the_head_reads_only_that() -> None:
                                   intermediate_size=64)
     assert not first_token.install(AutoModelForTokenClassification.from_config(config))  # reads every token
     assert not unpadded.install(AutoModelForTokenClassification.from_config(config))
+
+
+def _is_stock(model: torch.nn.Module, attention: str = "sdpa") -> bool:
+    """``model`` runs transformers' own forward: no method, layer or attention of nli.fastpaths."""
+    return (not any("forward" in vars(module) for module in model.modules())
+            and not any(isinstance(module, cpu_dropout.CpuDropout) for module in model.modules())
+            and model.config._attn_implementation == attention)
+
+
+def test_fast_paths_are_installed_by_device_compile_switch_and_choice() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # only the device object: the model stays here
+    model = _tiny_classifier("bert")
+    assert fastpaths.install(model, device=cpu) == ["first_token", "cpu_dropout", "unpadded"]
+    assert "forward" in vars(model.bert.encoder.layer[-1]) and "forward" in vars(model.bert.encoder)
+    assert model.config._attn_implementation == cpu_dropout.ATTENTION
+    with pytest.raises(RuntimeError, match="already installed"):
+        fastpaths.install(model, device=cpu)  # once per model
+
+    for device, compiled in ((cuda, False), (cpu, True)):  # a GPU, or a compiled model: the first token alone
+        model = _tiny_classifier("roberta")
+        assert fastpaths.install(model, device=device, compiled=compiled) == ["first_token"]
+        assert "forward" in vars(model.roberta.encoder.layer[-1]) and "forward" not in vars(model.roberta.encoder)
+        assert not any(isinstance(m, cpu_dropout.CpuDropout) for m in model.modules())
+        assert model.config._attn_implementation == "sdpa"
+
+    for device in (cpu, cuda):  # model.fast_paths=false
+        model = _tiny_classifier("bert")
+        assert fastpaths.install(model, device=device, enabled=False) == []
+        assert _is_stock(model)
+
+    model = _tiny_classifier("bert")
+    assert fastpaths.install(model, device=cpu, only={"cpu_dropout"}) == ["cpu_dropout"]
+    assert "forward" not in vars(model.bert.encoder.layer[-1]) and "forward" not in vars(model.bert.encoder)
+    assert sum(isinstance(m, cpu_dropout.CpuDropout) for m in model.modules()) == 8
+    model = _tiny_classifier("bert")
+    assert fastpaths.install(model, device=cpu, only=["unpadded", "first_token"]) == ["first_token", "unpadded"]
+    assert not any(isinstance(m, cpu_dropout.CpuDropout) for m in model.modules())
+    model = _tiny_classifier("bert")
+    assert fastpaths.install(model, device=cuda, only=["unpadded"]) == [] and _is_stock(model)
+    with pytest.raises(ValueError, match="unknown fast path"):
+        fastpaths.install(_tiny_classifier("bert"), device=cpu, only=["first-token"])
+
+
+def test_fast_paths_only_with_the_transformers_they_were_written_for(monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(transformers, "__version__", "5.99.0")
+    model = _tiny_classifier("bert")
+    before = [model(**batch).logits for batch in _batches()]
+    with caplog.at_level(logging.INFO, logger="nli.fastpaths"):
+        assert fastpaths.install(model, device=torch.device("cpu")) == []
+    assert _is_stock(model)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "nli.fastpaths"] == [
+        (logging.WARNING, "fast paths: none installed, the stock forward runs: transformers 5.99.0, not the "
+                          "==5.23.* they were written against")]
+    for batch, logits in zip(_batches(), before):
+        assert torch.equal(model(**batch).logits, logits)
+    monkeypatch.setattr(transformers, "__version__", "5.23.4")  # a patch release of the same minor version
+    assert fastpaths.install(_tiny_classifier("bert"), device=torch.device("cpu")) == list(fastpaths.PATHS)
+
+
+def test_fast_paths_only_for_the_architectures_they_were_written_for(caplog: pytest.LogCaptureFixture) -> None:
+    config = dict(vocab_size=100, num_labels=3, pad_token_id=1)
+    distilbert = AutoModelForSequenceClassification.from_config(AutoConfig.for_model(
+        "distilbert", dim=32, n_layers=2, n_heads=2, hidden_dim=64, **config), attn_implementation="sdpa")
+    tagger = AutoModelForTokenClassification.from_config(AutoConfig.for_model(  # reads every token's vector
+        "bert", hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, **config),
+        attn_implementation="sdpa")
+    for model in (distilbert, tagger):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="nli.fastpaths"):
+            assert fastpaths.install(model, device=torch.device("cpu")) == []
+        assert _is_stock(model)
+        lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "nli.fastpaths"]
+        assert len(lines) == 1 and lines[0][0] == logging.INFO
+        assert f"architecture {type(model).__name__} with sdpa attention" in lines[0][1]
+
+
+def _stock_and_fast(model_type: str, attention: str, dropout: float) -> tuple:
+    """The same model twice: as transformers builds it, and with every fast path."""
+    stock = _tiny_classifier(model_type, attention, dropout)
+    fast = copy.deepcopy(stock)
+    assert fastpaths.install(fast, device=torch.device("cpu")) == list(fastpaths.PATHS)
+    return stock, fast
+
+
+@pytest.mark.parametrize("model_type,attention", [("bert", "sdpa"), ("roberta", "eager")])
+def test_hidden_states_and_attentions_come_from_the_stock_forward(model_type: str, attention: str) -> None:
+    """A call that asks for hidden states (or attentions) gets the stock model's: every layer at
+    every position, the same bits, in evaluation and in training (torch's own dropout, same draws)."""
+    stock, fast = _stock_and_fast(model_type, attention, dropout=0.1)
+    batch = _batches()[0]  # padded: the packed layers would skip the padding
+    layers = stock.config.num_hidden_layers
+    for train in (False, True):
+        stock.train(train), fast.train(train)
+        torch.manual_seed(3)
+        want = stock(**batch, output_hidden_states=True, output_attentions=attention == "eager")
+        torch.manual_seed(3)
+        got = fast(**batch, output_hidden_states=True, output_attentions=attention == "eager")
+        assert torch.equal(got.logits, want.logits)
+        assert len(got.hidden_states) == layers + 1
+        for got_layer, want_layer in zip(got.hidden_states, want.hidden_states, strict=True):
+            assert got_layer.shape == (4, 12, 32) and torch.equal(got_layer, want_layer)
+        if attention == "eager":
+            assert len(got.attentions) == layers
+            for got_layer, want_layer in zip(got.attentions, want.attentions, strict=True):
+                assert torch.equal(got_layer, want_layer)
+        hidden = fast.base_model(**batch, output_hidden_states=True).hidden_states  # the base model alone
+        assert hidden[-1].shape == (4, 12, 32)
+    # The fast paths are back for the next call, and without the flags they run.
+    assert "forward" in vars(fast.base_model.encoder.layer[-1]) and "forward" in vars(fast.base_model.encoder)
+    assert sum(isinstance(m, cpu_dropout.CpuDropout) for m in fast.modules()) == 8
+    assert fast.config._attn_implementation == (cpu_dropout.ATTENTION if attention == "sdpa" else "eager")
+    assert fast.base_model(**batch).last_hidden_state.shape == (4, 1, 32)  # the first token alone
+    assert fast.base_model(**batch, output_hidden_states=False).last_hidden_state.shape == (4, 1, 32)
+    fast.eval(), stock.eval()
+    assert torch.allclose(fast(**batch).logits, stock(**batch).logits, atol=1e-6)
+
+
+def test_no_fast_paths_for_a_model_configured_to_return_hidden_states(caplog: pytest.LogCaptureFixture) -> None:
+    model = _tiny_classifier("bert", output_hidden_states=True)
+    with caplog.at_level(logging.INFO, logger="nli.fastpaths"):
+        assert fastpaths.install(model, device=torch.device("cpu")) == []
+    assert _is_stock(model)
+    lines = [r.getMessage() for r in caplog.records if r.name == "nli.fastpaths"]
+    assert len(lines) == 1 and "config sets output_hidden_states" in lines[0]
+    assert len(model(**_batches()[0]).hidden_states) == 3
+
+
+def test_importing_the_fast_paths_registers_nothing_until_install() -> None:
+    script = """
+import json
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+import nli.fastpaths, nli.model
+from nli.fastpaths import cpu_dropout
+def registered():
+    return [cpu_dropout.ATTENTION in ALL_ATTENTION_FUNCTIONS, cpu_dropout.ATTENTION in ALL_MASK_ATTENTION_FUNCTIONS]
+imported = registered()
+config = AutoConfig.for_model("bert", vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=64)
+model = AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa")
+installed = nli.fastpaths.install(model, device=torch.device("cpu"))
+print(json.dumps({"imported": imported, "installed": installed, "after": registered()}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {"imported": [False, False], "installed": list(fastpaths.PATHS), "after": [True, True]}

@@ -105,8 +105,8 @@ def test_sweep_of_two_jobs_returns_their_objectives_and_keeps_the_key_secret(
     monkeypatch.setenv("WANDB_API_KEY", SENTINEL)  # the researcher's own key, in the launching shell
     before = len(fake.requests)
     overrides = [*launcher(fake), "hydra.launcher.sweep_name=two-jobs",
-                 f"+hydra.launcher.secrets.WANDB_API_KEY={WANDB_SECRET}", *FAST, "logger=wandb", "logger.mode=offline",
-                 "seed=1,2"]
+                 f"+hydra.launcher.secrets.WANDB_API_KEY={WANDB_SECRET}", *FAST, "logger=wandb",
+                 "logger.wandb.mode=offline", "seed=1,2"]
     with sweep_train(overrides, tmp_path / "sweep") as sweep:
         returns = sweep.returns[0]
         rows = read_rows(tmp_path / "sweep")

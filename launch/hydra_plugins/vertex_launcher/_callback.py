@@ -3,7 +3,8 @@ adds to the job's command line.
 
 At start it reads the job's secrets from Secret Manager into the environment (the job's spec holds
 only their names); at the end it writes the task function's return value, or its error, to
-``$AIP_MODEL_DIR/job_return.json``, where the launcher collects it for Hydra's JobReturn."""
+``job_return.json`` in the job's model directory (nli.contract), where the launcher collects it
+for Hydra's JobReturn."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import fsspec
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from nli.contract import VERTEX_MODEL_DIR
 
 from ._spec import JOB_RETURN_FILE, SECRETS_VARIABLE
 
@@ -67,7 +70,7 @@ class _LastError(logging.Handler):
 
 
 def _report(record: dict[str, Any]) -> None:
-    output = os.environ.get("AIP_MODEL_DIR")
+    output = os.environ.get(VERTEX_MODEL_DIR)
     if output:  # unset when the image runs by hand, outside Vertex AI: nobody to report to
         with fsspec.open(f"{output.rstrip('/')}/{JOB_RETURN_FILE}", "w") as stream:
             json.dump(record, stream)

@@ -7,7 +7,9 @@ import os
 import re
 from typing import Iterable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from nli.contract import job_needs
 
 from .config import VertexLauncherConf
 
@@ -57,22 +59,27 @@ def _check_env(settings: VertexLauncherConf) -> None:
                 f"projects/PROJECT/secrets/SECRET/versions/latest}}' (see the README)")
 
 
-def check_wandb_key(settings: VertexLauncherConf, configs: Iterable[DictConfig]) -> None:
-    """A job logging to W&B online needs WANDB_API_KEY inside the job, and the only way in is a secret."""
-    if "WANDB_API_KEY" in settings.secrets:
-        return
+def check_secrets(settings: VertexLauncherConf, configs: Iterable[DictConfig]) -> None:
+    """Every secret a job needs (nli.contract.job_needs: an online W&B logger needs WANDB_API_KEY) must
+    reach it as a secret, the only way in that anyone who can view the job cannot read."""
     for cfg in configs:
-        mode = OmegaConf.select(cfg, "logger.mode")  # an enum member in a typed config
-        if OmegaConf.select(cfg, "logger.kind") == "wandb" and getattr(mode, "name", mode) == "online":
-            raise LaunchError(
-                "logger=wandb with logger.mode=online needs WANDB_API_KEY in each job, and a job's "
-                "environment is visible to anyone who can view it. Store the key in Secret Manager once:\n"
-                "  printf %s \"$WANDB_API_KEY\" | gcloud secrets create wandb-api-key --data-file=-\n"
-                "  gcloud secrets add-iam-policy-binding wandb-api-key "
-                "--member=serviceAccount:JOB_SERVICE_ACCOUNT --role=roles/secretmanager.secretAccessor\n"
-                "then pass hydra.launcher.secrets='{WANDB_API_KEY: "
-                f"projects/{settings.project}/secrets/wandb-api-key/versions/latest}}' "
-                "(or use logger.mode=offline)")
+        for name in sorted(job_needs(cfg).secrets - set(settings.secrets)):
+            raise LaunchError(f"{_WHY.get(name, f'the job needs {name}')}, and a job's environment is visible to "
+                              "anyone who can view it. Store it in Secret Manager once:\n"
+                              f"  printf %s \"${name}\" | gcloud secrets create {_secret_id(name)} --data-file=-\n"
+                              f"  gcloud secrets add-iam-policy-binding {_secret_id(name)} "
+                              "--member=serviceAccount:JOB_SERVICE_ACCOUNT --role=roles/secretmanager.secretAccessor\n"
+                              f"then pass hydra.launcher.secrets='{{{name}: "
+                              f"projects/{settings.project}/secrets/{_secret_id(name)}/versions/latest}}'"
+                              f"{_INSTEAD.get(name, '')}")
+
+
+_WHY = {"WANDB_API_KEY": "logger=wandb with logger.wandb.mode=online needs WANDB_API_KEY in each job"}
+_INSTEAD = {"WANDB_API_KEY": " (or use logger.wandb.mode=offline)"}
+
+
+def _secret_id(name: str) -> str:
+    return name.lower().replace("_", "-")
 
 
 def _require(value: object, name: str, how: str) -> None:

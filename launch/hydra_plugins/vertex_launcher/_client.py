@@ -48,7 +48,9 @@ class Vertex:
                               "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service account key") from None
 
     def create(self, job: Dict[str, Any]) -> CustomJob:
-        return self._call(lambda: self.client.create_custom_job(parent=self.parent, custom_job=job, retry=RETRY))
+        # proto-plus takes a dict for any message argument; the client's annotations name only the message class.
+        return self._call(lambda: self.client.create_custom_job(
+            parent=self.parent, custom_job=job, retry=RETRY))  # type: ignore[arg-type]
 
     def get(self, name: str) -> CustomJob:
         return self._call(lambda: self.client.get_custom_job(name=name, retry=RETRY))

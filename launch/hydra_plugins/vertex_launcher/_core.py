@@ -3,7 +3,7 @@
 Every job's config is composed (and so checked) before the first submission, so a typo in one
 override costs nothing. Locally each job gets its sweep subdirectory as under Hydra's own launcher
 (``.hydra/`` and a log of its states); remotely it writes to ``<staging_bucket>/<sweep>/<job number>``,
-whose ``model/`` is the job's ``AIP_MODEL_DIR``."""
+whose model directory (nli.contract.vertex_dirs) holds what the job reports."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Optional, Sequence
+from typing import Any, Deque, Dict, List, Optional, Sequence, cast
 
 from google.cloud.aiplatform_v1 import CreateCustomJobRequest, JobState
 from hydra import version
@@ -23,11 +23,13 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from nli.contract import RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
+
 from . import _spec
-from ._checks import LaunchError, check_wandb_key
+from ._checks import LaunchError, check_secrets
 from ._client import Vertex
 from ._package import build_sdist, upload
-from ._results import RESULTS_FILE, read_json, write_table
+from ._results import read_json, write_table
 from .config import VertexLauncherConf
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ class Job:
     remote_dir: str  # gs://: the job's base output directory
     request: Dict[str, Any] = field(default_factory=dict)
     name: str = ""  # the CustomJob's resource name, once submitted
-    state: JobState = JobState.JOB_STATE_UNSPECIFIED
+    state: JobState = cast(JobState, JobState.JOB_STATE_UNSPECIFIED)  # proto-plus is untyped: members read as int
     error: str = ""
 
     @property
@@ -90,7 +92,7 @@ class Sweep:
             jobs = [self._compose(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         finally:
             HydraConfig.instance().cfg = saved
-        check_wandb_key(self.settings, [job.config for job in jobs])
+        check_secrets(self.settings, [job.config for job in jobs])
         package_uri = self._package() if self.settings.python_package() else None
         for job in jobs:
             job.request = self._request(job, package_uri)
@@ -164,7 +166,7 @@ class Sweep:
 
     def _collect(self, job: Job) -> JobReturn:
         """Hydra's JobReturn from what the job left in its output directory."""
-        model_dir = f"{job.remote_dir}/model"
+        model_dir = vertex_dirs(job.remote_dir)[VERTEX_MODEL_DIR]  # where the job wrote, as Vertex AI told it
         reported = read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}
         results = read_json(f"{model_dir}/{RESULTS_FILE}") or {}
         self.rows.append({"job": job.num, "state": job.state.name.removeprefix("JOB_STATE_"),

@@ -12,8 +12,6 @@ import fsspec
 
 log = logging.getLogger(__name__)
 
-RESULTS_FILE = "results.json"  # the app's final metrics (train.py's output contract)
-
 
 def read_json(url: str) -> Optional[Dict[str, Any]]:
     """A JSON file in the job's output directory (gs:// or local); None when the job wrote none."""

@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
+
+from nli.contract import job_needs
 
 from .config import VertexLauncherConf
 
 CALLBACK = "hydra_plugins.vertex_launcher._callback.VertexJobCallback"
 SECRETS_VARIABLE = "VERTEX_LAUNCHER_SECRETS"  # NAME -> secret version, as JSON; read by the callback
-JOB_RETURN_FILE = "job_return.json"  # written by the callback into AIP_MODEL_DIR
+JOB_RETURN_FILE = "job_return.json"  # written by the callback into the job's output directory
 MAX_LABELS = 64
 _LABEL_CHARS = re.compile(r"[^a-z0-9_-]")
 # Hydra settings of the sweep that mean nothing inside a single remote run.
@@ -35,17 +37,16 @@ class Machine:
 
 
 def machine(cfg: DictConfig, settings: VertexLauncherConf) -> Machine:
-    """The machines the job's own `hw` group asks for; the launcher's default where it names none."""
-    accelerator = OmegaConf.select(cfg, "hw.accelerator_type")
-    count = int(OmegaConf.select(cfg, "hw.gpus_per_node", default=0) or 0) if accelerator else 0
-    nodes = int(OmegaConf.select(cfg, "hw.nodes", default=1) or 1)
-    return Machine(OmegaConf.select(cfg, "hw.machine_type") or settings.machine_type, accelerator, count, nodes)
+    """The machines the job's config asks for (nli.contract); the launcher's default where it names none."""
+    needs = job_needs(cfg)
+    return Machine(needs.machine_type or settings.machine_type, needs.accelerator_type, needs.accelerators_per_node,
+                   needs.nodes)
 
 
 def container_args(sweep_config: DictConfig, overrides: List[str], run_dir: str) -> List[str]:
     """What the entry point gets: the job's config name and overrides, then Hydra settings."""
     hydra_cfg = sweep_config.hydra
-    passed = [line for line in OmegaConf.to_container(hydra_cfg.overrides.hydra) if _keep(str(line))]
+    passed = [line for line in cast(List[Any], OmegaConf.to_container(hydra_cfg.overrides.hydra)) if _keep(str(line))]
     return [f"--config-name={hydra_cfg.job.config_name}", *overrides, *passed,
             f"hydra.run.dir={quote(run_dir)}", f"+hydra.callbacks.vertex_job._target_={CALLBACK}"]
 

@@ -4,7 +4,7 @@ public and both stay light: the Vertex AI client and the rest load from ``_core`
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -17,7 +17,7 @@ from .config import VertexLauncherConf
 class VertexLauncher(Launcher):
     def __init__(self, **params: Any) -> None:
         merged = OmegaConf.merge(OmegaConf.structured(VertexLauncherConf), params)
-        self.settings: VertexLauncherConf = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        self.settings = cast(VertexLauncherConf, OmegaConf.to_object(merged))
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.sweep: Any = None  # _core.Sweep, made at the first launch and kept across batches

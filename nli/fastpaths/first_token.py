@@ -16,12 +16,11 @@ import types
 from typing import Any, Optional
 
 import torch
-from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import eager_attention_forward  # RoBERTa's is the same code
 
-from nli import cpu_dropout
+from nli.fastpaths import cpu_dropout
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +29,9 @@ HEADS = {"BertForSequenceClassification", "RobertaForSequenceClassification",
          "XLMRobertaForSequenceClassification", "CamembertForSequenceClassification"}
 # Attention functions given a 4-D mask (batch, heads or 1, queries, keys), whose query rows can be sliced.
 ATTENTIONS = {"sdpa", "eager", cpu_dropout.ATTENTION}
+# A BertEncoder, BertLayer or BertSelfAttention, or the same module of a model above (the same code in
+# unrelated classes), used through its attributes, which nn.Module types as "a Tensor or a Module".
+BertModule = Any
 
 
 def install(model: PreTrainedModel) -> bool:
@@ -49,7 +51,7 @@ def applies(model: PreTrainedModel) -> bool:
     return type(model).__name__ in HEADS and model.config._attn_implementation in ATTENTIONS
 
 
-def attend(attention: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def attend(attention: BertModule, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            mask: Optional[torch.Tensor]) -> torch.Tensor:
     """``attention``'s (a BertSelfAttention) configured attention function on these heads:
     (batch, queries, heads, head width)."""
@@ -59,7 +61,7 @@ def attend(attention: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     return context
 
 
-def _first_token_forward(layer: nn.Module, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+def _first_token_forward(layer: BertModule, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                          *args: Any, **kwargs: Any) -> torch.Tensor:
     """BertLayer.forward (RoBERTa's is the same) with queries from the first position only."""
     attention = layer.attention.self

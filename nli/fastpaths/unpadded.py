@@ -21,14 +21,15 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
-from nli import first_token
+from nli.fastpaths import first_token
+from nli.fastpaths.first_token import BertModule
 
 log = logging.getLogger(__name__)
 
 
 def install(model: PreTrainedModel) -> bool:
     """Make ``model``'s encoder skip padding, where it is laid out as BERT's and its attention
-    takes a 4-D mask (the encoders :mod:`nli.first_token` applies to). True if it did."""
+    takes a 4-D mask (the encoders :mod:`nli.fastpaths.first_token` applies to). True if it did."""
     if not first_token.applies(model):
         return False
     encoder = model.base_model.encoder
@@ -37,7 +38,7 @@ def install(model: PreTrainedModel) -> bool:
     return True
 
 
-def _encoder_forward(encoder: nn.Module, hidden_states: Tensor, attention_mask: Optional[Tensor] = None, *args: Any,
+def _encoder_forward(encoder: BertModule, hidden_states: Tensor, attention_mask: Optional[Tensor] = None, *args: Any,
                      **kwargs: Any) -> BaseModelOutputWithPastAndCrossAttentions:
     real = _real_tokens(attention_mask)
     if real is None:  # nothing to skip, or padding on the left: BertEncoder.forward as it is
@@ -56,18 +57,18 @@ def _real_tokens(mask: Optional[Tensor]) -> Optional[Tensor]:
     return real if bool(real[:, 0].all()) and not bool(real.all()) else None
 
 
-def _encode(layers: nn.ModuleList, hidden: Tensor, mask: Tensor, real: Tensor) -> Tensor:
+def _encode(layers: nn.ModuleList, hidden: Tensor, mask: Optional[Tensor], real: Tensor) -> Tensor:
     """The encoder's last hidden state, every layer but the last on real tokens alone."""
     shape = (hidden.shape[0], hidden.shape[1])
     index = real.reshape(-1).nonzero().squeeze(1)  # the real tokens' places in batch x length
     tokens = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
     for layer in layers[:-1]:
         tokens = _layer(layer, tokens, index, mask, shape)
-    # The last layer as installed: for a classifier, its first token alone (nli.first_token).
+    # The last layer as installed: for a classifier, its first token alone (nli.fastpaths.first_token).
     return layers[-1](_spread(tokens, index, shape), mask)
 
 
-def _layer(layer: nn.Module, tokens: Tensor, index: Tensor, mask: Tensor, shape: Tuple[int, int]) -> Tensor:
+def _layer(layer: BertModule, tokens: Tensor, index: Tensor, mask: Optional[Tensor], shape: Tuple[int, int]) -> Tensor:
     """BertLayer.forward (RoBERTa's is the same) on (tokens, width)."""
     attention = layer.attention.self
 

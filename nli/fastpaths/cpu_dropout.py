@@ -4,21 +4,25 @@ torch's CPU dropout draws a Bernoulli sample per element (~12 ns each on two cor
 on the attention probabilities takes ``scaled_dot_product_attention`` off its fused kernel onto
 a slower unfused path. Here each element's keep/drop decision is 16 bits of one 32-bit random
 draw (two elements per draw), compared with a threshold: the drop probability is ``p`` to within
-2**-16, the random numbers still come from torch's seeded generator (runs stay reproducible and
-resume where they stopped), and a MiniLM training step takes 0-13% less time (measured, noisily).
-Evaluation, and training without dropout, run exactly the code they ran before.
+2**-16, and the random numbers still come from torch's seeded generator (runs stay reproducible
+and resume where they stopped). Evaluation, and training without dropout, run exactly the code they
+ran before. What it saves per step: ``benchmarks/RESULTS.md``.
+
+Nothing is registered on import: :func:`install` registers the attention function with transformers
+(once) before the model uses it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 ATTENTION = "sdpa_cpu_dropout"  # transformers' name for the attention function below
 
@@ -58,16 +62,25 @@ def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, atte
     return torch.matmul(drop(torch.softmax(scores, dim=-1), dropout), value).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(ATTENTION, attention)
-ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)  # the same masks SDPA is given
+def register() -> None:
+    """Make :func:`attention` known to transformers as ``ATTENTION``, with SDPA's masks. Idempotent."""
+    if ALL_ATTENTION_FUNCTIONS.get(ATTENTION) is not attention:
+        AttentionInterface.register(ATTENTION, attention)
+    if ALL_MASK_ATTENTION_FUNCTIONS.get(ATTENTION) is not sdpa_mask:
+        ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)  # the same masks SDPA is given
 
 
-def install(model: PreTrainedModel) -> None:
+def install(model: PreTrainedModel) -> List[Tuple[nn.Module, str, nn.Dropout]]:
     """Use this module's dropout in ``model``, a model that trains on the CPU: its ``nn.Dropout``
-    layers become :class:`CpuDropout` and SDPA attention becomes :func:`attention`."""
+    layers become :class:`CpuDropout` and SDPA attention becomes :func:`attention`. Returns the
+    dropout layers replaced, each as (parent, attribute name, the stock layer)."""
+    register()
+    replaced = []
     for parent in model.modules():
         for name, child in parent.named_children():
             if type(child) is nn.Dropout:
                 setattr(parent, name, CpuDropout(child.p, inplace=False))
+                replaced.append((parent, name, child))
     if model.config._attn_implementation == "sdpa":
         model.set_attn_implementation(ATTENTION)
+    return replaced

@@ -1,0 +1,73 @@
+"""What a run and the launchers that start it agree on, written down once.
+
+A run writes into its output directory (the Hydra run directory, ``output_dir=``, or the one its
+platform gives it: on Vertex AI, ``AIP_MODEL_DIR``):
+
+- ``config.yaml``: the resolved config;
+- ``results.json``: one flat JSON object, the final metrics with ``objective`` and ``status``,
+  written last, so that its presence means the run finished;
+- ``model/``: the best model and its tokenizer (``save_pretrained``);
+- ``predictions/``, and ``checkpoints/`` unless the platform names another checkpoint directory.
+
+A run stopped by a signal after writing its checkpoint exits with ``PREEMPTED``; started again with
+the same output directory, it continues.
+
+The Vertex AI launcher (``hydra_plugins.vertex_launcher``) gives each job a base output directory;
+Vertex AI derives the job's directories from it (:func:`vertex_dirs`), the run writes there, and the
+launcher reads ``results.json`` back from the model directory. Before it submits a job, the launcher
+asks :func:`job_needs` what machines and secrets the job's config asks for, so that it reads no
+key of the app's config itself.
+
+Light on purpose (no torch): the launcher imports it while Hydra starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_FILE = "config.yaml"
+RESULTS_FILE = "results.json"
+MODEL_DIR = "model"
+CHECKPOINTS_DIR = "checkpoints"
+PREDICTIONS_DIR = "predictions"
+PREEMPTED = 75  # exit status of a run stopped by a signal after its checkpoint (EX_TEMPFAIL: retry)
+
+# What Vertex AI sets in a CustomJob's environment, from the job's base output directory.
+VERTEX_MODEL_DIR = "AIP_MODEL_DIR"
+VERTEX_CHECKPOINT_DIR = "AIP_CHECKPOINT_DIR"
+VERTEX_TENSORBOARD_DIR = "AIP_TENSORBOARD_LOG_DIR"
+VERTEX_CLUSTER_SPEC = "CLUSTER_SPEC"
+
+
+def vertex_dirs(base_output_directory: str) -> Dict[str, str]:
+    """The variables Vertex AI sets for a job given ``base_output_directory`` (its documented layout)."""
+    base = base_output_directory.rstrip("/")
+    return {VERTEX_MODEL_DIR: f"{base}/model", VERTEX_CHECKPOINT_DIR: f"{base}/checkpoints",
+            VERTEX_TENSORBOARD_DIR: f"{base}/logs"}
+
+
+@dataclass(frozen=True)
+class JobNeeds:
+    """What one job's config asks a launcher for."""
+
+    machine_type: Optional[str]  # the Vertex AI machine type of every node; None: the launcher's default
+    accelerator_type: Optional[str]  # e.g. NVIDIA_TESLA_A100; None: CPU only
+    accelerators_per_node: int  # GPUs on each node
+    nodes: int  # machines that run the job together
+    secrets: FrozenSet[str]  # environment variables the job cannot run without (read from a secret store)
+
+
+def job_needs(cfg: DictConfig) -> JobNeeds:
+    """The machines (``hw``, ``hw.vertex``) and secrets (an online W&B logger needs its API key) the
+    job's config asks for. Keys the config lacks (another app) ask for nothing."""
+    accelerator = OmegaConf.select(cfg, "hw.vertex.accelerator_type")
+    gpus = int(OmegaConf.select(cfg, "hw.gpus_per_node", default=0) or 0)
+    wandb_mode = OmegaConf.select(cfg, "logger.wandb.mode")  # an enum member in a typed config
+    online = wandb_mode is not None and getattr(wandb_mode, "name", wandb_mode) == "online"
+    return JobNeeds(machine_type=OmegaConf.select(cfg, "hw.vertex.machine_type"), accelerator_type=accelerator,
+                    accelerators_per_node=gpus if accelerator else 0,
+                    nodes=int(OmegaConf.select(cfg, "hw.nodes", default=1) or 1),
+                    secrets=frozenset({"WANDB_API_KEY"} if online else ()))

@@ -1,0 +1,92 @@
+"""A model's predictions and GLUE metrics over a task's splits, on one process or many.
+
+Each rank predicts its contiguous slice of a split (``data.eval_loader``); the slices, gathered in
+rank order, are the split in its own order, so every rank gets the metrics one process would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Mapping
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from nli import metrics
+from nli.config import TaskConfig
+from nli.device import Compute
+from nli.distributed import World
+
+
+@dataclass
+class Evaluation:
+    step: int
+    metrics: Dict[str, float]  # GLUE names, with a suffix per extra split (accuracy_mm)
+    objective: float  # the task's main metric on its main split
+
+    def better_than(self, other: "Evaluation") -> bool:
+        """Higher is better; an undefined score (NaN: a correlation of constant predictions)
+        is worse than any number."""
+        if math.isnan(other.objective):
+            return not math.isnan(self.objective)
+        return self.objective > other.objective
+
+
+@dataclass
+class Predictions:
+    """A model's outputs on one split, in the split's order."""
+
+    values: np.ndarray  # (examples,) label ids, or scores for a regression task
+    labels: np.ndarray  # (examples,) the split's labels (-1 where it has none)
+    idx: np.ndarray | None  # (examples,) the examples' numbers, where the split keeps them (test)
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, compute: Compute) -> Predictions:
+    was_training = model.training
+    model.eval()
+    values: List[torch.Tensor] = []
+    labels: List[torch.Tensor] = []
+    idx: List[torch.Tensor] = []
+    for batch in loader:
+        labels.append(batch.pop("labels"))
+        if "idx" in batch:
+            idx.append(batch.pop("idx"))
+        batch = {k: v.to(compute.device, non_blocking=True) for k, v in batch.items()}
+        with compute.autocast():
+            logits = model(**batch).logits  # (batch, num_labels)
+        values.append(logits.float().squeeze(-1) if task.is_regression else logits.argmax(-1))
+    model.train(was_training)
+    return Predictions(values=torch.cat(values).cpu().numpy(), labels=torch.cat(labels).numpy(),
+                       idx=torch.cat(idx).numpy() if idx else None)
+
+
+def gather(predictions: Predictions, world: World) -> Predictions:
+    """Every rank's predictions on its slice of a split, joined in rank order: the whole split."""
+    parts = world.gather(predictions)
+    if len(parts) == 1:
+        return predictions
+    return Predictions(values=np.concatenate([p.values for p in parts]),
+                       labels=np.concatenate([p.labels for p in parts]),
+                       idx=None if parts[0].idx is None else np.concatenate([p.idx for p in parts]))
+
+
+@dataclass(frozen=True)
+class Evaluator:
+    """The task's metrics on its eval splits, for any model: the one training, or the exported one."""
+
+    loaders: Mapping[str, DataLoader]  # eval split -> this rank's slice of it, in order
+    task: TaskConfig
+    compute: Compute
+    world: World
+
+    def __call__(self, model: torch.nn.Module, step: int) -> Evaluation:
+        scores: Dict[str, float] = {}
+        for split, loader in self.loaders.items():
+            out = gather(predict(model, loader, self.task, self.compute), self.world)
+            scores.update(metrics.compute(self.task.metrics, out.values, out.labels,
+                                          suffix=self.task.eval_splits[split]))
+        objective = scores[self.task.main_metric + self.task.eval_splits[self.task.main_split]]
+        return Evaluation(step=step, metrics=scores, objective=objective)

@@ -1,0 +1,114 @@
+"""What the training loop tells the rest of the run, and how the rest can end training early.
+
+The loop calls every hook, in order, at four points: the end of each optimizer step, each
+evaluation, each checkpoint, and the end of training. A hook overrides the methods it needs; one
+that wants training to end says why in :meth:`Hook.stop_reason`, which the loop asks after each
+evaluation. Hooks with state to keep register it with the checkpoint (nli.checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from typing import Any, Dict, Mapping, Optional
+
+from tqdm.auto import tqdm
+
+from nli.checkpoint import Progress
+from nli.evaluation import Evaluation
+from nli.tracking import Trackers
+
+log = logging.getLogger(__name__)
+
+
+class Hook:
+    """Does nothing at every point; subclasses override what they need."""
+
+    def on_step_end(self, progress: Progress, logged: Optional[Mapping[str, float]]) -> None:
+        """After each optimizer step; ``logged``: the training metrics, on steps that log them."""
+
+    def on_evaluation(self, evaluation: Evaluation, *, improved: bool) -> None:
+        """After each evaluation; ``improved``: it is the best so far."""
+
+    def on_checkpoint(self, step: int, where: str) -> None:
+        """After a checkpoint is written, whole."""
+
+    def on_stop(self, progress: Progress, reason: str) -> None:
+        """When training ends: ``completed``, ``stopped early``, or the signal that stopped it."""
+
+    def stop_reason(self) -> Optional[str]:
+        """Why training should end now, or None to go on."""
+        return None
+
+
+class MetricsLog(Hook):
+    """Training and evaluation metrics to the log and the loggers, on rank 0."""
+
+    def __init__(self, trackers: Trackers, *, main: bool) -> None:
+        self.trackers, self.main = trackers, main
+
+    def on_step_end(self, progress: Progress, logged: Optional[Mapping[str, float]]) -> None:
+        if logged is None or not self.main:
+            return
+        self.trackers.log(logged, step=progress.step)
+        log.info("step %d: %s", progress.step, ", ".join(f"{k.split('/')[1]}={v:.4g}" for k, v in logged.items()))
+
+    def on_evaluation(self, evaluation: Evaluation, *, improved: bool) -> None:
+        if not self.main:
+            return
+        self.trackers.log({f"eval/{k}": v for k, v in evaluation.metrics.items()}, step=evaluation.step)
+        log.info("step %d: %s%s", evaluation.step, ", ".join(f"{k}={v:.4f}" for k, v in evaluation.metrics.items()),
+                 " (best so far)" if improved else "")
+
+
+class ProgressBar(Hook):
+    """tqdm's bar with the loss, learning rate and examples/s, on rank 0; redrawn at most every 30 s
+    when the output is a log file rather than a terminal."""
+
+    def __init__(self, *, total: int, initial: int, enabled: bool) -> None:
+        self.bar = tqdm(total=total, initial=initial, desc="train", disable=not enabled, dynamic_ncols=True,
+                        mininterval=0.1 if sys.stderr.isatty() else 30)
+
+    def on_step_end(self, progress: Progress, logged: Optional[Mapping[str, float]]) -> None:
+        if logged is not None:
+            self.bar.set_postfix(loss=f"{logged['train/loss']:.4f}", lr=f"{logged['train/lr']:.2e}",
+                                 ex_s=f"{logged['train/examples_per_second']:.0f}", refresh=False)
+        self.bar.update()
+
+    def on_stop(self, progress: Progress, reason: str) -> None:
+        self.bar.close()
+
+
+class EarlyStopping(Hook):
+    """Ends training once the task's main metric has not risen by more than ``min_delta`` for
+    ``patience`` evaluations in a row. Its counters are checkpoint state: a resumed run goes on
+    counting, and one that had stopped stops again at once."""
+
+    def __init__(self, *, patience: int, min_delta: float, metric: str) -> None:
+        self.patience, self.min_delta, self.metric = patience, min_delta, metric
+        self.best: Optional[float] = None  # the best value of the metric so far
+        self.stale = 0  # evaluations since it last improved
+        self.stopped_at: Optional[int] = None  # the step at which it ended training
+
+    def on_evaluation(self, evaluation: Evaluation, *, improved: bool) -> None:
+        value = evaluation.objective
+        if self.best is None or (not math.isnan(value)
+                                 and (math.isnan(self.best) or value > self.best + self.min_delta)):
+            self.best, self.stale = value, 0
+            return
+        self.stale += 1
+        if self.stale >= self.patience and self.stopped_at is None:
+            self.stopped_at = evaluation.step
+            log.info("step %d: stopping early: no improvement of %s in the last %d evaluations "
+                     "(train.early_stopping.patience=%d, min_delta=%g); the best, %.4f, stays the model",
+                     evaluation.step, self.metric, self.stale, self.patience, self.min_delta, self.best)
+
+    def stop_reason(self) -> Optional[str]:
+        return None if self.stopped_at is None else f"stopped early at step {self.stopped_at}"
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"best": self.best, "stale": self.stale, "stopped_at": self.stopped_at}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.best, self.stale, self.stopped_at = state["best"], state["stale"], state["stopped_at"]
