@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from nli.claim import Claim
 from nli.distributed import World
 from nli.errors import CheckpointError
 from nli.evaluation import Evaluation
@@ -174,8 +175,8 @@ class Snapshot:
 
 
 class Checkpoints:
-    """The checkpoint folders of one run under ``storage``: find, read, verify and prune them.
-    ``identity`` (the model and task) marks them, so that another run's are never resumed."""
+    """The checkpoint folders of one run under ``storage``: find, read, verify and prune them. Each
+    manifest records the run's ``identity`` (nli.identity), so that another run's are never resumed."""
 
     def __init__(self, storage: Storage, *, keep: int, identity: Dict[str, Any]) -> None:
         self.storage, self.keep, self.identity = storage, keep, identity
@@ -201,12 +202,38 @@ class Checkpoints:
                                   "Delete that folder to start the run afresh")
         return None
 
-    def check_identity(self, step: int) -> None:
-        """Fail, touching nothing, if checkpoint ``step`` belongs to another model or task."""
+    def identity_of(self, step: int) -> Optional[Dict[str, Any]]:
+        """The identity of the run that wrote checkpoint ``step``; None if its manifest is damaged
+        (latest() then reports it and falls back to an older checkpoint)."""
         try:
-            self._manifest(checkpoint_name(step))
+            return self._manifest(checkpoint_name(step)).get("identity")
         except _Damaged:
-            pass  # latest() reports it and falls back to an older checkpoint
+            return None
+
+    def damage(self, step: int) -> Optional[str]:
+        """What is wrong with checkpoint ``step`` (every file read and checked), or None if it is intact."""
+        name = checkpoint_name(step)
+        try:
+            for file, expected in self._manifest(name)["files"].items():
+                self._verified(name, file, expected)
+        except _Damaged as err:
+            return str(err)
+        return None
+
+    def best_intact(self) -> Optional[Evaluation]:
+        """The evaluation of the best intact evaluated checkpoint (by its objective), if any is left."""
+        found: List[Evaluation] = []
+        for name in self._complete():
+            try:
+                manifest = self._manifest(name)
+            except _Damaged:
+                continue
+            if manifest.get("metrics") is not None and self.damage(_step(name)) is None:
+                found.append(Evaluation(step=_step(name), metrics=manifest["metrics"], objective=manifest["objective"]))
+        best: Optional[Evaluation] = None
+        for evaluation in found:
+            best = evaluation if best is None or evaluation.better_than(best) else best
+        return best
 
     def load_model_weights(self, step: int) -> Dict[str, torch.Tensor]:
         """The model weights of the checkpoint of ``step`` (the best one, for the final export)."""
@@ -214,18 +241,19 @@ class Checkpoints:
         try:
             data = self._verified(name, STATE, self._manifest(name)["files"][STATE])
         except _Damaged as err:
-            raise CheckpointError(f"the best checkpoint, {self.where(name)}, is damaged: {err}. Its weights "
-                                  "cannot be exported; start the run afresh in a new output_dir") from None
+            raise CheckpointError(f"checkpoint {self.where(name)} is damaged: {err}") from None
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)["parts"]["model"]
 
-    def write(self, step: int, files: Dict[str, bytes], *, objective: Optional[float]) -> str:
+    def write(self, step: int, files: Dict[str, bytes], *, evaluation: Optional[Evaluation]) -> str:
         """Write the checkpoint of ``step``; the manifest goes last, so a crash at any point leaves the
         previous checkpoints as they were."""
         name = checkpoint_name(step)
         self.storage.remove(name)  # an unfinished (or damaged) earlier attempt at this step
         for file, data in files.items():
             self.storage.write_bytes(f"{name}/{file}", data)
-        manifest = {"step": step, "format": FORMAT, "identity": self.identity, "objective": objective,
+        manifest = {"step": step, "format": FORMAT, "identity": self.identity,
+                    "objective": evaluation.objective if evaluation else None,
+                    "metrics": evaluation.metrics if evaluation else None,  # what a fallback best needs
                     "files": {file: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                               for file, data in files.items()}}
         self.storage.write_text(f"{name}/{MANIFEST}", json.dumps(manifest, indent=1))
@@ -274,21 +302,11 @@ class Checkpoints:
             manifest = json.loads(self.storage.read_bytes(f"{name}/{MANIFEST}"))
         except (OSError, ValueError) as err:
             raise _Damaged(f"{MANIFEST} cannot be read ({err})") from None
-        self._check_identity(manifest.get("identity"), name)
         if manifest.get("format") != FORMAT:
             raise CheckpointError(f"{self.where(name)} was written by another version of this project (checkpoint "
                                   f"format {manifest.get('format', 1)}, this one reads {FORMAT}). Continue it with "
                                   "that version, or start afresh in a new output_dir")
         return manifest
-
-    def _check_identity(self, theirs: Any, name: str) -> None:
-        if theirs != self.identity:
-            theirs = theirs if isinstance(theirs, dict) else {}
-            differ = ", ".join(f"{key}: checkpoint {theirs.get(key)!r}, config {value!r}"
-                               for key, value in self.identity.items() if theirs.get(key) != value)
-            raise CheckpointError(
-                f"{self.where(name)} is a checkpoint of another run ({differ}). Nothing was changed. "
-                "Give this run its own output_dir (or hydra.run.dir), or delete the old run's folder")
 
 
 class Checkpointer:
@@ -297,16 +315,21 @@ class Checkpointer:
     others wait until the checkpoint is whole, since the export and a later resume read it."""
 
     def __init__(self, checkpoints: Checkpoints, state: TrainingState, tokenizer: PreTrainedTokenizerBase,
-                 world: World) -> None:
+                 world: World, claim: Optional[Claim] = None) -> None:
         self.checkpoints, self.state, self.tokenizer, self.world = checkpoints, state, tokenizer, world
+        self.claim = claim  # rank 0's hold on the output folder: nothing is written once it is lost
 
-    def save(self, *, step: int, objective: Optional[float], best_step: Optional[int]) -> str:
+    def save(self, *, step: int, evaluation: Optional[Evaluation], best_step: Optional[int]) -> str:
+        """The checkpoint of ``step``, with its ``evaluation`` where it was evaluated; ``best_step``'s
+        checkpoint is kept when older ones are pruned."""
         state = self.state.state_dict()
         name = checkpoint_name(step)
         if self.world.is_main:
+            if self.claim is not None:
+                self.claim.check()
             files = {STATE: _serialize({"format": FORMAT, "parts": state}),
-                     **{f"tokenizer/{name}": content for name, content in tokenizer_files(self.tokenizer).items()}}
-            self.checkpoints.write(step, files, objective=objective)
+                     **{f"tokenizer/{file}": data for file, data in tokenizer_files(self.tokenizer).items()}}
+            self.checkpoints.write(step, files, evaluation=evaluation)
             self.checkpoints.prune(keep_step=best_step)
             log.info("step %d: checkpoint written to %s", step, self.checkpoints.where(name))
         self.world.barrier()

@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import cast
+from typing import NoReturn, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from nli import platform
 from nli.config import Config
 from nli.contract import PREEMPTED
 from nli.errors import UserError
-from nli.signals import Preempted
+from nli.signals import Interrupted, Preempted, StopRequest
 
 log = logging.getLogger(__name__)
+
+# What a run stopped at once had saved, by how far it had come (nli.signals.Interrupted.stage).
+INTERRUPTED = {
+    "starting": "before training began: nothing new was saved (checkpoints already in the output folder are as "
+                "they were). Run the same command again to start",
+    "training": "at once (a second signal), in the middle of a step: that step was not saved. Run the same command "
+                "again to continue from the last checkpoint",
+    "finishing": "after training, before its results were written: training is complete and checkpointed. Run the "
+                 "same command again to export the best model and write the results",
+}
 
 
 def train(raw: DictConfig) -> float:
@@ -27,15 +38,28 @@ def train(raw: DictConfig) -> float:
     in a second."""
     try:
         cfg = cast(Config, OmegaConf.to_object(raw))  # checks every rule
-        from nli import recipe
+        site = platform.detect()
+        with StopRequest(requeue=site.requeue_signal) as stop:  # from here on, a signal stops the run cleanly
+            try:
+                from nli import recipe  # torch and transformers: seconds
 
-        return float(recipe.run(cfg, raw)["objective"])
+                return float(recipe.run(cfg, raw, site, stop)["objective"])
+            except (Preempted, Interrupted):
+                stop.hand_over()  # the run has stopped: the platform may requeue the job now
+                raise
     except Preempted as stop:
-        message = (f"preempted, resumable: {stop.signal} at step {stop.step}, checkpoint written. "
-                   "Run the same command again to continue")
-        log.warning("%s", message)
-        print(message, file=sys.stderr)
-        raise SystemExit(PREEMPTED) from None
+        _stop(f"preempted, resumable: {stop.signal} at step {stop.step}, checkpoint written. "
+              "Run the same command again to continue")
+    except Interrupted as stop:
+        _stop(f"stopped by {stop.signal} {INTERRUPTED[stop.stage]}")
     except UserError as err:
         log.error("%s", err)
         raise SystemExit(f"error: {err}") from None
+
+
+def _stop(message: str) -> NoReturn:
+    """A run stopped by a signal: the message in its log and on the console, and the status that
+    says "run me again"."""
+    log.warning("%s", message)
+    print(message, file=sys.stderr)
+    raise SystemExit(PREEMPTED) from None

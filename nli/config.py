@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from nli.errors import ConfigError
+from nli.identity import check_accepted
 
 
 def _require(ok: bool, message: str) -> None:
@@ -44,6 +45,10 @@ class ScratchArchitecture:
     dropout: float = 0.1  # hidden and attention dropout probability
 
     def __post_init__(self) -> None:
+        # Checked first: a zero head count would end the divisibility check below in ZeroDivisionError.
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            value = getattr(self, key)
+            _require(value >= 1, f"model.scratch.{key}={value} must be at least 1")
         _require(
             self.hidden_size % self.num_attention_heads == 0,
             f"model.scratch.num_attention_heads={self.num_attention_heads} must divide "
@@ -51,6 +56,8 @@ class ScratchArchitecture:
         )
         _require(self.vocab_size >= 300, "model.scratch.vocab_size must be at least 300 "
                  "(256 byte symbols plus special tokens and merges)")
+        _require(0 <= self.dropout < 1, f"model.scratch.dropout={self.dropout} must be in [0, 1) "
+                 "(a probability; 1 would drop every activation), e.g. model.scratch.dropout=0.1")
 
 
 class Attention(str, Enum):
@@ -77,6 +84,13 @@ class ModelConfig:
             "set exactly one of model.name_or_path (a pretrained checkpoint) and "
             "model.scratch (an architecture with random weights)",
         )
+        _require(self.dropout is None or 0 <= self.dropout < 1,
+                 f"model.dropout={self.dropout} must be in [0, 1) (a probability; 1 would drop every "
+                 "activation), e.g. model.dropout=0.1, or null to keep the checkpoint's")
+        # model.dropout overrides a checkpoint's; a scratch model takes its own, so it would be ignored.
+        _require(self.dropout is None or self.scratch is None,
+                 f"model.dropout={self.dropout} sets a pretrained checkpoint's dropout, and this model is built "
+                 f"from scratch (model.scratch): set model.scratch.dropout={self.dropout} instead")
 
     @property
     def pretrained(self) -> bool:
@@ -298,9 +312,9 @@ class LoggerConfig:
 
 @dataclass
 class WandbConfig(LoggerConfig):
-    mode: WandbMode = WandbMode.online  # offline writes run files to sync later with `wandb sync`
-    project: str = "nli"  # W&B project
-    entity: Optional[str] = None  # W&B team or user; null: your default entity
+    mode: Optional[WandbMode] = None  # offline: files to `wandb sync` later; null: WANDB_MODE, else online
+    project: Optional[str] = None  # W&B project; null: WANDB_PROJECT (or wandb's settings file), else nli
+    entity: Optional[str] = None  # W&B team or user; null: WANDB_ENTITY, else your default entity
     group: Optional[str] = None  # groups the runs of a sweep; null: the Hydra sweep directory name
     tags: List[str] = field(default_factory=list)  # free-form tags
 
@@ -339,6 +353,15 @@ class DataConfig:
         for key in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, key)
             _require(value is None or value > 0, f"data.{key}={value} must be positive or null")
+        # An empty split would make an epoch of no steps: training would never advance.
+        for key in ("synthetic_train_size", "synthetic_eval_size"):
+            value = getattr(self, key)
+            _require(value >= 1, f"data.{key}={value} must be at least 1 (examples to generate)")
+        _require(self.num_workers >= 0, f"data.num_workers={self.num_workers} must be >= 0 "
+                 "(0: load batches in the training process)")
+        # A negative bucket count draws an empty epoch order (EpochSampler): the loop would spin at step 0.
+        _require(self.bucket >= 0, f"data.bucket={self.bucket} must be >= 0 (global batches sorted "
+                 "together by length; 0: plain random order)")
 
 
 @dataclass
@@ -376,11 +399,18 @@ class TrainConfig:
     skip_nonfinite: int = 0  # steps with a NaN or infinite loss to skip (no update) before stopping
     compile: bool = False  # torch.compile the training model: faster steps after a compile of minutes
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)  # stop when the metric stalls
+    # keys whose new values a run continues with, where its folder holds it with other ones (logged)
+    accept_changes: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        check_accepted(self.accept_changes)
         _require(self.batch_size > 0, f"train.batch_size={self.batch_size} must be positive")
         _require(self.eval_batch_size > 0, f"train.eval_batch_size={self.eval_batch_size} must be positive")
         _require(self.epochs > 0, f"train.epochs={self.epochs} must be positive")
+        # Unless max_steps overrides it, the step count is ceil(epochs x steps per epoch): it must be finite.
+        _require(self.max_steps is not None or math.isfinite(self.epochs),
+                 f"train.epochs={self.epochs} must be a finite number of passes; to train for a number of "
+                 "steps instead, set train.max_steps")
         for key in ("max_steps", "eval_every"):
             value = getattr(self, key)
             _require(value is None or value > 0, f"train.{key}={value} must be positive or null")
@@ -411,16 +441,26 @@ class Config:
     output_dir: Optional[str] = None
 
     def __post_init__(self) -> None:
+        # NumPy's legacy seeding (transformers.set_seed) takes 0 to 2**32 - 1 and raises on anything else.
+        _require(0 <= self.seed < 2**32, f"seed={self.seed} must be between 0 and 2**32 - 1 = {2**32 - 1} "
+                 "(the range NumPy's generator takes), e.g. seed=42")
         self.check_batch(self.hw.data_parallel_size)
         self._check_precision()
         self._check_data_source()
         self._check_loggers()
+        self._check_scratch_positions()
+
+    def _check_scratch_positions(self) -> None:
+        """A pretrained checkpoint's positions are checked when its config is read (nli.model)."""
         scratch = self.model.scratch
-        if scratch is not None and scratch.model_type in ("roberta", "xlm-roberta", "camembert"):
-            # RoBERTa numbers positions from padding_idx + 1, so it needs two spare positions.
-            _require(scratch.max_position_embeddings >= self.data.max_seq_length + 2,
-                     f"model.scratch.max_position_embeddings={scratch.max_position_embeddings} must "
-                     f"be at least data.max_seq_length + 2 = {self.data.max_seq_length + 2}")
+        if scratch is None:
+            return
+        # RoBERTa numbers positions from padding_idx + 1, so it needs two spare positions.
+        spare = 2 if scratch.model_type in ("roberta", "xlm-roberta", "camembert") else 0
+        needed = self.data.max_seq_length + spare
+        _require(scratch.max_position_embeddings >= needed,
+                 f"model.scratch.max_position_embeddings={scratch.max_position_embeddings} must be at least "
+                 f"data.max_seq_length{f' + {spare}' if spare else ''} = {needed}")
 
     def check_batch(self, world_size: int) -> None:
         """The global batch must split evenly into micro-batches across ``world_size`` devices."""

@@ -6,7 +6,8 @@ platform gives it: on Vertex AI, ``AIP_MODEL_DIR``):
 - ``config.yaml``: the resolved config;
 - ``results.json``: one flat JSON object, the final metrics with ``objective`` and ``status``,
   written last, so that its presence means the run finished;
-- ``model/``: the best model and its tokenizer (``save_pretrained``);
+- ``model/``: the best model and its tokenizer (``save_pretrained``), and ``export.json``, the step
+  and evaluation of those weights (written as soon as a checkpoint becomes the best, and at the end);
 - ``predictions/``, and ``checkpoints/`` unless the platform names another checkpoint directory.
 
 A run stopped by a signal after writing its checkpoint exits with ``PREEMPTED``; started again with
@@ -31,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 CONFIG_FILE = "config.yaml"
 RESULTS_FILE = "results.json"
 MODEL_DIR = "model"
+EXPORT_FILE = "export.json"  # in model/: the step and evaluation of the exported weights
 CHECKPOINTS_DIR = "checkpoints"
 PREDICTIONS_DIR = "predictions"
 PREEMPTED = 75  # exit status of a run stopped by a signal after its checkpoint (EX_TEMPFAIL: retry)
@@ -65,9 +67,24 @@ def job_needs(cfg: DictConfig) -> JobNeeds:
     job's config asks for. Keys the config lacks (another app) ask for nothing."""
     accelerator = OmegaConf.select(cfg, "hw.vertex.accelerator_type")
     gpus = int(OmegaConf.select(cfg, "hw.gpus_per_node", default=0) or 0)
-    wandb_mode = OmegaConf.select(cfg, "logger.wandb.mode")  # an enum member in a typed config
-    online = wandb_mode is not None and getattr(wandb_mode, "name", wandb_mode) == "online"
     return JobNeeds(machine_type=OmegaConf.select(cfg, "hw.vertex.machine_type"), accelerator_type=accelerator,
                     accelerators_per_node=gpus if accelerator else 0,
                     nodes=int(OmegaConf.select(cfg, "hw.nodes", default=1) or 1),
-                    secrets=frozenset({"WANDB_API_KEY"} if online else ()))
+                    secrets=frozenset({"WANDB_API_KEY"} if _wandb_online(cfg) else ()))
+
+
+# The modes in which W&B logs without its server (wandb's Settings._offline and _noop); every other
+# mode (online, shared, run) logs to it and needs the key.
+_WANDB_WITHOUT_SERVER = frozenset({"offline", "dryrun", "disabled"})
+
+
+def _wandb_online(cfg: DictConfig) -> bool:
+    """Whether the job's W&B logger, if it has one, logs online. ``logger.wandb.mode=null`` leaves the
+    mode to WANDB_MODE in the job's own environment, which the launching shell's does not reach: only
+    ``hydra.launcher.env.WANDB_MODE`` puts it there; without it, W&B's default, online."""
+    if OmegaConf.select(cfg, "logger.wandb") is None:
+        return False
+    mode = OmegaConf.select(cfg, "logger.wandb.mode")  # an enum member in a typed config
+    if mode is None:
+        mode = OmegaConf.select(cfg, "hydra.launcher.env.WANDB_MODE", default=None) or "online"
+    return str(getattr(mode, "value", mode)) not in _WANDB_WITHOUT_SERVER

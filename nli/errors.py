@@ -37,3 +37,7 @@ class Diverged(UserError):
     def __init__(self, message: str, *, step: int, loss: float) -> None:
         super().__init__(message)
         self.step, self.loss = step, loss
+
+
+class RunChanged(UserError):
+    """The output folder holds a run with other settings; the message lists each change and the ways on."""

@@ -181,8 +181,7 @@ class Loop:
             evaluation = self.evaluate(self.opt.model, progress.step)
             self._call("on_evaluation", evaluation, improved=best.update(evaluation))
         if evaluation or progress.step % self.plan.checkpoint_every == 0 or stopping:
-            assert best.evaluation is not None or evaluation is None
-            where = self.checkpointer.save(step=progress.step, objective=evaluation.objective if evaluation else None,
+            where = self.checkpointer.save(step=progress.step, evaluation=evaluation,
                                            best_step=best.evaluation.step if best.evaluation else None)
             self._call("on_checkpoint", progress.step, where)
         return self._stop_reason() if evaluation else None

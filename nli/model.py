@@ -4,6 +4,7 @@ local directory) or an architecture with random weights and a tokenizer learnt f
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import tempfile
 from pathlib import Path
@@ -32,6 +33,13 @@ log = logging.getLogger(__name__)
 SPECIAL_TOKENS = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
                   "mask_token": "<mask>"}
 
+# Model types that number positions from padding_idx + 1 (transformers' create_position_ids_from_input_ids):
+# RoBERTa's padding_idx is 1, so a sequence of n tokens takes positions 2 to n + 1.
+POSITIONS_AFTER_PADDING = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text",
+                                     "ibert", "longformer", "luke", "mpnet", "roberta-prelayernorm", "xmod"})
+# What transformers' tokenizers give as model_max_length when the checkpoint sets none (int(1e30)).
+UNBOUNDED_LENGTH = 10**29
+
 
 def _local_dir(name_or_path: str) -> bool:
     """A local checkpoint, or a path meant as one (a Hub id is `name` or `owner/name`)."""
@@ -47,14 +55,67 @@ def _local_dir(name_or_path: str) -> bool:
 
 def build_tokenizer(cfg: ModelConfig, train_texts: Iterable[str], *,
                     max_seq_length: int) -> PreTrainedTokenizerBase:
+    """The model's tokenizer. For a pretrained checkpoint, ``max_seq_length`` is checked first
+    against what the checkpoint can take: before tokenizing, and long before the model loads."""
     if cfg.scratch is not None:
         return train_bpe_tokenizer(train_texts, vocab_size=cfg.scratch.vocab_size,
                                    max_seq_length=max_seq_length)
     assert cfg.name_or_path is not None
+    # Here rather than in build_model, which is not told max_seq_length: the tokenizer is built first.
+    _check_positions(pretrained_config(cfg, what="tokenizer"), cfg, max_seq_length)
     if _local_dir(cfg.name_or_path):
-        return AutoTokenizer.from_pretrained(cfg.name_or_path)
-    with hub_download(f"tokenizer '{cfg.name_or_path}'"):
-        return AutoTokenizer.from_pretrained(cfg.name_or_path, revision=cfg.revision)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.name_or_path)
+    else:
+        with hub_download(f"tokenizer '{cfg.name_or_path}'"):
+            tokenizer = AutoTokenizer.from_pretrained(cfg.name_or_path, revision=cfg.revision)
+    limit = tokenizer.model_max_length
+    if limit < UNBOUNDED_LENGTH and max_seq_length > limit:
+        raise ConfigError(f"data.max_seq_length={max_seq_length} is more than the {limit} tokens the tokenizer of "
+                          f"model.name_or_path={cfg.name_or_path} takes (its model_max_length): set "
+                          f"data.max_seq_length={limit} or less")
+    return tokenizer
+
+
+def pretrained_config(cfg: ModelConfig, *, what: str = "model") -> PretrainedConfig:
+    """The checkpoint's config.json, read without its weights; a local one that is missing or
+    unreadable is a ConfigError naming the file. ``what`` it is read for names a failed download."""
+    assert cfg.name_or_path is not None
+    if not _local_dir(cfg.name_or_path):
+        with hub_download(f"{what} '{cfg.name_or_path}'"):
+            return AutoConfig.from_pretrained(cfg.name_or_path, revision=cfg.revision)
+    path = Path(cfg.name_or_path).expanduser() / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path} has no config.json, so it is not a checkpoint "
+                          "directory: point it at a folder that save_pretrained wrote (config.json, the weights "
+                          "and the tokenizer's files)")
+    try:
+        json.loads(path.read_text(encoding="utf-8"))  # transformers' own error names neither line nor cause
+        return AutoConfig.from_pretrained(cfg.name_or_path)
+    except json.JSONDecodeError as err:
+        problem = f", line {err.lineno}: not valid JSON ({err.msg}, column {err.colno})"
+    except UnicodeDecodeError:
+        problem = ": not UTF-8 JSON text"
+    except (OSError, ValueError) as err:  # valid JSON that transformers cannot make a config of
+        problem = f": transformers cannot read it: {err}"
+    raise ConfigError(f"{path}{problem}. model.name_or_path={cfg.name_or_path} needs the config.json that "
+                      "save_pretrained writes: repair it, or copy the checkpoint again")
+
+
+def _check_positions(config: PretrainedConfig, cfg: ModelConfig, max_seq_length: int) -> None:
+    """A sequence longer than the checkpoint's position embeddings would fail in the model's
+    forward pass, on the first long example: perhaps only in the final evaluation."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or getattr(config, "position_biased_input", True) is False:
+        return  # no absolute positions (DeBERTa's are relative): the tokenizer's limit is the check
+    spare = 0
+    if config.model_type in POSITIONS_AFTER_PADDING:
+        spare = (config.pad_token_id if isinstance(config.pad_token_id, int) else 1) + 1
+    if max_seq_length + spare > positions:
+        why = (f"; {config.model_type} numbers positions from padding_idx + 1, so it takes "
+               f"data.max_seq_length + {spare}" if spare else "")
+        raise ConfigError(f"data.max_seq_length={max_seq_length} does not fit model.name_or_path="
+                          f"{cfg.name_or_path}: it has {positions} position embeddings (max_position_embeddings)"
+                          f"{why}. Set data.max_seq_length={positions - spare} or less")
 
 
 def train_bpe_tokenizer(texts: Iterable[str], *, vocab_size: int,
@@ -106,11 +167,10 @@ def _build(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBas
     assert cfg.name_or_path is not None
     kwargs = {**_label_kwargs(task), **_dropout_kwargs(cfg.dropout),
               "ignore_mismatched_sizes": cfg.ignore_mismatched_sizes, "attn_implementation": cfg.attention.value}
+    _check_head(pretrained_config(cfg), cfg, task)
     if _local_dir(cfg.name_or_path):
-        _check_head(AutoConfig.from_pretrained(cfg.name_or_path), cfg, task)
         return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
     with hub_download(f"model '{cfg.name_or_path}'"):
-        _check_head(AutoConfig.from_pretrained(cfg.name_or_path, revision=cfg.revision), cfg, task)
         return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,
                                                                   **kwargs)
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, cast
 
@@ -26,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import contract, data, device, distributed, fastpaths, platform
+from nli import contract, data, device, distributed, export, fastpaths, platform
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -37,16 +38,19 @@ from nli.checkpoint import (
     TrainingState,
     seed_rank,
 )
+from nli.claim import Claim
 from nli.config import Config
 from nli.distributed import World
-from nli.errors import CheckpointError, ConfigError
-from nli.evaluation import Evaluator, gather, predict
+from nli.errors import ConfigError
+from nli.evaluation import Evaluation, Evaluator, gather, predict
+from nli.folder import earlier_run
 from nli.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar
+from nli.identity import digest, identity
 from nli.loop import Loop, Optimization, Plan, TrainResult
-from nli.model import build_model, build_tokenizer, load_export, save_pretrained, share_tokenizer, tokenizer_from_files
+from nli.model import build_model, build_tokenizer, load_export, share_tokenizer, tokenizer_from_files
 from nli.optim import build_optimizer, build_scheduler
 from nli.predictions import submission
-from nli.signals import Preempted, StopRequest
+from nli.signals import Interrupted, StopRequest
 from nli.storage import Storage
 from nli.tracking import RunInfo, Trackers
 
@@ -61,6 +65,8 @@ class Outputs:
     checkpoints: Checkpoints
     site: platform.Site
     world: World
+    identity: Dict[str, Any]  # what the run computes (nli.identity): kept with every checkpoint
+    claim: Optional[Claim]  # rank 0's hold on the folder: checked before each write of the run's state
     snapshot: Optional[Snapshot]  # the newest intact checkpoint, when resuming
     finished: Optional[Dict[str, Any]]  # results.json, when the run already finished
 
@@ -86,28 +92,38 @@ class Training:
     trackers: Trackers
 
 
-def run(cfg: Config, raw: DictConfig) -> Dict[str, Any]:
-    """The whole run, in the same process on every rank; the results, as results.json holds them."""
-    site = platform.detect()
+def run(cfg: Config, raw: DictConfig, site: platform.Site, stop: StopRequest) -> Dict[str, Any]:
+    """The whole run, in the same process on every rank; the results, as results.json holds them.
+    ``stop`` (nli.signals) stops it in any phase; ``Interrupted.stage`` says how far it had come."""
     world = distributed.setup(site.process_env)
+    stage = "starting"
     try:
-        out = setup(cfg, raw, world, site)
-        if out.finished is not None:
-            return out.finished
-        compute = prepare(cfg, world)
-        loaded = load_data(cfg, out, compute)
-        model = build(cfg, loaded, compute, world)
-        training = optimization(cfg, model, loaded, out, compute)
-        result = fit(cfg, raw, training, loaded, out)
-        best_model = export(model, training, loaded, out, result)
-        return report(cfg, training, loaded, out, result, best_model)
+        with ExitStack() as held:  # the output folder's claim, released however the run ends
+            out = setup(cfg, raw, world, site, held)
+            if out.finished is not None:
+                return out.finished
+            compute = prepare(cfg, world)
+            loaded = load_data(cfg, out, compute)
+            model = build(cfg, loaded, compute, world)
+            training = optimization(cfg, model, loaded, out, compute)
+            stage = "training"
+            result = fit(cfg, raw, training, loaded, out, stop)
+            stage = "finishing"
+            if stop.signal:  # it came with the last step: training is whole and checkpointed
+                raise Interrupted(stop.signal)
+            best_model = finish_export(model, training, loaded, out, result)
+            return report(cfg, training, loaded, out, result, best_model)
+    except Interrupted as stopped:
+        stopped.stage = stage
+        raise
     finally:
         distributed.teardown()
 
 
-def setup(cfg: Config, raw: DictConfig, world: World, site: platform.Site) -> Outputs:
-    """The world and the outputs: the output directory, its checkpoints, and whether this run has
-    already finished (its results) or stopped part-way (the checkpoint to resume from)."""
+def setup(cfg: Config, raw: DictConfig, world: World, site: platform.Site, held: ExitStack) -> Outputs:
+    """The world and the outputs: the output directory, claimed for this run (``held`` to its end),
+    its checkpoints, and whether this run has already finished (its results) or stopped part-way (the
+    checkpoint to resume from); a folder that holds another run is refused (nli.folder)."""
     datasets.disable_progress_bars()  # one progress bar, the training loop's
     transformers.utils.logging.disable_progress_bar()
     if not world.is_main:
@@ -117,20 +133,18 @@ def setup(cfg: Config, raw: DictConfig, world: World, site: platform.Site) -> Ou
     cfg.output_dir = world.gather(cfg.output_dir or site.output_dir or _hydra_run_dir())[0]
     cfg.train.checkpoint_dir = cfg.train.checkpoint_dir or site.checkpoint_dir
     storage = Storage(cfg.output_dir)
+    claim = None
     if world.is_main:
         storage.check_writable()
+        claim = held.enter_context(Claim.take(storage))  # one run at a time in the folder
     world.barrier()
-    checkpoints = _checkpoints(cfg, storage)
-    newest = checkpoints.newest_step()
-    if newest is not None and not cfg.train.resume:
-        raise CheckpointError(f"{checkpoints.where()} holds a checkpoint of step {newest} and train.resume=false "
-                              "refuses to continue or overwrite it. Choose another output_dir (or hydra.run.dir) "
-                              "to start afresh, delete that folder, or drop train.resume=false to continue")
-    if newest is not None:
-        checkpoints.check_identity(newest)
-    out = Outputs(storage, checkpoints, site, world, snapshot=None, finished=_finished(storage))
+    ident = identity(cast(Dict[str, Any], OmegaConf.to_container(raw, resolve=True, enum_to_str=True)))
+    checkpoints = _checkpoints(cfg, storage, ident)
+    out = Outputs(storage, checkpoints, site, world, ident, claim, snapshot=None,
+                  finished=earlier_run(cfg, ident, storage, checkpoints))
     if out.finished is None:
-        out.snapshot = checkpoints.latest() if cfg.train.resume else None
+        Trackers(cfg.logger, enabled=world.is_main).check()  # e.g. W&B online without a key: before anything loads
+        out.snapshot = _resume_point(checkpoints, storage) if cfg.train.resume else None
         if world.is_main:
             with open_dict(raw):  # the resolved directories, as the run uses them
                 raw.output_dir, raw.train.checkpoint_dir = cfg.output_dir, cfg.train.checkpoint_dir
@@ -219,7 +233,7 @@ def optimization(cfg: Config, model: torch.nn.Module, loaded: Data, out: Outputs
                     progress, best, early, trackers)
 
 
-def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Outputs) -> TrainResult:
+def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Outputs, stop: StopRequest) -> TrainResult:
     """Train to the end of the plan, or until a hook or a signal stops it (then the run ends with
     :class:`Preempted`, its checkpoint written)."""
     world = out.world
@@ -231,28 +245,27 @@ def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Out
                          MetricsLog(training.trackers, main=world.is_main)]
     if training.early_stopping is not None:
         hooks.append(training.early_stopping)
-    checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world)
+    hooks.append(export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main))
+    checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world, out.claim)
     loop = Loop(training.opt, loaded.train, loaded.sampler, training.plan, evaluate=loaded.evaluate,
                 checkpointer=checkpointer, hooks=hooks)
-    with StopRequest(requeue=out.site.requeue_signal) as stop:
-        try:
-            return loop.run(training.progress, training.best, stop)
-        except Preempted:
-            stop.hand_over()  # the checkpoint is written: the platform may requeue the job now
-            raise
+    with stop.at_step_boundaries():
+        return loop.run(training.progress, training.best, stop)
 
 
-def export(model: torch.nn.Module, training: Training, loaded: Data, out: Outputs,
-           result: TrainResult) -> torch.nn.Module:
-    """The best checkpoint's weights, saved with their tokenizer as ``model/``; the model to evaluate
-    is what was exported, read back (transformers' save_pretrained writes on rank 0 alone; the
-    other ranks evaluate the same weights in memory)."""
-    model.load_state_dict(out.checkpoints.load_model_weights(result.best.step))
+def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out: Outputs,
+                  result: TrainResult) -> torch.nn.Module:
+    """The best checkpoint's weights (nli.export.best_weights), saved with their tokenizer as
+    ``model/``; the model to evaluate is what was exported, read back (transformers' save_pretrained
+    writes on rank 0 alone; the other ranks evaluate the same weights in memory)."""
+    result.best, weights = export.best_weights(out.checkpoints, out.storage, result.best)
+    model.load_state_dict(weights)
     if not out.world.is_main:
         return model
+    if out.claim is not None:
+        out.claim.check()
     with tempfile.TemporaryDirectory() as folder:
-        save_pretrained(model, loaded.tokenizer, Path(folder))
-        out.storage.upload_dir(Path(folder), contract.MODEL_DIR)
+        export.write(out.storage, model, loaded.tokenizer, result.best, Path(folder))
         return load_export(Path(folder)).to(training.opt.compute.device)
 
 
@@ -275,8 +288,11 @@ def report(cfg: Config, training: Training, loaded: Data, out: Outputs, result: 
                "train_tokens_per_second": result.tokens_per_second,
                "peak_memory_bytes": device.peak_memory_bytes(training.opt.compute.device),
                "train_seconds": result.seconds, "train_steps": result.steps, "best_step": result.best.step,
-               "stopped_early": early.stopped_at if early else None, "status": "completed"}
+               "stopped_early": early.stopped_at if early else None, "identity": digest(out.identity),
+               "status": "completed"}
     if out.world.is_main:
+        if out.claim is not None:
+            out.claim.check()
         out.storage.write_text(contract.RESULTS_FILE, json.dumps(results, indent=2) + "\n")  # last: the run is done
     training.trackers.finish(results)
     log.info("results: %s", json.dumps(results))
@@ -284,25 +300,28 @@ def report(cfg: Config, training: Training, loaded: Data, out: Outputs, result: 
     return results
 
 
-def _checkpoints(cfg: Config, storage: Storage) -> Checkpoints:
+def _checkpoints(cfg: Config, storage: Storage, ident: Dict[str, Any]) -> Checkpoints:
     """Checkpoints go to ``<output_dir>/checkpoints``, or to ``train.checkpoint_dir`` (or the
-    platform's). Their identity is the model and task: another run's are not resumed."""
+    platform's), each marked with the run's identity."""
     folder = Storage(cfg.train.checkpoint_dir or storage.describe(contract.CHECKPOINTS_DIR))
     if cfg.train.checkpoint_dir:
         folder.check_writable()
-    scratch = cfg.model.scratch
-    model = cfg.model.name_or_path or (f"{scratch.model_type} from scratch, {scratch.num_hidden_layers} layers "
-                                       f"of {scratch.hidden_size}" if scratch else "")
-    return Checkpoints(folder, keep=cfg.train.keep_checkpoints, identity={"model": model, "task": cfg.task.name})
+    return Checkpoints(folder, keep=cfg.train.keep_checkpoints, identity=ident)
 
 
-def _finished(storage: Storage) -> Optional[Dict[str, Any]]:
-    if not storage.exists(contract.RESULTS_FILE):
-        return None
-    results = json.loads(storage.read_bytes(contract.RESULTS_FILE))
-    log.info("this run already finished; its results, from %s: %s", storage.describe(contract.RESULTS_FILE),
-             json.dumps(results))
-    return results
+def _resume_point(checkpoints: Checkpoints, storage: Storage) -> Optional[Snapshot]:
+    """The newest intact checkpoint, with the best checkpoint it names verified now, not at the end:
+    where that one is damaged, the best intact evaluated checkpoint (or the export written when it
+    became best, which holds its weights) takes its place."""
+    snapshot = checkpoints.latest()
+    best = snapshot.state["best"]["evaluation"] if snapshot else None
+    if snapshot is None or best is None:
+        return snapshot
+    damage = checkpoints.damage(best["step"])
+    if damage is not None:
+        instead = export.fallback(checkpoints, storage, Evaluation(**best), damage)
+        snapshot.state["best"] = {"evaluation": asdict(instead) if instead else None}
+    return snapshot
 
 
 def _early_stopping(cfg: Config) -> Optional[EarlyStopping]:

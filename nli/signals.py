@@ -1,15 +1,18 @@
-"""SIGTERM and SIGINT as a request to stop at the next step boundary.
+"""SIGTERM and SIGINT honoured in every phase of a run.
 
-Vertex AI sends SIGTERM before it reclaims a spot VM, Slurm before a time limit, and Ctrl-C
-sends SIGINT. Instead of dying mid-step, the run finishes the step, writes a checkpoint and
-exits; started again, it continues from there. A second Ctrl-C stops at once.
+Vertex AI sends SIGTERM before it reclaims a spot VM, Slurm before a time limit, and Ctrl-C sends
+SIGINT. While training steps run, the signal is a request to stop at the next step boundary: the
+run finishes the step, writes a checkpoint and exits (:class:`Preempted`); started again, it
+continues from there. In every other phase (start-up, data loading, the final evaluation, export
+and predictions) nothing is half-way that a checkpoint could keep, so the run stops at once
+(:class:`Interrupted`), and the entry point says what was saved. A second signal always stops at once.
 
 A platform that requeues a job on a signal of its own (submitit on Slurm: USR2, before a time
 limit or a preemption) names it (nli.platform); that signal stops the run the same way, and once
-the checkpoint is written `hand_over()` passes it on to the platform's own handler, so the
-requeued job continues from this very step.
+the run has stopped `hand_over()` passes it on to the platform's own handler, so the requeued job
+continues from the last checkpoint.
 
-Light on purpose (no torch): the entry point catches :class:`Preempted` before torch loads.
+Light on purpose (no torch): the entry point catches these before torch loads.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +37,25 @@ class Preempted(Exception):
         self.step, self.signal = step, signal
 
 
+class Interrupted(Exception):
+    """A signal stopped the run at once, outside the training steps (or a second signal inside them)."""
+
+    def __init__(self, signal: str) -> None:
+        super().__init__(signal)
+        self.signal = signal
+        self.stage = "starting"  # how far the run had come: starting, training or finishing (set by the recipe)
+
+
 class StopRequest:
-    """While active (``with StopRequest(requeue=...) as stop:``), ``stop.signal`` names the signal
-    that asked the run to stop, or is None."""
+    """While active (``with StopRequest(requeue=...) as stop:``), SIGTERM, SIGINT and the platform's
+    requeue signal raise :class:`Interrupted` where the run is, except inside :meth:`at_step_boundaries`,
+    where the first of them is only noted in ``stop.signal`` for the training loop to act on."""
 
     def __init__(self, *, requeue: Optional[signal.Signals] = None) -> None:
         self.signal: Optional[str] = None
         self._requeue = requeue
         self._previous: Dict[int, Any] = {}
+        self._deferred = False
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
@@ -48,21 +63,31 @@ class StopRequest:
             self._previous = {s: signal.signal(s, self._handle) for s in signals}
         return self
 
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    @contextmanager
+    def at_step_boundaries(self) -> Iterator["StopRequest"]:
+        """Inside, a first signal waits for the loop's next step boundary."""
+        self._deferred = True
+        try:
+            yield self
+        finally:
+            self._deferred = False
+
     def hand_over(self) -> None:
-        """After the stop's checkpoint: if the platform's requeue signal asked for the stop, run the
+        """Once the run has stopped: if the platform's requeue signal asked for the stop, run the
         platform's own handler, which requeues the job and ends this process."""
         handler = self._previous.get(self._requeue) if self._requeue else None
         if self._requeue and self.signal == self._requeue.name and callable(handler):
             log.warning("handing %s over to the platform, which requeues the job", self.signal)
             handler(self._requeue, None)
 
-    def __exit__(self, *exc: object) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
         name = signal.Signals(signum).name
-        if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # pressed twice: stop now
+        again = self.signal is not None
         self.signal = name
+        if again or not self._deferred:
+            raise Interrupted(name)
         log.warning("%s received: stopping after this step, with a checkpoint", name)

@@ -10,10 +10,14 @@ modification time, so tokenizing them is cached like the Hub's data.
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import os
+import shutil
+import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import datasets
 from datasets.exceptions import DatasetGenerationError
@@ -39,12 +43,15 @@ FILE_FORMATS: Dict[str, tuple[str, Dict[str, Any]]] = {
     ".json": ("json", {}),
     ".parquet": ("parquet", {}),
 }
+# How the messages name each format.
+FORMAT_NAMES = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON Lines", ".json": "JSON", ".parquet": "Parquet"}
 
 
 def load(task: TaskConfig, data: DataConfig, splits: List[str]) -> Dict[str, datasets.Dataset]:
     """``splits`` of ``task`` from the source ``data`` selects: files, a GLUE dir, or the Hub."""
     if data.files:
-        return {split: _from_file(task, Path(data.files[split]), data.columns) for split in splits}
+        return {split: _from_file(task, Path(data.files[split]), data.columns, labelled=split not in task.test_splits)
+                for split in splits}
     if data.dir is not None:
         assert task.glue is not None  # the config checked it
         return {split: _from_glue_dir(task, task.glue, Path(data.dir), split) for split in splits}
@@ -96,8 +103,10 @@ def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: Path, split: s
     stat = path.stat()
     kwargs = {"path": str(path.resolve()), "stamp": f"{stat.st_size}-{stat.st_mtime_ns}",
               # A tuple: from_generator would split a list into shards.
-              "task": task, "header": tuple(glue.header) if split in glue.headerless else None}
+              "task": task, "header": tuple(glue.header) if split in glue.headerless else None,
+              "labelled": split not in task.test_splits}
     try:
+        # A reader that fails leaves nothing in the cache: the builder writes into a temporary folder.
         return datasets.Dataset.from_generator(_read_glue_tsv, gen_kwargs=kwargs, features=_features(task),
                                                split=datasets.NamedSplit(split))
     except DatasetGenerationError as err:  # the builder wraps what the reader raised
@@ -106,31 +115,109 @@ def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: Path, split: s
         raise
 
 
-def _read_glue_tsv(path: str, stamp: str, task: TaskConfig,
-                   header: Optional[Tuple[str, ...]]) -> Iterator[Dict[str, Any]]:
+def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tuple[str, ...]],
+                   labelled: bool) -> Iterator[Dict[str, Any]]:
     """Rows of one GLUE file, as GLUE's own loader reads them: tab-separated with no quoting
     (quotes in QQP and SST-2 are text), optionally without a header row (CoLA's train and dev).
-    ``stamp`` (size and mtime) is only there to key the ``datasets`` cache."""
+    A ``labelled`` split (train, dev) must have the label column; GLUE's test files have none.
+    ``stamp`` (size and mtime) is only there to key the ``datasets`` cache: an edited file is read again."""
     assert task.glue is not None
-    columns, index_column = task.glue.columns, task.glue.index_column
+    _lift_csv_field_limit()
     lookup = label_lookup(task)
     skipped: List[int] = []
+    examples = 0
     with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC's files may start with a BOM
         reader = csv.DictReader(f, fieldnames=header, delimiter="\t", quoting=csv.QUOTE_NONE)
-        has_labels = columns["label"] in (reader.fieldnames or [])  # GLUE's test files have none
-        for n, row in enumerate(reader):
-            line = n + (1 if header is not None else 2)
-            if None in row.values():  # fewer fields than the header; the Hub's copy drops these too
-                skipped.append(line)
-                continue
-            label = parse_label(row[columns["label"]], task, lookup, f"{path}, line {line}") if has_labels \
-                else NO_LABEL
-            index = row.get(index_column)
-            yield {**{field: row[columns[field]] for field in task.text_fields}, "label": label,
-                   "idx": int(index) if index is not None and index.isdigit() else n}
+        try:
+            has_labels = _check_glue_columns(path, task, reader.fieldnames, labelled)
+            for n, row in enumerate(reader):
+                line = n + (1 if header is not None else 2)
+                if None in row.values():  # fewer fields than the header; the Hub's copy drops these too
+                    skipped.append(line)
+                    continue
+                examples += 1
+                yield _glue_example(row, n, task, lookup, f"{path}, line {line}" if has_labels else None)
+        except UnicodeDecodeError as err:
+            raise DataError(_not_utf8(Path(path), err)) from None
+        except csv.Error as err:
+            raise DataError(f"{path}, line {reader.line_num}: {err}") from None
     if skipped:
         log.warning("%s: skipped %d row(s) with missing fields (lines %s)", path, len(skipped),
                     ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else ""))
+    if not examples:
+        why = ("it is empty" if os.path.getsize(path) == 0 else
+               f"each of its {len(skipped)} row(s) has missing fields" if skipped else
+               "it has a header row and nothing else")
+        raise DataError(_no_examples(Path(path), why))
+
+
+def _glue_example(row: Dict[str, str], n: int, task: TaskConfig, lookup: Dict[str, int],
+                  labelled_at: Optional[str]) -> Dict[str, Any]:
+    """One example of a GLUE file's row ``n``; ``labelled_at`` names its file and line, for a row with a label."""
+    assert task.glue is not None
+    columns = task.glue.columns
+    label = parse_label(row[columns["label"]], task, lookup, labelled_at) if labelled_at else NO_LABEL
+    index = row.get(task.glue.index_column)
+    return {**{field: row[columns[field]] for field in task.text_fields}, "label": label,
+            "idx": int(index) if index is not None and index.isdigit() else n}
+
+
+def _check_glue_columns(path: str, task: TaskConfig, fieldnames: Optional[Sequence[str]], labelled: bool) -> bool:
+    """Whether the file has labels; a DataError naming the columns it lacks."""
+    assert task.glue is not None
+    if not fieldnames:  # an empty file: no examples, said once the rows are counted
+        return False
+    columns = task.glue.columns
+    wanted = [*task.text_fields, *(["label"] if labelled else [])]
+    missing = [f"'{columns[field]}'" + (f" (for {field})" if columns[field] != field else "")
+               for field in wanted if columns[field] not in fieldnames]
+    if missing:
+        raise DataError(f"{path}: no column {', '.join(missing)}; its header (line 1) has the columns "
+                        f"{list(fieldnames)}. Each {task.glue.folder} file of the original GLUE download has a "
+                        f"header with the columns {sorted(columns[field] for field in wanted)}: fix the header, or "
+                        "use the original file")
+    return columns["label"] in fieldnames
+
+
+def _lift_csv_field_limit() -> None:
+    """The csv module refuses fields over 128 KiB; a long document is data, not an error. The largest
+    limit the platform's C long takes, as pandas and others do."""
+    limit = sys.maxsize
+    while True:
+        try:
+            csv.field_size_limit(limit)
+            return
+        except OverflowError:
+            limit //= 2
+
+
+def _no_examples(path: Path, why: str) -> str:
+    return (f"{path} has no examples: {why}. Every split needs at least one: check that it is the file meant, "
+            "and that it was written out completely")
+
+
+def _not_utf8(path: Path, err: UnicodeDecodeError) -> str:
+    bad = _first_bad_line(path)
+    return f"{path}, line {bad[0]}: {bad[1]}" if bad else f"{path}: not UTF-8 text ({err.reason})"
+
+
+def _first_bad_line(path: Path, *, json_lines: bool = False) -> Optional[Tuple[int, str]]:
+    """The first line that is not UTF-8 text (in a JSON Lines file, or not one JSON value), and what is
+    wrong with it. Line by line, since a decoder reading in blocks cannot say which line failed."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as err:
+                return n, (f"byte {raw[err.start]:#04x} (byte {err.start + 1} of the line) is not UTF-8 text; "
+                           "the file must be UTF-8 text: save it as UTF-8 (or convert it, e.g. with iconv)")
+            if json_lines and text.strip():
+                try:
+                    json.loads(text)
+                except json.JSONDecodeError as err:
+                    return n, (f"not valid JSON: {err.msg.removesuffix(' at')} at column {err.colno}; a .jsonl "
+                               "file holds one JSON object per line")
+    return None
 
 
 def _features(task: TaskConfig) -> datasets.Features:
@@ -142,22 +229,23 @@ def _features(task: TaskConfig) -> datasets.Features:
 # ------------------------------------------------------------------------------ your own files
 
 
-def _from_file(task: TaskConfig, path: Path, columns: Dict[str, str]) -> datasets.Dataset:
+def _from_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, labelled: bool) -> datasets.Dataset:
     """A csv, tsv, jsonl or parquet file with a header; ``columns`` maps the task's text fields
-    and ``label`` to the file's column names where they differ."""
+    and ``label`` to the file's column names where they differ. A ``labelled`` split (not a test
+    split) must have the label column."""
     path = path.expanduser()
     if not path.is_file():
         raise DataError(f"data.files: {path} does not exist")
     if path.suffix not in FILE_FORMATS:
         raise DataError(f"data.files: {path} is not one of the formats {sorted(FILE_FORMATS)}")
-    builder, options = FILE_FORMATS[path.suffix]
-    ds = datasets.load_dataset(builder, data_files=str(path.resolve()), split="train", **options)
+    ds = _read_file(path)
     wanted = {field: columns.get(field, field) for field in [*task.text_fields, "label"]}
-    missing = [f"{column} (for {field})" for field, column in wanted.items()
-               if column not in ds.column_names and field != "label"]
+    missing = [field for field, column in wanted.items()
+               if column not in ds.column_names and (field != "label" or labelled)]
     if missing:
-        raise DataError(f"{path} has no column {', '.join(missing)}; its columns are {ds.column_names}. "
-                        f"Map them with data.columns, e.g. +data.columns.{task.text_fields[0]}=<column>")
+        named = ", ".join(f"{wanted[field]} (for {field})" for field in missing)
+        raise DataError(f"{path} has no column {named}; its columns are {ds.column_names}. "
+                        f"Map them with data.columns, e.g. +data.columns.{missing[0]}=<column>")
     lookup = label_lookup(task)
     has_labels = wanted["label"] in ds.column_names
 
@@ -168,6 +256,56 @@ def _from_file(task: TaskConfig, path: Path, columns: Dict[str, str]) -> dataset
 
     return ds.map(convert, with_indices=True, remove_columns=ds.column_names, features=_features(task),
                   desc=f"read {path.name}")
+
+
+def _read_file(path: Path) -> datasets.Dataset:
+    """The file as its ``datasets`` builder reads it, cached by path, size and mtime. A file the
+    builder cannot read, or one with no rows, is a DataError naming the file (and the line, where
+    one is to blame), and leaves nothing in the cache for a later run to take."""
+    stat = path.stat()
+    if stat.st_size == 0:
+        raise DataError(_no_examples(path, "it is empty"))
+    builder_name, options = FILE_FORMATS[path.suffix]
+    # The config name joins the cache key: `datasets` keys local files by their mtime but not their size.
+    builder = datasets.load_dataset_builder(builder_name, name=f"{stat.st_size}-{stat.st_mtime_ns}",
+                                            data_files=str(path.resolve()), **options)
+    try:
+        with _quiet_builders():
+            builder.download_and_prepare()
+        split = (builder.info.splits or {}).get("train")
+        if split is None or not split.num_examples:
+            raise DataError(_no_examples(path, "it has no rows" if path.suffix == ".parquet"
+                                         else "it has a header row and nothing else"))
+        return builder.as_dataset(split="train")
+    except (DatasetGenerationError, ValueError) as err:  # ValueError: pyarrow's ArrowInvalid, and DataError
+        shutil.rmtree(builder.cache_dir, ignore_errors=True)
+        if isinstance(err, DataError):
+            raise
+        raise DataError(_unreadable(path, err)) from None
+
+
+@contextmanager
+def _quiet_builders() -> Iterator[None]:
+    """The builders log their reader's error before raising it; the DataError says it once, with the line."""
+    logger = logging.getLogger("datasets.packaged_modules")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _unreadable(path: Path, err: Exception) -> str:
+    """What the builder could not read in ``path``: the line at fault where there is one to find."""
+    fmt = FORMAT_NAMES[path.suffix]
+    bad = None if path.suffix == ".parquet" else _first_bad_line(path, json_lines=path.suffix == ".jsonl")
+    if bad is not None:
+        return f"{path}, line {bad[0]}: {bad[1]}"
+    cause = err.__cause__ or err  # DatasetGenerationError wraps the reader's own error
+    formats = ", ".join(FORMAT_NAMES.values())
+    return (f"{path} cannot be read as {fmt}: {str(cause).rstrip('.')}. data.files takes {formats} files, "
+            "named by their extension")
 
 
 # ------------------------------------------------------------------------------- Hub, synthetic

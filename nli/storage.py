@@ -1,33 +1,77 @@
 """A run's output directory, on local disk or ``gs://bucket/prefix``, through fsspec.
 
-Every write is all-or-nothing. A local file is written to a temporary name, flushed to disk and
-renamed; a Cloud Storage object only appears once its upload completes. What spans several files
-(a checkpoint) marks its completion with a file of its own, written last (nli/checkpoint.py).
+Every write is all-or-nothing. A local file is written to a temporary name of its own (two writers
+never share one), flushed to disk and renamed; a Cloud Storage object only appears once its upload
+completes. What spans several files (a checkpoint) marks its completion with a file of its own,
+written last (nli/checkpoint.py). Local files and folders get the modes the user's umask gives, as
+any tool's would.
+
+On Cloud Storage the credentials are decided once, up front (``google.auth.default()``), and handed
+to gcsfs and google-cloud-storage: left to itself, gcsfs tries one way after another, probing for a
+metadata server and retrying a host it cannot resolve, and answers a machine without credentials
+after about a minute with a traceback about DNS. What fails is said in one line, with the fix.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
+import secrets
 import shutil
+import tempfile
+from functools import cached_property
 from pathlib import Path
-from typing import List
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import fsspec
-from fsspec.core import url_to_fs
+from fsspec.core import split_protocol
 from fsspec.implementations.local import LocalFileSystem
 
 from nli.errors import StorageError
 
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+
+_CLOUD = ("gs", "gcs")
+_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+_EMULATOR = "STORAGE_EMULATOR_HOST"  # google-cloud-storage and gcsfs both talk to it when set
+TIMEOUT = 10.0  # seconds for one Cloud Storage request that decides whether a run can start
+
 
 class Storage:
-    """Files under one root directory, named by ``/``-separated paths relative to it."""
+    """Files under one root directory, named by ``/``-separated paths relative to it. ``key`` is
+    the setting that named the directory, for messages (``output_dir``, ``train.checkpoint_dir``)."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-        self.fs: fsspec.AbstractFileSystem
-        self.fs, self.root = url_to_fs(self.url)
-        self.local = isinstance(self.fs, LocalFileSystem)
+    def __init__(self, url: str, *, key: str = "output_dir") -> None:
+        self.url, self.key = url.rstrip("/"), key
+        protocol = split_protocol(self.url)[0] or "file"
+        self._fs_class = fsspec.get_filesystem_class(protocol)
+        self.root: str = self._fs_class._strip_protocol(self.url)
+        self.local = issubclass(self._fs_class, LocalFileSystem)
+        self.cloud = protocol in _CLOUD
+
+    @cached_property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The filesystem, made on first use: on Cloud Storage that is when the credentials are
+        found or found missing (a StorageError)."""
+        if not self.cloud:
+            return self._fs_class()
+        credentials, project = self._google
+        # "anon" is gcsfs's own word for what an emulator needs.
+        token: Any = "anon" if os.environ.get(_EMULATOR) else credentials
+        return self._fs_class(token=token, **({"project": project} if project else {}))
+
+    @cached_property
+    def _google(self) -> Tuple["Credentials", Optional[str]]:
+        return _credentials(f"{self.key}={self.url}")
+
+    @cached_property
+    def _client(self) -> Any:
+        import google.cloud.storage as gcs  # type: ignore[import-untyped]  # ships no types
+
+        credentials, project = self._google
+        return gcs.Client(project=project, credentials=credentials)  # project=None: infer none, probe nothing
 
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
@@ -36,14 +80,38 @@ class Storage:
         """The full location, as a user would type it (gs://bucket/prefix/file)."""
         return posixpath.join(self.url, *parts)
 
+    def blob(self, name: str) -> Any:
+        """The ``google.cloud.storage.Blob`` of ``name`` (Cloud Storage only), for what gcsfs cannot
+        do: conditional writes on an object's generation (nli.claim)."""
+        assert self.cloud, f"{self.url} is not on Cloud Storage"
+        bucket, _, prefix = self.root.partition("/")
+        return self._client.bucket(bucket).blob(posixpath.join(prefix, name))
+
     def check_writable(self) -> None:
         """Fail now, with the reason, rather than at the first checkpoint an hour in."""
-        probe = ".write-test"
+        probe = f".write-test-{os.getpid()}-{secrets.token_hex(4)}"  # two runs starting at once probe apart
+        if self.cloud:
+            self._check_cloud(probe)
+            return
         try:
             self.write_bytes(probe, b"ok")
             self.fs.rm(self.path(probe))
         except OSError as err:
-            raise StorageError(f"output_dir={self.url} is not writable: {_reason(err)}") from err
+            raise StorageError(f"{self.key}={self.url} is not writable: {_reason(err)}") from err
+
+    def _check_cloud(self, probe: str) -> None:
+        """One small upload and its deletion, without retries: a missing bucket or credentials that
+        may not write answer at once, and a network that is down within TIMEOUT."""
+        blob = self.blob(probe)
+        try:
+            blob.upload_from_string(b"ok", timeout=TIMEOUT, retry=None)
+            blob.delete(timeout=TIMEOUT, retry=None)
+        except Exception as err:  # google-api-core's, google-auth's and requests' errors, told apart below
+            raise self.cloud_failure(err) from err
+
+    def cloud_failure(self, err: BaseException) -> StorageError:
+        """What a Cloud Storage error means for this directory, and its fix."""
+        return _cloud_failure(err, f"{self.key}={self.url}", self.root.partition("/")[0], self._google[0])
 
     def write_bytes(self, name: str, data: bytes) -> None:
         path = self.path(name)
@@ -93,26 +161,149 @@ def _reason(err: OSError) -> str:
     return str(err)
 
 
+def _credentials(where: str) -> Tuple["Credentials", Optional[str]]:
+    """Google's application default credentials and their project, or a StorageError saying that
+    there are none and how to get some. An emulator needs none."""
+    import google.auth
+    from google.auth.credentials import AnonymousCredentials
+    from google.auth.exceptions import DefaultCredentialsError
+
+    if os.environ.get(_EMULATOR):
+        return AnonymousCredentials(), None
+    try:
+        return google.auth.default(scopes=[_SCOPE])
+    except DefaultCredentialsError as err:
+        named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        fix = (f"point GOOGLE_APPLICATION_CREDENTIALS (now {named}) at a service account key file" if named else
+               "set GOOGLE_APPLICATION_CREDENTIALS to a service account key file")
+        raise StorageError(f"{where}: no usable Google Cloud credentials ({_said(err)}). "
+                           f"Run `gcloud auth application-default login`, or {fix}") from err
+
+
+def _cloud_failure(err: BaseException, where: str, bucket: str, credentials: "Credentials") -> StorageError:
+    import requests
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
+
+    if isinstance(err, StorageError):
+        return err
+    who = _who(credentials)
+    relogin = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a valid key file"
+    if isinstance(err, api.NotFound):
+        return StorageError(f"{where}: bucket {bucket} does not exist (create it: gcloud storage buckets create "
+                            f"gs://{bucket})")
+    if isinstance(err, (api.Unauthorized, auth.RefreshError)):
+        return StorageError(f"{where}: Google refused {who} ({_said(err)}): {relogin}")
+    if isinstance(err, api.Forbidden):
+        return StorageError(f"{where}: {who} may not write to gs://{bucket} ({_said(err)}): grant "
+                            "roles/storage.objectAdmin on the bucket, or use other credentials")
+    if isinstance(err, (requests.ConnectionError, requests.Timeout, auth.TransportError)):
+        return StorageError(f"{where}: cannot reach Cloud Storage ({_said(err)}); check the network")
+    return StorageError(f"{where}: Cloud Storage failed: {_said(err)}")
+
+
+def _who(credentials: "Credentials") -> str:
+    """Whose credentials a message is about, as far as they say."""
+    from google.auth.credentials import AnonymousCredentials
+
+    if isinstance(credentials, AnonymousCredentials):
+        return f"anonymous access ({_EMULATOR}={os.environ.get(_EMULATOR)})"
+    if getattr(credentials, "service_account_email", None):
+        return f"the service account {credentials.service_account_email}"  # type: ignore[attr-defined]
+    if getattr(credentials, "account", None):
+        return f"the account {credentials.account}"  # type: ignore[attr-defined]
+    return "the application default credentials"
+
+
+def _said(err: BaseException) -> str:
+    """What the error says, on one line: google-api-core's message, or google-auth's text and cause
+    (whose str() would be the repr of a tuple)."""
+    message = _server_message(err) or getattr(err, "message", None)
+    if not message:
+        message = ": ".join(str(arg) for arg in err.args if isinstance(arg, (str, BaseException)))
+    return " ".join(str(message or type(err).__name__).split())
+
+
+def _server_message(err: BaseException) -> Optional[str]:
+    """Cloud Storage's own words from an error response's JSON body; google-api-core's message
+    wraps them in the request's URL and the response's repr."""
+    try:
+        return str(err.response.json()["error"]["message"])  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, KeyError, TypeError):
+        return None
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (os.umask can only set
+    it, and a file another thread creates meanwhile would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _write_local_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(path.name + ".tmp")
+    # A name of this writer's own: two writers of one file must not write into each other's staging.
+    fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
-        with open(staging, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())  # on disk before the rename makes it visible
+            os.fchmod(f.fileno(), 0o666 & ~umask())  # mkstemp makes it 0600; a file others may read, as open() would
         os.replace(staging, path)
-    except OSError:
-        staging.unlink(missing_ok=True)  # a full disk must not also leave half a file behind
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)  # a full disk (or Ctrl-C) must not also leave half a file behind
         raise
 
 
 def _replace_local_dir(source: Path, target: Path) -> None:
-    """Copy ``source`` beside ``target``, then swap it in: a crash keeps the previous one."""
-    staging, old = target.with_name(target.name + ".tmp"), target.with_name(target.name + ".old")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging)
-    if target.exists():
-        os.replace(target, old)
-    os.replace(staging, target)
-    shutil.rmtree(old, ignore_errors=True)
+    """Copy ``source`` beside ``target``, then swap it in: a crash keeps the previous one. The
+    staging and retired folders are named for this writer alone."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp"))
+    try:
+        shutil.copytree(source, staging, dirs_exist_ok=True)
+        _set_modes(staging)
+        _swap_in(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _set_modes(folder: Path) -> None:
+    """The modes a fresh folder and files would have: copytree keeps the source's (a temporary
+    directory's 0700, a 0600 file written through mkstemp), which would keep the model from others."""
+    mask = umask()
+    modes: Dict[bool, int] = {True: 0o777 & ~mask, False: 0o666 & ~mask}
+    folder.chmod(modes[True])
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(modes[path.is_dir()])
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Move ``target`` aside and ``staging`` into its place. Another writer may swap its own in
+    between: the rename then meets a folder again, and the next round moves that one aside too."""
+    retired = staging.with_name(staging.name + ".old")
+    for _ in range(10):
+        with contextlib.suppress(FileNotFoundError):  # nothing there yet, or another writer moved it aside
+            os.replace(target, retired)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if target.is_dir():  # another writer's folder came in between
+                shutil.rmtree(retired, ignore_errors=True)
+                continue
+            if retired.is_dir():
+                os.replace(retired, target)  # keep the previous one
+            raise
+        shutil.rmtree(retired, ignore_errors=True)
+        return
+    raise StorageError(f"could not move {staging} to {target}: other writers kept replacing it")

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol
 
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
-from nli.config import LoggerConfig, WandbMode
+from nli.config import LoggerConfig, WandbConfig, WandbMode
+from nli.errors import ConfigError
+
+if TYPE_CHECKING:
+    from wandb.sdk.wandb_settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +42,40 @@ class Tracker(Protocol):
 
 
 class WandbTracker:
-    def __init__(self, *, run: RunInfo, mode: WandbMode, project: str, entity: Optional[str], group: Optional[str],
-                 tags: List[str]) -> None:
+    """W&B decides what the config leaves null (mode, project, entity): its WANDB_* variables, its
+    settings file, its defaults; only the keys the config sets go to ``wandb.init``, where they win."""
+
+    def __init__(self, *, run: RunInfo, mode: Optional[WandbMode], project: Optional[str], entity: Optional[str],
+                 group: Optional[str], tags: List[str]) -> None:
         import wandb  # deferred: slow to import, and only needed with logger=wandb
 
-        self._run = wandb.init(project=project, entity=entity, group=group or run.group, tags=list(tags),
-                               name=run.name, config=run.config, dir=str(run.log_dir), mode=WandbMode(mode).value,
-                               id=run.resume_id, resume="allow" if run.resume_id else None)
+        chosen: Dict[str, Any] = {"mode": WandbMode(mode).value if mode is not None else None,
+                                  "project": project or _default_project(), "entity": entity}
+        self._run = wandb.init(**{key: value for key, value in chosen.items() if value is not None},
+                               group=group or run.group, tags=list(tags), name=run.name, config=run.config,
+                               dir=str(run.log_dir), id=run.resume_id, resume="allow" if run.resume_id else None)
         self.run_id: Optional[str] = self._run.id
+
+    @staticmethod
+    def check(cfg: WandbConfig) -> None:
+        """Stops a run that W&B would log online without credentials, starting nothing: ``wandb.init``
+        would stop it only once the model is loaded, with a traceback (or a prompt, on a terminal).
+        Online and the credentials are decided as ``wandb.init`` decides them (its settings, its
+        own lookup of WANDB_API_KEY, the netrc entry for its host, its settings file)."""
+        from wandb.errors import AuthenticationError
+        from wandb.sdk.lib import wbauth
+
+        settings = _wandb_settings(cfg.mode)
+        if settings._offline or settings._noop:
+            return
+        try:  # prompt=False: look, never ask; update_session=False: leave wandb's session as it was
+            auth = wbauth.authenticate_session(host=settings.base_url, source="nli", prompt=False,
+                                               update_session=False)
+        except AuthenticationError as err:
+            raise ConfigError(f"logger=wandb cannot use the W&B credentials it found: {err} {_WAYS_ON}") from None
+        if auth is None:
+            raise ConfigError(f"logger=wandb would log online ({_mode_source(cfg.mode)}) and finds no W&B API key. "
+                              f"{_WAYS_ON}")
 
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
         self._run.log(dict(metrics), step=step)
@@ -52,6 +83,36 @@ class WandbTracker:
     def finish(self, summary: Mapping[str, Any]) -> None:
         self._run.summary.update(dict(summary))
         self._run.finish()
+
+
+_WAYS_ON = ("Log in once with `wandb login`, or set WANDB_API_KEY, or log offline with logger.wandb.mode=offline "
+            "(or WANDB_MODE=offline) and upload the run later with `wandb sync`.")
+
+
+def _wandb_settings(mode: Optional[WandbMode]) -> "Settings":
+    """W&B's settings for this process (its variables and settings files), with the config's mode
+    over them as ``wandb.init(mode=...)`` puts it. Reads files only: starts no W&B process."""
+    from wandb.sdk import wandb_setup
+
+    settings = wandb_setup.singleton().settings.model_copy()
+    if mode is not None:
+        settings.mode = WandbMode(mode).value
+    return settings
+
+
+def _mode_source(mode: Optional[WandbMode]) -> str:
+    """Who chose online, for the message: the config, WANDB_MODE, or W&B's default."""
+    if mode is not None:
+        return f"logger.wandb.mode={WandbMode(mode).value}"
+    if os.environ.get("WANDB_MODE"):
+        return f"WANDB_MODE={os.environ['WANDB_MODE']}"
+    return "W&B's default mode; logger.wandb.mode and WANDB_MODE are unset"
+
+
+def _default_project() -> Optional[str]:
+    """None where W&B has a project of its own (WANDB_PROJECT, its settings file), else ``nli``:
+    W&B alone would file the run under "uncategorized"."""
+    return None if _wandb_settings(None).project else "nli"
 
 
 class TensorBoardTracker:
@@ -98,7 +159,17 @@ class Trackers:
         self._resume_ids: Dict[str, Optional[str]] = {}
         self._started: Dict[str, Tracker] = {}
 
+    def check(self) -> None:
+        """What each logger needs before it starts (an online W&B logger: its API key), checked
+        without starting any: the recipe calls it before the model loads. A logger's class may have
+        a ``check(cfg)``; one without has nothing to check."""
+        for cfg in self._configs.values():
+            check = getattr(get_object(cfg._target_), "check", None)
+            if check is not None:
+                check(cfg)
+
     def start(self, run: RunInfo) -> None:
+        self.check()  # again here, so that it holds even where a recipe did not check first
         for name, cfg in self._configs.items():
             info = run._replace(resume_id=self._resume_ids.get(name))
             self._started[name] = instantiate(OmegaConf.structured(cfg), run=info, _convert_="all")

@@ -13,6 +13,7 @@ from typing import List, Set
 import pytest
 import yaml
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
 import nli.config
@@ -124,6 +125,10 @@ def test_hw_profiles_carry_what_vertex_needs() -> None:
     assert (cpu.machine_type, cpu.accelerator_type, cpu.accelerators_per_node) == (None, None, 0)
     assert job_needs(compose_config(["logger=wandb"])).secrets == {"WANDB_API_KEY"}
     assert not job_needs(compose_config(["logger=[wandb,csv]", "logger.wandb.mode=offline"])).secrets
+    # logger.wandb.mode unset: online in the job, unless the launcher hands the job a WANDB_MODE of its own.
+    assert job_needs(OmegaConf.create({"logger": {"wandb": {"mode": None}}})).secrets == {"WANDB_API_KEY"}
+    offline = {"logger": {"wandb": {"mode": None}}, "hydra": {"launcher": {"env": {"WANDB_MODE": "offline"}}}}
+    assert not job_needs(OmegaConf.create(offline)).secrets
 
 
 def test_accumulation_keeps_the_global_batch() -> None:
@@ -148,11 +153,48 @@ def test_warmup_ratio_or_steps() -> None:
     ("schedule.warmup_ratio=1", "schedule.warmup_ratio=1.0 must be in [0, 1)"),
     ("task.metrics=[accuracy,bleu]", "task.metrics has unknown ['bleu']"),
     ("model=tiny data.max_seq_length=512", "model.scratch.max_position_embeddings=258 must be at least"),
+    ("model=tiny model.scratch.model_type=bert data.max_seq_length=300",
+     "model.scratch.max_position_embeddings=258 must be at least data.max_seq_length = 300"),
+    # Values that would leave an epoch empty, stop the loop advancing, or divide by zero.
+    ("data.bucket=-1", "data.bucket=-1 must be >= 0"),
+    ("data.num_workers=-1", "data.num_workers=-1 must be >= 0"),
+    ("data.synthetic_train_size=0", "data.synthetic_train_size=0 must be at least 1"),
+    ("data.synthetic_eval_size=0", "data.synthetic_eval_size=0 must be at least 1"),
+    ("data.max_train_samples=0", "data.max_train_samples=0 must be positive or null"),
+    ("data.max_eval_samples=0", "data.max_eval_samples=0 must be positive or null"),
+    ("data.max_seq_length=4", "data.max_seq_length=4 must be >= 8"),
+    ("train.eval_batch_size=0", "train.eval_batch_size=0 must be positive"),
+    ("train.epochs=0", "train.epochs=0.0 must be positive"),
+    ("train.epochs=inf", "train.epochs=inf must be a finite number of passes; to train for a number of steps "
+                         "instead, set train.max_steps"),
+    ("train.max_steps=0", "train.max_steps=0 must be positive or null"),
+    ("train.eval_every=0", "train.eval_every=0 must be positive or null"),
+    ("train.log_every=0", "train.log_every=0 must be positive"),
+    ("train.checkpoint_every=-5", "train.checkpoint_every=-5 must be positive"),
+    ("train.keep_checkpoints=0", "train.keep_checkpoints=0 must be >= 1"),
+    ("model=tiny model.scratch.num_attention_heads=0", "model.scratch.num_attention_heads=0 must be at least 1"),
+    # NumPy's seed range.
+    ("seed=-1", "seed=-1 must be between 0 and 2**32 - 1 = 4294967295"),
+    (f"seed={2**32}", "seed=4294967296 must be between 0 and 2**32 - 1 = 4294967295"),
+    # Dropout is a probability; a scratch model has its own.
+    ("model.dropout=1.5", "model.dropout=1.5 must be in [0, 1)"),
+    ("model.dropout=-0.1", "model.dropout=-0.1 must be in [0, 1)"),
+    ("model=tiny model.scratch.dropout=1.5", "model.scratch.dropout=1.5 must be in [0, 1)"),
+    ("model=tiny model.dropout=0.2", "model.dropout=0.2 sets a pretrained checkpoint's dropout, and this model is "
+                                     "built from scratch (model.scratch): set model.scratch.dropout=0.2 instead"),
 ])
 def test_impossible_values_name_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         build_config(override.split())
     assert message in str(err.value)
+
+
+def test_the_edges_of_the_ranges_are_accepted() -> None:
+    for overrides in (["seed=0"], [f"seed={2**32 - 1}"], ["data.bucket=0", "data.num_workers=0"],
+                      ["model.dropout=0"], ["model=tiny", "model.scratch.dropout=0"],
+                      ["train.epochs=inf", "train.max_steps=10"],  # max_steps decides; epochs is not used
+                      ["model=tiny", "model.scratch.model_type=bert", "data.max_seq_length=258"]):
+        build_config(overrides)
 
 
 def test_typo_and_wrong_type_fail_at_composition() -> None:
@@ -179,16 +221,21 @@ def imported(stderr: str) -> Set[str]:
     (["experiment=quickstart", "train.batch_size=0"], ["train.batch_size=0 must be positive"]),
     (["experiment=quickstart", "hw=cpu", "hw.per_device_batch_size=12"],
      ["train.batch_size=32 must be a multiple of hw.per_device_batch_size=12"]),
+    (["experiment=quickstart", "data.bucket=-1"], ["error: data.bucket=-1 must be >= 0"]),  # it used to hang at step 0
+    (["experiment=quickstart", "seed=-1"], ["error: seed=-1 must be between 0 and 2**32 - 1"]),
+    (["experiment=quickstart", "model.scratch.dropout=1.5"], ["error: model.scratch.dropout=1.5 must be in [0, 1)"]),
+    (["experiment=quickstart", "model.dropout=0.2"], ["error: model.dropout=0.2 sets a pretrained checkpoint's "
+                                                      "dropout", "set model.scratch.dropout=0.2 instead"]),
 ])
 def test_bad_input_on_the_command_line(tmp_path: Path, args: list[str], expected: list[str]) -> None:
     """What a user sees: a non-zero exit and the key, before torch loads (so in about a second)."""
     proc = run_train([*args, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout=120,
                      env={"PYTHONPROFILEIMPORTTIME": "1"})
     output = proc.stdout + proc.stderr
-    assert proc.returncode != 0
+    assert proc.returncode == 1
     for text in expected:
         assert text in output
-    assert not (tmp_path / "run" / "model").exists()
+    assert not (tmp_path / "run" / "model").exists() and not (tmp_path / "run" / "results.json").exists()
     assert "Traceback" not in output
     assert "hydra" in imported(proc.stderr) and not {"torch", "transformers", "datasets"} & imported(proc.stderr)
 
@@ -249,7 +296,7 @@ def test_help_describes_each_logger_of_several(tmp_path: Path) -> None:
                      module=True, env={"COLUMNS": "120"})
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^  wandb:\n    _target_: \S+ +# the logger's class", proc.stdout, re.M)
-    assert re.search(r"^    project: nli +# W&B project$", proc.stdout, re.M)
+    assert re.search(r"^    project: null +# W&B project; null: WANDB_PROJECT", proc.stdout, re.M)
     assert re.search(r"^    subdir: tensorboard +# event files go to", proc.stdout, re.M)
     assert re.search(r"^  momentum: 0.9 +# heavy-ball momentum$", proc.stdout, re.M)
     assert re.search(r"^  lr: \S+ +# peak learning rate$", proc.stdout, re.M)  # SGDConfig's, from OptimizerConfig

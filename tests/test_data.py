@@ -4,6 +4,7 @@ real GLUE text: the same label ids, the same tokens, clear errors for bad input.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Dict, List
@@ -220,3 +221,136 @@ def test_bad_source_combinations_fail_at_config_time() -> None:
     with pytest.raises(ConfigError, match="train.predict=true needs a test split, and task=synthetic has none"):
         build_config(["task=synthetic", "train.predict=true"])
 
+
+
+# ------------------------------------------------------------------------------ damaged files
+
+
+def rte_copy(root: Path) -> Path:
+    """A copy of the real RTE folder to damage; the GLUE directory that holds it."""
+    shutil.copytree(GLUE_DATA / "RTE", root / "RTE")
+    return root
+
+
+def damage_line(path: Path, line: int, old: bytes, new: bytes) -> None:
+    """Replace the first ``old`` in the (1-based) ``line`` of ``path`` by ``new``."""
+    lines = path.read_bytes().split(b"\n")
+    assert old in lines[line - 1]
+    lines[line - 1] = lines[line - 1].replace(old, new, 1)
+    path.write_bytes(b"\n".join(lines))
+
+
+def load_error(overrides: List[str]) -> str:
+    with pytest.raises(DataError) as err:
+        load(overrides)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("case", ["header only", "empty", "missing column", "missing label in dev", "latin-1 line",
+                                  "binary"])
+def test_a_damaged_glue_file_names_the_file_and_line(case: str, tmp_path: Path, datasets_cache: Path) -> None:
+    root = rte_copy(tmp_path)
+    train, dev = root / "RTE" / "train.tsv", root / "RTE" / "dev.tsv"
+    header = "index\tsentence1\tsentence2\tlabel"
+    if case == "header only":
+        train.write_text(header + "\n", encoding="utf-8")
+        expected = f"{train} has no examples: it has a header row and nothing else. Every split needs at least one"
+    elif case == "empty":
+        train.write_bytes(b"")
+        expected = f"{train} has no examples: it is empty."
+    elif case == "missing column":
+        damage_line(train, 1, b"sentence2", b"hypothesis")
+        expected = (f"{train}: no column 'sentence2'; its header (line 1) has the columns ['index', 'sentence1', "
+                    "'hypothesis', 'label']. Each RTE file of the original GLUE download has a header with the "
+                    "columns ['label', 'sentence1', 'sentence2']: fix the header, or use the original file")
+    elif case == "missing label in dev":  # a test file given as the dev set: its examples would have no labels
+        dev.write_bytes(b"\n".join(line.rsplit(b"\t", 1)[0] for line in dev.read_bytes().splitlines()) + b"\n")
+        expected = f"{dev}: no column 'label'; its header (line 1) has the columns ['index', 'sentence1', 'sentence2']"
+    elif case == "latin-1 line":
+        damage_line(train, 300, b"e", "é".encode("latin-1"))
+        expected = f"{train}, line 300: byte 0xe9 ("
+    else:
+        dev.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(128, 256)) * 8)  # a gzip file's start, and more
+        expected = f"{dev}, line 1: byte 0x8b (byte 2 of the line) is not UTF-8 text; the file must be UTF-8 text"
+    message = load_error(["task=rte", f"data.dir={root}"])
+    assert message.startswith(expected), message
+    # Nothing of the failed read is left in the cache for a later run to take (train loads before dev).
+    split = "validation" if "dev.tsv" in message else "train"
+    assert not list(datasets_cache.rglob(f"generator-{split}.arrow"))
+
+
+def test_a_field_over_the_csv_modules_limit_loads(tmp_path: Path, datasets_cache: Path) -> None:
+    root = rte_copy(tmp_path)
+    long = " ".join(["word"] * 50_000)  # 250 KB, over the csv module's default limit of 128 KiB
+    damage_line(root / "RTE" / "train.tsv", 2, b"\t", f"\t{long} ".encode())
+    train = load(["task=rte", f"data.dir={root}"]).train
+    assert len(train) == 1244 and train[0]["sentence1"].startswith(long)
+
+
+def test_a_fixed_glue_file_is_read_again(tmp_path: Path, datasets_cache: Path) -> None:
+    """The cache is keyed by the file's size and mtime: an edit is seen, even one that keeps the mtime."""
+    root = rte_copy(tmp_path)
+    train = root / "RTE" / "train.tsv"
+    original = train.read_bytes()
+    train.write_bytes(original.split(b"\n", 1)[0] + b"\n")
+    with pytest.raises(DataError, match="has no examples"):
+        load(["task=rte", f"data.dir={root}"])
+    train.write_bytes(original)
+    assert len(load(["task=rte", f"data.dir={root}"]).train) == 1244
+    mtime = train.stat().st_mtime_ns
+    train.write_bytes(original.rsplit(b"\n", 2)[0] + b"\n")  # one example fewer, written within the same mtime
+    os.utime(train, ns=(mtime, mtime))
+    assert len(load(["task=rte", f"data.dir={root}"]).train) == 1243
+
+
+@pytest.mark.parametrize("case", ["header-only csv", "empty csv", "bad jsonl line", "not parquet", "latin-1 tsv",
+                                  "no label column"])
+def test_a_damaged_own_file_names_the_file_and_line(case: str, tmp_path: Path, datasets_cache: Path) -> None:
+    files = custom_files(tmp_path, ".csv")
+    frame = pd.read_csv(files["train"])
+    path = tmp_path / {"bad jsonl line": "train.jsonl", "not parquet": "train.parquet",
+                       "latin-1 tsv": "train.tsv"}.get(case, "bad.csv")
+    if case == "header-only csv":
+        frame[:0].to_csv(path, index=False)
+        expected = f"{path} has no examples: it has a header row and nothing else"
+    elif case == "empty csv":
+        path.write_bytes(b"")
+        expected = f"{path} has no examples: it is empty"
+    elif case == "bad jsonl line":
+        frame.to_json(path, orient="records", lines=True)
+        damage_line(path, 7, b'","', b'" "')  # a missing comma between two members
+        expected = f"{path}, line 7: not valid JSON: Expecting ',' delimiter at column "
+    elif case == "not parquet":
+        frame.to_csv(path, index=False)
+        expected = f"{path} cannot be read as Parquet: Parquet magic bytes not found in footer"
+    elif case == "latin-1 tsv":
+        frame.to_csv(path, index=False, sep="\t")
+        damage_line(path, 41, b"e", "é".encode("latin-1"))
+        expected = f"{path}, line 41: byte 0xe9 ("
+    else:
+        frame.drop(columns="gold").to_csv(path, index=False)
+        expected = f"{path} has no column gold (for label); its columns are ['index', 'text_a', 'text_b']. " \
+            "Map them with data.columns, e.g. +data.columns.label=<column>"
+    message = load_error(["task=rte", f"+data.files.train={path}", f"+data.files.validation={files['validation']}",
+                          "+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b",
+                          "+data.columns.label=gold"])
+    assert message.startswith(expected), message
+    if case != "no label column":  # that file reads well: what it lacks is found after the read
+        assert not list(datasets_cache.rglob("*.arrow"))  # the builder's empty or partial read is not kept
+
+
+def test_a_fixed_own_file_is_read_again(tmp_path: Path, datasets_cache: Path) -> None:
+    files = custom_files(tmp_path, ".csv")
+    own = [f"+data.files.{split}={path}" for split, path in files.items()] + \
+        ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    original = files["train"].read_bytes()
+    files["train"].write_bytes(original.split(b"\n", 1)[0] + b"\n")
+    with pytest.raises(DataError, match="has no examples"):
+        load(["task=rte", *own])
+    files["train"].write_bytes(original)
+    assert len(load(["task=rte", *own]).train) == 1244
+    mtime = files["train"].stat().st_mtime_ns
+    frame = pd.read_csv(files["train"])
+    frame[:100].to_csv(files["train"], index=False)  # fewer rows, written within the same mtime
+    os.utime(files["train"], ns=(mtime, mtime))
+    assert len(load(["task=rte", *own]).train) == 100

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import shutil
 from pathlib import Path
 from typing import Dict, List
 
@@ -177,3 +178,61 @@ def test_bad_data_stops_with_one_message(tmp_path: Path, case: str) -> None:
                      env={"HF_HOME": str(tmp_path / "hf")})
     assert proc.returncode == 1
     assert expected in proc.stderr and "Traceback" not in proc.stderr
+
+
+def damage(path: Path, line: int, old: bytes, new: bytes) -> None:
+    """Replace the first ``old`` in the (1-based) ``line`` of ``path`` by ``new``."""
+    lines = path.read_bytes().split(b"\n")
+    lines[line - 1] = lines[line - 1].replace(old, new, 1)
+    path.write_bytes(b"\n".join(lines))
+
+
+def damaged_data(root: Path, case: str) -> tuple[List[str], str]:
+    """The data overrides of a run on damaged files, and the start of the message it must end with."""
+    shutil.copytree(GLUE_DATA / "RTE", root / "glue_data" / "RTE")
+    train = root / "glue_data" / "RTE" / "train.tsv"
+    glue = [f"data.dir={root / 'glue_data'}"]
+    if case == "glue: header only":
+        train.write_text("index\tsentence1\tsentence2\tlabel\n", encoding="utf-8")
+        return glue, f"error: {train} has no examples: it has a header row and nothing else"
+    if case == "glue: missing column":
+        damage(train, 1, b"sentence2", b"hypothesis")
+        return glue, (f"error: {train}: no column 'sentence2'; its header (line 1) has the columns ['index', "
+                      "'sentence1', 'hypothesis', 'label']")
+    if case == "glue: latin-1 line":
+        damage(train, 77, b"e", "é".encode("latin-1"))
+        return glue, f"error: {train}, line 77: byte 0xe9 ("
+    with open(GLUE_DATA / "RTE" / "dev.tsv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    dev = root / "dev.csv"
+    with open(dev, "w", newline="", encoding="utf-8") as f:
+        csv.DictWriter(f, ["sentence1", "sentence2", "label"], extrasaction="ignore").writerows(
+            [dict(zip(["sentence1", "sentence2", "label"], ["sentence1", "sentence2", "label"])), *rows])
+    own = root / {"files: header-only csv": "train.csv", "files: bad jsonl line": "train.jsonl",
+                  "files: not parquet": "train.parquet", "files: latin-1 csv": "train.csv"}[case]
+    shutil.copy(dev, own) if own.suffix != ".jsonl" else own.write_text(
+        "".join(json.dumps({k: r[k] for k in ("sentence1", "sentence2", "label")}) + "\n" for r in rows))
+    files = [f"+data.files.train={own}", f"+data.files.validation={dev}"]
+    if case == "files: header-only csv":
+        own.write_text("sentence1,sentence2,label\n", encoding="utf-8")
+        return files, f"error: {own} has no examples: it has a header row and nothing else"
+    if case == "files: bad jsonl line":
+        damage(own, 12, b'", "', b'" "')
+        return files, f"error: {own}, line 12: not valid JSON: Expecting ',' delimiter at column"
+    if case == "files: not parquet":
+        return files, f"error: {own} cannot be read as Parquet: Parquet magic bytes not found in footer"
+    damage(own, 30, b"e", "é".encode("latin-1"))
+    return files, f"error: {own}, line 30: byte 0xe9 ("
+
+
+@pytest.mark.parametrize("case", ["glue: header only", "glue: missing column", "glue: latin-1 line",
+                                  "files: header-only csv", "files: bad jsonl line", "files: not parquet",
+                                  "files: latin-1 csv"])
+def test_a_damaged_data_file_stops_the_run_naming_the_file(tmp_path: Path, case: str) -> None:
+    data, expected = damaged_data(tmp_path, case)
+    out = tmp_path / "run"
+    proc = run_train(["task=rte", *data, *TINY, "train.max_steps=2", f"hydra.run.dir={out}"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert expected in proc.stderr and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert not {"model", "results.json", "checkpoints"} & {p.name for p in out.iterdir()}

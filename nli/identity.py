@@ -1,0 +1,83 @@
+"""A run's identity: what it computes, so that a folder holds one run.
+
+The identity is the resolved config, flattened to dotted keys, less the keys that cannot change what
+the run computes: where it writes, how it logs and how often, how many workers load the data, and
+the hardware (a run continues on other machines: the global batch, ``train.batch_size``, stays).
+Evaluation frequency is left out too: it changes which steps are looked at, not the training.
+
+Every checkpoint's manifest holds the identity, and results.json its digest. A run started again in
+a folder whose run has another identity is refused before anything loads, each differing key listed
+as ``key: old -> new``; ``train.accept_changes`` lets a run continue with new values of the keys
+where continuing makes sense (:data:`CONTINUABLE`), and the log says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Dict, Mapping, Sequence
+
+from nli.errors import ConfigError, RunChanged
+
+# Keys (and key prefixes) outside the identity.
+EXCLUDED = ("output_dir", "train.checkpoint_dir", "logger", "hw", "train.progress_bar", "train.log_every",
+            "train.eval_every", "train.eval_batch_size", "train.checkpoint_every", "train.keep_checkpoints",
+            "train.resume", "train.accept_changes", "data.num_workers")
+# Keys a resumed run may take new values of (train.accept_changes): how long it trains, when it gives
+# up, and what it writes at the end. The rest would make the checkpoint a different run's.
+CONTINUABLE = ("train.epochs", "train.max_steps", "train.early_stopping.patience", "train.early_stopping.min_delta",
+               "train.skip_nonfinite", "train.predict")
+
+
+def identity(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The resolved config (plain containers, enums as their names) as dotted keys, less :data:`EXCLUDED`."""
+    flat: Dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, Mapping) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            key = prefix[:-1]
+            if not any(key == x or key.startswith(f"{x}.") for x in EXCLUDED):
+                flat[key] = node
+
+    walk(config, "")
+    return dict(sorted(flat.items()))
+
+
+def digest(ident: Mapping[str, Any]) -> str:
+    """A short fingerprint of an identity, for results.json."""
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def check_accepted(keys: Sequence[str]) -> None:
+    """``train.accept_changes`` may name only keys where continuing makes sense."""
+    refused = [key for key in keys if key not in CONTINUABLE]
+    if refused:
+        raise ConfigError(f"train.accept_changes={list(keys)}: a run cannot continue with new values of {refused}; "
+                          f"only of {list(CONTINUABLE)}. Start a new run in another output_dir instead")
+
+
+def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, str]:
+    """Each key whose value differs -> ``old -> new`` (``(none)`` where a side lacks the key)."""
+    changed = [key for key in sorted(set(old) | set(new)) if old.get(key, _NONE) != new.get(key, _NONE)]
+    return {key: f"{_show(old, key)} -> {_show(new, key)}" for key in changed}
+
+
+def refuse(where: str, what: str, changes: Mapping[str, str]) -> RunChanged:
+    """The error for a folder whose run has another identity: the differences and the ways on."""
+    continuable = all(key in CONTINUABLE for key in changes)
+    accept = (f"train.accept_changes=[{','.join(changes)}] continues it with the new values" if continuable else
+              f"only new values of {', '.join(CONTINUABLE)} can be continued with (train.accept_changes)")
+    listed = "".join(f"\n  {key}: {change}" for key, change in changes.items())
+    return RunChanged(f"{where} holds {what} with other settings:{listed}\nNothing was changed. To go on, run the "
+                      "command that started it again; or give this run its own output_dir (or hydra.run.dir), or "
+                      f"delete that folder; {accept}")
+
+
+_NONE = object()
+
+
+def _show(config: Mapping[str, Any], key: str) -> str:
+    return json.dumps(config[key], default=str) if key in config else "(none)"

@@ -1,0 +1,181 @@
+"""A folder holds one run: asked again with other settings it refuses, listing them, and touches
+nothing; what cannot change the result may change; a damaged best checkpoint never loses a finished
+training. The real train.py, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import yaml
+
+from nli.identity import CONTINUABLE, digest, identity
+from tests.conftest import FAST, ROOT, build_config, read_results, run_train
+
+# Evaluated at steps 3, 6, 9, 12; at this learning rate the metric cannot move, so the first
+# evaluation stays the best and the last two checkpoints are kept beside it.
+STILL = [*FAST, "train.eval_every=3", "optimizer.lr=1e-9"]
+
+
+def files(run_dir: Path) -> Dict[str, bytes]:
+    """Every file of the run, but its log (each attempt appends to it) and Hydra's record of the command."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != "train.log" and ".hydra" not in p.parts}
+
+
+def train(run_dir: Path, *args: str) -> str:
+    proc = run_train([*args, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent,
+                     env={"HF_HOME": str(run_dir.parent / "hf")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    train(run_dir, *FAST)
+    return run_dir
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    shutil.copytree(run_dir, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_results_carry_the_runs_identity(finished: Path) -> None:
+    """results.json names the identity, every checkpoint holds it, and config.yaml gives the same."""
+    results = read_results(finished)
+    manifests = [json.loads(p.read_text()) for p in (finished / "checkpoints").glob("*/checkpoint.json")]
+    from_config = identity(yaml.safe_load((finished / "config.yaml").read_text()))
+    assert all(m["identity"] == from_config for m in manifests) and results["identity"] == digest(from_config)
+    assert "optimizer.lr" in from_config and "seed" in from_config
+    assert "train.log_every" not in from_config and "hw.accelerator" not in from_config
+
+
+def test_a_finished_run_asked_again_with_other_settings_is_refused(finished: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    before = files(run_dir)
+    proc = run_train([*FAST, "optimizer.lr=2e-3", "train.max_steps=14", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (f"{run_dir} holds a finished run with other settings:\n  optimizer.lr: 0.001 -> 0.002\n"
+            "  train.max_steps: 12 -> 14\nNothing was changed.") in proc.stderr
+    assert "only new values of train.epochs" in proc.stderr  # the learning rate cannot be continued with
+    assert files(run_dir) == before
+
+
+def test_a_finished_run_asked_again_with_the_same_settings_reports_its_results(finished: Path,
+                                                                               tmp_path: Path) -> None:
+    """Settings that cannot change the result (logging, checkpoints kept, the hardware) may differ."""
+    run_dir = copy_of(finished, tmp_path)
+    before = files(run_dir)
+    output = train(run_dir, *FAST, "train.log_every=1", "train.keep_checkpoints=5", "hw=cpu", "logger=csv")
+    assert "this run already finished" in output and files(run_dir) == before
+
+
+def test_a_finished_run_trains_on_with_accepted_changes(finished: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    refused = run_train([*FAST, "train.max_steps=18", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert refused.returncode == 1 and "train.accept_changes=[train.max_steps] continues it" in refused.stderr
+    output = train(run_dir, *FAST, "train.max_steps=18", "train.accept_changes=[train.max_steps]")
+    assert "continuing it with new values (train.accept_changes): train.max_steps: 12 -> 18" in output
+    assert "resuming from checkpoint" in output and read_results(run_dir)["train_steps"] == 18
+    again = train(run_dir, *FAST, "train.max_steps=18")  # now the folder's run is the longer one
+    assert "this run already finished" in again
+
+
+@pytest.mark.parametrize("keys", [["optimizer.lr"], ["train.max_steps", "seed"]])
+def test_only_keys_where_continuing_makes_sense_can_be_accepted(keys: List[str]) -> None:
+    from nli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="a run cannot continue with new values of"):
+        build_config([f"train.accept_changes=[{','.join(keys)}]"])
+    assert "train.max_steps" in CONTINUABLE and "optimizer.lr" not in CONTINUABLE
+
+
+@pytest.fixture(scope="module")
+def stalled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run whose best is its first evaluation, step 3, with results.json removed: as if it had
+    been stopped after its last checkpoint, before the end."""
+    run_dir = tmp_path_factory.mktemp("stalled") / "run"
+    train(run_dir, *STILL)
+    assert read_results(run_dir)["best_step"] == 3
+    (run_dir / "results.json").unlink()
+    return run_dir
+
+
+def damage_best(run_dir: Path) -> None:
+    state = run_dir / "checkpoints" / "step-000003" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[1000:1002] = b"xx"
+    state.write_bytes(bytes(data))
+
+
+def test_a_damaged_best_checkpoint_is_found_at_resume_and_its_export_keeps_its_weights(stalled: Path,
+                                                                                        tmp_path: Path) -> None:
+    run_dir = copy_of(stalled, tmp_path)
+    exported = (run_dir / "model" / "model.safetensors").read_bytes()
+    assert json.loads((run_dir / "model" / "export.json").read_text())["step"] == 3
+    damage_best(run_dir)
+    output = train(run_dir, *STILL)
+    warning = output.index(f"the best checkpoint, {run_dir / 'checkpoints' / 'step-000003'}, is damaged: state.pt is "
+                           "corrupt")
+    assert warning < output.index("resuming from checkpoint")  # verified at resume, not at the end
+    assert "Its weights are safe in" in output
+    assert read_results(run_dir)["best_step"] == 3
+    assert (run_dir / "model" / "model.safetensors").read_bytes() == exported
+
+
+def test_with_the_best_checkpoint_and_its_export_lost_the_best_intact_one_is_exported(stalled: Path,
+                                                                                     tmp_path: Path) -> None:
+    run_dir = copy_of(stalled, tmp_path)
+    damage_best(run_dir)
+    shutil.rmtree(run_dir / "model")
+    output = train(run_dir, *STILL)
+    assert "and its export is gone: its weights are lost. The best intact evaluated checkpoint, step 9" in output
+    results = read_results(run_dir)
+    assert results["best_step"] == 9 and results["status"] == "completed"
+    assert json.loads((run_dir / "model" / "export.json").read_text())["step"] == 9
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_is_untouched(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    first_args = [*FAST, "train.max_steps=150", "data.synthetic_train_size=4800"]
+    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *first_args, f"hydra.run.dir={run_dir}"],
+                             cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "HYDRA_FULL_ERROR": "0", "HF_HOME": str(tmp_path / "hf")})
+    log = run_dir / "train.log"
+    deadline = time.monotonic() + 180
+    while not (log.exists() and "step 3: loss" in log.read_text()):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.05)
+    second = run_train([*FAST, "optimizer.lr=5e-3", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    assert re.search(rf"{run_dir} is in use by another run: host \S+, pid {first.pid}, started ", second.stderr)
+    assert first.wait(timeout=300) == 0, first.communicate()
+    results = read_results(run_dir)
+    assert results["train_steps"] == 150 and not (run_dir / ".claim.json").exists()  # released at the end
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["optimizer"]["lr"] == 1e-3  # the first run's own config, not the second's
+
+
+def test_outputs_are_written_with_the_users_umask(tmp_path: Path) -> None:
+    """A group that shares a cluster reads each other's results: model/ and its files as umask 002 gives."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *FAST, f"hydra.run.dir={run_dir}"],
+                          cwd=tmp_path, capture_output=True, text=True, preexec_fn=lambda: os.umask(0o002),
+                          env={**os.environ, "HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stderr
+    last = run_dir / "checkpoints" / "step-000012"
+    modes = {path.relative_to(run_dir).as_posix(): stat.S_IMODE(path.stat().st_mode)
+             for path in [run_dir / "model", *(run_dir / "model").iterdir(), run_dir / "results.json", last,
+                          last / "state.pt"]}
+    assert modes == {name: 0o775 if (run_dir / name).is_dir() else 0o664 for name in modes}

@@ -1,0 +1,89 @@
+"""SIGTERM and SIGINT in every phase of a run: before training (nothing saved, said so), during training
+(a checkpoint at the next step; a second signal stops at once), after training (the run stops, its
+training whole, and the same command finishes it). The real train.py, in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List
+
+import pytest
+
+from nli.contract import PREEMPTED
+from tests.conftest import FAST, ROOT, read_results, run_train
+
+
+def start(args: List[str], run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+                            cwd=run_dir.parent, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "HYDRA_FULL_ERROR": "0", "HF_HOME": str(run_dir.parent / "hf")})
+
+
+def wait_for(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never got there"
+        time.sleep(0.02)
+
+
+def logged(run_dir: Path, text: str) -> Callable[[], bool]:
+    log = run_dir / "train.log"
+    return lambda: log.exists() and text in log.read_text()
+
+
+def stopped(proc: subprocess.Popen, *signals: signal.Signals) -> str:
+    for sig in signals:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == PREEMPTED, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("when", ["start-up", "data loading"])
+def test_before_training_a_signal_stops_the_run_at_once_and_says_nothing_was_saved(tmp_path: Path, when: str) -> None:
+    run_dir = tmp_path / "run"
+    # Enough examples that tokenizing them takes seconds.
+    proc = start([*FAST, "data.synthetic_train_size=100000"], run_dir)
+    if when == "start-up":  # the task function has begun: torch is loading
+        wait_for(proc, lambda: (run_dir / "train.log").exists())
+        time.sleep(0.3)
+    else:
+        wait_for(proc, logged(run_dir, "data: 100000 training examples"))
+    err = stopped(proc, signal.SIGTERM)
+    assert "stopped by SIGTERM before training began: nothing new was saved" in err
+    assert not {"checkpoints", "model", "results.json"} & {p.name for p in run_dir.iterdir()}
+    assert "Run the same command again to start" in (run_dir / "train.log").read_text()
+
+
+def test_a_second_signal_during_training_stops_at_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start([*FAST, "train.max_steps=400", "data.synthetic_train_size=12800"], run_dir)
+    wait_for(proc, logged(run_dir, "step 3: loss"))
+    # Two signals (the kernel delivers pending ones lowest number first): the second does not wait for the step.
+    err = stopped(proc, signal.SIGTERM, signal.SIGINT)
+    assert re.search(r"stopped by SIG(TERM|INT) at once \(a second signal\), in the middle of a step: that step "
+                     "was not saved", err)
+
+
+def test_after_training_a_signal_stops_the_run_and_the_same_command_finishes_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # A large evaluation set: the final evaluation takes seconds, after the last checkpoint.
+    args = [*FAST, "data.synthetic_eval_size=30000", "train.eval_every=12"]
+    proc = start(args, run_dir)
+    wait_for(proc, logged(run_dir, "step 12: checkpoint written"))
+    err = stopped(proc, signal.SIGTERM)
+    assert "stopped by SIGTERM after training, before its results were written: training is complete and " \
+           "checkpointed" in err
+    assert not (run_dir / "results.json").exists()
+    again = run_train([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resuming from checkpoint" in again.stdout + again.stderr and "step 12: loss" not in again.stdout
+    assert read_results(run_dir)["train_steps"] == 12
