@@ -18,6 +18,7 @@ from nli.config import Config
 from nli.contract import PREEMPTED
 from nli.errors import UserError
 from nli.signals import Interrupted, Preempted, StopRequest
+from nli.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def train(raw: DictConfig) -> float:
         cfg = cast(Config, OmegaConf.to_object(raw))  # checks every rule
         site = platform.detect()
         with StopRequest(requeue=site.requeue_signal) as stop:  # from here on, a signal stops the run cleanly
+            _preflight(cfg, site)
             try:
                 from nli import recipe  # torch and transformers: seconds
 
@@ -63,3 +65,11 @@ def _stop(message: str) -> NoReturn:
     log.warning("%s", message)
     print(message, file=sys.stderr)
     raise SystemExit(PREEMPTED) from None
+
+
+def _preflight(cfg: Config, site: platform.Site) -> None:
+    """A Cloud Storage output folder's bucket and credentials, checked on rank 0 before torch loads: a
+    wrong one is answered in seconds, not after the import (the run's setup checks all the rest)."""
+    url = cfg.output_dir or site.output_dir
+    if url and "://" in url and int(site.process_env.get("RANK", "0")) == 0:
+        Storage(url).check_writable()
