@@ -15,7 +15,9 @@ import pytest
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from nli import synthetic
-from tests.conftest import GLUE_DATA, read_results, run_train
+from nli.data import load_splits
+from nli.errors import DataError
+from tests.conftest import GLUE_DATA, build_config, read_results, run_train
 from tests.glue_layouts import MNLI_HEAD, STSB_HEAD, mnli_row, stsb_row, write_tsv
 
 TINY = ["model=tiny", "data.max_seq_length=64", "train.batch_size=16", "train.progress_bar=false", "hw=cpu"]
@@ -228,11 +230,21 @@ def damaged_data(root: Path, case: str) -> tuple[List[str], str]:
 @pytest.mark.parametrize("case", ["glue: header only", "glue: missing column", "glue: latin-1 line",
                                   "files: header-only csv", "files: bad jsonl line", "files: not parquet",
                                   "files: latin-1 csv"])
-def test_a_damaged_data_file_stops_the_run_naming_the_file(tmp_path: Path, case: str) -> None:
-    data, expected = damaged_data(tmp_path, case)
+def test_a_damaged_data_file_is_named_with_its_line(tmp_path: Path, case: str, datasets_cache: Path) -> None:
+    data_overrides, expected = damaged_data(tmp_path, case)
+    cfg = build_config(["task=rte", *data_overrides, *TINY])
+    with pytest.raises(DataError) as raised:
+        load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=False)
+    assert f"error: {raised.value}".startswith(expected)
+
+
+@pytest.mark.parametrize("case", ["glue: missing column", "files: bad jsonl line"])
+def test_a_damaged_data_file_stops_the_run_with_one_line(tmp_path: Path, case: str) -> None:
+    """Through train.py: the message alone (no traceback), and nothing written but the run's config."""
+    data_overrides, expected = damaged_data(tmp_path, case)
     out = tmp_path / "run"
-    proc = run_train(["task=rte", *data, *TINY, "train.max_steps=2", f"hydra.run.dir={out}"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_train(["task=rte", *data_overrides, *TINY, "train.max_steps=2", f"hydra.run.dir={out}"],
+                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert expected in proc.stderr and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     assert not {"model", "results.json", "checkpoints"} & {p.name for p in out.iterdir()}

@@ -76,7 +76,7 @@ def test_a_second_signal_during_training_stops_at_once(tmp_path: Path) -> None:
 def test_after_training_a_signal_stops_the_run_and_the_same_command_finishes_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # A large evaluation set: the final evaluation takes seconds, after the last checkpoint.
-    args = [*FAST, "data.synthetic_eval_size=30000", "train.eval_every=12"]
+    args = [*FAST, "data.synthetic_eval_size=8000", "train.eval_every=12"]
     proc = start(args, run_dir)
     wait_for(proc, logged(run_dir, "step 12: checkpoint written"))
     err = stopped(proc, signal.SIGTERM)

@@ -76,7 +76,8 @@ def test_local_multirun_writes_one_result_per_job(tmp_path: Path) -> None:
         assert read_results(tmp_path / "sweep" / job)["status"] == "completed"
 
 
-def test_wandb_offline_writes_its_run_files(tmp_path: Path) -> None:
+def test_wandb_offline_writes_its_run_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)  # neither the config nor the environment names one
     proc = run_train([*FAST, "logger=wandb", "logger.wandb.mode=offline", "logger.wandb.tags=[smoke]",
                       f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
                      env={"HF_HOME": str(tmp_path / "hf"), "WANDB_SILENT": "true"})
@@ -87,7 +88,7 @@ def test_wandb_offline_writes_its_run_files(tmp_path: Path) -> None:
     for record in records(files[0]):
         by_kind.setdefault(record.WhichOneof("record_type"), []).append(record)
     run = by_kind["run"][0].run
-    assert list(run.tags) == ["smoke"]
+    assert list(run.tags) == ["smoke"] and run.project == "nli"  # the config's default project
     assert "logger.wandb.mode=offline" in run.display_name  # named after the Hydra job's overrides
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert config["task"]["name"] == "synthetic" and config["train"]["max_steps"] == 12
@@ -111,7 +112,6 @@ def no_wandb_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Dic
 
 
 @pytest.mark.parametrize("overrides,env,project", [
-    ([], {}, "nli"),  # neither says: today's default
     ([], {"WANDB_PROJECT": "from-env"}, "from-env"),
     (["logger.wandb.project=from-config"], {"WANDB_PROJECT": "from-env"}, "from-config"),
 ])
