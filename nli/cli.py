@@ -13,7 +13,7 @@ from typing import NoReturn, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from nli import platform
+from nli import cpu, platform
 from nli.config import Config
 from nli.contract import PREEMPTED
 from nli.errors import UserError
@@ -40,12 +40,14 @@ def train(raw: DictConfig) -> float:
     try:
         cfg = cast(Config, OmegaConf.to_object(raw))  # checks every rule
         site = platform.detect()
-        with StopRequest(requeue=site.requeue_signal) as stop:  # from here on, a signal stops the run cleanly
+        # From here on a signal stops the run cleanly, and the machine's other runs count this one.
+        with StopRequest(requeue=site.requeue_signal) as stop, cpu.Sharing(cfg.hw.cpu_threads,
+                                                                           site.local_processes) as sharing:
             _preflight(cfg, site)
             try:
                 from nli import recipe  # torch and transformers: seconds
 
-                return float(recipe.run(cfg, raw, site, stop)["objective"])
+                return float(recipe.run(cfg, raw, site, stop, sharing)["objective"])
             except (Preempted, Interrupted):
                 stop.hand_over()  # the run has stopped: the platform may requeue the job now
                 raise

@@ -278,6 +278,8 @@ class HardwareConfig:
     bf16: bool = False  # the GPU computes in bfloat16 (Ampere and newer)
     fp16: bool = False  # the GPU has fast float16 (tensor cores: Volta and newer)
     per_device_batch_size: Optional[int] = None  # examples per device per micro-step; null: whole batch
+    cpu_threads: Optional[int] = None  # torch threads per process; null: this run's share of the free cores (nli.cpu)
+    cpu_mmap_threshold: Optional[int] = 1048576  # CPU runs: glibc's mmap threshold in bytes; null: glibc's own
     vertex: VertexMachine = field(default_factory=VertexMachine)  # the machine on Vertex AI
 
     def __post_init__(self) -> None:
@@ -286,6 +288,11 @@ class HardwareConfig:
         _require(self.accelerator != Accelerator.cuda or self.gpus_per_node > 0,
                  "hw.gpus_per_node must be at least 1 when hw.accelerator=cuda")
         _require(self.nodes >= 1, f"hw.nodes={self.nodes} must be at least 1")
+        _require(self.cpu_threads is None or self.cpu_threads >= 1,
+                 f"hw.cpu_threads={self.cpu_threads} must be at least 1, or null for this run's share of the cores")
+        _require(self.cpu_mmap_threshold is None or 0 <= self.cpu_mmap_threshold <= 32 * 2**20,
+                 f"hw.cpu_mmap_threshold={self.cpu_mmap_threshold} must be in [0, 33554432] bytes (glibc's limit), "
+                 "or null for glibc's own")
 
     @property
     def data_parallel_size(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from tqdm.auto import tqdm
 
@@ -40,6 +40,17 @@ class Hook:
     def stop_reason(self) -> Optional[str]:
         """Why training should end now, or None to go on."""
         return None
+
+
+class Revisit(Hook):
+    """Calls ``look`` after every step: a check that decides itself whether it is time to act (the
+    CPU threads, nli.cpu)."""
+
+    def __init__(self, look: Callable[[], None]) -> None:
+        self.look = look
+
+    def on_step_end(self, progress: Progress, logged: Optional[Mapping[str, float]]) -> None:
+        self.look()
 
 
 class MetricsLog(Hook):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -27,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import contract, data, device, distributed, export, fastpaths, platform
+from nli import contract, cpu, data, device, distributed, export, fastpaths, platform
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -44,7 +45,7 @@ from nli.distributed import World
 from nli.errors import ConfigError
 from nli.evaluation import Evaluation, Evaluator, gather, predict
 from nli.folder import earlier_run
-from nli.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar
+from nli.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Revisit
 from nli.identity import digest, identity
 from nli.loop import Loop, Optimization, Plan, TrainResult
 from nli.model import build_model, build_tokenizer, load_export, share_tokenizer, tokenizer_from_files
@@ -92,9 +93,10 @@ class Training:
     trackers: Trackers
 
 
-def run(cfg: Config, raw: DictConfig, site: platform.Site, stop: StopRequest) -> Dict[str, Any]:
+def run(cfg: Config, raw: DictConfig, site: platform.Site, stop: StopRequest, sharing: cpu.Sharing) -> Dict[str, Any]:
     """The whole run, in the same process on every rank; the results, as results.json holds them.
-    ``stop`` (nli.signals) stops it in any phase; ``Interrupted.stage`` says how far it had come."""
+    ``stop`` (nli.signals) stops it in any phase; ``Interrupted.stage`` says how far it had come;
+    ``sharing`` (nli.cpu) sizes its CPU threads."""
     world = distributed.setup(site.process_env)
     stage = "starting"
     try:
@@ -102,12 +104,12 @@ def run(cfg: Config, raw: DictConfig, site: platform.Site, stop: StopRequest) ->
             out = setup(cfg, raw, world, site, held)
             if out.finished is not None:
                 return out.finished
-            compute = prepare(cfg, world)
+            compute = prepare(cfg, world, sharing)
             loaded = load_data(cfg, out, compute)
             model = build(cfg, loaded, compute, world)
             training = optimization(cfg, model, loaded, out, compute)
             stage = "training"
-            result = fit(cfg, raw, training, loaded, out, stop)
+            result = fit(cfg, raw, training, loaded, out, stop, sharing)
             stage = "finishing"
             if stop.signal:  # it came with the last step: training is whole and checkpointed
                 raise Interrupted(stop.signal)
@@ -152,10 +154,14 @@ def setup(cfg: Config, raw: DictConfig, world: World, site: platform.Site, held:
     return out
 
 
-def prepare(cfg: Config, world: World) -> device.Compute:
-    """The seed (the same on every rank: the same initial weights), the device and the precision."""
+def prepare(cfg: Config, world: World, sharing: cpu.Sharing) -> device.Compute:
+    """The seed (the same on every rank: the same initial weights), the CPU threads, the device and
+    the precision; on the CPU, glibc's heap kept from fragmenting (nli.cpu)."""
     set_seed(cfg.seed)
+    sharing.start()
     compute = device.resolve(cfg.hw, cfg.precision)
+    if compute.device.type == "cpu" and (done := cpu.limit_heap(cfg.hw.cpu_mmap_threshold, os.environ)):
+        log.info("%s", done)
     if cfg.hw.data_parallel_size > world.world_size and world.is_main:
         machines = f" on each of its {cfg.hw.nodes} machines" if cfg.hw.nodes > 1 else ""
         log.warning("hw has %d GPUs but this run uses %d process(es); gradient accumulation keeps the global batch "
@@ -233,7 +239,8 @@ def optimization(cfg: Config, model: torch.nn.Module, loaded: Data, out: Outputs
                     progress, best, early, trackers)
 
 
-def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Outputs, stop: StopRequest) -> TrainResult:
+def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Outputs, stop: StopRequest,
+        sharing: cpu.Sharing) -> TrainResult:
     """Train to the end of the plan, or until a hook or a signal stops it (then the run ends with
     :class:`Preempted`, its checkpoint written)."""
     world = out.world
@@ -242,7 +249,7 @@ def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Out
                                     log_dir=_log_dir(out), resume_id=None))
     hooks: list[Hook] = [ProgressBar(total=training.plan.total_steps, initial=training.progress.step,
                                      enabled=cfg.train.progress_bar and world.is_main),
-                         MetricsLog(training.trackers, main=world.is_main)]
+                         MetricsLog(training.trackers, main=world.is_main), Revisit(sharing.revisit)]
     if training.early_stopping is not None:
         hooks.append(training.early_stopping)
     hooks.append(export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main))

@@ -4,6 +4,7 @@ a user runs them: ``python -m benchmarks.X`` from the repository root."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,21 @@ def test_step_ablation_times_every_variant_on_real_pairs(tmp_path: Path) -> None
                                               ["first_token", "cpu_dropout", "unpadded"]]  # nli.fastpaths.install's
     assert rows[0]["speedup"] == 1 and all(row["seconds_per_step"] > 0 for row in rows)
     assert "speed-up" in proc.stdout and f"written to {out}" in proc.stdout
+
+
+def test_company_runs_each_case_and_reports_shares_of_idle(tmp_path: Path) -> None:
+    """Alone and beside a busy process, with the thread policy on; the figures come from each run's own files."""
+    out = tmp_path / "company.json"
+    proc = benchmark("company", ["--cases", "idle", "busy", "--policy", "on", "--steps", "4", "--json", str(out),
+                                 "--", "data.synthetic_train_size=128", "data.synthetic_eval_size=32"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["model"] == "quickstart" and report["steps"] == 4
+    cases = report["runs"]["on"]
+    assert [len(cases["idle"]), len(cases["busy"])] == [1, 1]
+    for row in [*cases["idle"], *cases["busy"]]:
+        assert row["examples_per_second"] > 0 and row["gflops"] > 0 and row["peak_rss_gib"] > 0
+        assert 1 <= row["threads"] <= len(os.sched_getaffinity(0))  # as the run's own log line said
+    header = "| policy | case | examples/s (each run) | share of idle | threads | GFLOP/s | peak RSS (GiB) |"
+    assert header in proc.stdout
+    assert "| on | idle | " in proc.stdout and " | 100% | " in proc.stdout and "| on | busy | " in proc.stdout

@@ -149,6 +149,8 @@ def test_warmup_ratio_or_steps() -> None:
     ("train.batch_size=0", "train.batch_size=0 must be positive"),
     ("hw=v100 train.batch_size=24", "train.batch_size=24 must be a multiple of hw.per_device_batch_size=16"),
     ("hw=2x8xa100 hw.nodes=0", "hw.nodes=0 must be at least 1"),
+    ("hw.cpu_threads=0", "hw.cpu_threads=0 must be at least 1, or null for this run's share of the cores"),
+    ("hw.cpu_mmap_threshold=-1", "hw.cpu_mmap_threshold=-1 must be in [0, 33554432] bytes"),
     ("data.fraction_of_train_data=1.5", "data.fraction_of_train_data=1.5 must be in (0, 1]"),
     ("schedule.warmup_ratio=1", "schedule.warmup_ratio=1.0 must be in [0, 1)"),
     ("task.metrics=[accuracy,bleu]", "task.metrics has unknown ['bleu']"),

@@ -56,6 +56,11 @@ class Site:
     log_dir: Optional[str]  # where TensorBoard's events go
     requeue_signal: Optional[signal.Signals]  # besides SIGTERM and SIGINT, which stop a run anywhere
 
+    @property
+    def local_processes(self) -> int:
+        """The processes of this run on this machine (torchrun's and submitit's local world size)."""
+        return int(self.process_env.get("LOCAL_WORLD_SIZE", "1"))
+
 
 def detect(env: Optional[Mapping[str, str]] = None) -> Site:
     env = os.environ if env is None else env

@@ -24,7 +24,8 @@ class Submitit(Local):
         if job.world_size <= 1:
             return None
         return {"MASTER_ADDR": job.master_addr, "MASTER_PORT": str(job.master_port), "RANK": str(job.rank),
-                "WORLD_SIZE": str(job.world_size), "LOCAL_RANK": str(job.local_rank)}
+                "WORLD_SIZE": str(job.world_size), "LOCAL_RANK": str(job.local_rank),
+                "LOCAL_WORLD_SIZE": str(job.local_world_size)}
 
     def requeue_signal(self, env: Mapping[str, str]) -> Optional[signal.Signals]:
         return signal.Signals[f"SIG{env.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}"]

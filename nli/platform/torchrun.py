@@ -7,7 +7,7 @@ from typing import Dict, Mapping, Optional
 
 from nli.platform.local import Local
 
-VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 class Torchrun(Local):
