@@ -279,7 +279,7 @@ class HardwareConfig:
     fp16: bool = False  # the GPU has fast float16 (tensor cores: Volta and newer)
     per_device_batch_size: Optional[int] = None  # examples per device per micro-step; null: whole batch
     cpu_threads: Optional[int] = None  # torch threads per process; null: this run's share of the free cores (nli.cpu)
-    cpu_mmap_threshold: Optional[int] = 1048576  # CPU runs: glibc's mmap threshold in bytes; null: glibc's own
+    cpu_mmap_threshold: Optional[int] = None  # CPU: glibc's mmap threshold, bytes (less memory, slower); null: glibc's
     vertex: VertexMachine = field(default_factory=VertexMachine)  # the machine on Vertex AI
 
     def __post_init__(self) -> None:

@@ -327,8 +327,9 @@ def limit_heap(threshold: Optional[int], env: Mapping[str, str]) -> Optional[str
     """glibc's mmap threshold fixed at ``threshold`` bytes: blocks above it are mapped and returned
     whole. glibc otherwise raises the threshold each time a large block is freed, and the packed CPU
     layers' blocks (of a different size every batch) then fragment the heap: 3.1 GiB peak over three
-    epochs against 1.7 (benchmarks/RESULTS.md). None where glibc is not the allocator, the config
-    says null, or ``MALLOC_MMAP_THRESHOLD_`` already set it; else what was done, for the log."""
+    epochs against 1.7, at 14% less speed on MiniLM (benchmarks/RESULTS.md), so opt-in. None where
+    glibc is not the allocator, the config says null, or ``MALLOC_MMAP_THRESHOLD_`` already set it;
+    else what was done, for the log."""
     if threshold is None or "MALLOC_MMAP_THRESHOLD_" in env:
         return None
     try:

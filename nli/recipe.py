@@ -156,7 +156,7 @@ def setup(cfg: Config, raw: DictConfig, world: World, site: platform.Site, held:
 
 def prepare(cfg: Config, world: World, sharing: cpu.Sharing) -> device.Compute:
     """The seed (the same on every rank: the same initial weights), the CPU threads, the device and
-    the precision; on the CPU, glibc's heap kept from fragmenting (nli.cpu)."""
+    the precision; on the CPU, glibc's heap threshold where the config fixes it (nli.cpu)."""
     set_seed(cfg.seed)
     sharing.start()
     compute = device.resolve(cfg.hw, cfg.precision)

@@ -215,7 +215,7 @@ def test_train_py_on_one_core_reports_its_thread_count(tmp_path: Path, monkeypat
     assert proc.returncode == 0, proc.stderr
     log = (run_dir / "train.log").read_text()
     assert expected in log
-    assert "glibc's mmap threshold fixed at 1048576 bytes (hw.cpu_mmap_threshold)" in log  # by default on a CPU
+    assert "glibc's mmap threshold" not in log  # off by default: it costs MiniLM on RTE 14% of its speed
 
 
 def test_the_processes_a_platform_places_here_share_the_cores(tmp_path: Path, clock: List[float]) -> None:
