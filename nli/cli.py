@@ -11,12 +11,14 @@ import logging
 import sys
 from typing import NoReturn, cast
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from nli import cpu, platform
 from nli.config import Config
 from nli.contract import PREEMPTED
-from nli.errors import UserError
+from nli.errors import JobFailed, UserError
 from nli.signals import Interrupted, Preempted, StopRequest
 from nli.storage import Storage
 
@@ -58,7 +60,13 @@ def train(raw: DictConfig) -> float:
         _stop(f"stopped by {stop.signal} {INTERRUPTED[stop.stage]}")
     except UserError as err:
         log.error("%s", err)
+        if _in_sweep():  # one job's mistake: the sweep goes on, and ends non-zero naming it (nli.sweep)
+            raise JobFailed(f"error: {err}") from None
         raise SystemExit(f"error: {err}") from None
+
+
+def _in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _stop(message: str) -> NoReturn:

@@ -6,6 +6,8 @@ Light on purpose: the config schema raises these before torch loads.
 
 from __future__ import annotations
 
+from hydra.errors import CompactHydraException
+
 
 class UserError(Exception):
     """Something in what the user asked for or gave the run, not a fault of the code."""
@@ -41,3 +43,8 @@ class Diverged(UserError):
 
 class RunChanged(UserError):
     """The output folder holds a run with other settings; the message lists each change and the ways on."""
+
+
+class JobFailed(CompactHydraException):
+    """A user error in one job of a sweep. An exception, not an exit: Hydra's launchers record the job
+    as failed and run the others, and Hydra prints it without a traceback."""

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import contract, cpu, data, device, distributed, export, fastpaths, platform
+from nli import contract, cpu, data, device, distributed, export, fastpaths, platform, sweep
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -246,7 +246,7 @@ def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Out
     world = out.world
     training.trackers.start(RunInfo(name=_run_name(out.storage), group=_sweep_name(),
                                     config=cast(Dict[str, Any], OmegaConf.to_container(raw, resolve=True)),
-                                    log_dir=_log_dir(out), resume_id=None))
+                                    log_dir=_log_dir(out), resume_id=None, overrides=_job_overrides()))
     hooks: list[Hook] = [ProgressBar(total=training.plan.total_steps, initial=training.progress.step,
                                      enabled=cfg.train.progress_bar and world.is_main),
                          MetricsLog(training.trackers, main=world.is_main), Revisit(sharing.revisit)]
@@ -360,6 +360,13 @@ def _run_name(storage: Storage) -> str:
     if HydraConfig.initialized() and HydraConfig.get().job.override_dirname:
         return str(HydraConfig.get().job.override_dirname)
     return Path(storage.root).name
+
+
+def _job_overrides() -> Dict[str, str]:
+    """A sweep's job: its overrides (nli.sweep); a single run: none."""
+    if _sweep_name() is None:
+        return {}
+    return sweep.override_columns(list(HydraConfig.get().overrides.task))
 
 
 def _sweep_name() -> Optional[str]:

@@ -31,6 +31,7 @@ class RunInfo(NamedTuple):
     config: Dict[str, Any]  # the resolved config
     log_dir: Path  # a local directory for the loggers' files
     resume_id: Optional[str]  # the logger's run id from the checkpoint this run resumes, if any
+    overrides: Dict[str, str] = {}  # a sweep's job: its overrides (key -> value as typed), else none
 
 
 class Tracker(Protocol):
@@ -49,10 +50,12 @@ class WandbTracker:
                  group: Optional[str], tags: List[str]) -> None:
         import wandb  # deferred: slow to import, and only needed with logger=wandb
 
-        chosen: Dict[str, Any] = {"mode": WandbMode(mode).value if mode is not None else None,
-                                  "project": project or _default_project(), "entity": entity}
-        self._run = wandb.init(**{key: value for key, value in chosen.items() if value is not None},
-                               group=group or run.group, tags=list(tags), name=run.name, config=run.config,
+        # A sweep's job: its overrides as tags (W&B allows 64 characters) and under `overrides` in the
+        # config, to filter and group the sweep's runs by what was swept.
+        swept = [f"{key}={value}"[:64] for key, value in run.overrides.items()]
+        config = {**run.config, "overrides": run.overrides} if run.overrides else run.config
+        self._run = wandb.init(**wandb_choices(mode, project, entity), group=group or run.group,
+                               tags=list(dict.fromkeys([*tags, *swept])), name=run.name, config=config,
                                dir=str(run.log_dir), id=run.resume_id, resume="allow" if run.resume_id else None)
         self.run_id: Optional[str] = self._run.id
 
@@ -87,6 +90,13 @@ class WandbTracker:
 
 _WAYS_ON = ("Log in once with `wandb login`, or set WANDB_API_KEY, or log offline with logger.wandb.mode=offline "
             "(or WANDB_MODE=offline) and upload the run later with `wandb sync`.")
+
+
+def wandb_choices(mode: Optional[WandbMode], project: Optional[str], entity: Optional[str]) -> Dict[str, Any]:
+    """The ``wandb.init`` arguments of what the config sets: the rest W&B decides."""
+    chosen = {"mode": WandbMode(mode).value if mode is not None else None,
+              "project": project or _default_project(), "entity": entity}
+    return {key: value for key, value in chosen.items() if value is not None}
 
 
 def _wandb_settings(mode: Optional[WandbMode]) -> "Settings":

@@ -34,11 +34,24 @@ def options(group: str) -> list[str]:
 def test_every_yaml_composes_into_its_schema(group: str, name: str) -> None:
     cfg = build_config([f"{group}={name}"])
     assert isinstance(cfg, Config)
-    if group == "experiment":
+    if group in ("experiment", "hparams_search"):  # global: they set keys of other groups (and of hydra)
         return
     nodes = list(cfg.logger.values()) if group == "logger" else [getattr(cfg, group)]  # loggers: one key each
     for node in nodes:
         assert type(node).__name__.endswith("Config"), f"{group}/{name}.yaml is not typed by a schema"
+
+
+@pytest.mark.parametrize("name", options("hparams_search"))
+def test_every_search_searches_keys_the_config_has(name: str) -> None:
+    from hydra import compose
+
+    sweeper = compose("train", overrides=[f"hparams_search={name}"], return_hydra_config=True).hydra.sweeper
+    plain = compose_config([])
+    assert set(sweeper.params) == {"optimizer.lr", "train.batch_size", "schedule.warmup_ratio",
+                                   "optimizer.weight_decay"}
+    assert all(OmegaConf.select(plain, key) is not None for key in sweeper.params)  # a misspelt key would be None
+    raw = OmegaConf.to_container(sweeper, resolve=False)  # the study's name resolves only inside a run
+    assert raw["direction"] == "maximize" and raw["storage"] == "sqlite:///${hydra.sweep.dir}/optuna.db"
 
 
 def test_groups_are_the_ones_the_readme_promises() -> None:
@@ -52,6 +65,7 @@ def test_groups_are_the_ones_the_readme_promises() -> None:
                                   "4x8xh100"}
     assert set(options("logger")) == {"none", "wandb", "tensorboard", "csv"}
     assert {"quickstart", "roberta-large-mnli"} <= set(options("experiment"))
+    assert set(options("hparams_search")) == {"quickstart", "glue"}
 
 
 def test_defaults() -> None:
@@ -61,7 +75,7 @@ def test_defaults() -> None:
                                                                 "validation_mismatched": "_mm"}
     assert isinstance(cfg.optimizer, AdamConfig) and cfg.optimizer._target_ == "torch.optim.AdamW"
     assert cfg.schedule._target_ == "nli.optim.linear" and cfg.precision.dtype.value == "auto"
-    assert cfg.hw.accelerator.value == "auto" and cfg.logger == {}
+    assert cfg.hw.accelerator.value == "auto" and list(cfg.logger) == ["csv"]  # metrics.csv, for nli.report
     assert cfg.output_dir is None and cfg.train.checkpoint_dir is None  # the platform's, else Hydra's run dir
     assert cfg.train.early_stopping.patience is None  # off
 

@@ -66,16 +66,6 @@ def test_python_dash_m_nli_is_train_py(fast_run: Path, tmp_path: Path) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_local_multirun_writes_one_result_per_job(tmp_path: Path) -> None:
-    proc = run_train(["-m", *FAST, "optimizer.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path}/sweep"],
-                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    configs = {job: yaml.safe_load((tmp_path / "sweep" / job / "config.yaml").read_text()) for job in ("0", "1")}
-    assert {c["optimizer"]["lr"] for c in configs.values()} == {1e-3, 2e-3}
-    for job in ("0", "1"):
-        assert read_results(tmp_path / "sweep" / job)["status"] == "completed"
-
-
 def test_wandb_offline_writes_its_run_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WANDB_PROJECT", raising=False)  # neither the config nor the environment names one
     proc = run_train([*FAST, "logger=wandb", "logger.wandb.mode=offline", "logger.wandb.tags=[smoke]",

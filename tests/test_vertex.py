@@ -120,7 +120,8 @@ def test_sweep_of_two_jobs_returns_their_objectives_and_keeps_the_key_secret(
         results = gcs_json(f"{BUCKET}/two-jobs/{num}/model/results.json")
         assert ret.return_value == results["objective"]  # what train.py returned, read back from the job
         assert 0 <= ret.return_value <= 1
-        assert rows[num]["state"] == "SUCCEEDED" and float(rows[num]["objective"]) == results["objective"]
+        assert rows[num]["state"] == "COMPLETED" and rows[num]["vertex_state"] == "JOB_STATE_SUCCEEDED"
+        assert float(rows[num]["objective"]) == results["objective"]
         assert rows[num]["seed"] == str(num + 1)
     assert [json.loads(line)["objective"] for line in lines] == [ret.return_value for ret in returns]
 
@@ -152,7 +153,8 @@ def test_a_failed_job_is_failed_with_vertex_message_and_the_other_succeeds(fake:
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, output
     rows = read_rows(tmp_path / "sweep")
-    assert [row["state"] for row in rows] == ["SUCCEEDED", "FAILED"]
+    assert [row["state"] for row in rows] == ["COMPLETED", "FAILED"]
+    assert "data.dir reads the GLUE layout" in rows[1]["error"]  # the job's own error, in its row
     assert 0 <= float(rows[0]["objective"]) <= 1
     assert "exited with a non-zero status of 1" in output  # the service's message ...
     assert "data.dir reads the GLUE layout" in output  # ... and the job's own error, reported from inside
@@ -186,7 +188,7 @@ def test_optuna_drives_two_trials_through_vertex(fake: FakeVertex, tmp_path: Pat
     assert proc.returncode == 0, output
     rows = read_rows(tmp_path / "sweep")
     best = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
-    assert len(rows) == 2 and all(row["state"] == "SUCCEEDED" for row in rows)
+    assert len(rows) == 2 and all(row["state"] == "COMPLETED" for row in rows)
     assert best["best_value"] == max(float(row["objective"]) for row in rows)
 
 

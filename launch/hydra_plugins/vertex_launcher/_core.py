@@ -8,6 +8,7 @@ whose model directory (nli.contract.vertex_dirs) holds what the job reports."""
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import time
@@ -23,13 +24,13 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from nli import sweep
 from nli.contract import RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
 
 from . import _spec
 from ._checks import LaunchError, check_secrets
 from ._client import Vertex
 from ._package import build_sdist, upload
-from ._results import read_json, write_table
 from .config import VertexLauncherConf
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,6 @@ class Sweep:
         self.hydra_context = hydra_context
         self.name = settings.sweep_name or f"{config.hydra.job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.dir = Path(str(config.hydra.sweep.dir))
-        self.rows: List[Dict[str, Any]] = []  # every job so far, for sweep_results.csv
         self._vertex: Optional[Vertex] = None
         self._package_uri: Optional[str] = None
 
@@ -103,9 +103,7 @@ class Sweep:
         if not self.settings.wait:
             return [self._submitted(job) for job in jobs]
         Watcher(self.vertex, self.settings).run(jobs)
-        returns = [self._collect(job) for job in jobs]
-        write_table(self.dir, self.rows)
-        return returns
+        return [self._collect(job) for job in jobs]
 
     def _compose(self, overrides: List[str], num: int) -> Job:
         """The job's config as Hydra's own launcher makes it, and its local directory."""
@@ -165,19 +163,22 @@ class Sweep:
         return _job_return(job, JobStatus.COMPLETED, None)  # no result yet: the job has only started
 
     def _collect(self, job: Job) -> JobReturn:
-        """Hydra's JobReturn from what the job left in its output directory."""
+        """Hydra's JobReturn from what the job left in its output directory, and the job's row in the
+        sweep's table (nli.sweep: the same table as under every launcher)."""
         model_dir = vertex_dirs(job.remote_dir)[VERTEX_MODEL_DIR]  # where the job wrote, as Vertex AI told it
-        reported = read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}
-        results = read_json(f"{model_dir}/{RESULTS_FILE}") or {}
-        self.rows.append({"job": job.num, "state": job.state.name.removeprefix("JOB_STATE_"),
-                          **_override_columns(job.overrides), **results, "vertex_job": job.name})
+        reported = sweep.read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}
+        results = sweep.read_json(f"{model_dir}/{RESULTS_FILE}")
+        row = functools.partial(sweep.job_row, num=job.num, overrides=job.overrides, results=results,
+                                output_dir=model_dir, vertex_job=job.name, vertex_state=job.state.name)
         if job.state is JobState.JOB_STATE_SUCCEEDED:
-            value = reported.get("return_value", results.get("objective"))
+            value = reported.get("return_value", (results or {}).get("objective"))
             job.note(f"return value {value!r}")
+            sweep.record(self.dir, row(state=JobStatus.COMPLETED.name))
             return _job_return(job, JobStatus.COMPLETED, value)
         reason = f"; the job reported {reported['error']}" if "error" in reported else ""
         error = JobFailed(f"Vertex AI job {job.label} ({job.name}) ended {job.state.name}: {job.error}{reason}")
         job.note(str(error))
+        sweep.record(self.dir, row(state=JobStatus.FAILED.name, error=str(error)))
         return _job_return(job, JobStatus.FAILED, error)
 
 
@@ -276,9 +277,3 @@ def _job_return(job: Job, status: JobStatus, value: Any) -> JobReturn:
                      working_dir=str(job.output_dir) if chdir else os.getcwd(),
                      task_name=str(job.config.hydra.job.name), status=status, _return_value=value)
 
-
-def _override_columns(overrides: List[str]) -> Dict[str, str]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return {override.key_or_group: override.get_value_element_as_str()
-            for override in OverridesParser.create().parse_overrides(overrides)}

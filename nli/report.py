@@ -1,0 +1,409 @@
+"""A sweep's report: its table as Markdown, the seeds' means, and plots, in one ``report.md``.
+
+    python -m nli.report multirun/synthetic/2026-11-25_06-54-23
+    python -m nli.report SWEEP_A SWEEP_B outputs/rte/RUN --out reports/lr
+
+Each argument is a sweep directory (one with ``sweep_results.jsonl``, written by ``train.py -m``,
+nli/sweep.py) or a single run folder (one with ``results.json``). The report goes to the first sweep
+directory given (else the first run folder), or to ``--out``:
+
+- ``report.md``: every job (state, the overrides that vary, objective and metrics, speed, error),
+  and when seeds were swept the mean ± sample standard deviation over them;
+- ``objective_vs_<key>.png``: the objective against each swept setting other than the seed;
+- ``learning_curves.png``: training loss and the evaluation metric against step, from each run's
+  ``metrics.csv`` (``logger=csv``, the default).
+
+Failed jobs are in the tables and not in the plots. The plots are drawn on matplotlib's Agg
+canvas, without pyplot: no display is needed and no global backend is switched for the caller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+import fsspec
+import yaml
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from nli import sweep
+from nli.contract import RESULTS_FILE
+from nli.errors import UserError
+
+REPORT = "report.md"
+METRICS_CSV = "metrics.csv"
+LEARNING_CURVES = "learning_curves.png"
+HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
+# Figure sizes in inches at DPI dots per inch: the PNGs are exactly size * DPI pixels.
+DPI = 100
+OBJECTIVE_SIZE = (6.0, 4.0)
+CURVES_SIZE = (12.0, 4.5)
+# Results that measure the run (speed, memory) rather than the model: shown apart, never averaged as metrics.
+MEASURED_PREFIXES = ("train_", "peak_")
+# How fast each job ran, by the title the job table gives it.
+SPEED = (("examples/s", "train_examples_per_second"), ("seconds", "train_seconds"))
+LEGEND_MAX = 12  # lines a legend names; past that it hides the plot
+
+Row = Dict[str, Any]
+Curves = Dict[str, Dict[int, float]]  # metric -> step -> value
+
+
+class ReportError(UserError):
+    """An argument that is neither a sweep directory nor a run folder, or a table that cannot be read."""
+
+
+# ------------------------------------------------------------------------------- the rows
+
+
+def load_rows(paths: Sequence[Path]) -> List[Row]:
+    """Every job of every sweep directory and run folder given, in order."""
+    rows: List[Row] = []
+    for path in paths:
+        if (path / sweep.RESULTS_JSONL).is_file():
+            rows.extend(_sweep_rows(path))
+        elif (path / RESULTS_FILE).is_file():
+            rows.append(_run_row(path, num=len(rows)))
+        else:
+            raise _not_a_source(path)
+    return rows
+
+
+def _not_a_source(path: Path) -> ReportError:
+    expected = f"expected a sweep directory (with {sweep.RESULTS_JSONL}) or a run folder (with {RESULTS_FILE})"
+    if not path.exists():
+        return ReportError(f"{path}: no such directory; {expected}")
+    if not path.is_dir():
+        return ReportError(f"{path}: not a directory; {expected}")
+    return ReportError(f"{path}: holds neither {sweep.RESULTS_JSONL} nor {RESULTS_FILE}; {expected}")
+
+
+def _sweep_rows(sweep_dir: Path) -> List[Row]:
+    try:
+        rows = sweep.read_rows(sweep_dir)
+    except json.JSONDecodeError as err:
+        raise ReportError(f"{sweep_dir / sweep.RESULTS_JSONL}: not JSON lines ({err})") from None
+    if not rows:
+        raise ReportError(f"{sweep_dir / sweep.RESULTS_JSONL} holds no jobs yet")
+    for row in rows:
+        # A sweep copied from elsewhere (a cluster, a bucket) names job folders that are not here:
+        # its metrics.csv files are then read from the same subfolder of the copy.
+        named = str(row.get("output_dir") or "")
+        if named and not _exists(named) and (sweep_dir / _tail(named, 1)).is_dir():
+            row["output_dir"] = str(sweep_dir / _tail(named, 1))
+    return rows
+
+
+def _run_row(run_dir: Path, *, num: int) -> Row:
+    """A single run's row, as a sweep would have written it."""
+    try:
+        results = json.loads((run_dir / RESULTS_FILE).read_text())
+        overrides_file = run_dir / HYDRA_OVERRIDES
+        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ReportError(f"{run_dir}: unreadable {RESULTS_FILE} or {HYDRA_OVERRIDES} ({err})") from None
+    return sweep.job_row(num=num, state=sweep.COMPLETED, overrides=[str(each) for each in overrides or []],
+                         results=results, output_dir=str(run_dir))
+
+
+def _exists(url: str) -> bool:
+    if "://" in url:  # a bucket: let fsspec answer when the file is read
+        return True
+    return Path(url).is_dir()
+
+
+def _tail(url: str, parts: int) -> str:
+    """The last parts of a path or URL: enough to tell runs apart in a table."""
+    return "/".join(url.rstrip("/").split("/")[-parts:])
+
+
+def varying(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The override keys whose value is not the same in every row, in the order they were given."""
+    keys = dict.fromkeys(key for row in rows for key in sweep.swept(row))
+    return [key for key in keys if len({str(row.get(key)) for row in rows}) > 1]
+
+
+def model_metrics(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """Objective first, then what the model scored (accuracy, f1, ...), not how fast the run went."""
+    return [name for name in sweep.metric_columns(rows) if not name.startswith(MEASURED_PREFIXES)]
+
+
+def completed(rows: Sequence[Row]) -> List[Row]:
+    return [row for row in rows if row.get("state") == sweep.COMPLETED and _is_number(row.get("objective"))]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if _is_number(value) else None
+
+
+# ------------------------------------------------------------------------------ the tables
+
+
+def job_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str], *, folders: bool) -> str:
+    """One line per job; ``folders`` adds each job's folder, for reports over several directories
+    (whose job numbers repeat)."""
+    columns: List[Tuple[str, str]] = [("job", "job"), ("state", "state")]
+    columns += [("folder", "output_dir")] if folders else []
+    columns += [(key, key) for key in keys] + [(name, name) for name in metrics]
+    columns += [(title, key) for title, key in SPEED if any(key in row for row in rows)]
+    if any(row.get("error") for row in rows):
+        columns.append(("error", "error"))
+    numeric = {*metrics, *(key for _, key in SPEED)}
+    lines = [[_shown(row, key, numeric) for _, key in columns] for row in rows]
+    return markdown_table([title for title, _ in columns], lines)
+
+
+def _shown(row: Mapping[str, Any], key: str, numeric: Set[str]) -> Any:
+    """A cell's value: every metric as a float, so that all print with 4 decimals; a folder by its
+    last two parts (the sweep's and the job's)."""
+    if key == "output_dir":
+        return _tail(str(row.get(key) or ""), 2)
+    value = row.get(key)
+    return _number(value) if key in numeric and _is_number(value) else value
+
+
+def seed_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str]) -> str:
+    """Jobs that differ only in seed, one line each: n, and mean ± sd of every metric."""
+    groups = sweep.seed_groups(rows)
+    others = [key for key in keys if key != sweep.SEED]
+    failed = any(group["failed"] for group in groups)
+    header = [*others, "n", *(["failed"] if failed else []), *metrics]
+    lines = [[*(group.get(key) for key in others), group["n"], *([group["failed"]] if failed else []),
+              *(plus_minus(group.get(f"{name}_mean"), group.get(f"{name}_sd")) for name in metrics)]
+             for group in groups]
+    return markdown_table(header, lines)
+
+
+def plus_minus(mean: Optional[float], sd: Optional[float]) -> str:
+    """``0.8229 ± 0.1915``; the mean alone where one seed ran (no sd), nothing where none did."""
+    if mean is None or math.isnan(mean):
+        return ""
+    return f"{mean:.4f}" if sd is None or math.isnan(sd) else f"{mean:.4f} ± {sd:.4f}"
+
+
+def markdown_table(header: Sequence[str], lines: Sequence[Sequence[Any]]) -> str:
+    rendered = [[_cell(value) for value in line] for line in lines]
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                      *("| " + " | ".join(line) + " |" for line in rendered)])
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    text = f"{value:.4f}" if isinstance(value, float) else str(value)
+    text = " ".join(text.split())  # a Markdown table row is one line: an error's traceback is not
+    text = text if len(text) <= 300 else text[:299] + "…"
+    return text.replace("|", "\\|")
+
+
+# ------------------------------------------------------------------------ objective plots
+
+
+def objective_points(rows: Sequence[Row], key: str, others: Sequence[str]) -> Dict[str, Dict[str, List[float]]]:
+    """The completed jobs' objectives, by the other swept values (a line each) and then by this key's
+    value (a point each): the seeds of one setting fall in one point."""
+    lines: Dict[str, Dict[str, List[float]]] = {}
+    for row in completed(rows):
+        label = ", ".join(f"{other}={row.get(other)}" for other in others)
+        lines.setdefault(label, {}).setdefault(str(row.get(key)), []).append(float(row["objective"]))
+    return lines
+
+
+def x_axis(values: Sequence[str]) -> Tuple[Dict[str, float], str]:
+    """Where each value lies on the x axis, and the axis' scale: numbers where all are numbers, on a
+    log axis when they span more than a factor of 10 (learning rates), else categories in order."""
+    try:
+        numbers = {value: float(value) for value in values}
+    except ValueError:
+        return {value: float(i) for i, value in enumerate(values)}, "category"
+    finite = [x for x in numbers.values() if math.isfinite(x)]
+    spread = len(finite) == len(numbers) and min(finite) > 0 and max(finite) > 10 * min(finite)
+    return numbers, "log" if spread else "linear"
+
+
+def plot_objective(rows: Sequence[Row], key: str, others: Sequence[str], path: Path, *, seeds: bool) -> None:
+    lines = objective_points(rows, key, others)
+    where, scale = x_axis(list(dict.fromkeys(value for points in lines.values() for value in points)))
+    figure = _figure(OBJECTIVE_SIZE)
+    axes = figure.subplots()
+    for label, points in lines.items():
+        ordered = sorted(points, key=lambda value: where[value])
+        means = [statistics.fmean(points[value]) for value in ordered]
+        sds = [statistics.stdev(points[value]) if len(points[value]) > 1 else 0.0 for value in ordered]
+        axes.errorbar([where[value] for value in ordered], means, yerr=sds, fmt="o-", capsize=4, label=label or None)
+    if scale != "category":
+        axes.set_xscale(scale)
+    # A tick at each value swept, as typed: 1e-3 rather than 0.00100 crowded among 0.00125s.
+    axes.set_xticks(list(where.values()), list(where))
+    axes.minorticks_off()
+    axes.set(title=f"objective against {key}", xlabel=key,
+             ylabel="objective (mean ± sd over seeds)" if seeds else "objective")
+    _legend(axes, len(lines))
+    _save(figure, path)
+
+
+# ------------------------------------------------------------------------ learning curves
+
+
+def read_curves(url: str) -> Curves:
+    """metrics.csv as metric -> step -> value. A resumed run logs again the steps after its last
+    checkpoint: the later line is the one that run went on from, so it wins."""
+    curves: Curves = {}
+    with fsspec.open(url, "r") as stream:
+        for line in csv.DictReader(stream):
+            curves.setdefault(line["metric"], {})[int(line["step"])] = float(line["value"])
+    return curves
+
+
+def main_metric(results: Mapping[str, Any], curves: Curves) -> Optional[str]:
+    """The eval/ metric the objective is: the one whose final value (results.json's, else the last
+    logged) equals the objective; else the first eval/ metric logged."""
+    names = [name for name in curves if name.startswith("eval/") and curves[name]]
+    objective = _number(results.get("objective"))
+    for name in names:
+        points = curves[name]
+        final = _number(results.get(name[len("eval/"):], points[max(points)]))
+        if objective is not None and final is not None and math.isclose(final, objective):
+            return name
+    return names[0] if names else None
+
+
+def load_curves(rows: Sequence[Row], keys: Sequence[str]) -> Tuple[List[Tuple[str, Curves, Optional[str]]], List[str]]:
+    """Each completed run's label, curves and main metric; and a note for each run without curves."""
+    runs: List[Tuple[str, Curves, Optional[str]]] = []
+    notes: List[str] = []
+    for row in completed(rows):
+        url = f"{str(row.get('output_dir', '')).rstrip('/')}/{METRICS_CSV}"
+        try:
+            curves = read_curves(url)
+        except FileNotFoundError:
+            notes.append(f"job {row.get('job')} ({url}): no {METRICS_CSV}")
+            continue
+        except (OSError, KeyError, ValueError) as err:  # unreadable, or not the step,metric,value columns
+            notes.append(f"job {row.get('job')} ({url}): {METRICS_CSV} unreadable ({err!r})")
+            continue
+        label = ", ".join(f"{key}={row.get(key)}" for key in keys) or f"job {row.get('job')}"
+        runs.append((label, curves, main_metric(row, curves)))
+    return runs, notes
+
+
+def plot_curves(runs: Sequence[Tuple[str, Curves, Optional[str]]], path: Path) -> None:
+    """Training loss and the evaluation metric against step, side by side, a line per run."""
+    figure = _figure(CURVES_SIZE)
+    loss_axes, eval_axes = figure.subplots(1, 2)
+    for label, curves, metric in runs:
+        _line(loss_axes, curves.get("train/loss", {}), label)
+        _line(eval_axes, curves.get(metric, {}) if metric else {}, label)
+    metrics = list(dict.fromkeys(metric for _, _, metric in runs if metric))
+    loss_axes.set(title="training loss", xlabel="step", ylabel="train/loss")
+    eval_axes.set(title="evaluation", xlabel="step", ylabel=", ".join(metrics) or "no eval/ metric logged")
+    _legend(eval_axes, len(runs))
+    _save(figure, path)
+
+
+def _line(axes: Axes, points: Mapping[int, float], label: str) -> None:
+    steps = sorted(points)
+    axes.plot(steps, [points[step] for step in steps], marker=".", label=label)
+
+
+def _figure(size: Tuple[float, float]) -> Figure:
+    figure = Figure(figsize=size, dpi=DPI)
+    FigureCanvasAgg(figure)  # Agg draws the PNG; it attaches itself to the figure
+    return figure
+
+
+def _legend(axes: Axes, lines: int) -> None:
+    if 0 < lines <= LEGEND_MAX and axes.get_legend_handles_labels()[1]:
+        axes.legend(fontsize="small")
+
+
+def _save(figure: Figure, path: Path) -> None:
+    figure.tight_layout()
+    figure.savefig(path, dpi=DPI)
+
+
+# ------------------------------------------------------------------------------ the report
+
+
+def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> List[Path]:
+    """Writes report.md and its plots; the files written, report.md first."""
+    rows = load_rows(paths)
+    out = out or next((path for path in paths if (path / sweep.RESULTS_JSONL).is_file()), paths[0])
+    out.mkdir(parents=True, exist_ok=True)
+    keys, metrics = varying(rows), model_metrics(rows)
+    done = completed(rows)
+    sections = [f"# Sweep report\n\n{len(rows)} {'job' if len(rows) == 1 else 'jobs'}, {len(done)} completed, "
+                "from " + ", ".join(f"`{path}`" for path in paths) + ".",
+                "## Jobs\n\n" + job_table(rows, keys, metrics, folders=len(paths) > 1)]
+    if sweep.SEED in keys:
+        sections.append("## Over seeds\n\nMean ± sample standard deviation over the seeds of each setting "
+                        "(completed jobs).\n\n" + seed_table(rows, keys, metrics))
+    written: List[Path] = []
+    sections += _objective_section(rows, keys, out, written) + _curves_section(rows, keys, out, written)
+    report = out / REPORT
+    report.write_text("\n\n".join(sections) + "\n")
+    return [report, *written]
+
+
+def _objective_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written: List[Path]) -> List[str]:
+    settings = [key for key in keys if key != sweep.SEED]
+    if not settings or not completed(rows):
+        return []
+    images = []
+    for key in settings:
+        path = out / f"objective_vs_{_file_name(key)}.png"
+        plot_objective(rows, key, [other for other in settings if other != key], path, seeds=sweep.SEED in keys)
+        written.append(path)
+        images.append(f"![objective against {key}]({path.name})")
+    return ["## Objective against each swept setting\n\n" + "\n\n".join(images)]
+
+
+def _file_name(key: str) -> str:
+    """An override key as part of a file name: ``hydra/launcher`` -> ``hydra_launcher``."""
+    return re.sub(r"[^\w.-]+", "_", key)
+
+
+def _curves_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written: List[Path]) -> List[str]:
+    runs, notes = load_curves(rows, keys)
+    text = "## Learning curves"
+    if runs:
+        plot_curves(runs, out / LEARNING_CURVES)
+        written.append(out / LEARNING_CURVES)
+        text += f"\n\n![learning curves]({LEARNING_CURVES})"
+    if notes:
+        text += "\n\nSkipped:\n\n" + "\n".join(f"- {note}" for note in notes)
+    return [text] if runs or notes else []
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nli.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, metavar="DIR", help="sweep directories and run folders")
+    parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: the first sweep)")
+    args = parser.parse_args(argv)
+    try:
+        written = write_report(args.paths, args.out)
+    except UserError as err:  # what was given: the message alone, and argparse's status for a bad argument
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a folder that cannot be read or written: no traceback either
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print("\n".join(str(path) for path in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""A sweep's table, under every launcher: each job's row as the job ends, the whole table and the
+seeds' means at the end, and an exit status that says whether every job succeeded.
+
+Rows go to ``<sweep dir>/sweep_results.jsonl`` and ``.csv`` (one row per job folder: a sweep run
+again under the same directory replaces the rows of the jobs it reruns and appends the rest), and
+jobs that differ only in ``seed`` are summed up in ``sweep_summary.csv`` (n, mean and sd).
+
+Hydra's own and submitit's launchers call :class:`SweepResults` (a Hydra callback, named in
+conf/train.yaml) where each job runs, so a job on a Slurm node writes its own row, under a file
+lock; the Vertex AI launcher, whose jobs run in the cloud, writes theirs with :func:`record` as
+it collects them. The callback in the process that started the sweep prints the table at the end.
+
+Light on purpose (no torch): Hydra instantiates the callback before any job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import csv
+import io
+import json
+import logging
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import fsspec
+from filelock import FileLock
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from nli.contract import RESULTS_FILE
+
+log = logging.getLogger(__name__)
+
+RESULTS_JSONL = "sweep_results.jsonl"
+RESULTS_CSV = "sweep_results.csv"
+SUMMARY_CSV = "sweep_summary.csv"
+_LOCK = ".sweep_results.lock"
+
+COMPLETED, FAILED = JobStatus.COMPLETED.name, JobStatus.FAILED.name
+SEED = "seed"
+# Columns of a row that are not metrics: its place in the sweep, and counters a mean says nothing of.
+_NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early"})
+# What the printed table shows besides the swept values (the files have every column).
+_SHOWN = ("objective", "train_examples_per_second", "train_seconds")
+
+
+def override_columns(overrides: Sequence[str]) -> Dict[str, str]:
+    """``optimizer.lr=1e-3`` -> ``{"optimizer.lr": "1e-3"}``: the key as Hydra parses it, the value as typed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {override.key_or_group: (override.input_line or "").partition("=")[2]
+            for override in OverridesParser.create().parse_overrides(list(overrides))}
+
+
+def job_row(*, num: int, state: str, overrides: Sequence[str], results: Optional[Mapping[str, Any]],
+            output_dir: str, error: Optional[str] = None, **extra: Any) -> Dict[str, Any]:
+    """One job's row: its number and state, each override, the run's results, where it wrote, and
+    for a failed job its error."""
+    row: Dict[str, Any] = {"job": num, "state": state, "overrides": list(overrides), **override_columns(overrides)}
+    row.update({key: value for key, value in (results or {}).items() if key not in row})
+    row.update(output_dir=output_dir, error=error, ended=time.time(), **extra)
+    return row
+
+
+def read_json(url: str) -> Optional[Dict[str, Any]]:
+    """A JSON file (local or gs://); None when there is none."""
+    fs, path = fsspec.core.url_to_fs(url)
+    try:
+        return json.loads(fs.cat_file(path))
+    except FileNotFoundError:
+        return None
+
+
+# --------------------------------------------------------------------------------- the files
+
+
+def record(sweep_dir: Path, row: Dict[str, Any]) -> None:
+    """Adds the job's row to the sweep's files, in place of an earlier row of the same job folder.
+    Jobs of one sweep end at once in several processes (or nodes): the lock lets one write at a time."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(sweep_dir / _LOCK)):
+        rows = read_rows(sweep_dir)
+        same = [i for i, old in enumerate(rows) if old.get("output_dir") == row["output_dir"]]
+        if same:
+            rows[same[0]] = row
+        else:
+            rows.append(row)
+        _replace(sweep_dir / RESULTS_JSONL, "".join(json.dumps(each) + "\n" for each in rows))
+        _replace(sweep_dir / RESULTS_CSV, to_csv(rows))
+
+
+def read_rows(sweep_dir: Path) -> List[Dict[str, Any]]:
+    path = sweep_dir / RESULTS_JSONL
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    stream = io.StringIO()
+    writer = csv.DictWriter(stream, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
+    writer.writeheader()
+    writer.writerows({**row, "overrides": " ".join(row["overrides"])} if "overrides" in row else row for row in rows)
+    return stream.getvalue()
+
+
+def _replace(path: Path, text: str) -> None:
+    """Readers never see half a file: write beside it, then rename over it."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+# ------------------------------------------------------------------------------ seeds as one
+
+
+def seed_groups(rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Jobs that differ only in ``seed``, one row per group: the other overrides, n (completed jobs),
+    the seeds, the failed jobs, and the mean and sample standard deviation of every metric. Empty
+    when no job sets a seed."""
+    if not any(SEED in swept(row) for row in rows):
+        return []
+    groups: Dict[Tuple[Tuple[str, str], ...], List[Mapping[str, Any]]] = {}
+    for row in rows:
+        others = {key: value for key, value in swept(row).items() if key != SEED}
+        groups.setdefault(tuple(others.items()), []).append(row)
+    return [_group_row(dict(key), members) for key, members in groups.items()]
+
+
+def _group_row(overrides: Dict[str, str], members: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    done = [row for row in members if row["state"] == COMPLETED]
+    group: Dict[str, Any] = {**overrides, "n": len(done), "seeds": " ".join(str(row.get(SEED, "")) for row in done),
+                             "failed": len(members) - len(done)}
+    for metric in metric_columns(done):
+        values = [float(row[metric]) for row in done if _is_number(row.get(metric))]
+        group[f"{metric}_mean"] = statistics.fmean(values) if values else math.nan
+        group[f"{metric}_sd"] = statistics.stdev(values) if len(values) > 1 else math.nan
+    return group
+
+
+def metric_columns(rows: Iterable[Mapping[str, Any]]) -> List[str]:
+    """The numeric columns of the rows' results, objective first."""
+    rows = list(rows)
+    overridden = {key for row in rows for key in swept(row)}
+    columns = [key for row in rows for key, value in row.items()
+               if _is_number(value) and key not in overridden and key not in _NOT_METRICS and key != "ended"]
+    return sorted(dict.fromkeys(columns), key=lambda key: key != "objective")
+
+
+def swept(row: Mapping[str, Any]) -> Dict[str, str]:
+    """The row's overrides as key -> value."""
+    return override_columns(row.get("overrides") or [])
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# ----------------------------------------------------------------------------- the callback
+
+
+class SweepResults(Callback):
+    """Each job's row where the job runs; the table, the seeds' summary and the failed jobs where the
+    sweep started. A sweep with a failed job exits non-zero after every other job has run."""
+
+    def __init__(self) -> None:
+        self.sweep_dir: Optional[Path] = None
+        self.started = 0.0
+        self.wandb: Optional[DictConfig] = None  # the sweep's W&B logger, if it has one
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.sweep_dir, self.started = Path(str(config.hydra.sweep.dir)), time.time()
+        self.wandb = OmegaConf.select(config, "logger.wandb")
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)  # before the sweeper: an Optuna study's file lives in it
+        # Hydra's sweepers raise the first failed job's error once its batch has run, and on_multirun_end
+        # is then not called: the table comes at exit, after Hydra has printed that error.
+        atexit.register(self._finish)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:  # a single run, or a Vertex AI job (its launcher writes the row)
+            return
+        record(Path(str(config.hydra.sweep.dir)), hydra_job_row(config, job_return))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        failed = self._finish()
+        if failed:  # a sweeper that let the sweep go on past them (Optuna's max_failure_rate)
+            raise SystemExit(1)
+
+    def _finish(self) -> List[Dict[str, Any]]:
+        """Prints the table once; the jobs of this sweep that failed."""
+        if self.sweep_dir is None:
+            return []
+        sweep_dir, self.sweep_dir = self.sweep_dir, None
+        rows = read_rows(sweep_dir)
+        if not rows:
+            return []
+        groups = seed_groups(rows)
+        if groups:
+            _replace(sweep_dir / SUMMARY_CSV, to_csv(groups))
+        log.info("Sweep results (%s):\n%s", sweep_dir / RESULTS_CSV, format_rows(rows))
+        if groups:
+            log.info("Over seeds (%s):\n%s", sweep_dir / SUMMARY_CSV, format_groups(groups))
+        failed = [row for row in rows if row["state"] != COMPLETED and row.get("ended", 0) >= self.started]
+        if self.wandb is not None:
+            to_wandb(self.wandb, sweep_dir, rows, groups)
+        if failed:
+            lines = "\n".join(f"  #{row['job']} {' '.join(row['overrides'])}: {row.get('error') or row['state']}"
+                              for row in failed)
+            log.error("%d of the sweep's jobs failed (the others ran):\n%s", len(failed), lines)
+        return failed
+
+
+def to_wandb(logger: DictConfig, sweep_dir: Path, rows: Sequence[Mapping[str, Any]],
+             groups: Sequence[Mapping[str, Any]]) -> None:
+    """The tables as a run of the sweep's W&B group (named like the jobs' group, job type
+    ``sweep-summary``) and as an artifact of its files. W&B failing here costs the table nothing: the
+    files are written."""
+    import wandb
+
+    from nli.tracking import wandb_choices
+
+    group = sweep_dir.name  # as the jobs' group (nli.recipe)
+    try:
+        run = wandb.init(**wandb_choices(logger.mode, logger.project, logger.entity), group=group,
+                         job_type="sweep-summary", name=f"{group}-summary", dir=str(sweep_dir),
+                         tags=list(logger.tags or []))
+        run.log({"sweep_results": _wandb_table(rows), **({"sweep_summary": _wandb_table(groups)} if groups else {})})
+        artifact = wandb.Artifact(f"{group}-results", type="sweep-results")
+        for name in (RESULTS_CSV, RESULTS_JSONL, SUMMARY_CSV):
+            if (sweep_dir / name).exists():
+                artifact.add_file(str(sweep_dir / name))
+        run.log_artifact(artifact)
+        run.finish()
+    except Exception as error:  # wandb's own errors are of many kinds; none must end the sweep's report
+        log.warning("the sweep's tables were not logged to W&B (%s: %s); they are in %s",
+                    type(error).__name__, error, sweep_dir)
+
+
+def _wandb_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    import wandb
+
+    columns: List[str | int] = list(dict.fromkeys(key for row in rows for key in row))
+    return wandb.Table(columns=columns, data=[[_plain(row.get(str(key))) for key in columns] for row in rows])
+
+
+def _plain(value: Any) -> Any:
+    """A cell W&B's table takes: lists as their text."""
+    return " ".join(map(str, value)) if isinstance(value, list) else value
+
+
+def hydra_job_row(config: DictConfig, job_return: JobReturn) -> Dict[str, Any]:
+    """The row of a job run by one of Hydra's launchers, from its return and its results.json."""
+    output_dir = str(OmegaConf.select(config, "output_dir") or config.hydra.runtime.output_dir)
+    overrides = list(config.hydra.overrides.task)
+    if job_return.status is JobStatus.COMPLETED:
+        results = read_json(f"{output_dir.rstrip('/')}/{RESULTS_FILE}")
+        if results is None and _is_number(job_return.return_value):  # an app that writes no results.json
+            results = {"objective": job_return.return_value}
+        return job_row(num=int(config.hydra.job.num), state=COMPLETED, overrides=overrides, results=results,
+                       output_dir=output_dir)
+    error = job_return._return_value  # the exception; .return_value would raise it
+    return job_row(num=int(config.hydra.job.num), state=job_return.status.name, overrides=overrides, results=None,
+                   output_dir=output_dir, error=str(error) or type(error).__name__)
+
+
+# -------------------------------------------------------------------------------- the tables
+
+
+def format_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The jobs: number, state, what varies between them, the headline figures, the error."""
+    columns = ["job", "state", *_varying(rows), *[c for c in _SHOWN if any(c in row for row in rows)]]
+    if any(row.get("error") for row in rows):
+        columns.append("error")
+    return format_table(rows, columns)
+
+
+def format_groups(groups: Sequence[Mapping[str, Any]]) -> str:
+    varying = [key for key in _varying_keys(groups) if key not in {"n", "seeds", "failed"}]
+    metrics = [key[:-5] for key in groups[0] if key.endswith("_mean")]
+    shown = [metric for metric in metrics if metric in _SHOWN] or metrics[:3]
+    cells = [{**{key: group.get(key) for key in varying}, "n": group["n"], "failed": group["failed"],
+              **{metric: _plus_minus(group[f"{metric}_mean"], group[f"{metric}_sd"]) for metric in shown}}
+             for group in groups]
+    return format_table(cells, [*varying, "n", "failed", *shown])
+
+
+def _varying(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The override columns whose value is not the same in every row."""
+    keys = dict.fromkeys(key for row in rows for key in swept(row))
+    return [key for key in keys if len({str(row.get(key)) for row in rows}) > 1] or list(keys)[:1]
+
+
+def _varying_keys(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    keys = dict.fromkeys(key for row in rows for key in row)
+    return [key for key in keys if not key.endswith(("_mean", "_sd")) and len({str(row.get(key)) for row in rows}) > 1]
+
+
+def _plus_minus(mean: float, sd: float) -> str:
+    return f"{mean:.4f}" if math.isnan(sd) else f"{mean:.4f} ± {sd:.4f}"
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    cells = [[_cell(row.get(column)) for column in columns] for row in rows]
+    widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
+    lines = [list(columns), *cells]
+    return "\n".join("  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    text = f"{value:.4f}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,209 @@
+"""Sweeps as researchers run them (nli/sweep.py): every launcher's table, failed jobs that do not stop
+the sweep, seeds summed up, and Optuna searches that continue. Through the real `train.py -m`."""
+
+from __future__ import annotations
+
+import csv
+import json
+import multiprocessing
+import sqlite3
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+
+from nli import sweep
+from tests.conftest import FAST, read_results, run_train
+from tests.wandb_records import records
+
+BAD_LR = "optimizer.lr=-1.0 must be positive"
+
+
+def rows_by_job(sweep_dir: Path) -> Dict[int, Dict[str, Any]]:
+    rows = sweep.read_rows(sweep_dir)
+    assert len({row["job"] for row in rows}) == len(rows)  # one row per job
+    return {row["job"]: row for row in rows}
+
+
+def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *FAST, f"hydra.sweep.dir={sweep_dir}"]
+    proc = run_train([*args, "optimizer.lr=-1,1e-3"], cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    rows = rows_by_job(sweep_dir)
+    assert rows[0]["state"] == "FAILED" and BAD_LR in rows[0]["error"] and "objective" not in rows[0]
+    assert rows[1]["state"] == "COMPLETED" and rows[1]["optimizer.lr"] == "0.001" and rows[1]["error"] is None
+    results = read_results(sweep_dir / "1")  # the job after the failed one ran to the end
+    assert rows[1]["objective"] == results["objective"] and rows[1]["train_seconds"] == results["train_seconds"]
+    assert rows[1]["output_dir"] == str(sweep_dir / "1")
+    # The end of the output: the table, then the failed job by number and overrides, with its error.
+    table = proc.stdout[proc.stdout.index("Sweep results"):]
+    failed = table[table.index("1 of the sweep's jobs failed (the others ran):"):].splitlines()
+    assert failed[1].startswith("  #0 experiment=quickstart ") and f"optimizer.lr=-1: error: {BAD_LR}" in failed[1]
+    assert "Traceback" not in output
+    assert (sweep_dir / "sweep_results.csv").read_text().count("\n") == 3  # header and two rows
+
+    # The same sweep again with job 0 mended: its row is replaced, job 1 answers from its finished folder.
+    # With W&B (offline): job 0's run tagged with its overrides, and the table as a run of the sweep's group.
+    again = run_train([*args, "optimizer.lr=5e-4,1e-3", "logger=wandb", "logger.wandb.mode=offline"], cwd=tmp_path,
+                      env={"WANDB_SILENT": "true"})
+    assert again.returncode == 0, again.stdout + again.stderr
+    rows = rows_by_job(sweep_dir)
+    assert [rows[job]["state"] for job in (0, 1)] == ["COMPLETED", "COMPLETED"]
+    assert rows[0]["optimizer.lr"] == "0.0005" and rows[1]["objective"] == results["objective"]
+    configs = {job: yaml.safe_load((sweep_dir / job / "config.yaml").read_text()) for job in ("0", "1")}
+    assert {c["optimizer"]["lr"] for c in configs.values()} == {5e-4, 1e-3}
+
+    job_run = wandb_run(sweep_dir / "0")
+    assert "optimizer.lr=0.0005" in job_run.tags and job_run.run_group == "sweep"
+    assert json.loads(next(item.value_json for item in job_run.config.update if item.key == "overrides"))[
+        "optimizer.lr"] == "0.0005"
+    summary_run = wandb_run(sweep_dir)
+    assert (summary_run.run_group, summary_run.job_type) == ("sweep", "sweep-summary")
+    (table,) = sweep_dir.glob("wandb/offline-run-*/files/media/table/sweep_results_*.table.json")
+    logged = json.loads(table.read_text())
+    objectives = [line[logged["columns"].index("objective")] for line in logged["data"]]
+    assert objectives == [rows[0]["objective"], rows[1]["objective"]]
+
+
+def wandb_run(folder: Path) -> Any:
+    """The run record of the one offline W&B run under ``folder``."""
+    (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
+    return next(record.run for record in records(path) if record.WhichOneof("record_type") == "run")
+
+
+def test_a_mistake_every_job_would_make_stops_the_sweep_before_any_job(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = run_train(["-m", *FAST, "optimizer.lrr=1e-3", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Could not override 'optimizer.lrr'" in proc.stderr, proc.stdout + proc.stderr
+    assert not (sweep_dir / "0").exists() and sweep.read_rows(sweep_dir) == []
+
+
+def test_submitit_local_rows_from_each_job_and_seeds_summed_up(tmp_path: Path) -> None:
+    """Four jobs at once in their own processes, each writing its row; two fail."""
+    sweep_dir = tmp_path / "sweep"
+    proc = run_train(["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10", *FAST,
+                      "optimizer.lr=1e-3,-1", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    rows = sweep.read_rows(sweep_dir)
+    assert sorted(row["job"] for row in rows) == [0, 1, 2, 3]
+    good = [row for row in rows if row["optimizer.lr"] == "0.001"]  # as Hydra hands a swept value to the job
+    assert [row["state"] for row in good] == ["COMPLETED"] * 2
+    assert all(row["state"] == "FAILED" and BAD_LR in row["error"] for row in rows if row not in good)
+    assert "2 of the sweep's jobs failed" in output
+
+    with open(sweep_dir / sweep.SUMMARY_CSV) as stream:
+        groups = {group["optimizer.lr"]: group for group in csv.DictReader(stream)}
+    objectives = [row["objective"] for row in good]
+    speeds = [row["train_examples_per_second"] for row in good]
+    assert groups["0.001"]["n"] == "2" and groups["0.001"]["failed"] == "0"
+    assert sorted(groups["0.001"]["seeds"].split()) == ["1", "2"]
+    assert float(groups["0.001"]["objective_mean"]) == pytest.approx(statistics.mean(objectives))
+    assert float(groups["0.001"]["objective_sd"]) == pytest.approx(statistics.stdev(objectives))
+    assert float(groups["0.001"]["train_examples_per_second_sd"]) == pytest.approx(statistics.stdev(speeds))
+    assert groups["-1"]["n"] == "0" and groups["-1"]["failed"] == "2"
+    assert "Over seeds" in output
+
+
+def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "search"
+    args = ["-m", *FAST, "hparams_search=quickstart", f"hydra.sweep.dir={sweep_dir}"]
+    first = run_train([*args, "hydra.sweeper.n_trials=2"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = run_train([*args, "hydra.sweeper.n_trials=1"], cwd=tmp_path)  # the same search, continued
+    assert again.returncode == 0, again.stdout + again.stderr
+
+    rows = sweep.read_rows(sweep_dir)
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:
+        trials = db.execute("SELECT state FROM trials").fetchall()
+        lrs = [value for (value,) in db.execute(
+            "SELECT param_value FROM trial_params WHERE param_name = 'optimizer.lr'")]
+    assert len(trials) == 3 and all(state == "COMPLETE" for (state,) in trials)
+    assert len(rows) == 3 and all(row["state"] == "COMPLETED" for row in rows)
+    assert sorted(float(row["optimizer.lr"]) for row in rows) == pytest.approx(sorted(lrs))
+    assert all(1e-4 <= lr <= 1e-2 for lr in lrs)
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_value"] == max(row["objective"] for row in rows)
+    for row in rows:  # each trial in a folder of its own, named by its values
+        assert read_results(Path(row["output_dir"]))["objective"] == row["objective"]
+        assert Path(row["output_dir"]).name.startswith(f"lr={float(row['optimizer.lr'])},bs=")
+
+
+# -------------------------------------------------------------------------------- in process
+
+
+def _row(num: int, folder: str, objective: float | None, *, seed: int = 1, state: str = "COMPLETED") -> Dict[str, Any]:
+    results = None if objective is None else {"objective": objective, "accuracy": objective, "train_steps": 10}
+    return sweep.job_row(num=num, state=state, overrides=["optimizer.lr=1e-3", f"seed={seed}"], results=results,
+                         output_dir=folder, error=None if objective is not None else "error: it broke")
+
+
+def test_a_rerun_job_replaces_its_row_in_place(tmp_path: Path) -> None:
+    sweep.record(tmp_path, _row(0, "a", None, state="FAILED"))
+    sweep.record(tmp_path, _row(1, "b", 0.5))
+    sweep.record(tmp_path, _row(0, "a", 0.75))
+    rows = sweep.read_rows(tmp_path)
+    assert [(row["job"], row["state"], row.get("objective")) for row in rows] == [(0, "COMPLETED", 0.75),
+                                                                                   (1, "COMPLETED", 0.5)]
+    lines = (tmp_path / sweep.RESULTS_CSV).read_text().splitlines()
+    assert lines[0].startswith("job,state,overrides,optimizer.lr,seed,") and len(lines) == 3
+    assert lines[1].split(",")[2] == "optimizer.lr=1e-3 seed=1"
+
+
+def _write_rows(args: tuple[str, int]) -> None:
+    directory, worker = args
+    for num in range(10):
+        sweep.record(Path(directory), _row(worker * 10 + num, f"{worker}-{num}", 0.5))
+
+
+def test_jobs_that_end_at_once_lose_no_row(tmp_path: Path) -> None:
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        pool.map(_write_rows, [(str(tmp_path), worker) for worker in range(4)])
+    assert sorted(row["job"] for row in sweep.read_rows(tmp_path)) == list(range(40))
+    assert len((tmp_path / sweep.RESULTS_CSV).read_text().splitlines()) == 41
+
+
+def test_seed_groups_are_the_rows_own_mean_and_sd() -> None:
+    rows = [_row(0, "a", 0.5, seed=1), _row(1, "b", 0.7, seed=2), _row(2, "c", 0.9, seed=3),
+            _row(3, "d", None, seed=4, state="FAILED")]
+    (group,) = sweep.seed_groups(rows)
+    assert group["optimizer.lr"] == "1e-3" and group["n"] == 3 and group["failed"] == 1 and group["seeds"] == "1 2 3"
+    assert group["objective_mean"] == pytest.approx(0.7) and group["objective_sd"] == pytest.approx(0.2)
+    assert "train_steps_mean" not in group  # a counter, not a metric
+    assert sweep.seed_groups([{**row, "overrides": ["optimizer.lr=1e-3"]} for row in rows]) == []  # no seeds swept
+
+
+def test_only_this_sweeps_failures_end_it_non_zero(tmp_path: Path) -> None:
+    """A failed row from an earlier sweep in the same directory, not rerun, is in the table but does not
+    fail this one."""
+    sweep.record(tmp_path, _row(0, "earlier", None, state="FAILED"))
+    callback = sweep.SweepResults()
+    config: Any = _config(tmp_path)
+    time.sleep(0.01)
+    callback.on_multirun_start(config)
+    sweep.record(tmp_path, _row(1, "now", 0.5))
+    callback.on_multirun_end(config)  # no SystemExit
+    callback.on_multirun_start(config)
+    sweep.record(tmp_path, _row(2, "later", None, state="FAILED"))
+    with pytest.raises(SystemExit):
+        callback.on_multirun_end(config)
+    assert json.loads((tmp_path / sweep.RESULTS_JSONL).read_text().splitlines()[0])["output_dir"] == "earlier"
+
+
+def _config(sweep_dir: Path) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
+
+
+def test_columns_of_every_row_are_in_the_csv(tmp_path: Path) -> None:
+    rows: List[Dict[str, Any]] = [_row(0, "a", 0.5), {**_row(1, "b", 0.6), "vertex_job": "projects/p/jobs/1"}]
+    for row in rows:
+        sweep.record(tmp_path, row)
+    header = (tmp_path / sweep.RESULTS_CSV).read_text().splitlines()[0].split(",")
+    assert header[-1] == "vertex_job" and "objective" in header and "error" in header
