@@ -53,6 +53,20 @@ class Revisit(Hook):
         self.look()
 
 
+class SyncLogs(Hook):
+    """The loggers' files copied to the bucket where they belong at every checkpoint and when training
+    stops (nli.tracking): a job preempted after a checkpoint keeps what it had logged until then."""
+
+    def __init__(self, trackers: Trackers) -> None:
+        self.trackers = trackers
+
+    def on_checkpoint(self, step: int, where: str) -> None:
+        self.trackers.sync()
+
+    def on_stop(self, progress: Progress, reason: str) -> None:
+        self.trackers.sync()
+
+
 class MetricsLog(Hook):
     """Training and evaluation metrics to the log and the loggers, on rank 0."""
 

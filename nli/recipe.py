@@ -17,7 +17,7 @@ import tempfile
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, cast
+from typing import Any, Dict, Optional, Tuple, cast
 
 import datasets
 import torch
@@ -45,7 +45,7 @@ from nli.distributed import World
 from nli.errors import ConfigError
 from nli.evaluation import Evaluation, Evaluator, gather, predict
 from nli.folder import earlier_run
-from nli.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Revisit
+from nli.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Revisit, SyncLogs
 from nli.identity import digest, identity
 from nli.loop import Loop, Optimization, Plan, TrainResult
 from nli.model import build_model, build_tokenizer, load_export, share_tokenizer, tokenizer_from_files
@@ -244,12 +244,14 @@ def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Out
     """Train to the end of the plan, or until a hook or a signal stops it (then the run ends with
     :class:`Preempted`, its checkpoint written)."""
     world = out.world
+    log_dir, remote = _log_dirs(out)
     training.trackers.start(RunInfo(name=_run_name(out.storage), group=_sweep_name(),
                                     config=cast(Dict[str, Any], OmegaConf.to_container(raw, resolve=True)),
-                                    log_dir=_log_dir(out), resume_id=None, overrides=_job_overrides()))
+                                    log_dir=log_dir, resume_id=None, overrides=_job_overrides()), remote=remote)
     hooks: list[Hook] = [ProgressBar(total=training.plan.total_steps, initial=training.progress.step,
                                      enabled=cfg.train.progress_bar and world.is_main),
-                         MetricsLog(training.trackers, main=world.is_main), Revisit(sharing.revisit)]
+                         MetricsLog(training.trackers, main=world.is_main), SyncLogs(training.trackers),
+                         Revisit(sharing.revisit)]
     if training.early_stopping is not None:
         hooks.append(training.early_stopping)
     hooks.append(export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main))
@@ -344,15 +346,17 @@ def _hydra_run_dir() -> str:
     return str(HydraConfig.get().runtime.output_dir)
 
 
-def _log_dir(out: Outputs) -> Path:
-    """Where the loggers write their files: the platform's log directory when it is local, else the
-    output directory when it is local, else the Hydra run directory (their writers need a local disk)."""
-    for candidate in (out.site.log_dir, out.storage.url):
-        if candidate and "://" not in candidate:
-            return Path(candidate)
+def _log_dirs(out: Outputs) -> Tuple[Path, Optional[str]]:
+    """Where the loggers write their files (their writers need a local disk), and the bucket folder
+    those files belong in, if any: the platform's log directory (Vertex AI's AIP_TENSORBOARD_LOG_DIR),
+    else the output directory. Where that is local, they write there; else in the Hydra run
+    directory, copied to the bucket at every checkpoint and at the end."""
+    target = out.site.log_dir or out.storage.url
+    if target and "://" not in target:
+        return Path(target), None
     if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    return Path(tempfile.mkdtemp(prefix="nli-logs-"))
+        return Path(HydraConfig.get().runtime.output_dir), target
+    return Path(tempfile.mkdtemp(prefix="nli-logs-")), target
 
 
 def _run_name(storage: Storage) -> str:

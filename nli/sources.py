@@ -4,7 +4,9 @@ Every source gives each split the same columns, so that the rest of the pipeline
 them apart: the task's text fields, ``label`` (the Hub's label id; a float for STS-B; -1 where a
 test file has no labels) and ``idx`` (the example's number, written into test predictions).
 Local files are read into the ``datasets`` cache once, keyed by their path, size and
-modification time, so tokenizing them is cached like the Hub's data.
+modification time, so tokenizing them is cached like the Hub's data. Files in a bucket
+(``data.dir=gs://...``, ``data.files.train=gs://...``) are fetched into a local cache first,
+keyed by the object's generation (nli/remote.py), and then read as local files are.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import datasets
 from datasets.exceptions import DatasetGenerationError
 
-from nli import synthetic
+from nli import remote, synthetic
 from nli.config import DataConfig, GlueFilesConfig, TaskConfig
 from nli.errors import DataError
 from nli.hub import hub_download
@@ -50,11 +52,11 @@ FORMAT_NAMES = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON Lines", ".json": "
 def load(task: TaskConfig, data: DataConfig, splits: List[str]) -> Dict[str, datasets.Dataset]:
     """``splits`` of ``task`` from the source ``data`` selects: files, a GLUE dir, or the Hub."""
     if data.files:
-        return {split: _from_file(task, Path(data.files[split]), data.columns, labelled=split not in task.test_splits)
+        return {split: _from_file(task, data.files[split], data.columns, labelled=split not in task.test_splits)
                 for split in splits}
     if data.dir is not None:
         assert task.glue is not None  # the config checked it
-        return {split: _from_glue_dir(task, task.glue, Path(data.dir), split) for split in splits}
+        return {split: _from_glue_dir(task, task.glue, data.dir, split) for split in splits}
     if task.is_generated:
         return {split: _synthetic(data, split) for split in splits}
     return _from_hub(task, splits)
@@ -91,15 +93,29 @@ def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str
 # ---------------------------------------------------------------------------- GLUE directory
 
 
-def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: Path, split: str) -> datasets.Dataset:
-    folder = root.expanduser() / glue.folder
+def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: str) -> datasets.Dataset:
+    if remote.is_remote(root):  # a bucket has no folders to check: the file is there or not
+        url = f"{root.rstrip('/')}/{glue.folder}/{glue.files[split]}"
+        if not remote.exists(url):
+            raise DataError(_not_glue_dir(task, glue, root, f"{url} does not exist"))
+        path = remote.local_copy(url)
+        with remote.named_as(url, path):
+            return _read_glue_file(task, glue, path, split)
+    folder = Path(root).expanduser() / glue.folder
     path = folder / glue.files[split]
     if not path.is_file():
-        expected = ", ".join(sorted(set(glue.files.values())))
         where = f"{folder} does not exist" if not folder.is_dir() else f"{path} does not exist"
-        raise DataError(f"data.dir={root}: {where}. A GLUE directory holds one folder per task "
-                        f"({glue.folder}/ for {task.name}) with the files {expected}, as the "
-                        "original GLUE download lays them out")
+        raise DataError(_not_glue_dir(task, glue, root, where))
+    return _read_glue_file(task, glue, path, split)
+
+
+def _not_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, where: str) -> str:
+    expected = ", ".join(sorted(set(glue.files.values())))
+    return (f"data.dir={root}: {where}. A GLUE directory holds one folder per task ({glue.folder}/ for "
+            f"{task.name}) with the files {expected}, as the original GLUE download lays them out")
+
+
+def _read_glue_file(task: TaskConfig, glue: GlueFilesConfig, path: Path, split: str) -> datasets.Dataset:
     stat = path.stat()
     kwargs = {"path": str(path.resolve()), "stamp": f"{stat.st_size}-{stat.st_mtime_ns}",
               # A tuple: from_generator would split a list into shards.
@@ -229,15 +245,26 @@ def _features(task: TaskConfig) -> datasets.Features:
 # ------------------------------------------------------------------------------ your own files
 
 
-def _from_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, labelled: bool) -> datasets.Dataset:
-    """A csv, tsv, jsonl or parquet file with a header; ``columns`` maps the task's text fields
-    and ``label`` to the file's column names where they differ. A ``labelled`` split (not a test
-    split) must have the label column."""
-    path = path.expanduser()
-    if not path.is_file():
-        raise DataError(f"data.files: {path} does not exist")
-    if path.suffix not in FILE_FORMATS:
-        raise DataError(f"data.files: {path} is not one of the formats {sorted(FILE_FORMATS)}")
+def _from_file(task: TaskConfig, name: str, columns: Dict[str, str], *, labelled: bool) -> datasets.Dataset:
+    """A csv, tsv, jsonl or parquet file with a header, on local disk or in a bucket; ``columns`` maps
+    the task's text fields and ``label`` to the file's column names where they differ. A
+    ``labelled`` split (not a test split) must have the label column."""
+    if Path(name).suffix not in FILE_FORMATS:
+        raise DataError(f"data.files: {name} is not one of the formats {sorted(FILE_FORMATS)}")
+    if not remote.is_remote(name):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise DataError(f"data.files: {path} does not exist")
+        return _from_local_file(task, path, columns, labelled=labelled)
+    try:
+        path = remote.local_copy(name)
+    except DataError as err:
+        raise DataError(f"data.files: {err}") from None
+    with remote.named_as(name, path):
+        return _from_local_file(task, path, columns, labelled=labelled)
+
+
+def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, labelled: bool) -> datasets.Dataset:
     ds = _read_file(path)
     wanted = {field: columns.get(field, field) for field in [*task.text_fields, "label"]}
     missing = [field for field, column in wanted.items()

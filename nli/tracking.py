@@ -1,6 +1,10 @@
 """Where training metrics go besides the log: any number of loggers, each a class named by its
 config's ``_target_`` (``conf/logger/``). A new logger is a YAML file and a class with the three
 methods of :class:`Tracker`; ``logger=[wandb,tensorboard]`` runs several at once.
+
+Loggers write their files on local disk (``RunInfo.log_dir``). Where those files belong in a bucket
+(a ``gs://`` output, or Vertex AI's ``AIP_TENSORBOARD_LOG_DIR``), :class:`LogMirror` copies them
+there at every checkpoint and at the end, so a job that is preempted or ends keeps them.
 """
 
 from __future__ import annotations
@@ -125,20 +129,44 @@ def _default_project() -> Optional[str]:
     return None if _wandb_settings(None).project else "nli"
 
 
+# What TensorBoard's HParams view shows of every run, besides a sweep's own overrides.
+HPARAMS = ("task.name", "model.name_or_path", "optimizer.lr", "optimizer.weight_decay", "schedule.warmup_ratio",
+           "train.batch_size", "train.epochs", "train.max_steps", "data.max_seq_length", "precision.dtype", "seed")
+
+
 class TensorBoardTracker:
+    """Scalars as they are logged; at the end the run's hyperparameters with its objective (the
+    HParams plugin), so that a sweep's runs compare side by side."""
+
     run_id = None  # a resumed run appends to the same directory
 
     def __init__(self, *, run: RunInfo, subdir: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self._writer = SummaryWriter(log_dir=str(run.log_dir / subdir))
+        self._hparams = hparams(run)
+        # The whole resolved config, under TensorBoard's Text tab (Markdown: a code block keeps its layout).
+        self._writer.add_text("config", f"```yaml\n{OmegaConf.to_yaml(run.config)}```")
 
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, global_step=step)
 
+    def flush(self) -> None:
+        self._writer.flush()
+
     def finish(self, summary: Mapping[str, Any]) -> None:
+        metrics = {"objective": float(summary["objective"])} if "objective" in summary else {}
+        self._writer.add_hparams(self._hparams, metrics, run_name=".")  # ".": this run's own folder
         self._writer.close()
+
+
+def hparams(run: RunInfo) -> Dict[str, Any]:
+    """The run's main settings and a sweep's overrides, as values TensorBoard takes (numbers, text)."""
+    chosen = {key: OmegaConf.select(OmegaConf.create(run.config), key) for key in HPARAMS}
+    chosen.update(run.overrides)
+    return {key: value if isinstance(value, (int, float, str, bool)) else str(value)
+            for key, value in chosen.items() if value is not None}
 
 
 class CsvTracker:
@@ -165,9 +193,11 @@ class Trackers:
     resumed run hands it back before the loggers start, so W&B continues the same run."""
 
     def __init__(self, configs: Mapping[str, LoggerConfig], *, enabled: bool = True) -> None:
-        self._configs = dict(configs) if enabled else {}  # only rank 0 logs
+        self._enabled = enabled  # only rank 0 logs
+        self._configs = dict(configs) if enabled else {}
         self._resume_ids: Dict[str, Optional[str]] = {}
         self._started: Dict[str, Tracker] = {}
+        self._mirror: Optional[LogMirror] = None
 
     def check(self) -> None:
         """What each logger needs before it starts (an online W&B logger: its API key), checked
@@ -178,8 +208,12 @@ class Trackers:
             if check is not None:
                 check(cfg)
 
-    def start(self, run: RunInfo) -> None:
+    def start(self, run: RunInfo, *, remote: Optional[str] = None) -> None:
+        """Starts every logger; ``remote``: the bucket folder where their files (and the rest of
+        ``run.log_dir``) belong, copied there by :meth:`sync`."""
         self.check()  # again here, so that it holds even where a recipe did not check first
+        if remote and self._enabled:
+            self._mirror = LogMirror(run.log_dir, remote)
         for name, cfg in self._configs.items():
             info = run._replace(resume_id=self._resume_ids.get(name))
             self._started[name] = instantiate(OmegaConf.structured(cfg), run=info, _convert_="all")
@@ -188,12 +222,48 @@ class Trackers:
         for tracker in self._started.values():
             tracker.log(metrics, step=step)
 
+    def sync(self) -> None:
+        """Everything logged so far onto disk (for loggers that buffer it), then copied to the bucket.
+        A copy that fails is tried again at the next call: it never stops training."""
+        for tracker in self._started.values():
+            flush = getattr(tracker, "flush", None)
+            if flush is not None:
+                flush()
+        if self._mirror is not None:
+            try:
+                self._mirror.sync()
+            except OSError as error:  # fsspec's and gcsfs's errors are OSErrors
+                log.warning("the loggers' files were not copied to %s (%s); trying again at the next checkpoint",
+                            self._mirror.remote, error)
+
     def finish(self, summary: Mapping[str, Any]) -> None:
         for tracker in self._started.values():
             tracker.finish(summary)
+        self.sync()
 
     def state_dict(self) -> Dict[str, Any]:
         return {name: tracker.run_id for name, tracker in self._started.items()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._resume_ids = dict(state)
+
+
+class LogMirror:
+    """Copies the files of a local folder that are new or changed since the last call into a bucket
+    folder (anything fsspec writes). Event files and logs only grow, so a copy is always whole."""
+
+    def __init__(self, local: Path, remote: str) -> None:
+        import fsspec
+
+        self.local, self.remote = local, remote.rstrip("/")
+        self._fs, self._root = fsspec.core.url_to_fs(self.remote)
+        self._copied: Dict[Path, tuple[int, int]] = {}
+
+    def sync(self) -> None:
+        for path in sorted(self.local.rglob("*")):
+            if not path.is_file() or path.is_symlink():
+                continue
+            stat = path.stat()
+            if self._copied.get(path) != (stat.st_size, stat.st_mtime_ns):
+                self._fs.put_file(str(path), f"{self._root}/{path.relative_to(self.local).as_posix()}")
+                self._copied[path] = (stat.st_size, stat.st_mtime_ns)

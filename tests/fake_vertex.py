@@ -11,6 +11,9 @@ the service does where the launcher can tell the difference:
   environment with the variables Vertex sets (AIP_*, CLOUD_ML_*, CLUSTER_SPEC), its output in one log file per job;
 * it ends SUCCEEDED, FAILED (with Vertex's wording) or, after a cancel, CANCELLING then CANCELLED;
 * Secret Manager's ``versions/{v}:access`` returns secrets added by the test;
+* Cloud Logging's ``entries:list`` returns each job's output as log entries, one per line, as Vertex AI
+  writes a replica's stdout and stderr (resource ``ml_job``, labels ``job_id`` and ``task_name``); filters
+  on ``resource.type``, ``resource.labels.job_id`` and ``timestamp>`` are understood, and both orders;
 * any call can be made to fail with a chosen HTTP error, and every request is recorded for inspection.
 
 Replies are printed by proto-plus from the real ``aiplatform_v1`` and ``secretmanager_v1`` types, so a field the
@@ -50,7 +53,7 @@ Violation = Tuple[str, str]  # (field path as Vertex names it, what is wrong wit
 Reply = Tuple[int, dict]  # (HTTP status, JSON body)
 
 ENDED_STATES = frozenset({JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED})
-FAILABLE_METHODS = frozenset({"create", "get", "list", "cancel", "access"})
+FAILABLE_METHODS = frozenset({"create", "get", "list", "cancel", "access", "entries"})
 
 # The machine types Vertex AI custom training offers (a realistic subset), so that a typo fails at submission.
 MACHINE_TYPES = frozenset(
@@ -75,7 +78,9 @@ ROUTES = (
     ("GET", re.compile(r"/v1/(?P<name>projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)"), "get"),
     ("POST", re.compile(r"/v1/(?P<name>projects/[^/]+/locations/[^/]+/customJobs/[^/:]+):cancel"), "cancel"),
     ("GET", re.compile(r"/v1/(?P<name>projects/[^/]+/secrets/[^/]+/versions/[^/:]+):access"), "access"),
+    ("POST", re.compile(r"/v2/entries:list"), "entries"),
 )
+LOG_TERM = re.compile(r'(?P<key>resource\.type|resource\.labels\.job_id|timestamp)\s*(?P<op>=|>)\s*"(?P<value>[^"]*)"')
 
 # A real job gets none of the submitter's variables; these few keep a local process (and its Python) working.
 INHERITED_VARIABLES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH")
@@ -265,7 +270,7 @@ class FakeVertex:
             route, groups = _route(method, unquote(url.path))
             self._take_failure(route)
             handlers = {"create": self._create, "get": self._get, "list": self._list, "cancel": self._cancel,
-                        "access": self._access}
+                        "access": self._access, "entries": self._entries}
             return 200, handlers[route](groups, parse_qs(url.query), body)
         except ApiError as error:
             return error.reply()
@@ -337,6 +342,22 @@ class FakeVertex:
         response = AccessSecretVersionResponse(name=f"{match['secret']}/versions/{version}",
                                                payload={"data": data, "data_crc32c": google_crc32c.value(data)})
         return json.loads(AccessSecretVersionResponse.to_json(response))
+
+    # ----- Cloud Logging -----
+
+    def _entries(self, groups: Dict[str, str], query: Dict[str, List[str]], body: bytes) -> dict:
+        request = json.loads(body or b"{}")
+        terms = {(match["key"], match["op"]): match["value"] for match in LOG_TERM.finditer(request.get("filter", ""))}
+        if terms.get(("resource.type", "=")) not in (None, "ml_job"):
+            return {}
+        with self._lock:
+            jobs = [job for job in self.jobs.values()
+                    if terms.get(("resource.labels.job_id", "=")) in (None, job.job.name.rsplit("/", 1)[1])]
+        entries = [entry for job in jobs for entry in _log_entries(job)
+                   if entry["timestamp"] > terms.get(("timestamp", ">"), "")]
+        entries.sort(key=lambda entry: entry["timestamp"], reverse="desc" in request.get("orderBy", ""))
+        entries = entries[:int(request.get("pageSize") or 1000)]
+        return {"entries": entries} if entries else {}
 
     # ----- running a job -----
 
@@ -533,6 +554,9 @@ def _job_violations(parent: str, job: CustomJob) -> List[Violation]:
     if output and not output.startswith("gs://"):
         violations.append(("job_spec.base_output_directory.output_uri_prefix",
                            f"Output URI prefix {output!r} must be a Cloud Storage URI (gs://)."))
+    if job.job_spec.tensorboard and not job.job_spec.service_account:
+        violations.append(("job_spec.service_account", "A service account is required when a TensorBoard is set "
+                                                       "(job_spec.tensorboard)."))
     return violations + _label_violations(dict(job.labels))
 
 
@@ -599,6 +623,20 @@ def _vertex_variables(job: CustomJob) -> Dict[str, str]:
         variables.update(AIP_MODEL_DIR=f"{output}/model/", AIP_CHECKPOINT_DIR=f"{output}/checkpoints/",
                          AIP_TENSORBOARD_LOG_DIR=f"{output}/logs/")
     return variables
+
+
+def _log_entries(job: FakeJob) -> List[dict]:
+    """The job's output so far as Cloud Logging's entries: a line each, a microsecond apart from its start."""
+    if not job.job.start_time:
+        return []
+    _, project, _, _, _, job_id = job.job.name.split("/")
+    start = job.job.start_time.timestamp()
+    return [{"logName": f"projects/{project}/logs/workerpool0-0", "insertId": f"{job_id}-{i}",
+             "resource": {"type": "ml_job", "labels": {"job_id": job_id, "project_id": project,
+                                                        "task_name": "workerpool0-0"}},
+             "timestamp": datetime.fromtimestamp(start + i / 1e6, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+             "severity": "ERROR" if line.startswith(("Traceback", "error:")) else "INFO", "textPayload": line}
+            for i, line in enumerate(job.log.splitlines())]
 
 
 def _download(uris: Sequence[str], folder: Path) -> Iterator[Path]:

@@ -354,3 +354,74 @@ def test_a_fixed_own_file_is_read_again(tmp_path: Path, datasets_cache: Path) ->
     frame[:100].to_csv(files["train"], index=False)  # fewer rows, written within the same mtime
     os.utime(files["train"], ns=(mtime, mtime))
     assert len(load(["task=rte", *own]).train) == 100
+
+
+# ----------------------------------------------------------------------------- data in a bucket
+
+
+def upload(local: Path, url: str) -> None:
+    import fsspec
+
+    with fsspec.open(url, "wb") as stream:
+        stream.write(local.read_bytes())
+
+
+def test_a_glue_dir_and_files_in_a_bucket_give_the_local_files_tokens(tmp_path: Path, datasets_cache: Path,
+                                                                       gcs_emulator: Dict[str, str]) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    bucket = "gs://test-bucket/data-tokens"
+    for name in ("train.tsv", "dev.tsv"):
+        upload(GLUE_DATA / "RTE" / name, f"{bucket}/glue/RTE/{name}")
+    files = custom_files(tmp_path, ".csv")
+    for path in files.values():
+        upload(path, f"{bucket}/own/{path.name}")
+    columns = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    sources = {"local": [f"data.dir={GLUE_DATA}"], "glue_dir": [f"data.dir={bucket}/glue"],
+               "files": [*(f"+data.files.{split}={bucket}/own/{path.name}" for split, path in files.items()), *columns]}
+    tokenized = {}
+    for name, overrides in sources.items():
+        cfg = build_config(["task=rte", "data.max_seq_length=64", *overrides])
+        splits = data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=False)
+        tokenized[name] = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
+    reference = tokenized.pop("local")
+    assert len(reference.train) == 1244
+    for name, splits in tokenized.items():
+        pairs = [(splits.train, reference.train), (splits.eval["validation"], reference.eval["validation"])]
+        for ours, theirs in pairs:
+            assert {column: ours[column] for column in theirs.column_names} == \
+                {column: theirs[column] for column in theirs.column_names}, name
+
+
+def test_an_object_written_again_is_read_again(tmp_path: Path, datasets_cache: Path,
+                                               gcs_emulator: Dict[str, str]) -> None:
+    """The cache follows the object's generation: a rewritten object is fetched and read afresh."""
+    url = "gs://test-bucket/data-again/train.csv"
+    files = custom_files(tmp_path, ".csv")
+    frame = pd.read_csv(files["train"])
+    overrides = ["task=rte", f"+data.files.train={url}", f"+data.files.validation={url}",
+                 "+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    frame.head(10).to_csv(tmp_path / "ten.csv", index=False)
+    upload(tmp_path / "ten.csv", url)
+    assert len(load(overrides).train) == 10
+    assert len(load(overrides).train) == 10  # the same generation: not fetched again
+    assert len(list((datasets_cache / "nli-remote").rglob("train.csv"))) == 1
+    frame.head(7).to_csv(tmp_path / "seven.csv", index=False)
+    upload(tmp_path / "seven.csv", url)
+    assert len(load(overrides).train) == 7
+    assert len(list((datasets_cache / "nli-remote").rglob("train.csv"))) == 2
+
+
+def test_data_errors_in_a_bucket_name_the_object(tmp_path: Path, datasets_cache: Path,
+                                                  gcs_emulator: Dict[str, str]) -> None:
+    bucket = "gs://test-bucket/data-errors"
+    root = rte_copy(tmp_path)
+    damage_line(root / "RTE" / "train.tsv", 300, b"e", "é".encode("latin-1"))
+    for name in ("train.tsv", "dev.tsv"):
+        upload(root / "RTE" / name, f"{bucket}/glue/RTE/{name}")
+    message = load_error(["task=rte", f"data.dir={bucket}/glue"])
+    assert message.startswith(f"{bucket}/glue/RTE/train.tsv, line 300: byte 0xe9 ("), message
+    assert "nli-remote" not in message  # never the cached copy
+    assert load_error(["task=rte", f"data.dir={bucket}/elsewhere"]).startswith(
+        f"data.dir={bucket}/elsewhere: {bucket}/elsewhere/RTE/train.tsv does not exist. A GLUE directory holds")
+    assert load_error(["task=rte", f"+data.files.train={bucket}/none.csv", f"+data.files.validation={bucket}/none.csv"]
+                      ) == f"data.files: {bucket}/none.csv does not exist"

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import List
 
 import pytest
+import yaml
 from docker.utils.build import PatternMatcher
 from dockerfile_parse import DockerfileParser
 
@@ -131,3 +133,31 @@ def test_the_reduction_server_plugin_is_built_in_only_when_asked(dockerfile: Doc
         assert calls.exists() == installs
     assert "apt-get install -y --no-install-recommends google-reduction-server" in calls.read_text()
     assert "packages.cloud.google.com/apt google-fast-socket main" in (etc / "google-fast-socket.list").read_text()
+
+
+def test_cloud_build_builds_the_dockerfile_and_pushes_its_image(dockerfile: DockerfileParser) -> None:
+    """cloudbuild.yaml, as `gcloud builds submit --config cloudbuild.yaml` reads it."""
+    build = yaml.safe_load((ROOT / "cloudbuild.yaml").read_text())
+    (step,) = build["steps"]
+    assert step["name"] == "gcr.io/cloud-builders/docker" and step["args"][0] == "build" and step["args"][-1] == "."
+    flags = [arg.split("=", 1) for arg in step["args"] if arg.startswith("--")]
+    assert ["--file", "Dockerfile"] in flags and (ROOT / "Dockerfile").is_file()
+    (tag,) = [value for flag, value in flags if flag == "--tag"]
+    assert build["images"] == [tag] == ["${_IMAGE}:${_TAG}"]  # what it builds is what it pushes
+    # Every build argument is one the Dockerfile declares, with the Dockerfile's default.
+    build_args = dict(value.split("=", 1) for flag, value in flags if flag == "--build-arg")
+    declared = dict(arg.split("=", 1) for arg in _instructions(dockerfile, "ARG"))  # before FROM too
+    assert set(build_args) == set(declared) == {"BASE_IMAGE", "REDUCTION_SERVER"}
+    substitutions = build["substitutions"]
+    assert {name: substitutions[value[2:-1]] for name, value in build_args.items()} == declared
+    # User substitutions start with an underscore, and each one used is defined.
+    used = set(re.findall(r"\$\{(_[A-Z_]+)\}", (ROOT / "cloudbuild.yaml").read_text()))
+    assert used == set(substitutions) and all(name.startswith("_") for name in substitutions)
+    assert substitutions["_IMAGE"].startswith("us-central1-docker.pkg.dev/${PROJECT_ID}/")
+    assert build["options"]["dynamicSubstitutions"] is True  # ${PROJECT_ID} inside _IMAGE
+    # gcloud uploads the Dockerfile and everything it copies.
+    ignored = [line for line in (ROOT / ".gcloudignore").read_text().splitlines() if line and line[0] != "#"]
+    matcher = PatternMatcher([line.rstrip("/") for line in ignored])
+    for needed in ["Dockerfile", *(source for line in _instructions(dockerfile, "COPY")
+                                   for source in line.split()[:-1] if not source.startswith("--"))]:
+        assert not matcher.matches(needed), needed

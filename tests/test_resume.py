@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import torch
@@ -348,10 +348,16 @@ def test_on_cloud_storage_sigterm_then_resume_ends_as_if_never_stopped(tmp_path:
     import gcsfs
 
     url = "gs://test-bucket/runs/preempted"
-    args = [*ARGS, f"output_dir={url}"]
+    args = [*ARGS, f"output_dir={url}", "logger=[csv,tensorboard,wandb]", "logger.wandb.mode=offline"]
     proc = stop_with_sigterm(tmp_path / "hydra", env=gcs_emulator, args=args)
     assert proc.returncode == 75, proc.stdout + proc.stderr
     fs = gcsfs.GCSFileSystem()
+    # The loggers' files, written on local disk, are in the bucket as they were at the stop's checkpoint.
+    stopped_at = int(re.search(r"SIGTERM at step (\d+)", proc.stderr)[1])
+    assert tensorboard_steps(fs, "test-bucket/runs/preempted/tensorboard", tmp_path / "tb-stopped") == \
+        list(range(1, stopped_at + 1))
+    assert f"\n{stopped_at},train/loss," in fs.cat_file("test-bucket/runs/preempted/metrics.csv").decode()
+    assert fs.glob("test-bucket/runs/preempted/wandb/offline-run-*/run-*.wandb")  # W&B's offline run, too
     names = [p.rsplit("/", 1)[-1] for p in fs.ls("test-bucket/runs/preempted/checkpoints")]
     newest = max(n for n in names if fs.exists(f"test-bucket/runs/preempted/checkpoints/{n}/checkpoint.json"))
     proc = run_train([*args, f"hydra.run.dir={tmp_path}/hydra-again"], cwd=tmp_path,
@@ -362,6 +368,37 @@ def test_on_cloud_storage_sigterm_then_resume_ends_as_if_never_stopped(tmp_path:
     assert_same_run((results, weights(fs.cat_file("test-bucket/runs/preempted/model/model.safetensors"))),
                     uninterrupted)
     assert fs.exists("test-bucket/runs/preempted/model/tokenizer.json")
+    events = tensorboard_events(fs, "test-bucket/runs/preempted/tensorboard", tmp_path / "tb-done")
+    assert [event.step for event in events.Scalars("train/loss")] == list(range(1, 51))
+    assert [event.value for event in events.Scalars("objective")] == [pytest.approx(results["objective"])]
+    assert "task:\n  name: synthetic" in events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    logged = hparams_of(events)
+    assert logged["optimizer.lr"] == 1e-3 and logged["task.name"] == "synthetic" and logged["train.max_steps"] == 50
+
+
+def tensorboard_events(fs: Any, folder: str, local: Path) -> Any:
+    """The event files of a bucket folder, downloaded and read as TensorBoard reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    fs.invalidate_cache()
+    fs.get(f"{folder}/", str(local), recursive=True)
+    events = EventAccumulator(str(local), size_guidance={"scalars": 0})
+    events.Reload()
+    return events
+
+
+def tensorboard_steps(fs: Any, folder: str, local: Path) -> List[int]:
+    return [event.step for event in tensorboard_events(fs, folder, local).Scalars("train/loss")]
+
+
+def hparams_of(events: Any) -> Dict[str, Any]:
+    """The hyperparameters a run logged for TensorBoard's HParams view."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    return {key: value.number_value if value.HasField("number_value") else value.string_value
+            for key, value in info.hparams.items()}
 
 
 def test_a_missing_bucket_fails_before_training(tmp_path: Path, gcs_emulator: Dict[str, str]) -> None:

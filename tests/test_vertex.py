@@ -38,6 +38,9 @@ IMAGE = "us-central1-docker.pkg.dev/test-project/nli/train:test"  # the fake run
 SUITE_IMAGE = "us-central1-docker.pkg.dev/test-project/hydra/suite-app:test"
 APP_IMAGE = "us-central1-docker.pkg.dev/test-project/hydra/integration-app:test"
 WANDB_SECRET = f"projects/{PROJECT}/secrets/wandb-api-key/versions/latest"
+# An image whose job dies in start-up, before the job's callback can report anything: only its log says why.
+CRASH_IMAGE = "us-central1-docker.pkg.dev/test-project/nli/crash:test"
+CRASH = "import sys; print('loading the model', flush=True); sys.exit('Killed: out of memory (exit 137)')"
 SENTINEL = "wandb-key-0123456789abcdef-must-never-leak"
 
 
@@ -51,6 +54,7 @@ def fake(gcs_emulator: Dict[str, str], tmp_path_factory: pytest.TempPathFactory)
         fake.add_image(IMAGE, entrypoint=[sys.executable, str(ROOT / "train.py")], workdir=image_dir)
         fake.add_image(SUITE_IMAGE, entrypoint=[sys.executable, str(ROOT / "tests" / "vertex_suite_app.py")],
                        workdir=image_dir)
+        fake.add_image(CRASH_IMAGE, entrypoint=[sys.executable, "-c", CRASH], workdir=image_dir)
         fake.add_secret(WANDB_SECRET.replace("latest", "1"), SENTINEL)
         yield fake
 
@@ -160,6 +164,46 @@ def test_a_failed_job_is_failed_with_vertex_message_and_the_other_succeeds(fake:
     assert "data.dir reads the GLUE layout" in output  # ... and the job's own error, reported from inside
 
 
+def test_a_job_that_dies_before_reporting_shows_its_last_lines_from_cloud_logging(fake: FakeVertex,
+                                                                                 tmp_path: Path) -> None:
+    proc = sweep_cli([*launcher(fake, CRASH_IMAGE), "hydra.launcher.failed_log_lines=5",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output
+    shown = output[output.index("the last 2 lines of its output (Cloud Logging):"):].splitlines()
+    assert [line.strip() for line in shown[1:3]] == ["loading the model", "Killed: out of memory (exit 137)"]
+    assert "Traceback" not in output
+
+
+def test_logs_that_cannot_be_read_are_one_line_with_the_role(fake: FakeVertex, tmp_path: Path) -> None:
+    fake.fail_next("entries", status=403, reason="PERMISSION_DENIED",
+                   message=f"Permission 'logging.logEntries.list' denied on resource 'projects/{PROJECT}'.")
+    proc = sweep_cli([*launcher(fake, CRASH_IMAGE), "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                     cwd=tmp_path)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output  # the jobs failed; reading their logs did not fail the sweep
+    assert output.count(f"Grant roles/logging.viewer on project {PROJECT}") == 1
+    assert "Forbidden: 403" in output and "logging.logEntries.list" in output
+    assert len(sweep_rows(tmp_path / "sweep")) == 2 and "Traceback" not in output
+
+
+def test_stream_logs_prints_a_single_jobs_output_as_it_comes(fake: FakeVertex, tmp_path: Path) -> None:
+    proc = sweep_cli([*launcher(fake), *FAST, "hydra.launcher.stream_logs=true",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    streamed = [line.split(" | ", 1)[1] for line in output.splitlines() if " | " in line]
+    assert any("step 12: loss=" in line for line in streamed)
+    assert any("results: {" in line for line in streamed)  # the job's last words, fetched after it ended
+    assert output.index("step 6: loss=") < output.index("JOB_STATE_SUCCEEDED")  # live, not after the end
+
+
+def sweep_rows(sweep_dir: Path) -> List[Dict[str, Any]]:
+    from nli import sweep
+
+    return sweep.read_rows(sweep_dir)
+
+
 def test_ctrl_c_cancels_the_running_jobs(fake: FakeVertex, tmp_path: Path) -> None:
     before = set(fake.jobs)
     proc = sweep_cli([*launcher(fake), "experiment=quickstart", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
@@ -190,6 +234,49 @@ def test_optuna_drives_two_trials_through_vertex(fake: FakeVertex, tmp_path: Pat
     best = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
     assert len(rows) == 2 and all(row["state"] == "COMPLETED" for row in rows)
     assert best["best_value"] == max(float(row["objective"]) for row in rows)
+
+
+def test_tensorboard_events_reach_the_jobs_log_dir_and_its_vertex_tensorboard(fake: FakeVertex, tmp_path: Path) -> None:
+    """The job writes its events locally and copies them to AIP_TENSORBOARD_LOG_DIR in the bucket, which
+    the Vertex TensorBoard named on the CustomJob reads; the sweep prints where to look."""
+    tensorboard = f"projects/{PROJECT}/locations/us-central1/tensorboards/123"
+    before = len(fake.requests)
+    proc = sweep_cli([*launcher(fake), *FAST, "logger=tensorboard", "hydra.launcher.sweep_name=tb",
+                      f"hydra.launcher.tensorboard={tensorboard}",
+                      "hydra.launcher.service_account=trainer@test-project.iam.gserviceaccount.com",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    (request,) = created_jobs(fake, before)
+    assert request["jobSpec"]["tensorboard"] == tensorboard
+    job_id = next(job.job.name for job in fake.jobs.values() if job.job.display_name.startswith("tb-0")).rsplit("/")[-1]
+    assert (f"TensorBoard: https://us-central1.tensorboard.googleusercontent.com/experiment/projects+{PROJECT}"
+            f"+locations+us-central1+tensorboards+123+experiments+{job_id}") in output
+    bucket = fsspec.filesystem("gcs")
+    bucket.invalidate_cache()
+    logs = f"{BUCKET}/tb/0/logs"  # AIP_TENSORBOARD_LOG_DIR of the job's base output directory
+    assert bucket.glob(f"{logs}/tensorboard/events.out.tfevents.*") and bucket.exists(f"{logs}/train.log")
+    bucket.get(f"{logs}/tensorboard/", str(tmp_path / "events"), recursive=True)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "events"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("eval/accuracy")] == [6, 12]
+    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+
+
+def test_the_fake_refuses_a_tensorboard_without_a_service_account(fake: FakeVertex) -> None:
+    """As Vertex AI does; the launcher checks it first (test_settings_are_checked_with_the_fix)."""
+    from google.api_core.exceptions import BadRequest
+
+    client = Vertex(VertexLauncherConf(project=PROJECT, staging_bucket=BUCKET, image_uri=IMAGE,
+                                       api_endpoint=fake.endpoint)).client
+    job = {"display_name": "tb", "job_spec": {"tensorboard": f"projects/{PROJECT}/locations/us-central1/tensorboards/1",
+                                              "worker_pool_specs": [{"machine_spec": {"machine_type": "n1-standard-4"},
+                                                                     "replica_count": 1,
+                                                                     "container_spec": {"image_uri": IMAGE}}]}}
+    with pytest.raises(BadRequest, match="A service account is required when a TensorBoard is set"):
+        client.create_custom_job(parent=f"projects/{PROJECT}/locations/us-central1", custom_job=job)
 
 
 def test_python_package_job_runs_the_sdist(fake: FakeVertex, sweep_train: Callable[..., Any], tmp_path: Path) -> None:
@@ -422,6 +509,12 @@ def test_discovery_stays_light() -> None:
     ({"image_uri": None}, "hydra.launcher.image_uri is not set"),
     ({"secrets": {"WANDB_API_KEY": "wandb-api-key"}}, "is not a Secret Manager version"),
     ({"env": {"WANDB_API_KEY": "abc"}}, "hydra.launcher.env.WANDB_API_KEY would put a secret"),
+    ({"failed_log_lines": -1}, "failed_log_lines >= 0"),
+    ({"tensorboard": "my-tensorboard"}, "is not a TensorBoard's resource name"),
+    ({"tensorboard": f"projects/{PROJECT}/locations/europe-west4/tensorboards/1", "service_account": "a@b"},
+     "is in europe-west4 and the jobs run in us-central1"),
+    ({"tensorboard": f"projects/{PROJECT}/locations/us-central1/tensorboards/1"},
+     "hydra.launcher.tensorboard needs hydra.launcher.service_account"),
 ])
 def test_settings_are_checked_with_the_fix(change: Dict[str, Any], message: str) -> None:
     from hydra_plugins.vertex_launcher._checks import check_settings

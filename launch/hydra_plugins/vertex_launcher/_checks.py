@@ -16,6 +16,7 @@ from .config import VertexLauncherConf
 # Variables that hold credentials: never passed by value. `hydra.launcher.secrets` adds its own names.
 SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 _SECRET_VERSION = re.compile(r"^projects/[^/]+/secrets/[^/]+/versions/[^/]+$")
+_TENSORBOARD = re.compile(r"^projects/[^/]+/locations/(?P<region>[^/]+)/tensorboards/[^/]+$")
 
 
 class LaunchError(Exception):
@@ -33,13 +34,33 @@ def check_settings(settings: VertexLauncherConf) -> None:
         _require(settings.image_uri, "hydra.launcher.image_uri",
                  "hydra.launcher.image_uri=REGION-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG "
                  "(see the README), or hydra.launcher.packaging=python_package")
-    if settings.max_concurrent_jobs < 1 or settings.poll_interval <= 0:
-        raise LaunchError("hydra.launcher.max_concurrent_jobs must be >= 1 and poll_interval > 0")
+    if settings.max_concurrent_jobs < 1 or settings.poll_interval <= 0 or settings.failed_log_lines < 0:
+        raise LaunchError("hydra.launcher.max_concurrent_jobs must be >= 1, poll_interval > 0 and "
+                          "failed_log_lines >= 0")
     for name, version in settings.secrets.items():
         if not _SECRET_VERSION.match(version):
             raise LaunchError(f"hydra.launcher.secrets.{name}={version} is not a Secret Manager version: "
                               "write projects/PROJECT/secrets/NAME/versions/latest")
     _check_env(settings)
+    if settings.tensorboard:
+        _check_tensorboard(settings)
+
+
+def _check_tensorboard(settings: VertexLauncherConf) -> None:
+    """Vertex AI's rules for a CustomJob's TensorBoard, before a job is refused for them."""
+    match = _TENSORBOARD.match(str(settings.tensorboard))
+    if not match:
+        raise LaunchError(f"hydra.launcher.tensorboard={settings.tensorboard} is not a TensorBoard's resource name: "
+                          "write projects/PROJECT/locations/REGION/tensorboards/ID (gcloud ai tensorboards list)")
+    if match["region"] != settings.region:
+        raise LaunchError(f"hydra.launcher.tensorboard is in {match['region']} and the jobs run in {settings.region}: "
+                          f"Vertex AI needs both in one region (hydra.launcher.region={match['region']}, or a "
+                          f"TensorBoard in {settings.region})")
+    if not settings.service_account:
+        raise LaunchError("hydra.launcher.tensorboard needs hydra.launcher.service_account=NAME@PROJECT.iam."
+                          "gserviceaccount.com: Vertex AI uploads a job's events to a TensorBoard only when the job "
+                          "runs as a service account of yours, with roles/storage.admin on the staging bucket and "
+                          "roles/aiplatform.user")
 
 
 def secret_names(settings: VertexLauncherConf) -> frozenset[str]:

@@ -21,6 +21,7 @@ from google.cloud.aiplatform_v1 import CreateCustomJobRequest, JobState
 from hydra import version
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -30,6 +31,7 @@ from nli.contract import RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
 from . import _spec
 from ._checks import LaunchError, check_secrets
 from ._client import Vertex
+from ._logs import JobLogs
 from ._package import build_sdist, upload
 from .config import VertexLauncherConf
 
@@ -40,8 +42,9 @@ ENDED = {JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_S
 MAX_POLL_FACTOR = 10  # polling slows down to poll_interval x this while nothing changes
 
 
-class JobFailed(Exception):
-    """A Vertex AI job that did not succeed; the JobReturn of a FAILED job holds it."""
+class JobFailed(CompactHydraException):
+    """A Vertex AI job that did not succeed; the JobReturn of a FAILED job holds it. Its message says
+    all there is (Hydra prints it without the launcher's traceback)."""
 
 
 @dataclass
@@ -78,6 +81,7 @@ class Sweep:
         self.dir = Path(str(config.hydra.sweep.dir))
         self._vertex: Optional[Vertex] = None
         self._package_uri: Optional[str] = None
+        self.logs = JobLogs(settings)
 
     @property
     def vertex(self) -> Vertex:
@@ -102,7 +106,7 @@ class Sweep:
                  self.settings.project, self.settings.region, self.settings.staging_bucket, self.name)
         if not self.settings.wait:
             return [self._submitted(job) for job in jobs]
-        Watcher(self.vertex, self.settings).run(jobs)
+        Watcher(self.vertex, self.settings, self.logs).run(jobs)
         return [self._collect(job) for job in jobs]
 
     def _compose(self, overrides: List[str], num: int) -> Job:
@@ -160,6 +164,7 @@ class Sweep:
     def _submitted(self, job: Job) -> JobReturn:
         job.name = self.vertex.create(job.request).name
         job.note(f"submitted {job.name} (not waiting): {self.vertex.console_url(job.name)}")
+        _note_tensorboard(job, self.settings)
         return _job_return(job, JobStatus.COMPLETED, None)  # no result yet: the job has only started
 
     def _collect(self, job: Job) -> JobReturn:
@@ -178,6 +183,11 @@ class Sweep:
         reason = f"; the job reported {reported['error']}" if "error" in reported else ""
         error = JobFailed(f"Vertex AI job {job.label} ({job.name}) ended {job.state.name}: {job.error}{reason}")
         job.note(str(error))
+        if job.name and self.settings.failed_log_lines > 0:
+            lines = self.logs.last_lines(job.name, self.settings.failed_log_lines)
+            if lines:
+                job.note(f"the last {len(lines)} lines of its output (Cloud Logging):\n" +
+                         "\n".join(f"    {line}" for line in lines))
         sweep.record(self.dir, row(state=JobStatus.FAILED.name, error=str(error)))
         return _job_return(job, JobStatus.FAILED, error)
 
@@ -185,26 +195,32 @@ class Sweep:
 class Watcher:
     """Submits up to max_concurrent_jobs at a time and polls until every job has ended."""
 
-    def __init__(self, vertex: Vertex, settings: VertexLauncherConf) -> None:
+    def __init__(self, vertex: Vertex, settings: VertexLauncherConf, logs: JobLogs) -> None:
         self.vertex = vertex
         self.settings = settings
+        self.logs = logs
         self.counts: Counter[str] = Counter()
 
     def run(self, jobs: List[Job]) -> None:
         waiting: Deque[Job] = deque(jobs)
         active: List[Job] = []
         interval = self.settings.poll_interval
+        follow = self._follows(jobs)
         try:
             while waiting or active:
                 while waiting and len(active) < self.settings.max_concurrent_jobs:
                     active.append(self._submit(waiting.popleft()))
                 changed = [job for job in active if self._poll(job)]
+                if follow and self._stream(jobs[0]):
+                    changed.append(jobs[0])  # new output: look again soon
                 active = [job for job in active if job.state not in ENDED]
                 self._count(jobs)
                 if active or waiting:
                     interval = self.settings.poll_interval if changed else min(
                         interval * 1.5, self.settings.poll_interval * MAX_POLL_FACTOR)
                     time.sleep(interval)
+            if follow:
+                self._stream(jobs[0])  # what it wrote after the last look
         except KeyboardInterrupt:
             self._cancel([job for job in jobs if job.name and job.state not in ENDED])
             raise SystemExit(130) from None
@@ -212,10 +228,24 @@ class Watcher:
             running = [job for job in jobs if job.name and job.state not in ENDED]
             raise LaunchError(f"{error}{_still_running(running, self.settings.region)}") from None
 
+    def _follows(self, jobs: List[Job]) -> bool:
+        if self.settings.stream_logs and len(jobs) > 1:
+            log.warning("hydra.launcher.stream_logs follows the launch of one job; this one has %d: their logs are "
+                        "behind each job's console link", len(jobs))
+        return self.settings.stream_logs and len(jobs) == 1
+
+    def _stream(self, job: Job) -> bool:
+        """Prints the job's output logged since the last look; whether there was any."""
+        lines = self.logs.new_lines(job.name) if job.name else []
+        for line in lines:
+            log.info("%s | %s", job.label, line)
+        return bool(lines)
+
     def _submit(self, job: Job) -> Job:
         created = self.vertex.create(job.request)
         job.name, job.state = created.name, JobState(created.state)
         job.note(f"submitted {job.name}: {self.vertex.console_url(job.name)}")
+        _note_tensorboard(job, self.settings)
         return job
 
     def _poll(self, job: Job) -> bool:
@@ -242,6 +272,11 @@ class Watcher:
                 job.note(f"cancelled {job.name}")
             except LaunchError as error:  # one job's cancel failing must not stop the others'
                 job.note(f"could not cancel {job.name}: {error}")
+
+
+def _note_tensorboard(job: Job, settings: VertexLauncherConf) -> None:
+    if settings.tensorboard:
+        job.note(f"TensorBoard: {_spec.tensorboard_url(settings.tensorboard, job.name)}")
 
 
 def _phase(state: JobState) -> str:

@@ -110,6 +110,8 @@ def custom_job(*, settings: VertexLauncherConf, cfg: DictConfig, name: str, job_
         job_spec["service_account"] = settings.service_account
     if settings.network:
         job_spec["network"] = settings.network
+    if settings.tensorboard:
+        job_spec["tensorboard"] = settings.tensorboard
     return {"display_name": name, "labels": job_labels, "job_spec": job_spec}
 
 
@@ -132,3 +134,11 @@ def _scheduling(settings: VertexLauncherConf) -> Dict[str, Any]:
     if settings.timeout:
         scheduling["timeout"] = f"{settings.timeout}s"
     return scheduling
+
+
+def tensorboard_url(tensorboard: str, job_name: str) -> str:
+    """The Vertex AI TensorBoard page of a job's experiment (named after the job's id), as the
+    aiplatform SDK links it."""
+    region = tensorboard.split("/")[3]
+    experiment = f"{tensorboard}/experiments/{job_name.rsplit('/', 1)[-1]}".replace("/", "+")
+    return f"https://{region}.tensorboard.googleusercontent.com/experiment/{experiment}"

@@ -37,6 +37,9 @@ class VertexLauncherConf:
     reduction_server_machine_type: str = "n1-highcpu-16"
     reduction_server_image_uri: str = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
     service_account: Optional[str] = None  # the jobs' identity (email); null: the project's default
+    # A Vertex AI TensorBoard (projects/P/locations/REGION/tensorboards/ID) that shows each job's events
+    # as they are written to AIP_TENSORBOARD_LOG_DIR; Vertex requires service_account with it.
+    tensorboard: Optional[str] = None
     network: Optional[str] = None  # VPC peering network (projects/<number>/global/networks/<name>)
     labels: Dict[str, str] = field(default_factory=dict)  # added to the labels derived from the sweep
     strategy: Strategy = Strategy.STANDARD  # scheduling: STANDARD, SPOT or FLEX_START
@@ -45,6 +48,8 @@ class VertexLauncherConf:
     max_concurrent_jobs: int = 16  # jobs in flight at once; the others wait their turn
     wait: bool = True  # true: wait and collect results; false: submit and return
     poll_interval: float = 30.0  # seconds between status polls; grows to 10x while nothing changes
+    failed_log_lines: int = 20  # a failed job's last lines of output, printed from Cloud Logging; 0: none
+    stream_logs: bool = False  # a launch of one job: print its output as it comes (from Cloud Logging)
     dry_run: bool = False  # write each CustomJob request as JSON into the sweep directory; submit nothing
     sweep_name: Optional[str] = None  # names the sweep's jobs and output folder; null: <job name>-<time>
     env: Dict[str, str] = field(default_factory=dict)  # plain variables for the jobs (readable by viewers)
