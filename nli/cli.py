@@ -1,8 +1,9 @@
 """The task function ``train.py`` and ``python -m nli`` hand to Hydra; their ``--help`` is nli/help.py.
 
 The one place a run's errors are handled: an error the user can fix (:class:`nli.errors.UserError`)
-ends the run with its message and no traceback, and a run stopped by a signal, its checkpoint
-written, exits with status ``PREEMPTED`` (75) to be run again.
+ends the run with its message and no traceback (in a sweep, it fails that job alone: nli.sweep),
+and a run stopped by a signal, its checkpoint written, exits with status ``PREEMPTED`` (75) to be
+run again.
 """
 
 from __future__ import annotations

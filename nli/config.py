@@ -74,6 +74,7 @@ class ModelConfig:
     scratch: Optional[ScratchArchitecture] = None  # architecture when name_or_path is null
     revision: str = "main"  # Hub branch, tag or commit of name_or_path
     dropout: Optional[float] = None  # override the checkpoint's dropout probability; null: keep it
+    classifier_dropout: Optional[float] = None  # the classification head's dropout; null: the model's own
     ignore_mismatched_sizes: bool = False  # replace a checkpoint's classification head of another size
     attention: Attention = Attention.sdpa  # how attention is computed
     fast_paths: bool = True  # faster forward where it applies (nli/fastpaths); false: transformers' own
@@ -87,6 +88,8 @@ class ModelConfig:
         _require(self.dropout is None or 0 <= self.dropout < 1,
                  f"model.dropout={self.dropout} must be in [0, 1) (a probability; 1 would drop every "
                  "activation), e.g. model.dropout=0.1, or null to keep the checkpoint's")
+        _require(self.classifier_dropout is None or 0 <= self.classifier_dropout < 1,
+                 f"model.classifier_dropout={self.classifier_dropout} must be in [0, 1), or null for the model's own")
         # model.dropout overrides a checkpoint's; a scratch model takes its own, so it would be ignored.
         _require(self.dropout is None or self.scratch is None,
                  f"model.dropout={self.dropout} sets a pretrained checkpoint's dropout, and this model is built "
@@ -194,10 +197,17 @@ class OptimizerConfig:
     _target_: str = MISSING  # the optimizer class, built with hydra.utils.instantiate
     lr: float = MISSING  # peak learning rate
     weight_decay: float = 0.0  # decoupled for AdamW; never applied to biases and LayerNorm
+    # Layer-wise learning-rate decay (ELECTRA: 0.8 base, 0.9 large): a layer's rate is lr x decay^(its
+    # depth from the top), the top layer's lr x decay, the embeddings' the smallest; null: one rate
+    layer_decay: Optional[float] = None
+    head_lr_scale: float = 1.0  # the classification head's rate as a multiple of lr
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, f"optimizer.lr={self.lr} must be positive (e.g. optimizer.lr=2e-5)")
         _require(self.weight_decay >= 0, f"optimizer.weight_decay={self.weight_decay} must be >= 0")
+        _require(self.layer_decay is None or 0 < self.layer_decay <= 1,
+                 f"optimizer.layer_decay={self.layer_decay} must be in (0, 1] (e.g. 0.8), or null for one rate")
+        _require(self.head_lr_scale > 0, f"optimizer.head_lr_scale={self.head_lr_scale} must be positive")
 
 
 @dataclass
@@ -404,6 +414,7 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = None  # local path or gs://; null: the platform's, else <output_dir>/checkpoints
     resume: bool = True  # continue from the newest checkpoint in the output directory; false: refuse to
     skip_nonfinite: int = 0  # steps with a NaN or infinite loss to skip (no update) before stopping
+    label_smoothing: float = 0.0  # cross-entropy's label smoothing (classification tasks); 0: none
     compile: bool = False  # torch.compile the training model: faster steps after a compile of minutes
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)  # stop when the metric stalls
     # keys whose new values a run continues with, where its folder holds it with other ones (logged)
@@ -425,6 +436,7 @@ class TrainConfig:
         _require(self.checkpoint_every > 0, f"train.checkpoint_every={self.checkpoint_every} must be positive")
         _require(self.keep_checkpoints >= 1, f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
         _require(self.skip_nonfinite >= 0, f"train.skip_nonfinite={self.skip_nonfinite} must be >= 0")
+        _require(0 <= self.label_smoothing < 1, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
         _require(self.max_grad_norm is None or self.max_grad_norm > 0,
                  f"train.max_grad_norm={self.max_grad_norm} must be positive or null")
 
@@ -456,6 +468,9 @@ class Config:
         self._check_data_source()
         self._check_loggers()
         self._check_scratch_positions()
+        _require(not (self.train.label_smoothing and self.task.is_regression),
+                 f"train.label_smoothing={self.train.label_smoothing} smooths class labels, and task={self.task.name} "
+                 "is a regression: set train.label_smoothing=0")
 
     def _check_scratch_positions(self) -> None:
         """A pretrained checkpoint's positions are checked when its config is read (nli.model)."""

@@ -23,6 +23,10 @@ from nli.errors import ConfigError, RunChanged
 EXCLUDED = ("output_dir", "train.checkpoint_dir", "logger", "hw", "train.progress_bar", "train.log_every",
             "train.eval_every", "train.eval_batch_size", "train.checkpoint_every", "train.keep_checkpoints",
             "train.resume", "train.accept_changes", "data.num_workers")
+# Keys added to the config since runs first recorded their identity, at the value that trains as the
+# code did before them: a run from before they existed resumes where they keep that value.
+ADDED = {"model.classifier_dropout": None, "train.label_smoothing": 0.0, "optimizer.layer_decay": None,
+         "optimizer.head_lr_scale": 1.0}
 # Keys a resumed run may take new values of (train.accept_changes): how long it trains, when it gives
 # up, and what it writes at the end. The rest would make the checkpoint a different run's.
 CONTINUABLE = ("train.epochs", "train.max_steps", "train.early_stopping.patience", "train.early_stopping.min_delta",
@@ -60,8 +64,10 @@ def check_accepted(keys: Sequence[str]) -> None:
 
 
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, str]:
-    """Each key whose value differs -> ``old -> new`` (``(none)`` where a side lacks the key)."""
-    changed = [key for key in sorted(set(old) | set(new)) if old.get(key, _NONE) != new.get(key, _NONE)]
+    """Each key whose value differs -> ``old -> new`` (``(none)`` where a side lacks the key). A key
+    added to the config after ``old`` was written stands there at the value that behaves as before."""
+    changed = [key for key in sorted(set(old) | set(new))
+               if old.get(key, ADDED.get(key, _NONE)) != new.get(key, _NONE)]
     return {key: f"{_show(old, key)} -> {_show(new, key)}" for key in changed}
 
 

@@ -14,7 +14,7 @@ import signal
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Optional, Sequence, cast
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, cast
 
 import torch
 from torch.utils.data import DataLoader
@@ -32,6 +32,14 @@ from nli.signals import Preempted, StopRequest
 log = logging.getLogger(__name__)
 
 
+def training_loss(output: Any, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """The model's own loss; with label smoothing, cross-entropy on its logits (in fp32, as
+    transformers computes its own) against labels smoothed by ``label_smoothing``."""
+    if not label_smoothing:
+        return output.loss
+    return torch.nn.functional.cross_entropy(output.logits.float(), labels, label_smoothing=label_smoothing)
+
+
 @dataclass(frozen=True)
 class Plan:
     """How much to train and how often to look, in optimizer steps."""
@@ -44,6 +52,7 @@ class Plan:
     checkpoint_every: int
     max_grad_norm: float | None
     skip_nonfinite: int  # steps with a non-finite loss to skip before stopping
+    label_smoothing: float  # cross-entropy's label smoothing; 0: the model's own loss
 
     @classmethod
     def make(cls, train: TrainConfig, *, examples_per_epoch: int, world_size: int, accumulation: int) -> "Plan":
@@ -57,7 +66,7 @@ class Plan:
                    examples_per_epoch=examples_per_epoch, accumulation=accumulation,
                    eval_every=train.eval_every or steps_per_epoch, log_every=train.log_every,
                    checkpoint_every=train.checkpoint_every, max_grad_norm=train.max_grad_norm,
-                   skip_nonfinite=train.skip_nonfinite)
+                   skip_nonfinite=train.skip_nonfinite, label_smoothing=train.label_smoothing)
 
 
 @dataclass(frozen=True)
@@ -150,7 +159,7 @@ class Loop:
         weight = len(batch["labels"]) * opt.world.world_size / self.sampler.step_examples(progress.examples_in_epoch)
         with no_sync(opt.trained, sync=sync):  # only the step's last micro-batch all-reduces
             with opt.compute.autocast():
-                loss = opt.trained(**batch).loss * weight
+                loss = training_loss(opt.trained(**batch), batch["labels"], self.plan.label_smoothing) * weight
             opt.scaler.scale(loss).backward()
         return loss.detach()
 

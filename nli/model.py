@@ -6,10 +6,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import re
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union
 
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoConfig,
@@ -37,6 +40,12 @@ SPECIAL_TOKENS = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>",
 # RoBERTa's padding_idx is 1, so a sequence of n tokens takes positions 2 to n + 1.
 POSITIONS_AFTER_PADDING = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text",
                                      "ibert", "longformer", "luke", "mpnet", "roberta-prelayernorm", "xmod"})
+# What becomes of a checkpoint's classification head: kept (None), its rows reordered to the task's
+# labels (the head's row for each), or replaced by a new one (REPLACE).
+REPLACE = "replace"
+HeadPlan = Union[None, List[int], str]
+# The names transformers gives labels nobody named: they say nothing of the order.
+GENERIC_LABEL = re.compile(r"LABEL_\d+")
 # What transformers' tokenizers give as model_max_length when the checkpoint sets none (int(1e30)).
 UNBOUNDED_LENGTH = 10**29
 
@@ -152,10 +161,52 @@ def _dropout_kwargs(p: float | None) -> Dict[str, float]:
     return {} if p is None else {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
 
 
+# The head's dropout where a family does not call it classifier_dropout (BERT, RoBERTa, ELECTRA and
+# ModernBERT do): DeBERTa reads cls_dropout (absent from its config unless set), DistilBERT seq_classif_dropout.
+CLASSIFIER_DROPOUT = {"deberta": "cls_dropout", "deberta-v2": "cls_dropout", "distilbert": "seq_classif_dropout"}
+
+
 def build_model(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """The model as transformers builds it; the fast paths (:func:`nli.fastpaths.install`) come on
     once it is on its device."""
     return _build(cfg, task, tokenizer)
+
+
+@contextmanager
+def _attention_supported(cfg: ModelConfig, config: PretrainedConfig) -> Iterator[None]:
+    """A family without the attention asked for (DeBERTa has no SDPA in transformers) is a ConfigError
+    that names the way on, not transformers' ValueError from deep in from_pretrained."""
+    try:
+        yield
+    except ValueError as err:
+        if "does not support an attention implementation" not in str(err):
+            raise
+        raise ConfigError(f"model.attention={cfg.attention.value}: transformers has no such attention for "
+                          f"{config.model_type} models; set model.attention=eager") from None
+
+
+def _configure(config: PretrainedConfig, cfg: ModelConfig, task: TaskConfig) -> None:
+    """The task's labels, and model.dropout and model.classifier_dropout under this family's names, set
+    on the checkpoint's config (from_pretrained would hand a name its config lacks to the model's
+    constructor, which refuses it)."""
+    for name, value in _label_kwargs(task).items():
+        setattr(config, name, value)
+    if cfg.dropout is not None:
+        names = [name for name in _dropout_kwargs(cfg.dropout) if hasattr(config, name)]
+        _require_counterpart(names, "dropout", config, cfg)
+        for name in names:
+            setattr(config, name, cfg.dropout)
+    if cfg.classifier_dropout is not None:
+        name = CLASSIFIER_DROPOUT.get(config.model_type, "classifier_dropout")
+        _require_counterpart([name] if name in CLASSIFIER_DROPOUT.values() or hasattr(config, name) else [],
+                             "classifier_dropout", config, cfg)
+        setattr(config, name, cfg.classifier_dropout)
+
+
+def _require_counterpart(names: List[str], key: str, config: PretrainedConfig, cfg: ModelConfig) -> None:
+    if not names:
+        raise ConfigError(f"model.{key} has no counterpart in the config of model.name_or_path={cfg.name_or_path} "
+                          f"(a {config.model_type} model); set model.{key}=null")
 
 
 def _build(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -163,32 +214,94 @@ def _build(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBas
         raise ConfigError("model.attention=flash_attention_2 needs the flash-attn package (pip install flash-attn, "
                           "on a CUDA machine); model.attention=sdpa uses torch's own fused kernels")
     if cfg.scratch is not None:
-        return _scratch_model(cfg.scratch, task, tokenizer, attention=cfg.attention.value)
+        return _scratch_model(cfg.scratch, task, tokenizer, attention=cfg.attention.value,
+                              classifier_dropout=cfg.classifier_dropout)
     assert cfg.name_or_path is not None
-    kwargs = {**_label_kwargs(task), **_dropout_kwargs(cfg.dropout),
-              "ignore_mismatched_sizes": cfg.ignore_mismatched_sizes, "attn_implementation": cfg.attention.value}
-    _check_head(pretrained_config(cfg), cfg, task)
-    if _local_dir(cfg.name_or_path):
-        return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
-    with hub_download(f"model '{cfg.name_or_path}'"):
-        return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,
-                                                                  **kwargs)
+    config = pretrained_config(cfg)
+    plan = _head_plan(config, cfg, task)  # from the checkpoint's own labels, before they are renamed
+    _configure(config, cfg, task)
+    kwargs = {"config": config, "ignore_mismatched_sizes": cfg.ignore_mismatched_sizes,
+              "attn_implementation": cfg.attention.value}
+    with _attention_supported(cfg, config):
+        if _local_dir(cfg.name_or_path):
+            model = AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
+        else:
+            with hub_download(f"model '{cfg.name_or_path}'"):
+                model = AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,
+                                                                           **kwargs)
+    _fit_head(model, plan, cfg)
+    return model
 
 
-def _check_head(config: PretrainedConfig, cfg: ModelConfig, task: TaskConfig) -> None:
-    """A checkpoint fine-tuned for another task has a head of another size; say so before
-    transformers fails on the weight shapes (a base checkpoint has no head: any size goes)."""
+def _head_plan(config: PretrainedConfig, cfg: ModelConfig, task: TaskConfig) -> HeadPlan:
+    """What becomes of a checkpoint's classification head (an MNLI model's). Its labels are matched to
+    the task's by name, case aside: roberta-large-mnli orders them CONTRADICTION, NEUTRAL, ENTAILMENT,
+    GLUE's MNLI entailment, neutral, contradiction, so its rows are reordered. Unnamed labels (LABEL_0,
+    ...) are taken in the task's order, with a warning. A head of another size, or of other names, is
+    refused naming both before the weights load, unless model.ignore_mismatched_sizes asks for a new
+    head (transformers makes one of another size; one of the same size is REPLACEd here)."""
     has_head = any(name.endswith("ForSequenceClassification") for name in config.architectures or [])
-    if has_head and config.num_labels != task.num_labels and not cfg.ignore_mismatched_sizes:
-        head = ", ".join(config.id2label[i] for i in sorted(config.id2label))
+    if not has_head:
+        return None
+    head = [str(config.id2label[i]) for i in sorted(config.id2label)]
+    fix = "Set model.ignore_mismatched_sizes=true to replace the head with a new, randomly initialised one"
+    if config.num_labels != task.num_labels:
+        if cfg.ignore_mismatched_sizes:
+            return None  # transformers gives a head of the task's size
         raise ConfigError(f"model.name_or_path={cfg.name_or_path} has a classification head for "
-                          f"{config.num_labels} label(s) ({head}) but task={task.name} has {task.num_labels}. "
-                          "Set model.ignore_mismatched_sizes=true to replace the head with a new, "
-                          "randomly initialised one")
+                          f"{config.num_labels} label(s) ({', '.join(head)}) but task={task.name} has "
+                          f"{task.num_labels}. {fix}")
+    if task.is_regression:
+        return None
+    if all(GENERIC_LABEL.fullmatch(name) for name in head):
+        log.warning("model.name_or_path=%s names its head's labels %s: taken to be task=%s's %s, in that order",
+                    cfg.name_or_path, head, task.name, task.label_names)
+        return None
+    lower = [name.lower() for name in head]
+    if sorted(lower) != sorted(name.lower() for name in task.label_names):
+        if cfg.ignore_mismatched_sizes:  # a head of the same size: transformers would keep it
+            return REPLACE
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path} has a classification head for the labels {head}, "
+                          f"which are not task={task.name}'s {task.label_names} by name. {fix}")
+    order = [lower.index(name.lower()) for name in task.label_names]
+    return None if order == sorted(order) else order
+
+
+def _fit_head(model: PreTrainedModel, plan: HeadPlan, cfg: ModelConfig) -> None:
+    if plan == REPLACE:
+        # As these families initialise a new head (transformers' own _init_weights skips loaded weights).
+        std = float(getattr(model.config, "initializer_range", 0.02))
+        for module in getattr(model, "classifier", model).modules():
+            if isinstance(module, torch.nn.Linear):
+                torch.nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    torch.nn.init.zeros_(module.bias)
+        log.info("model: the head's labels are not the task's: its classifier starts afresh "
+                 "(model.ignore_mismatched_sizes=true)")
+    elif isinstance(plan, list):
+        _reorder_head(model, plan, cfg)
+
+
+def _reorder_head(model: PreTrainedModel, order: List[int], cfg: ModelConfig) -> None:
+    """The rows of the head's output layer (the last linear layer with one output per label) put in
+    the task's label order: row i then scores the task's label i."""
+    head = getattr(model, "classifier", model)
+    layers = [module for module in head.modules()
+              if isinstance(module, torch.nn.Linear) and module.out_features == len(order)]
+    if not layers:
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path}: the output layer of its {model.config.model_type} "
+                          "head was not found, so its labels cannot be put in the task's order. Set "
+                          "model.ignore_mismatched_sizes=true to replace the head")
+    index = torch.tensor(order)
+    with torch.no_grad():
+        layers[-1].weight.copy_(layers[-1].weight[index])
+        if layers[-1].bias is not None:
+            layers[-1].bias.copy_(layers[-1].bias[index])
+    log.info("model: the head's labels matched to the task's by name (rows %s)", order)
 
 
 def _scratch_model(arch: ScratchArchitecture, task: TaskConfig, tokenizer: PreTrainedTokenizerBase, *,
-                   attention: str) -> PreTrainedModel:
+                   attention: str, classifier_dropout: Optional[float]) -> PreTrainedModel:
     config = AutoConfig.for_model(
         arch.model_type,
         vocab_size=len(tokenizer),
@@ -202,6 +315,7 @@ def _scratch_model(arch: ScratchArchitecture, task: TaskConfig, tokenizer: PreTr
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         **_dropout_kwargs(arch.dropout),
+        **({} if classifier_dropout is None else {"classifier_dropout": classifier_dropout}),
         **_label_kwargs(task),
     )
     model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention)

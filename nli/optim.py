@@ -3,7 +3,8 @@ named by the config with the signature of :func:`linear`)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import re
+from typing import Any, Dict, List, cast
 
 import torch
 from hydra.utils import get_method, instantiate
@@ -18,21 +19,64 @@ from transformers import (
 from nli.config import OptimizerConfig, ScheduleConfig
 from nli.errors import ConfigError
 
+# optimizer: keys that shape the parameter groups rather than go to the optimizer's class.
+GROUP_KEYS = ("layer_decay", "head_lr_scale")
+# Where the supported families (BERT, RoBERTa, ELECTRA, DeBERTa, DistilBERT, ModernBERT) keep their
+# parts, by parameter name: encoder layer i, the embeddings (with DeBERTa's relative ones and their
+# norm), the classification head (with BERT's and DeBERTa's pooler, ModernBERT's head), and
+# ModernBERT's norm after its last layer.
+_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+_EMBEDDINGS = re.compile(r"(?:^|\.)(?:embeddings|embeddings_project|rel_embeddings)\.|^(?:\w+\.)?encoder\.LayerNorm\.")
+_HEAD = re.compile(r"^(?:classifier|pooler|head|pre_classifier)\.|(?:^|\.)pooler\.")
+_AFTER_LAST_LAYER = re.compile(r"(?:^|\.)final_norm\.")
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
-    """Weight decay on weight matrices only: biases and LayerNorm parameters (every 1-d
-    tensor in these models) are not decayed, as in BERT and RoBERTa."""
-    decay: List[torch.nn.Parameter] = []
-    no_decay: List[torch.nn.Parameter] = []
-    for param in model.parameters():
+
+def param_groups(model: torch.nn.Module, cfg: OptimizerConfig) -> List[Dict[str, Any]]:
+    """Weight decay on weight matrices only: biases and LayerNorm parameters (every 1-d tensor in
+    these models) are not decayed, as in BERT and RoBERTa. With ``layer_decay`` or ``head_lr_scale``,
+    each depth gets its own rate too (:func:`depth_rates`); the schedule then scales every rate alike."""
+    rates = depth_rates(model, cfg) if cfg.layer_decay is not None or cfg.head_lr_scale != 1.0 else None
+    groups: Dict[tuple[bool, float], List[torch.nn.Parameter]] = {}
+    for name, param in model.named_parameters():
         if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            groups.setdefault((param.ndim >= 2, rates[name] if rates else cfg.lr), []).append(param)
+    return [{"params": params, "weight_decay": cfg.weight_decay if decayed else 0.0, "lr": lr}
+            for (decayed, lr), params in groups.items()]
+
+
+def depth_rates(model: torch.nn.Module, cfg: OptimizerConfig) -> Dict[str, float]:
+    """Each parameter's learning rate: ``lr x layer_decay^(L + 1 - depth)`` for L layers, where the
+    embeddings are at depth 0 and layer i at depth i + 1, so the top layer gets one factor of the
+    decay (not two: google-research/electra#51) and the embeddings L + 1; the head gets
+    ``lr x head_lr_scale``. Set once: the schedule multiplies these rates, never decays them again."""
+    config: Any = getattr(model, "config", None)
+    layers = int(config.num_hidden_layers)  # every supported family's config has it
+    decay = cfg.layer_decay if cfg.layer_decay is not None else 1.0
+    rates = {}
+    for name, _ in model.named_parameters():
+        depth = _depth(name, layers, str(config.model_type))
+        rates[name] = cfg.lr * cfg.head_lr_scale if depth > layers else cfg.lr * decay ** (layers + 1 - depth)
+    return rates
+
+
+def _depth(name: str, layers: int, model_type: str) -> int:
+    if match := _LAYER.search(name):
+        return int(match[1]) + 1
+    if _EMBEDDINGS.search(name):
+        return 0
+    if _HEAD.search(name):
+        return layers + 1
+    if _AFTER_LAST_LAYER.search(name):
+        return layers
+    raise ConfigError(f"optimizer.layer_decay and head_lr_scale cannot tell where {name} of this {model_type} model "
+                      "sits (embeddings, which layer, or the head); they know BERT, RoBERTa, ELECTRA, DeBERTa, "
+                      "DistilBERT and ModernBERT. Set optimizer.layer_decay=null optimizer.head_lr_scale=1")
 
 
 def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    node = OmegaConf.structured(cfg)
-    return instantiate(node, params=param_groups(model, cfg.weight_decay), _convert_="all")
+    options = cast(Dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg)))
+    arguments = {key: value for key, value in options.items() if key not in GROUP_KEYS}
+    return instantiate(arguments, params=param_groups(model, cfg), _convert_="all")
 
 
 def build_scheduler(cfg: ScheduleConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:

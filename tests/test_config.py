@@ -55,8 +55,10 @@ def test_every_search_searches_keys_the_config_has(name: str) -> None:
 
 
 def test_groups_are_the_ones_the_readme_promises() -> None:
-    assert set(options("model")) == {"roberta-base", "roberta-large", "bert-base", "bert-large",
-                                     "distilroberta", "tiny"}
+    assert set(options("model")) == {
+        "roberta-base", "roberta-large", "bert-base", "bert-large", "distilroberta", "tiny", "deberta-v3-xsmall",
+        "deberta-v3-small", "deberta-v3-base", "deberta-v3-large", "electra-base", "electra-large", "modernbert-base",
+        "modernbert-large", "roberta-large-mnli", "deberta-v3-base-mnli"}
     assert {"mnli", "synthetic"} <= set(options("task"))
     assert set(options("optimizer")) == {"adamw", "adam", "sgd"}
     assert set(options("schedule")) == {"linear", "cosine", "constant"}

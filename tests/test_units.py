@@ -70,7 +70,7 @@ def _tiny_model() -> torch.nn.Module:
 
 def test_no_weight_decay_on_biases_and_layernorm() -> None:
     model = _tiny_model()
-    decay, no_decay = param_groups(model, weight_decay=0.1)
+    decay, no_decay = param_groups(model, AdamConfig(_target_="torch.optim.AdamW", lr=1e-3, weight_decay=0.1))
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] for p in no_decay["params"])
