@@ -416,6 +416,9 @@ class TrainConfig:
     skip_nonfinite: int = 0  # steps with a NaN or infinite loss to skip (no update) before stopping
     label_smoothing: float = 0.0  # cross-entropy's label smoothing (classification tasks); 0: none
     compile: bool = False  # torch.compile the training model: faster steps after a compile of minutes
+    # recompute each layer's activations in the backward pass instead of keeping them (non-reentrant):
+    # much less activation memory (a large model on one GPU) for about a third more compute
+    gradient_checkpointing: bool = False
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)  # stop when the metric stalls
     # keys whose new values a run continues with, where its folder holds it with other ones (logged)
     accept_changes: List[str] = field(default_factory=list)

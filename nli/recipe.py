@@ -199,7 +199,14 @@ def load_data(cfg: Config, out: Outputs, compute: device.Compute) -> Data:
 def build(cfg: Config, loaded: Data, compute: device.Compute, world: World) -> torch.nn.Module:
     """The model (pretrained or from scratch) on the device, with the fast paths that apply."""
     model = build_model(cfg.model, cfg.task, loaded.tokenizer).to(compute.device)
-    fastpaths.install(model, device=compute.device, enabled=cfg.model.fast_paths, compiled=cfg.train.compile)
+    fast = cfg.model.fast_paths
+    if cfg.train.gradient_checkpointing:
+        # Non-reentrant: works under DDP (no unused-parameter hooks fired twice) and torch.compile.
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        if fast:  # they replace the layers' forward, which checkpointing wraps
+            log.info("fast paths: off, as train.gradient_checkpointing recomputes the stock layers")
+            fast = False
+    fastpaths.install(model, device=compute.device, enabled=fast, compiled=cfg.train.compile)
     seed_rank(cfg.seed, world)
     return model
 

@@ -126,3 +126,13 @@ def test_company_runs_each_case_and_reports_shares_of_idle(tmp_path: Path) -> No
     header = "| policy | case | examples/s (each run) | share of idle | threads | GFLOP/s | peak RSS (GiB) |"
     assert header in proc.stdout
     assert "| on | idle | " in proc.stdout and " | 100% | " in proc.stdout and "| on | busy | " in proc.stdout
+
+
+def test_checkpointing_reports_speed_and_memory_off_and_on(tmp_path: Path) -> None:
+    out = tmp_path / "checkpointing.json"
+    proc = benchmark("checkpointing", ["--model", "quickstart", "--steps", "4", "--rounds", "1", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = json.loads(out.read_text())
+    assert [len(runs["off"]), len(runs["on"])] == [1, 1]
+    assert all(row["examples_per_second"] > 0 and row["peak_gib"] > 0 for row in [*runs["off"], *runs["on"]])
+    assert "| off | " in proc.stdout and "(1.00x)" in proc.stdout and "| on | " in proc.stdout

