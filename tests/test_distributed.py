@@ -94,6 +94,23 @@ def test_two_processes_end_where_one_does(tmp_path: Path, single: Outcome) -> No
     assert ours["weights"] == reference["weights"]
 
 
+def test_two_processes_with_gradient_checkpointing_end_where_one_does_without(tmp_path: Path) -> None:
+    """Checkpointing (non-reentrant) under DDP: two processes recomputing their layers in the backward
+    pass train as one process keeping them, with the stock forward both (no dropout, whose random
+    streams differ between one process and two)."""
+    stock = [*ARGS, "model.scratch.dropout=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    proc = run_train([*stock, "model.fast_paths=false", f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = torchrun([*stock, "train.gradient_checkpointing=true", f"output_dir={two}", f"hydra.run.dir={two}"],
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "x 2 processes" in (two / "train.log").read_text()
+    (results, weights), (theirs, their_weights) = outcome(two), outcome(one)
+    assert_same_run(({k: v for k, v in results.items() if k != "identity"}, weights),
+                    ({k: v for k, v in theirs.items() if k != "identity"}, their_weights))
+
+
 def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -> None:
     """hydra.launcher.tasks_per_node=2 through submitit, whose local executor sets up each task's
     environment as its Slurm executor does: each task finds its rank there (no torchrun)."""
