@@ -41,7 +41,11 @@ def local_copy(url: str) -> Path:
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}")
-        fs.get_file(path, str(partial))
+        try:
+            fs.get_file(path, str(partial))
+        except OSError as err:  # the connection or the permission failed part-way
+            partial.unlink(missing_ok=True)
+            raise DataError(f"{url} could not be fetched: {err}") from None
         os.replace(partial, target)  # whole or not at all: a run killed while fetching leaves no half file
     return target
 

@@ -125,27 +125,17 @@ def _tail(url: str, parts: int) -> str:
     return "/".join(url.rstrip("/").split("/")[-parts:])
 
 
-def varying(rows: Sequence[Mapping[str, Any]]) -> List[str]:
-    """The override keys whose value is not the same in every row, in the order they were given."""
-    keys = dict.fromkeys(key for row in rows for key in sweep.swept(row))
-    return [key for key in keys if len({str(row.get(key)) for row in rows}) > 1]
-
-
 def model_metrics(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     """Objective first, then what the model scored (accuracy, f1, ...), not how fast the run went."""
     return [name for name in sweep.metric_columns(rows) if not name.startswith(MEASURED_PREFIXES)]
 
 
 def completed(rows: Sequence[Row]) -> List[Row]:
-    return [row for row in rows if row.get("state") == sweep.COMPLETED and _is_number(row.get("objective"))]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return [row for row in rows if row.get("state") == sweep.COMPLETED and sweep.is_number(row.get("objective"))]
 
 
 def _number(value: Any) -> Optional[float]:
-    return float(value) if _is_number(value) else None
+    return float(value) if sweep.is_number(value) else None
 
 
 # ------------------------------------------------------------------------------ the tables
@@ -171,7 +161,7 @@ def _shown(row: Mapping[str, Any], key: str, numeric: Set[str]) -> Any:
     if key == "output_dir":
         return _tail(str(row.get(key) or ""), 2)
     value = row.get(key)
-    return _number(value) if key in numeric and _is_number(value) else value
+    return _number(value) if key in numeric and sweep.is_number(value) else value
 
 
 def seed_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str]) -> str:
@@ -342,7 +332,7 @@ def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> List[Path
     rows = load_rows(paths)
     out = out or next((path for path in paths if (path / sweep.RESULTS_JSONL).is_file()), paths[0])
     out.mkdir(parents=True, exist_ok=True)
-    keys, metrics = varying(rows), model_metrics(rows)
+    keys, metrics = sweep.varying(rows), model_metrics(rows)
     done = completed(rows)
     sections = [f"# Sweep report\n\n{len(rows)} {'job' if len(rows) == 1 else 'jobs'}, {len(done)} completed, "
                 "from " + ", ".join(f"`{path}`" for path in paths) + ".",

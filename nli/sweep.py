@@ -139,7 +139,7 @@ def _group_row(overrides: Dict[str, str], members: Sequence[Mapping[str, Any]]) 
     group: Dict[str, Any] = {**overrides, "n": len(done), "seeds": " ".join(str(row.get(SEED, "")) for row in done),
                              "failed": len(members) - len(done)}
     for metric in metric_columns(done):
-        values = [float(row[metric]) for row in done if _is_number(row.get(metric))]
+        values = [float(row[metric]) for row in done if is_number(row.get(metric))]
         group[f"{metric}_mean"] = statistics.fmean(values) if values else math.nan
         group[f"{metric}_sd"] = statistics.stdev(values) if len(values) > 1 else math.nan
     return group
@@ -150,7 +150,7 @@ def metric_columns(rows: Iterable[Mapping[str, Any]]) -> List[str]:
     rows = list(rows)
     overridden = {key for row in rows for key in swept(row)}
     columns = [key for row in rows for key, value in row.items()
-               if _is_number(value) and key not in overridden and key not in _NOT_METRICS and key != "ended"]
+               if is_number(value) and key not in overridden and key not in _NOT_METRICS and key != "ended"]
     return sorted(dict.fromkeys(columns), key=lambda key: key != "objective")
 
 
@@ -159,7 +159,7 @@ def swept(row: Mapping[str, Any]) -> Dict[str, str]:
     return override_columns(row.get("overrides") or [])
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -261,7 +261,7 @@ def hydra_job_row(config: DictConfig, job_return: JobReturn) -> Dict[str, Any]:
     overrides = list(config.hydra.overrides.task)
     if job_return.status is JobStatus.COMPLETED:
         results = read_json(f"{output_dir.rstrip('/')}/{RESULTS_FILE}")
-        if results is None and _is_number(job_return.return_value):  # an app that writes no results.json
+        if results is None and is_number(job_return.return_value):  # an app that writes no results.json
             results = {"objective": job_return.return_value}
         return job_row(num=int(config.hydra.job.num), state=COMPLETED, overrides=overrides, results=results,
                        output_dir=output_dir)
@@ -275,7 +275,8 @@ def hydra_job_row(config: DictConfig, job_return: JobReturn) -> Dict[str, Any]:
 
 def format_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     """The jobs: number, state, what varies between them, the headline figures, the error."""
-    columns = ["job", "state", *_varying(rows), *[c for c in _SHOWN if any(c in row for row in rows)]]
+    keys = varying(rows) or list(dict.fromkeys(key for row in rows for key in swept(row)))[:1]
+    columns = ["job", "state", *keys, *[c for c in _SHOWN if any(c in row for row in rows)]]
     if any(row.get("error") for row in rows):
         columns.append("error")
     return format_table(rows, columns)
@@ -291,10 +292,10 @@ def format_groups(groups: Sequence[Mapping[str, Any]]) -> str:
     return format_table(cells, [*varying, "n", "failed", *shown])
 
 
-def _varying(rows: Sequence[Mapping[str, Any]]) -> List[str]:
-    """The override columns whose value is not the same in every row."""
+def varying(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The override keys whose value is not the same in every row, in the order they were given."""
     keys = dict.fromkeys(key for row in rows for key in swept(row))
-    return [key for key in keys if len({str(row.get(key)) for row in rows}) > 1] or list(keys)[:1]
+    return [key for key in keys if len({str(row.get(key)) for row in rows}) > 1]
 
 
 def _varying_keys(rows: Sequence[Mapping[str, Any]]) -> List[str]:

@@ -95,7 +95,7 @@ def test_a_sweep_report_has_the_rows_the_seeds_means_and_the_plots(sweep_dir: Pa
 
 def test_the_learning_curves_are_each_runs_metrics_csv(sweep_dir: Path) -> None:
     rows = sweep.read_rows(sweep_dir)
-    runs, notes = report.load_curves(rows, report.varying(rows))
+    runs, notes = report.load_curves(rows, sweep.varying(rows))
     assert notes == [] and len(runs) == len(rows)
     for (label, curves, metric), row in zip(runs, rows):
         assert label == f"optimizer.lr={row['optimizer.lr']}, seed={row['seed']}"
@@ -144,7 +144,7 @@ def test_failed_jobs_are_in_the_tables_and_not_in_the_plots(sweep_dir: Path, tmp
         "0.001": ("2", "0"), "0.003": ("2", "0"), "0.1": ("0", "1")}
     rows = sweep.read_rows(copy)
     assert set(report.objective_points(rows, "optimizer.lr", [])[""]) == set(LRS)
-    runs, notes = report.load_curves(rows, report.varying(rows))
+    runs, notes = report.load_curves(rows, sweep.varying(rows))
     assert [label for label, _, _ in runs] == [f"optimizer.lr={lr}, seed={seed}" for lr, seed in
                                                [("0.001", "1"), ("0.001", "2"), ("0.003", "1")]]
     assert notes == [f"job 3 ({copy / '3' / report.METRICS_CSV}): no {report.METRICS_CSV}"]
