@@ -136,3 +136,28 @@ def test_checkpointing_reports_speed_and_memory_off_and_on(tmp_path: Path) -> No
     assert [len(runs["off"]), len(runs["on"])] == [1, 1]
     assert all(row["examples_per_second"] > 0 and row["peak_gib"] > 0 for row in [*runs["off"], *runs["on"]])
     assert "| off | " in proc.stdout and "(1.00x)" in proc.stdout and "| on | " in proc.stdout
+
+
+def test_recipes_compares_a_run_with_the_published_figure(tmp_path: Path) -> None:
+    # The recipe's own settings, on the tiny model and the RTE files the project carries: no Hub.
+    out = tmp_path / "recipes.json"
+    proc = benchmark("recipes", ["--run", "electra-large-small-tasks", "--tasks", "rte", "--out", str(tmp_path / "runs"),
+                                 "--json", str(out), "--", "model=tiny", "data.dir=tests/data/glue_data", "hw=cpu",
+                                 "data.max_train_samples=64", "data.max_eval_samples=32", "train.max_steps=3"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [row] = json.loads(out.read_text())
+    ours = row["results"]["accuracy"]
+    assert row["published"] == {"accuracy": 88.0} and row["results"]["train_steps"] == 3
+    config = (tmp_path / "runs" / "electra-large-small-tasks" / "rte" / "config.yaml").read_text()
+    assert "layer_decay: 0.9" in config and "name: rte" in config  # the recipe's settings were what ran
+    assert f"| electra-large-small-tasks | rte | accuracy | 88.0 | {100 * ours:.1f} | {100 * ours - 88:+.1f} |" \
+        in proc.stdout
+
+
+def test_recipes_lists_every_command_without_running_and_refuses_unknown_recipes() -> None:
+    proc = benchmark("recipes", [])
+    assert proc.returncode == 0, proc.stderr
+    assert "| deberta-v3-large-mnli | mnli | accuracy | 91.8 | not run |" in proc.stdout
+    assert "python train.py experiment=electra-large-small-tasks task=stsb hw=auto" in proc.stdout
+    proc = benchmark("recipes", ["--run", "deberta-v4-mnli"])
+    assert proc.returncode != 0 and "no published figures for ['deberta-v4-mnli']" in proc.stderr
