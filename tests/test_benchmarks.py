@@ -141,9 +141,10 @@ def test_checkpointing_reports_speed_and_memory_off_and_on(tmp_path: Path) -> No
 def test_recipes_compares_a_run_with_the_published_figure(tmp_path: Path) -> None:
     # The recipe's own settings, on the tiny model and the RTE files the project carries: no Hub.
     out = tmp_path / "recipes.json"
-    proc = benchmark("recipes", ["--run", "electra-large-small-tasks", "--tasks", "rte", "--out", str(tmp_path / "runs"),
-                                 "--json", str(out), "--", "model=tiny", "data.dir=tests/data/glue_data", "hw=cpu",
-                                 "data.max_train_samples=64", "data.max_eval_samples=32", "train.max_steps=3"])
+    proc = benchmark("recipes", ["--run", "electra-large-small-tasks", "--tasks", "rte",
+                                 "--out", str(tmp_path / "runs"), "--json", str(out), "--", "model=tiny",
+                                 "data.dir=tests/data/glue_data", "hw=cpu", "data.max_train_samples=64",
+                                 "data.max_eval_samples=32", "train.max_steps=3"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [row] = json.loads(out.read_text())
     ours = row["results"]["accuracy"]
