@@ -170,14 +170,17 @@ def test_local_checkpoint_that_does_not_exist(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_compiled_model_trains_as_the_plain_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_compiled_model_trains_as_the_plain_one(checkpointing: bool, tmp_path: Path) -> None:
     """train.compile=true (inductor, about a minute of compiling on a CPU) takes the same steps to the
-    same weights, to float rounding: fused kernels add in another order. Dropout off, since compiled
-    code draws its masks from another generator."""
+    same weights, to float rounding: fused kernels add in another order; with gradient checkpointing
+    too, the compiled graph recomputing the layers. Dropout off, since compiled code draws its masks
+    from another generator."""
     weights = {}
     for compiled in (False, True):
         out = tmp_path / str(compiled)
         proc = run_train([*FAST, "hw=cpu", "model.scratch.dropout=0", f"train.compile={str(compiled).lower()}",
+                          f"train.gradient_checkpointing={str(compiled and checkpointing).lower()}",
                           f"hydra.run.dir={out}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
         assert proc.returncode == 0, proc.stdout + proc.stderr
         weights[compiled] = load_file(out / "model" / "model.safetensors")
