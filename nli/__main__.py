@@ -4,17 +4,15 @@ An installed wheel or sdist carries the config inside the package (``nli/conf``)
 keeps it at the top (``conf/``)."""
 
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from nli.cli import train
-from nli.config import register_configs
+from nli.config import config_dir, register_configs
 from nli.help import answer_help
 
-_PACKAGE = Path(__file__).resolve().parent
-CONF = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else _PACKAGE.parent / "conf"
+CONF = config_dir()
 
 register_configs()
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -111,11 +112,13 @@ COMBINED = "combined_score"
 
 @dataclass
 class GlueFilesConfig:
-    """How the task's files look in the original GLUE download (for ``data.dir``)."""
+    """How the task's files look in their original download (for ``data.dir``): GLUE's tab-separated
+    files, or another set's own (SNLI's and ANLI's JSON Lines, HANS's tab-separated text), read by
+    their extension: ``.jsonl`` one JSON object per line, anything else tab-separated with a header."""
 
-    folder: str = MISSING  # the task's folder in glue_data/, e.g. MNLI
+    folder: str = MISSING  # the task's folder in data.dir, e.g. MNLI (glue_data/MNLI), anli_v1.0/R1
     files: Dict[str, str] = MISSING  # split -> file in the folder, e.g. validation_matched: dev_matched.tsv
-    columns: Dict[str, str] = MISSING  # each text field and `label` -> the file column that holds it
+    columns: Dict[str, str] = MISSING  # each text field, `label` and each of task.groups -> the file column
     label_values: Optional[List[str]] = None  # how the files write each label, in label order; null: label_names
     headerless: List[str] = field(default_factory=list)  # splits whose file has no header row (CoLA's train, dev)
     header: List[str] = field(default_factory=list)  # the column names of those header-less files
@@ -129,6 +132,8 @@ class TaskConfig:
     name: str = MISSING  # lower-case task name, as on the Hub (mnli, rte, ...)
     hub_dataset: Optional[str] = "nyu-mll/glue"  # Hub dataset id (or a local copy of its repo); null: generated
     hub_config: Optional[str] = None  # the dataset's config (subset) name on the Hub
+    hub_revision: Optional[str] = None  # the Hub dataset's branch, tag or commit; null: its main branch
+    hub_data_dir: Optional[str] = None  # the folder of the Hub dataset's files to read; null: the whole dataset
     text_fields: List[str] = MISSING  # one or two input columns, e.g. [premise, hypothesis]
     label_names: List[str] = field(default_factory=list)  # label ids in order; empty: regression
     train_split: str = "train"  # split used for training
@@ -136,7 +141,12 @@ class TaskConfig:
     test_splits: Dict[str, str] = field(default_factory=dict)  # test split -> its GLUE submission file (MNLI-m)
     metrics: List[str] = MISSING  # metric names reported on every eval split
     main_metric: str = MISSING  # picks the best checkpoint and is the objective (combined_score: the mean)
-    glue: Optional[GlueFilesConfig] = None  # the task's layout in a GLUE directory; null: not a GLUE task
+    # how the original files write "no gold label" (SNLI: -); such examples (and the Hub's label -1) are
+    # left out of training and evaluation, and counted in the log; null: every label must be known
+    no_gold_label: Optional[str] = None
+    # columns kept to report accuracy on each of their values, and on each value x gold label (HANS: heuristic)
+    groups: List[str] = field(default_factory=list)
+    glue: Optional[GlueFilesConfig] = None  # the task's original-file layout (for data.dir); null: none
 
     def __post_init__(self) -> None:
         _require(1 <= len(self.text_fields) <= 2, f"task.text_fields must name one or two "
@@ -147,11 +157,13 @@ class TaskConfig:
         _require(self.main_metric in reported, f"task.main_metric={self.main_metric} must be one of "
                  f"{reported}")
         _require(len(self.eval_splits) > 0, "task.eval_splits must name at least one split")
+        _require(not self.groups or not self.is_regression, f"task.groups={self.groups} reports accuracy per "
+                 f"group, and task={self.name} is a regression: set task.groups=[]")
         if self.glue is not None:
             self._check_glue(self.glue)
 
     def _check_glue(self, glue: GlueFilesConfig) -> None:
-        needed = set(self.text_fields) | {"label"}
+        needed = set(self.text_fields) | {"label"} | set(self.groups)
         _require(needed <= set(glue.columns), f"task.glue.columns must map each of {sorted(needed)} "
                  f"to a file column; it maps {sorted(glue.columns)}")
         splits = {self.train_split, *self.eval_splits, *self.test_splits}
@@ -444,6 +456,47 @@ class TrainConfig:
                  f"train.max_grad_norm={self.max_grad_norm} must be positive or null")
 
 
+# ----------------------------------------------------------------------------------------- eval
+
+
+# The evaluation sets eval.extra takes, each the task (conf/task/<name>.yaml) or tasks it stands for:
+# `anli` is its three rounds, each with its own dev and test sets.
+EVAL_SETS: Dict[str, Tuple[str, ...]] = {
+    "snli": ("snli",),
+    "anli": ("anli_r1", "anli_r2", "anli_r3"),
+    "anli_r1": ("anli_r1",),
+    "anli_r2": ("anli_r2",),
+    "anli_r3": ("anli_r3",),
+    "hans": ("hans",),
+    "mnli": ("mnli",),
+}
+
+
+@dataclass
+class EvalConfig:
+    """What a run evaluates besides its task's eval splits, and whether it only evaluates."""
+
+    # sets to score the best model on at the end: snli, anli (its rounds, or anli_r1 to _r3), hans, mnli;
+    # each under its own keys in results.json (hans/accuracy, anli_r1/accuracy_test), e.g. [hans,anli,snli]
+    extra: List[str] = field(default_factory=list)
+    # evaluate model.name_or_path (a Hub id, a checkpoint directory or a run folder) on the task's eval
+    # splits and eval.extra, without training: no optimizer, no checkpoints, no training set
+    only: bool = False
+    # a folder holding the extra sets' original downloads (snli_1.0/, anli_v1.0/, hans/); null: the Hub
+    dir: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.extra if name not in EVAL_SETS]
+        _require(not unknown, f"eval.extra={self.extra}: unknown evaluation set(s) {unknown}; known: "
+                 f"{', '.join(sorted(EVAL_SETS))}")
+        _require(self.dir is None or bool(self.extra), f"eval.dir={self.dir} says where the sets of eval.extra "
+                 "are, and eval.extra is empty: name them, e.g. eval.extra=[hans,anli,snli], or drop eval.dir")
+
+    def tasks(self) -> List[str]:
+        """The tasks eval.extra stands for, each once, in the order given."""
+        return list(dict.fromkeys(task for name in self.extra for task in EVAL_SETS[name]))
+
+
 # ----------------------------------------------------------------------------------------- root
 
 
@@ -458,6 +511,7 @@ class Config:
     logger: Dict[str, Any] = field(default_factory=dict)  # name -> LoggerConfig; logger=[a,b] selects several
     data: DataConfig = field(default_factory=DataConfig)  # where the examples come from, and how many
     train: TrainConfig = field(default_factory=TrainConfig)  # how long, how often to look, checkpoints
+    eval: EvalConfig = field(default_factory=EvalConfig)  # extra evaluation sets; evaluation-only runs
     seed: int = 42  # seeds Python, NumPy and torch
     # results, model and logs (local or gs://); null: the platform's, else the Hydra run dir
     output_dir: Optional[str] = None
@@ -471,9 +525,20 @@ class Config:
         self._check_data_source()
         self._check_loggers()
         self._check_scratch_positions()
+        self._check_eval()
         _require(not (self.train.label_smoothing and self.task.is_regression),
                  f"train.label_smoothing={self.train.label_smoothing} smooths class labels, and task={self.task.name} "
                  "is a regression: set train.label_smoothing=0")
+
+    def _check_eval(self) -> None:
+        evaluation, task = self.eval, self.task
+        _require(not evaluation.only or self.model.pretrained, "eval.only=true evaluates a trained model, and "
+                 "model.scratch builds an untrained one: set model.name_or_path to a run folder, a checkpoint "
+                 "directory or a Hub id (and model.scratch=null)")
+        _require(task.name not in evaluation.tasks(), f"eval.extra={evaluation.extra} names task={task.name}, the "
+                 f"run's own task, whose metrics are results.json's own keys: leave {task.name} out of eval.extra")
+        _require(not evaluation.extra or not task.is_regression, f"eval.extra={evaluation.extra} scores a classifier "
+                 f"by its labels, and task={task.name} is a regression: its model has none")
 
     def _check_scratch_positions(self) -> None:
         """A pretrained checkpoint's positions are checked when its config is read (nli.model)."""
@@ -525,7 +590,8 @@ class Config:
                  f"train.predict=true needs a test split, and task={task.name} has none "
                  "(task.test_splits)")
         if data.files:
-            needed = [task.train_split, *task.eval_splits, *(task.test_splits if self.train.predict else [])]
+            train = [] if self.eval.only else [task.train_split]  # an evaluation-only run reads no training set
+            needed = [*train, *task.eval_splits, *(task.test_splits if self.train.predict else [])]
             missing = [split for split in needed if split not in data.files]
             _require(not missing, f"data.files must name a file for the split(s) {missing} of "
                      f"task={task.name}: add +data.files.{missing[0] if missing else ''}=path/to/file.csv")
@@ -545,6 +611,12 @@ class Config:
     def accumulation_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each device."""
         return self.train.batch_size // (self.micro_batch_size(world_size) * world_size)
+
+
+def config_dir() -> Path:
+    """The config's folder: inside the package once installed (nli/conf), beside it in a source checkout."""
+    package = Path(__file__).resolve().parent
+    return package / "conf" if (package / "conf").is_dir() else package.parent / "conf"
 
 
 def register_configs() -> None:

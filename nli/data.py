@@ -16,34 +16,67 @@ from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 from nli import sources
 from nli.config import DataConfig, TaskConfig
 from nli.distributed import World, shard
+from nli.errors import DataError
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Splits:
-    """Per split: the task's text columns, ``label`` and ``idx`` (raw), or model inputs (tokenized)."""
+    """Per split: the task's text columns, ``label``, ``idx`` and its ``groups`` columns (raw), or model
+    inputs (tokenized)."""
 
-    train: datasets.Dataset
+    train: Optional[datasets.Dataset]  # None in an evaluation-only run: it reads no training set
     eval: Dict[str, datasets.Dataset]
     test: Dict[str, datasets.Dataset] = field(default_factory=dict)  # only when predicting
+    # eval split -> each of task.groups -> its value for each example (tokenizing drops the columns)
+    groups: Dict[str, Dict[str, List[str]]] = field(default_factory=dict)
 
     def train_texts(self, text_fields: List[str]) -> Iterator[str]:
+        assert self.train is not None, "a tokenizer is learnt from a training set"
         for name in text_fields:
             yield from self.train[name]
 
 
-def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool) -> Splits:
-    """The training split, every evaluation split and, to ``predict``, the test splits of
-    ``task``, subsampled as ``data`` asks."""
+def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool, train: bool = True,
+                dir_key: str = "data.dir") -> Splits:
+    """The training split (unless ``train`` is false), every evaluation split and, to ``predict``, the
+    test splits of ``task``, subsampled as ``data`` asks; examples without a gold label (SNLI's) left
+    out of training and evaluation. ``dir_key`` names the key that set ``data.dir``, for the messages."""
     test_splits = list(task.test_splits) if predict else []
-    raw = sources.load(task, data, [task.train_split, *task.eval_splits, *test_splits])
-    train = _subsample_train(raw[task.train_split], data, seed=seed)
-    evals = {split: _first(raw[split], data.max_eval_samples) for split in task.eval_splits}
-    log.info("data: %d training examples; eval %s%s", len(train),
-             ", ".join(f"{name}={len(ds)}" for name, ds in evals.items()),
-             "".join(f"; test {name}={len(raw[name])}" for name in test_splits))
-    return Splits(train=train, eval=evals, test={split: raw[split] for split in test_splits})
+    raw = sources.load(task, data, [*([task.train_split] if train else []), *task.eval_splits, *test_splits],
+                       dir_key=dir_key)
+    train_set = None
+    if train:
+        train_set = _subsample_train(_gold(raw[task.train_split], task, task.train_split), data, seed=seed)
+    evals = {split: _first(_gold(raw[split], task, split), data.max_eval_samples) for split in task.eval_splits}
+    groups = {split: {column: ds[column] for column in task.groups} for split, ds in evals.items()} \
+        if task.groups else {}
+    sizes = ", ".join(f"{name}={len(ds)}" for name, ds in evals.items()) + \
+        "".join(f"; test {name}={len(raw[name])}" for name in test_splits)
+    if train_set is not None:
+        log.info("data: %d training examples; eval %s", len(train_set), sizes)
+    else:
+        log.info("data: %s, no training set; eval %s", task.name, sizes)
+    return Splits(train=train_set, eval=evals, test={split: raw[split] for split in test_splits}, groups=groups)
+
+
+def _gold(ds: datasets.Dataset, task: TaskConfig, split: str) -> datasets.Dataset:
+    """The examples that have a gold label: the Hub's -1 (SNLI's pairs without a consensus, "-" in its
+    files) can be neither learnt nor scored. How many were left out is logged."""
+    if task.is_regression:
+        return ds
+    labels = ds.with_format("arrow")["label"]
+    missing = int(pyarrow.compute.sum(pyarrow.compute.equal(labels, sources.NO_LABEL)).as_py() or 0)
+    if not missing:
+        return ds
+    if missing == len(ds):
+        raise DataError(f"task {task.name}: none of the {len(ds)} examples of its {split} split has a gold "
+                                "label (all are -1): a split to train or evaluate on needs labels")
+    log.info("%s %s: %d of %d examples have no gold label (label -1%s) and are left out", task.name, split,
+             missing, len(ds), f", {task.no_gold_label!r} in the original files" if task.no_gold_label else "")
+    return ds.filter(lambda labels: [label != sources.NO_LABEL for label in labels], input_columns="label",
+                     batched=True, desc=f"drop {task.name} {split} examples without a gold label")
 
 
 def _subsample_train(ds: datasets.Dataset, data: DataConfig, *, seed: int) -> datasets.Dataset:
@@ -82,9 +115,10 @@ def tokenize(splits: Splits, tokenizer: PreTrainedTokenizerBase, task: TaskConfi
                      len(ds), 100 * truncated / len(ds), max_seq_length)
         return ds.remove_columns("truncated")
 
-    return Splits(train=apply(splits.train, "train"),
+    return Splits(train=apply(splits.train, "train") if splits.train is not None else None,
                   eval={name: apply(ds, name) for name, ds in splits.eval.items()},
-                  test={name: apply(ds, name, keep=("idx",)) for name, ds in splits.test.items()})
+                  test={name: apply(ds, name, keep=("idx",)) for name, ds in splits.test.items()},
+                  groups=splits.groups)
 
 
 class EpochSampler(Sampler[int]):

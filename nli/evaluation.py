@@ -7,8 +7,8 @@ rank order, are the split in its own order, so every rank gets the metrics one p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Dict, List, Mapping
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -73,20 +73,35 @@ def gather(predictions: Predictions, world: World) -> Predictions:
                        idx=None if parts[0].idx is None else np.concatenate([p.idx for p in parts]))
 
 
+def relabel(predictions: Predictions, label_map: Optional[np.ndarray]) -> Predictions:
+    """Predictions of a model's label ids as the ids of a task's labels (``label_map[model id]``)."""
+    if label_map is None:
+        return predictions
+    return Predictions(values=label_map[predictions.values], labels=predictions.labels, idx=predictions.idx)
+
+
 @dataclass(frozen=True)
 class Evaluator:
-    """The task's metrics on its eval splits, for any model: the one training, or the exported one."""
+    """A task's metrics on its eval splits, for any model: the one training, the exported one, or a
+    trained one whose labels are the task's by name (an MNLI model on HANS: ``label_map``)."""
 
     loaders: Mapping[str, DataLoader]  # eval split -> this rank's slice of it, in order
     task: TaskConfig
     compute: Compute
     world: World
+    # eval split -> each of task.groups -> its value for each example of the split, in order
+    groups: Mapping[str, Mapping[str, Sequence[str]]] = field(default_factory=dict)
+    label_map: Optional[np.ndarray] = None  # model label id -> the task's label id; None: the same ids
+    prefix: str = ""  # before every metric's name: an extra set's (hans/accuracy); "" for the run's task
 
     def __call__(self, model: torch.nn.Module, step: int) -> Evaluation:
         scores: Dict[str, float] = {}
         for split, loader in self.loaders.items():
-            out = gather(predict(model, loader, self.task, self.compute), self.world)
-            scores.update(metrics.compute(self.task.metrics, out.values, out.labels,
-                                          suffix=self.task.eval_splits[split]))
+            out = relabel(gather(predict(model, loader, self.task, self.compute), self.world), self.label_map)
+            suffix = self.task.eval_splits[split]
+            scores.update(metrics.compute(self.task.metrics, out.values, out.labels, suffix=suffix))
+            scores.update(metrics.by_group(out.values, out.labels, self.groups.get(split, {}), self.task.label_names,
+                                           suffix=suffix))
         objective = scores[self.task.main_metric + self.task.eval_splits[self.task.main_split]]
-        return Evaluation(step=step, metrics=scores, objective=objective)
+        return Evaluation(step=step, metrics={f"{self.prefix}{name}": value for name, value in scores.items()},
+                          objective=objective)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Mapping, Sequence
 
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
@@ -29,4 +29,23 @@ def compute(names: List[str], predictions: np.ndarray, references: np.ndarray,
     scores = {f"{name}{suffix}": METRICS[name](predictions, references) for name in names}
     if len(names) > 1:  # as run_glue.py reports tasks with two metrics
         scores[f"combined_score{suffix}"] = float(np.mean([scores[f"{n}{suffix}"] for n in names]))
+    return scores
+
+
+def by_group(predictions: np.ndarray, references: np.ndarray, groups: Mapping[str, Sequence[str]],
+             label_names: Sequence[str], suffix: str = "") -> Dict[str, float]:
+    """Accuracy on the examples of each value of each ``groups`` column (``accuracy_<value>``), and on
+    those of each value with each gold label (``accuracy_<value>_<label>``), as McCoy et al. (2019) report
+    HANS: e.g. accuracy_lexical_overlap_non-entailment, where MNLI models fail."""
+    scores: Dict[str, float] = {}
+    for values in groups.values():
+        column = np.asarray(values)
+        for value in np.unique(column):  # sorted
+            members = column == value
+            scores[f"accuracy_{value}{suffix}"] = float(accuracy_score(references[members], predictions[members]))
+            for label, name in enumerate(label_names):
+                both = members & (references == label)
+                if both.any():  # a value without examples of a label has no accuracy on them
+                    scores[f"accuracy_{value}_{name}{suffix}"] = float(accuracy_score(references[both],
+                                                                                      predictions[both]))
     return scores

@@ -3,6 +3,7 @@ local directory) or an architecture with random weights and a tokenizer learnt f
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -25,6 +26,7 @@ from transformers import (
     RobertaTokenizerFast,
 )
 
+from nli import contract
 from nli.config import Attention, ModelConfig, ScratchArchitecture, TaskConfig
 from nli.distributed import World
 from nli.errors import ConfigError
@@ -243,7 +245,7 @@ def _head_plan(config: PretrainedConfig, cfg: ModelConfig, task: TaskConfig) -> 
     has_head = any(name.endswith("ForSequenceClassification") for name in config.architectures or [])
     if not has_head:
         return None
-    head = [str(config.id2label[i]) for i in sorted(config.id2label)]
+    head = head_labels(config)
     fix = "Set model.ignore_mismatched_sizes=true to replace the head with a new, randomly initialised one"
     if config.num_labels != task.num_labels:
         if cfg.ignore_mismatched_sizes:
@@ -356,3 +358,46 @@ def share_tokenizer(tokenizer: PreTrainedTokenizerBase, world: World) -> PreTrai
     if not world.distributed:
         return tokenizer
     return tokenizer_from_files(world.gather(tokenizer_files(tokenizer) if world.is_main else None)[0])
+
+
+# ------------------------------------------------------------------------- a trained model, as it is
+
+
+def trained_model(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with model.name_or_path as an evaluation loads it: a run folder (nli.contract: config.yaml
+    and model/) stands for the model it exported, model/; a checkpoint directory or a Hub id for itself."""
+    assert cfg.name_or_path is not None
+    folder = Path(cfg.name_or_path).expanduser()
+    if not folder.is_dir() or (folder / "config.json").is_file() or not (folder / contract.CONFIG_FILE).is_file():
+        return cfg
+    exported = folder / contract.MODEL_DIR
+    if not (exported / "config.json").is_file():
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path} is a run folder without an exported model "
+                          f"({exported} holds no config.json): the run exports its best model at its first "
+                          "evaluation. Let it get there, or point at a checkpoint directory or a Hub id")
+    log.info("model.name_or_path=%s is a run folder: evaluating the model it exported, %s", cfg.name_or_path, exported)
+    return dataclasses.replace(cfg, name_or_path=str(exported))
+
+
+def load_trained(cfg: ModelConfig) -> PreTrainedModel:
+    """A trained sequence classifier as it was saved: its own head and labels (nli.evalsets matches
+    them to a set's by name). A checkpoint without a classification head is refused: transformers
+    would give it a random one."""
+    assert cfg.name_or_path is not None
+    config = pretrained_config(cfg)
+    if not any(name.endswith("ForSequenceClassification") for name in config.architectures or []):
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path} is not a trained sequence classifier (its "
+                          f"architectures: {config.architectures}): an evaluation needs a fine-tuned model with "
+                          "its classification head, such as a run folder or FacebookAI/roberta-large-mnli")
+    kwargs = {"attn_implementation": cfg.attention.value}
+    with _attention_supported(cfg, config):
+        if _local_dir(cfg.name_or_path):
+            return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
+        with hub_download(f"model '{cfg.name_or_path}'"):
+            return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,
+                                                                       **kwargs)
+
+
+def head_labels(config: PretrainedConfig) -> List[str]:
+    """The names of a classifier's labels, in id order (transformers names unnamed ones LABEL_0, ...)."""
+    return [str(config.id2label[i]) for i in sorted(config.id2label)]

@@ -2,6 +2,10 @@
 
     setup -> data -> model -> optimization -> fit -> export -> report
 
+An evaluation-only run (``eval.only=true``) keeps setup and report, and in between loads the trained
+model as it is, with its tokenizer, and the eval splits alone: no optimizer, no checkpoints, no
+training set (:func:`evaluate_only`).
+
 Each phase takes the config and what the phases before it made, and hands on a small typed value.
 A run is resumable: its output directory (local or gs://) holds checkpoints; started again with
 the same output directory, it continues from the newest intact checkpoint and ends exactly where an
@@ -17,9 +21,10 @@ import tempfile
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, cast
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import datasets
+import numpy as np
 import torch
 import transformers
 from hydra.core.hydra_config import HydraConfig
@@ -28,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import contract, cpu, data, device, distributed, export, fastpaths, platform, sweep
+from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, platform, sweep
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -40,15 +45,24 @@ from nli.checkpoint import (
     seed_rank,
 )
 from nli.claim import Claim
-from nli.config import Config
+from nli.config import Config, TaskConfig
 from nli.distributed import World
 from nli.errors import ConfigError
-from nli.evaluation import Evaluation, Evaluator, gather, predict
+from nli.evaluation import Evaluation, Evaluator, gather, predict, relabel
 from nli.folder import earlier_run
 from nli.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Revisit, SyncLogs
 from nli.identity import digest, identity
 from nli.loop import Loop, Optimization, Plan, TrainResult
-from nli.model import build_model, build_tokenizer, load_export, share_tokenizer, tokenizer_from_files
+from nli.model import (
+    build_model,
+    build_tokenizer,
+    head_labels,
+    load_export,
+    load_trained,
+    share_tokenizer,
+    tokenizer_from_files,
+    trained_model,
+)
 from nli.optim import build_optimizer, build_scheduler
 from nli.predictions import submission
 from nli.signals import Interrupted, StopRequest
@@ -80,6 +94,7 @@ class Data:
     evaluate: Evaluator  # the eval splits' metrics
     test: Dict[str, DataLoader]  # test split -> this rank's slice, when predicting
     examples_per_epoch: int
+    extras: List[Evaluator]  # eval.extra's sets, scored at the end (nli.evalsets)
 
 
 @dataclass
@@ -105,6 +120,8 @@ def run(cfg: Config, raw: DictConfig, site: platform.Site, stop: StopRequest, sh
             if out.finished is not None:
                 return out.finished
             compute = prepare(cfg, world, sharing)
+            if cfg.eval.only:  # a trained model, scored: no optimizer, no checkpoints, no training set
+                return evaluate_only(cfg, raw, out, compute)
             loaded = load_data(cfg, out, compute)
             model = build(cfg, loaded, compute, world)
             training = optimization(cfg, model, loaded, out, compute)
@@ -146,7 +163,7 @@ def setup(cfg: Config, raw: DictConfig, world: World, site: platform.Site, held:
                   finished=earlier_run(cfg, ident, storage, checkpoints))
     if out.finished is None:
         Trackers(cfg.logger, enabled=world.is_main).check()  # e.g. W&B online without a key: before anything loads
-        out.snapshot = _resume_point(checkpoints, storage) if cfg.train.resume else None
+        out.snapshot = _resume_point(checkpoints, storage) if cfg.train.resume and not cfg.eval.only else None
         if world.is_main:
             with open_dict(raw):  # the resolved directories, as the run uses them
                 raw.output_dir, raw.train.checkpoint_dir = cfg.output_dir, cfg.train.checkpoint_dir
@@ -179,11 +196,13 @@ def load_data(cfg: Config, out: Outputs, compute: device.Compute) -> Data:
                  build_tokenizer(cfg.model, splits.train_texts(cfg.task.text_fields),
                                  max_seq_length=cfg.data.max_seq_length))
     tokenizer = share_tokenizer(tokenizer, world)
+    # eval.extra's sets, loaded now: a missing file or labels the model's cannot match stop the run before training.
+    collator = _collator(cfg, tokenizer, compute)
+    extras = evalsets.extras(cfg, labels=cfg.task.label_names, model=f"the model of task={cfg.task.name}",
+                             tokenizer=tokenizer, collator=collator, compute=compute, world=world)
     splits = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
+    assert splits.train is not None
     pin = compute.device.type == "cuda"
-    # Multiples of 8 let fp16/bf16 tensor cores run at full speed, and leave a compiled model a
-    # handful of shapes to compile for, not one per length; on the CPU they only add padding.
-    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if pin or cfg.train.compile else None)
     train, sampler = data.train_loader(splits.train, collator, batch_size=cfg.train.batch_size,
                                        micro_batch_size=cfg.micro_batch_size(world.world_size), seed=cfg.seed,
                                        world=world, num_workers=cfg.data.num_workers, pin_memory=pin,
@@ -191,9 +210,17 @@ def load_data(cfg: Config, out: Outputs, compute: device.Compute) -> Data:
     in_order = {name: data.eval_loader(ds, collator, batch_size=cfg.train.eval_batch_size, world=world,
                                        num_workers=cfg.data.num_workers, pin_memory=pin)
                 for name, ds in {**splits.eval, **splits.test}.items()}
-    evaluator = Evaluator({name: in_order[name] for name in splits.eval}, cfg.task, compute, world)
+    evaluator = Evaluator({name: in_order[name] for name in splits.eval}, cfg.task, compute, world,
+                          groups=splits.groups)
     return Data(tokenizer, train, sampler, evaluator, {name: in_order[name] for name in splits.test},
-                examples_per_epoch=len(splits.train))
+                examples_per_epoch=len(splits.train), extras=extras)
+
+
+def _collator(cfg: Config, tokenizer: PreTrainedTokenizerBase, compute: device.Compute) -> DataCollatorWithPadding:
+    # Multiples of 8 let fp16/bf16 tensor cores run at full speed, and leave a compiled model a
+    # handful of shapes to compile for, not one per length; on the CPU they only add padding.
+    pad = 8 if compute.device.type == "cuda" or cfg.train.compile else None
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad)
 
 
 def build(cfg: Config, loaded: Data, compute: device.Compute, world: World) -> torch.nn.Module:
@@ -251,10 +278,7 @@ def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Out
     """Train to the end of the plan, or until a hook or a signal stops it (then the run ends with
     :class:`Preempted`, its checkpoint written)."""
     world = out.world
-    log_dir, remote = _log_dirs(out)
-    training.trackers.start(RunInfo(name=_run_name(out.storage), group=_sweep_name(),
-                                    config=cast(Dict[str, Any], OmegaConf.to_container(raw, resolve=True)),
-                                    log_dir=log_dir, resume_id=None, overrides=_job_overrides()), remote=remote)
+    _start_trackers(training.trackers, raw, out)
     hooks: list[Hook] = [ProgressBar(total=training.plan.total_steps, initial=training.progress.step,
                                      enabled=cfg.train.progress_bar and world.is_main),
                          MetricsLog(training.trackers, main=world.is_main), SyncLogs(training.trackers),
@@ -287,40 +311,96 @@ def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out:
 
 def report(cfg: Config, training: Training, loaded: Data, out: Outputs, result: TrainResult,
            best_model: torch.nn.Module) -> Dict[str, Any]:
-    """The exported model's evaluation and test predictions, and results.json, written last."""
+    """The exported model's evaluation, on the task and on eval.extra's sets, its test predictions, and
+    results.json, written last."""
     final = loaded.evaluate(best_model, result.best.step)
     log.info("final evaluation of the best checkpoint by %s (step %d of %d), exported to %s: %s",
              cfg.task.main_metric, result.best.step, result.steps, out.storage.describe(contract.MODEL_DIR),
              ", ".join(f"{k}={v:.4f}" for k, v in final.metrics.items()))
-    for split, loader in loaded.test.items():
-        predicted = gather(predict(best_model, loader, cfg.task, training.opt.compute), out.world)
-        name, text = submission(cfg.task, split, predicted)
+    extra = evalsets.scores(loaded.extras, best_model, result.best.step)
+    if extra:
+        log.info("the best checkpoint on eval.extra's sets: %s", ", ".join(f"{k}={v:.4f}" for k, v in extra.items()))
         if out.world.is_main:
-            out.storage.write_text(f"{contract.PREDICTIONS_DIR}/{name}", text)
-        log.info("test predictions for %s written to %s", split, out.storage.describe(contract.PREDICTIONS_DIR, name))
+            training.trackers.log({f"eval/{name}": value for name, value in extra.items()}, step=result.steps)
+    _predict_tests(cfg.task, loaded.test, best_model, training.opt.compute, out)
     early = training.early_stopping
-    results = {"objective": final.objective, **final.metrics,
+    results = {"objective": final.objective, **final.metrics, **extra,
                "train_examples_per_second": result.examples_per_second,
                "train_tokens_per_second": result.tokens_per_second,
                "peak_memory_bytes": device.peak_memory_bytes(training.opt.compute.device),
                "train_seconds": result.seconds, "train_steps": result.steps, "best_step": result.best.step,
                "stopped_early": early.stopped_at if early else None, "identity": digest(out.identity),
                "status": "completed"}
+    return _finish(results, training.trackers, out)
+
+
+def evaluate_only(cfg: Config, raw: DictConfig, out: Outputs, compute: device.Compute) -> Dict[str, Any]:
+    """An evaluation-only run: model.name_or_path (a Hub id, a checkpoint directory, or a run folder's
+    exported model/) as it was trained, on the task's eval splits and eval.extra's sets, with test
+    predictions where train.predict asks; results.json has their metrics, the model evaluated and no
+    training figures. The model's labels are matched to each set's by name (nli.evalsets)."""
+    world = out.world
+    trained = trained_model(cfg.model)
+    tokenizer = share_tokenizer(build_tokenizer(trained, [], max_seq_length=cfg.data.max_seq_length), world)
+    model = load_trained(trained).to(compute.device)
+    labels = head_labels(model.config) if model.config.num_labels > 1 else []  # one output: a regression
+    collator = _collator(cfg, tokenizer, compute)
+    named = f"model.name_or_path={cfg.model.name_or_path}"
+    for task in [cfg.task, *evalsets.extra_tasks(cfg.eval)]:  # every set's labels matched, before any set loads
+        evalsets.label_map(labels, task, model=named)
+    own = evalsets.prepare(cfg, cfg.task, cfg.data, prefix="", labels=labels, model=named, tokenizer=tokenizer,
+                           collator=collator, compute=compute, world=world, predict=cfg.train.predict)
+    extras = evalsets.extras(cfg, labels=labels, model=named, tokenizer=tokenizer, collator=collator,
+                             compute=compute, world=world)
+    trackers = Trackers(cfg.logger, enabled=world.is_main)
+    _start_trackers(trackers, raw, out)
+    final = own.evaluate(model, 0)
+    extra = evalsets.scores(extras, model, 0)
+    log.info("evaluation of %s: %s", trained.name_or_path,
+             ", ".join(f"{k}={v:.4f}" for k, v in {**final.metrics, **extra}.items()))
+    if world.is_main:
+        trackers.log({f"eval/{name}": value for name, value in {**final.metrics, **extra}.items()}, step=0)
+    _predict_tests(cfg.task, own.test, model, compute, out, label_map=own.evaluate.label_map)
+    results = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": trained.name_or_path,
+               "identity": digest(out.identity), "status": "completed"}
+    return _finish(results, trackers, out)
+
+
+def _predict_tests(task: TaskConfig, loaders: Dict[str, DataLoader], model: torch.nn.Module, compute: device.Compute,
+                   out: Outputs, *, label_map: Optional[np.ndarray] = None) -> None:
+    """Each test split's predictions in GLUE's submission format, under predictions/."""
+    for split, loader in loaders.items():
+        predicted = relabel(gather(predict(model, loader, task, compute), out.world), label_map)
+        name, text = submission(task, split, predicted)
+        if out.world.is_main:
+            out.storage.write_text(f"{contract.PREDICTIONS_DIR}/{name}", text)
+        log.info("test predictions for %s written to %s", split, out.storage.describe(contract.PREDICTIONS_DIR, name))
+
+
+def _finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[str, Any]:
+    """results.json, written last (its presence says the run is done), and the loggers' summary."""
     if out.world.is_main:
         if out.claim is not None:
             out.claim.check()
-        out.storage.write_text(contract.RESULTS_FILE, json.dumps(results, indent=2) + "\n")  # last: the run is done
-    training.trackers.finish(results)
+        out.storage.write_text(contract.RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+    trackers.finish(results)
     log.info("results: %s", json.dumps(results))
     out.world.barrier()  # no rank returns before the run's outputs are written
     return results
+
+
+def _start_trackers(trackers: Trackers, raw: DictConfig, out: Outputs) -> None:
+    log_dir, remote = _log_dirs(out)
+    trackers.start(RunInfo(name=_run_name(out.storage), group=_sweep_name(),
+                           config=cast(Dict[str, Any], OmegaConf.to_container(raw, resolve=True)),
+                           log_dir=log_dir, resume_id=None, overrides=_job_overrides()), remote=remote)
 
 
 def _checkpoints(cfg: Config, storage: Storage, ident: Dict[str, Any]) -> Checkpoints:
     """Checkpoints go to ``<output_dir>/checkpoints``, or to ``train.checkpoint_dir`` (or the
     platform's), each marked with the run's identity."""
     folder = Storage(cfg.train.checkpoint_dir or storage.describe(contract.CHECKPOINTS_DIR))
-    if cfg.train.checkpoint_dir:
+    if cfg.train.checkpoint_dir and not cfg.eval.only:  # an evaluation-only run writes none
         folder.check_writable()
     return Checkpoints(folder, keep=cfg.train.keep_checkpoints, identity=ident)
 

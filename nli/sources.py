@@ -2,7 +2,10 @@
 
 Every source gives each split the same columns, so that the rest of the pipeline cannot tell
 them apart: the task's text fields, ``label`` (the Hub's label id; a float for STS-B; -1 where a
-test file has no labels) and ``idx`` (the example's number, written into test predictions).
+test file has no labels, or an example has no gold label: SNLI's "-"), ``idx`` (the example's
+number, written into test predictions) and the task's ``groups`` columns (HANS's heuristic).
+An original download is read as its files are laid out: GLUE's and HANS's tab-separated files,
+SNLI's and ANLI's JSON Lines.
 Local files are read into the ``datasets`` cache once, keyed by their path, size and
 modification time, so tokenizing them is cached like the Hub's data. Files in a bucket
 (``data.dir=gs://...``, ``data.files.train=gs://...``) are fetched into a local cache first,
@@ -31,7 +34,8 @@ from nli.hub import hub_download
 
 log = logging.getLogger(__name__)
 
-NO_LABEL = -1  # the label of an unlabelled (test) example, as on the Hub
+NO_LABEL = -1  # the label of an unlabelled (test) example, or of one with no gold label, as on the Hub
+GLUE_HUB = "nyu-mll/glue"  # the GLUE tasks' Hub dataset
 
 # Where the synthetic task's splits come from: fixed seeds, so the task is the same whatever
 # the run's seed is.
@@ -49,14 +53,16 @@ FILE_FORMATS: Dict[str, tuple[str, Dict[str, Any]]] = {
 FORMAT_NAMES = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON Lines", ".json": "JSON", ".parquet": "Parquet"}
 
 
-def load(task: TaskConfig, data: DataConfig, splits: List[str]) -> Dict[str, datasets.Dataset]:
-    """``splits`` of ``task`` from the source ``data`` selects: files, a GLUE dir, or the Hub."""
+def load(task: TaskConfig, data: DataConfig, splits: List[str], *,
+         dir_key: str = "data.dir") -> Dict[str, datasets.Dataset]:
+    """``splits`` of ``task`` from the source ``data`` selects: files, a folder of original downloads
+    (a GLUE dir), or the Hub. ``dir_key`` is the key that set ``data.dir``, for the messages."""
     if data.files:
         return {split: _from_file(task, data.files[split], data.columns, labelled=split not in task.test_splits)
                 for split in splits}
     if data.dir is not None:
         assert task.glue is not None  # the config checked it
-        return {split: _from_glue_dir(task, task.glue, data.dir, split) for split in splits}
+        return {split: _from_glue_dir(task, task.glue, data.dir, split, dir_key) for split in splits}
     if task.is_generated:
         return {split: _synthetic(data, split) for split in splits}
     return _from_hub(task, splits)
@@ -74,8 +80,10 @@ def label_lookup(task: TaskConfig) -> Dict[str, int]:
 
 
 def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str) -> float | int:
-    """The label id (the score, for regression) that ``value`` stands for; ``where`` names the
-    file and row for the error."""
+    """The label id (the score, for regression) that ``value`` stands for, or NO_LABEL where it says
+    the example has no gold label (task.no_gold_label); ``where`` names the file and row for the error."""
+    if task.no_gold_label is not None and isinstance(value, str) and value.strip() == task.no_gold_label:
+        return NO_LABEL
     if task.is_regression:
         try:
             return float(value)
@@ -86,18 +94,19 @@ def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str
     if isinstance(value, str) and value.strip() in lookup:
         return lookup[value.strip()]
     known = ", ".join(dict.fromkeys([*task.label_names, *task.file_labels]))
+    no_gold = f", and {task.no_gold_label!r} for no gold label" if task.no_gold_label is not None else ""
     raise DataError(f"{where}: unknown label {value!r} for task {task.name}; known labels: {known} "
-                    f"(or their ids 0-{task.num_labels - 1})")
+                    f"(or their ids 0-{task.num_labels - 1}){no_gold}")
 
 
 # ---------------------------------------------------------------------------- GLUE directory
 
 
-def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: str) -> datasets.Dataset:
+def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: str, key: str) -> datasets.Dataset:
     if remote.is_remote(root):  # a bucket has no folders to check: the file is there or not
         url = f"{root.rstrip('/')}/{glue.folder}/{glue.files[split]}"
         if not remote.exists(url):
-            raise DataError(_not_glue_dir(task, glue, root, f"{url} does not exist"))
+            raise DataError(_not_glue_dir(task, glue, root, f"{url} does not exist", key))
         path = remote.local_copy(url)
         with remote.named_as(url, path):
             return _read_glue_file(task, glue, path, split)
@@ -105,25 +114,33 @@ def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: st
     path = folder / glue.files[split]
     if not path.is_file():
         where = f"{folder} does not exist" if not folder.is_dir() else f"{path} does not exist"
-        raise DataError(_not_glue_dir(task, glue, root, where))
+        raise DataError(_not_glue_dir(task, glue, root, where, key))
     return _read_glue_file(task, glue, path, split)
 
 
-def _not_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, where: str) -> str:
+def _not_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, where: str, key: str) -> str:
     expected = ", ".join(sorted(set(glue.files.values())))
-    return (f"data.dir={root}: {where}. A GLUE directory holds one folder per task ({glue.folder}/ for "
-            f"{task.name}) with the files {expected}, as the original GLUE download lays them out")
+    if task.hub_dataset == GLUE_HUB:
+        return (f"{key}={root}: {where}. A GLUE directory holds one folder per task ({glue.folder}/ for "
+                f"{task.name}) with the files {expected}, as the original GLUE download lays them out")
+    hub = "eval.dir=null" if key == "eval.dir" else f"{key}=null"
+    return (f"{key}={root}: {where}. {key} holds each set's original download, unpacked, in a folder of its "
+            f"own ({glue.folder}/ for {task.name}, with the files {expected}): put them there, or set {hub} to "
+            f"load {task.name} from the Hub ({task.hub_dataset})")
 
 
 def _read_glue_file(task: TaskConfig, glue: GlueFilesConfig, path: Path, split: str) -> datasets.Dataset:
     stat = path.stat()
     kwargs = {"path": str(path.resolve()), "stamp": f"{stat.st_size}-{stat.st_mtime_ns}",
-              # A tuple: from_generator would split a list into shards.
-              "task": task, "header": tuple(glue.header) if split in glue.headerless else None,
-              "labelled": split not in task.test_splits}
+              "task": task, "labelled": split not in task.test_splits}
+    if path.suffix == ".jsonl":
+        reader: Any = _read_jsonl
+    else:
+        # A tuple: from_generator would split a list into shards.
+        reader, kwargs["header"] = _read_glue_tsv, tuple(glue.header) if split in glue.headerless else None
     try:
         # A reader that fails leaves nothing in the cache: the builder writes into a temporary folder.
-        return datasets.Dataset.from_generator(_read_glue_tsv, gen_kwargs=kwargs, features=_features(task),
+        return datasets.Dataset.from_generator(reader, gen_kwargs=kwargs, features=_features(task),
                                                split=datasets.NamedSplit(split))
     except DatasetGenerationError as err:  # the builder wraps what the reader raised
         if isinstance(err.__cause__, DataError):
@@ -167,15 +184,74 @@ def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tup
         raise DataError(_no_examples(Path(path), why))
 
 
-def _glue_example(row: Dict[str, str], n: int, task: TaskConfig, lookup: Dict[str, int],
+def _glue_example(row: Dict[str, Any], n: int, task: TaskConfig, lookup: Dict[str, int],
                   labelled_at: Optional[str]) -> Dict[str, Any]:
-    """One example of a GLUE file's row ``n``; ``labelled_at`` names its file and line, for a row with a label."""
+    """One example of an original file's row ``n``; ``labelled_at`` names its file and line, for a row with a label."""
     assert task.glue is not None
     columns = task.glue.columns
     label = parse_label(row[columns["label"]], task, lookup, labelled_at) if labelled_at else NO_LABEL
-    index = row.get(task.glue.index_column)
-    return {**{field: row[columns[field]] for field in task.text_fields}, "label": label,
-            "idx": int(index) if index is not None and index.isdigit() else n}
+    index = str(row.get(task.glue.index_column, ""))
+    return {**{field: row[columns[field]] for field in [*task.text_fields, *task.groups]}, "label": label,
+            "idx": int(index) if index.isdigit() else n}
+
+
+def _read_jsonl(path: str, stamp: str, task: TaskConfig, labelled: bool) -> Iterator[Dict[str, Any]]:
+    """Examples of an original JSON Lines file (SNLI's, ANLI's): one object per line, its fields named
+    by task.glue.columns; a field the file lacks may go by the task's own name (``premise``, as the
+    Hub's copies name it). ``stamp`` (size and mtime) only keys the ``datasets`` cache."""
+    assert task.glue is not None
+    lookup = label_lookup(task)
+    examples = 0
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a file saved with a BOM
+        try:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                row = _json_row(line, f"{path}, line {n}")
+                named = _jsonl_columns(row, task, labelled, f"{path}, line {n}")
+                examples += 1
+                labelled_at = f"{path}, line {n}" if task.glue.columns["label"] in named else None
+                yield _glue_example(named, examples - 1, task, lookup, labelled_at)
+        except UnicodeDecodeError as err:
+            raise DataError(_not_utf8(Path(path), err)) from None
+    if not examples:
+        why = "it is empty" if os.path.getsize(path) == 0 else "it has no lines with an object"
+        raise DataError(_no_examples(Path(path), why))
+
+
+def _json_row(line: str, where: str) -> Dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: not valid JSON: {err.msg} at column {err.colno}; a .jsonl file holds one "
+                        "JSON object per line") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: {type(row).__name__} where a JSON object was expected; a .jsonl file holds "
+                        "one JSON object per line")
+    return row
+
+
+def _jsonl_columns(row: Dict[str, Any], task: TaskConfig, labelled: bool, where: str) -> Dict[str, Any]:
+    """The row's fields under the names task.glue.columns gives (each field's own name where the file uses
+    that); a text field that is missing or not text is a DataError naming the line."""
+    assert task.glue is not None
+    columns = task.glue.columns
+    named: Dict[str, Any] = {}
+    for field in [*task.text_fields, *task.groups, "label"]:
+        column = columns[field] if columns[field] in row or field not in row else field
+        if column not in row:
+            if field == "label" and not labelled:
+                continue  # a test file without labels
+            named_as = f" (for {field})" if columns[field] != field else ""
+            raise DataError(f"{where}: no field '{columns[field]}'{named_as}; the line has the fields {sorted(row)}. "
+                            f"Each {task.glue.folder} file of the original download has the fields "
+                            f"{sorted(columns.values())}: use the original file")
+        if field != "label" and not isinstance(row[column], str):
+            raise DataError(f"{where}: '{column}' is {row[column]!r}, not text")
+        named[columns[field]] = row[column]
+    if task.glue.index_column in row:
+        named[task.glue.index_column] = row[task.glue.index_column]
+    return named
 
 
 def _check_glue_columns(path: str, task: TaskConfig, fieldnames: Optional[Sequence[str]], labelled: bool) -> bool:
@@ -184,7 +260,7 @@ def _check_glue_columns(path: str, task: TaskConfig, fieldnames: Optional[Sequen
     if not fieldnames:  # an empty file: no examples, said once the rows are counted
         return False
     columns = task.glue.columns
-    wanted = [*task.text_fields, *(["label"] if labelled else [])]
+    wanted = [*task.text_fields, *task.groups, *(["label"] if labelled else [])]
     missing = [f"'{columns[field]}'" + (f" (for {field})" if columns[field] != field else "")
                for field in wanted if columns[field] not in fieldnames]
     if missing:
@@ -238,7 +314,7 @@ def _first_bad_line(path: Path, *, json_lines: bool = False) -> Optional[Tuple[i
 
 def _features(task: TaskConfig) -> datasets.Features:
     label = datasets.Value("float32") if task.is_regression else datasets.Value("int64")
-    return datasets.Features({**{field: datasets.Value("string") for field in task.text_fields},
+    return datasets.Features({**{field: datasets.Value("string") for field in [*task.text_fields, *task.groups]},
                               "label": label, "idx": datasets.Value("int64")})
 
 
@@ -266,7 +342,7 @@ def _from_file(task: TaskConfig, name: str, columns: Dict[str, str], *, labelled
 
 def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, labelled: bool) -> datasets.Dataset:
     ds = _read_file(path)
-    wanted = {field: columns.get(field, field) for field in [*task.text_fields, "label"]}
+    wanted = {field: columns.get(field, field) for field in [*task.text_fields, *task.groups, "label"]}
     missing = [field for field, column in wanted.items()
                if column not in ds.column_names and (field != "label" or labelled)]
     if missing:
@@ -279,7 +355,7 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
     def convert(row: Dict[str, Any], i: int) -> Dict[str, Any]:
         label = parse_label(row[wanted["label"]], task, lookup, f"{path}, row {i + 1}") if has_labels \
             else NO_LABEL
-        return {**{field: row[wanted[field]] for field in task.text_fields}, "label": label, "idx": i}
+        return {**{field: row[wanted[field]] for field in [*task.text_fields, *task.groups]}, "label": label, "idx": i}
 
     return ds.map(convert, with_indices=True, remove_columns=ds.column_names, features=_features(task),
                   desc=f"read {path.name}")
@@ -340,16 +416,22 @@ def _unreadable(path: Path, err: Exception) -> str:
 
 def _from_hub(task: TaskConfig, splits: List[str]) -> Dict[str, datasets.Dataset]:
     assert task.hub_dataset is not None
-    if os.path.isdir(task.hub_dataset):  # a local copy of the dataset's Hub repository
-        raw = datasets.load_dataset(task.hub_dataset, task.hub_config)
+    if os.path.isdir(task.hub_dataset):  # a local copy of the dataset's Hub repository (of its revision)
+        raw = datasets.load_dataset(task.hub_dataset, task.hub_config, data_dir=task.hub_data_dir)
     else:
         with hub_download(f"dataset '{task.hub_dataset}' ({task.hub_config})"):
-            raw = datasets.load_dataset(task.hub_dataset, task.hub_config)
+            raw = datasets.load_dataset(task.hub_dataset, task.hub_config, data_dir=task.hub_data_dir,
+                                        revision=task.hub_revision)
     missing = [split for split in splits if split not in raw]
     if missing:
         raise DataError(f"dataset '{task.hub_dataset}' ({task.hub_config}) has no split {missing}; "
                         f"it has {list(raw)}")
-    return {split: _with_idx(raw[split]).select_columns([*task.text_fields, "label", "idx"]) for split in splits}
+    columns = [*task.text_fields, "label", *task.groups]
+    absent = [column for column in columns if column not in raw[splits[0]].column_names] if splits else []
+    if absent:
+        raise DataError(f"dataset '{task.hub_dataset}' ({task.hub_config}) has no column {absent}; it has "
+                        f"{raw[splits[0]].column_names}: check task.hub_dataset, hub_revision and hub_data_dir")
+    return {split: _with_idx(raw[split]).select_columns([*columns, "idx"]) for split in splits}
 
 
 def _with_idx(ds: datasets.Dataset) -> datasets.Dataset:
