@@ -26,7 +26,7 @@ EXCLUDED = ("output_dir", "train.checkpoint_dir", "logger", "hw", "train.progres
 # Keys added to the config since runs first recorded their identity, at the value that trains as the
 # code did before them: a run from before they existed resumes where they keep that value.
 ADDED = {"model.classifier_dropout": None, "train.label_smoothing": 0.0, "optimizer.layer_decay": None,
-         "optimizer.head_lr_scale": 1.0, "train.gradient_checkpointing": False}
+         "optimizer.head_lr_scale": 1.0, "train.gradient_checkpointing": False, "model.peft": None}
 # Keys a resumed run may take new values of (train.accept_changes): how long it trains, when it gives
 # up, and what it writes at the end. The rest would make the checkpoint a different run's.
 CONTINUABLE = ("train.epochs", "train.max_steps", "train.early_stopping.patience", "train.early_stopping.min_delta",
