@@ -40,6 +40,7 @@ class Published:
 _ROBERTA = "Liu et al. 2019 (RoBERTa), Table 5"
 _DEBERTA = "microsoft/DeBERTa README (DeBERTa-v3)"
 _ELECTRA = "google-research/electra README, median of many seeds"
+_LORA = "Hu et al. 2021 (LoRA), Table 2"
 PUBLISHED = [
     Published("roberta-large-mnli", "mnli", {"accuracy": 90.2, "accuracy_mm": 90.2}, _ROBERTA),
     Published("roberta-large-from-mnli", "rte", {"accuracy": 86.6}, _ROBERTA),
@@ -53,6 +54,7 @@ PUBLISHED = [
     Published("electra-large-small-tasks", "rte", {"accuracy": 88.0}, _ELECTRA),
     Published("electra-large-small-tasks", "mrpc", {"accuracy": 90.8}, _ELECTRA),
     Published("electra-large-small-tasks", "stsb", {"spearmanr": 92.6}, _ELECTRA),
+    Published("lora-roberta-base-mnli", "mnli", {"accuracy": 87.5}, _LORA),
 ]
 
 

@@ -61,6 +61,30 @@ class ScratchArchitecture:
                  "(a probability; 1 would drop every activation), e.g. model.scratch.dropout=0.1")
 
 
+@dataclass
+class LoraConfig:
+    """LoRA (Hu et al. 2021) through peft: each targeted Linear layer's weight W is frozen and learns an
+    update (alpha / r) x B A of rank r; the classification head trains in full; the rest is frozen."""
+
+    r: int = 8  # rank of each update B A (columns of B, rows of A)
+    alpha: int = 8  # the update is scaled by alpha / r
+    dropout: float = 0.0  # dropout probability on each adapter's input
+    # names of the Linear modules to adapt (the last part of their path, e.g. [query, value]); null: the family's
+    # default (nli.lora.DEFAULT_TARGETS: the attention's query and value projections)
+    target_modules: Optional[List[str]] = None
+
+    def __post_init__(self) -> None:
+        _require(self.r >= 1, f"model.peft.r={self.r} must be at least 1 (the rank of each adapter's update), "
+                 "e.g. model.peft.r=8")
+        _require(self.alpha > 0, f"model.peft.alpha={self.alpha} must be positive (the update is scaled by "
+                 "alpha / r), e.g. model.peft.alpha=8")
+        _require(0 <= self.dropout < 1, f"model.peft.dropout={self.dropout} must be in [0, 1) (a probability), "
+                 "e.g. model.peft.dropout=0.1")
+        _require(self.target_modules is None or (len(self.target_modules) > 0 and all(self.target_modules)),
+                 f"model.peft.target_modules={self.target_modules} must name at least one module, e.g. "
+                 "model.peft.target_modules=[query,value], or be null for the family's default")
+
+
 class Attention(str, Enum):
     """transformers' attention implementations (``attn_implementation``) for these encoders."""
 
@@ -79,6 +103,7 @@ class ModelConfig:
     ignore_mismatched_sizes: bool = False  # replace a checkpoint's classification head of another size
     attention: Attention = Attention.sdpa  # how attention is computed
     fast_paths: bool = True  # faster forward where it applies (nli/fastpaths); false: transformers' own
+    peft: Optional[LoraConfig] = None  # adapters, chosen by model/peft=lora (nli/lora.py); null: every weight trains
 
     def __post_init__(self) -> None:
         _require(
@@ -629,6 +654,7 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
     for group, name, node in [
         ("model", "base", ModelConfig),
+        ("model/peft", "lora", LoraConfig),
         ("task", "base", TaskConfig),
         ("optimizer", "adam", AdamConfig),
         ("optimizer", "sgd", SGDConfig),

@@ -13,17 +13,17 @@ import logging
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, cast
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from nli import contract
+from nli import contract, lora
 from nli.checkpoint import Checkpoints
 from nli.errors import CheckpointError
 from nli.evaluation import Evaluation
 from nli.hooks import Hook
-from nli.model import load_export, save_pretrained
+from nli.model import load_export, save_pretrained, unwrap
 from nli.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,13 @@ log = logging.getLogger(__name__)
 def write(storage: Storage, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, evaluation: Evaluation,
           local: Path) -> None:
     """``model/``: the weights and tokenizer as ``save_pretrained`` writes them into ``local``, and
-    ``export.json``; swapped in whole where the folder is local."""
-    save_pretrained(model, tokenizer, local)
+    ``export.json``; swapped in whole where the folder is local. Under LoRA, the adapters merged into
+    the weights (a plain transformers model), and the adapter itself in ``adapter/`` (nli.lora)."""
+    if unwrap(model) is not model:  # peft's wrapper: LoRA
+        lora.save_merged(cast(Any, model), local)
+        tokenizer.save_pretrained(local)
+    else:
+        save_pretrained(model, tokenizer, local)
     (local / contract.EXPORT_FILE).write_text(json.dumps(asdict(evaluation), indent=1) + "\n")
     storage.upload_dir(local, contract.MODEL_DIR)
 
@@ -84,10 +89,20 @@ def fallback(checkpoints: Checkpoints, storage: Storage, lost: Evaluation, damag
     return instead
 
 
-def best_weights(checkpoints: Checkpoints, storage: Storage, best: Evaluation) -> Tuple[Evaluation,
-                                                                                        Dict[str, torch.Tensor]]:
+def exported_weights(storage: Storage) -> Dict[str, torch.Tensor]:
+    """The weights of the model in ``storage``'s ``model/``, as the model's state dict."""
+    with tempfile.TemporaryDirectory() as folder:
+        for name in storage.list(contract.MODEL_DIR):
+            (Path(folder) / name).write_bytes(storage.read_bytes(f"{contract.MODEL_DIR}/{name}"))
+        return load_export(Path(folder)).state_dict()
+
+
+def best_weights(checkpoints: Checkpoints, storage: Storage, best: Evaluation, *,
+                 exported: Callable[[Storage], Dict[str, torch.Tensor]] = exported_weights,
+                 ) -> Tuple[Evaluation, Dict[str, torch.Tensor]]:
     """The weights to export at the end and the evaluation they had: the best checkpoint's, else its
-    export's, else the best intact evaluated checkpoint's (:func:`fallback`)."""
+    export's (read by ``exported``: under LoRA, its adapters), else the best intact evaluated
+    checkpoint's (:func:`fallback`). They are what the checkpoints hold of the model."""
     damage = checkpoints.damage(best.step)
     if damage is None:
         return best, checkpoints.load_model_weights(best.step)
@@ -97,7 +112,4 @@ def best_weights(checkpoints: Checkpoints, storage: Storage, best: Evaluation) -
                               "start the run afresh in a new output_dir")
     if instead.step != best.step:
         return instead, checkpoints.load_model_weights(instead.step)
-    with tempfile.TemporaryDirectory() as folder:
-        for name in storage.list(contract.MODEL_DIR):
-            (Path(folder) / name).write_bytes(storage.read_bytes(f"{contract.MODEL_DIR}/{name}"))
-        return best, load_export(Path(folder)).state_dict()
+    return best, exported(storage)

@@ -28,7 +28,7 @@ EXCLUDED = ("output_dir", "train.checkpoint_dir", "logger", "hw", "train.progres
 ADDED: Dict[str, Any] = {"model.classifier_dropout": None, "train.label_smoothing": 0.0, "optimizer.layer_decay": None,
          "optimizer.head_lr_scale": 1.0, "train.gradient_checkpointing": False, "task.hub_revision": None,
          "task.hub_data_dir": None, "task.no_gold_label": None, "task.groups": [], "eval.extra": [],
-         "eval.only": False, "eval.dir": None}
+         "eval.only": False, "eval.dir": None, "model.peft": None}
 # Keys a resumed run may take new values of (train.accept_changes): how long it trains, when it gives
 # up, and what it writes at the end (eval.extra: the sets it scores the best model on). The rest would
 # make the checkpoint a different run's.

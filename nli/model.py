@@ -8,10 +8,11 @@ import importlib.util
 import json
 import logging
 import re
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union, cast
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -323,6 +324,15 @@ def _scratch_model(arch: ScratchArchitecture, task: TaskConfig, tokenizer: PreTr
     model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention)
     log.info("model: %s from scratch, %.1fM parameters", arch.model_type,
              sum(p.numel() for p in model.parameters()) / 1e6)
+    return model
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model itself: under LoRA (nli.lora), the one peft put its adapters into, whose
+    parameters keep the family's names; any other model as it is."""
+    peft = sys.modules.get("peft")  # imported by nli.lora only when LoRA is on: without it, no model is peft's
+    if peft is not None and isinstance(model, peft.PeftModel):
+        return cast(torch.nn.Module, model.get_base_model())
     return model
 
 

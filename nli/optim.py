@@ -18,6 +18,7 @@ from transformers import (
 
 from nli.config import OptimizerConfig, ScheduleConfig
 from nli.errors import ConfigError
+from nli.model import unwrap
 
 # optimizer: keys that shape the parameter groups rather than go to the optimizer's class.
 GROUP_KEYS = ("layer_decay", "head_lr_scale")
@@ -31,13 +32,24 @@ _HEAD = re.compile(r"^(?:classifier|pooler|head|pre_classifier)\.|(?:^|\.)pooler
 _AFTER_LAST_LAYER = re.compile(r"(?:^|\.)final_norm\.")
 
 
+def head_modules(model: torch.nn.Module) -> List[str]:
+    """The paths of the modules that make up ``model``'s classification head, its pooler included (what
+    trains in full under LoRA: nli.lora), in the order of their parameters."""
+    found: Dict[str, None] = {}
+    for name, _ in unwrap(model).named_parameters():
+        if match := _HEAD.search(name):
+            found[name[:match.end() - 1]] = None  # up to the head's own name: classifier, bert.pooler, ...
+    return list(found)
+
+
 def param_groups(model: torch.nn.Module, cfg: OptimizerConfig) -> List[Dict[str, Any]]:
     """Weight decay on weight matrices only: biases and LayerNorm parameters (every 1-d tensor in
     these models) are not decayed, as in BERT and RoBERTa. With ``layer_decay`` or ``head_lr_scale``,
-    each depth gets its own rate too (:func:`depth_rates`); the schedule then scales every rate alike."""
+    each depth gets its own rate too (:func:`depth_rates`); the schedule then scales every rate alike.
+    Frozen parameters (all but the adapters and the head under LoRA) are in no group."""
     rates = depth_rates(model, cfg) if cfg.layer_decay is not None or cfg.head_lr_scale != 1.0 else None
     groups: Dict[tuple[bool, float], List[torch.nn.Parameter]] = {}
-    for name, param in model.named_parameters():
+    for name, param in unwrap(model).named_parameters():
         if param.requires_grad:
             groups.setdefault((param.ndim >= 2, rates[name] if rates else cfg.lr), []).append(param)
     return [{"params": params, "weight_decay": cfg.weight_decay if decayed else 0.0, "lr": lr}
@@ -48,7 +60,12 @@ def depth_rates(model: torch.nn.Module, cfg: OptimizerConfig) -> Dict[str, float
     """Each parameter's learning rate: ``lr x layer_decay^(L + 1 - depth)`` for L layers, where the
     embeddings are at depth 0 and layer i at depth i + 1, so the top layer gets one factor of the
     decay (not two: google-research/electra#51) and the embeddings L + 1; the head gets
-    ``lr x head_lr_scale``. Set once: the schedule multiplies these rates, never decays them again."""
+    ``lr x head_lr_scale``. Set once: the schedule multiplies these rates, never decays them again.
+
+    Parameters are named as in the transformers model, also under LoRA (nli.lora), whose names add to
+    them (``...layer.3.attention.self.query.lora_A.default.weight``, ``classifier.modules_to_save...``):
+    layer i's adapters are at layer i's depth, the head's trainable copy at the head's rate."""
+    model = unwrap(model)
     config: Any = getattr(model, "config", None)
     layers = int(config.num_hidden_layers)  # every supported family's config has it
     decay = cfg.layer_decay if cfg.layer_decay is not None else 1.0

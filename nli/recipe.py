@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, platform, sweep
+from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, platform, sweep
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -41,6 +41,7 @@ from nli.checkpoint import (
     Progress,
     RandomState,
     Snapshot,
+    Stateful,
     TrainingState,
     seed_rank,
 )
@@ -62,6 +63,7 @@ from nli.model import (
     share_tokenizer,
     tokenizer_from_files,
     trained_model,
+    unwrap,
 )
 from nli.optim import build_optimizer, build_scheduler
 from nli.predictions import submission
@@ -102,6 +104,7 @@ class Training:
     opt: Optimization
     plan: Plan
     state: TrainingState  # what a checkpoint holds
+    weights: Stateful  # the model's part of it: every weight, or under LoRA the adapters and the head (nli.lora)
     progress: Progress
     best: BestEvaluation
     early_stopping: Optional[EarlyStopping]
@@ -224,18 +227,28 @@ def _collator(cfg: Config, tokenizer: PreTrainedTokenizerBase, compute: device.C
 
 
 def build(cfg: Config, loaded: Data, compute: device.Compute, world: World) -> torch.nn.Module:
-    """The model (pretrained or from scratch) on the device, with the fast paths that apply."""
-    model = build_model(cfg.model, cfg.task, loaded.tokenizer).to(compute.device)
+    """The model (pretrained or from scratch), with LoRA adapters if asked (nli.lora), on the device,
+    with the fast paths that apply."""
+    model = build_model(cfg.model, cfg.task, loaded.tokenizer)
     fast = cfg.model.fast_paths
     if cfg.train.gradient_checkpointing:
-        # Non-reentrant: works under DDP (no unused-parameter hooks fired twice) and torch.compile.
+        # Non-reentrant: works under DDP (no unused-parameter hooks fired twice) and torch.compile, and
+        # needs no gradient on its inputs, which LoRA's frozen embeddings would not give.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if fast:  # they replace the layers' forward, which checkpointing wraps
             log.info("fast paths: off, as train.gradient_checkpointing recomputes the stock layers")
             fast = False
-    fastpaths.install(model, device=compute.device, enabled=fast, compiled=cfg.train.compile)
+    if cfg.model.peft is not None:
+        trained: torch.nn.Module = lora.apply(model, cfg.model.peft)
+    else:
+        log.info("model: %s parameters, all of them train", f"{sum(p.numel() for p in model.parameters()):,}")
+        trained = model
+    trained = trained.to(compute.device)
+    # On the transformers model inside peft's wrapper: the fast paths call each layer's Linear modules by
+    # name, so LoRA's adapted ones run in them as they do in the stock forward.
+    fastpaths.install(unwrap(trained), device=compute.device, enabled=fast, compiled=cfg.train.compile)
     seed_rank(cfg.seed, world)
-    return model
+    return trained
 
 
 def optimization(cfg: Config, model: torch.nn.Module, loaded: Data, out: Outputs,
@@ -255,9 +268,14 @@ def optimization(cfg: Config, model: torch.nn.Module, loaded: Data, out: Outputs
     progress, best, trackers = Progress(), BestEvaluation(), Trackers(cfg.logger, enabled=world.is_main)
     early = _early_stopping(cfg)
     state = TrainingState()
-    for name, part in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler),
+    weights = _weights(cfg, model)
+    for name, part in (("model", weights), ("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler),
                        ("progress", progress), ("best", best)):
         state.register(name, part)
+    if cfg.model.peft is not None:  # the frozen weights are built again on resume: they must be the same
+        source = (f"model.name_or_path={cfg.model.name_or_path}" if cfg.model.pretrained else
+                  "the model from scratch (model.scratch and seed)")
+        state.register("frozen", lora.FrozenWeights(model, source))
     state.register("trackers", trackers, optional=True)
     if early is not None:
         state.register("early_stopping", early, optional=True)
@@ -270,7 +288,7 @@ def optimization(cfg: Config, model: torch.nn.Module, loaded: Data, out: Outputs
     if cfg.train.compile:  # for training steps; evaluation runs the plain model
         trained = cast(torch.nn.Module, torch.compile(trained))  # an OptimizedModule, typed as any callable
     return Training(Optimization(model, trained, optimizer, scheduler, scaler, compute, world), plan, state,
-                    progress, best, early, trackers)
+                    weights, progress, best, early, trackers)
 
 
 def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Outputs, stop: StopRequest,
@@ -298,10 +316,11 @@ def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out:
     """The best checkpoint's weights (nli.export.best_weights), saved with their tokenizer as
     ``model/``; the model to evaluate is what was exported, read back (transformers' save_pretrained
     writes on rank 0 alone; the other ranks evaluate the same weights in memory)."""
-    result.best, weights = export.best_weights(out.checkpoints, out.storage, result.best)
-    model.load_state_dict(weights)
-    if not out.world.is_main:
-        return model
+    exported = lora.exported_adapters if isinstance(training.weights, lora.Adapters) else export.exported_weights
+    result.best, weights = export.best_weights(out.checkpoints, out.storage, result.best, exported=exported)
+    training.weights.load_state_dict(weights)
+    if not out.world.is_main:  # under LoRA, merged as rank 0 exports it
+        return lora.merged(cast(Any, model)) if isinstance(training.weights, lora.Adapters) else model
     if out.claim is not None:
         out.claim.check()
     with tempfile.TemporaryDirectory() as folder:
@@ -329,6 +348,7 @@ def report(cfg: Config, training: Training, loaded: Data, out: Outputs, result: 
                "train_tokens_per_second": result.tokens_per_second,
                "peak_memory_bytes": device.peak_memory_bytes(training.opt.compute.device),
                "train_seconds": result.seconds, "train_steps": result.steps, "best_step": result.best.step,
+               "trainable_parameters": sum(p.numel() for p in training.opt.model.parameters() if p.requires_grad),
                "stopped_early": early.stopped_at if early else None, "identity": digest(out.identity),
                "status": "completed"}
     return _finish(results, training.trackers, out)
@@ -394,6 +414,12 @@ def _start_trackers(trackers: Trackers, raw: DictConfig, out: Outputs) -> None:
     trackers.start(RunInfo(name=_run_name(out.storage), group=_sweep_name(),
                            config=cast(Dict[str, Any], OmegaConf.to_container(raw, resolve=True)),
                            log_dir=log_dir, resume_id=None, overrides=_job_overrides()), remote=remote)
+
+
+def _weights(cfg: Config, model: torch.nn.Module) -> Stateful:
+    """What a checkpoint holds of the model: every weight; under LoRA only what trains, the adapters and
+    the head, the rest built again from model.name_or_path on resume (nli.lora)."""
+    return lora.Adapters(cast(Any, model)) if cfg.model.peft is not None else model
 
 
 def _checkpoints(cfg: Config, storage: Storage, ident: Dict[str, Any]) -> Checkpoints:

@@ -46,7 +46,7 @@ _LOCK = ".sweep_results.lock"
 COMPLETED, FAILED = JobStatus.COMPLETED.name, JobStatus.FAILED.name
 SEED = "seed"
 # Columns of a row that are not metrics: its place in the sweep, and counters a mean says nothing of.
-_NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early"})
+_NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early", "trainable_parameters"})
 # What the printed table shows besides the swept values (the files have every column).
 _SHOWN = ("objective", "train_examples_per_second", "train_seconds")
 

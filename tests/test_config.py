@@ -23,7 +23,9 @@ from nli.errors import ConfigError
 from nli.help import field_descriptions
 from tests.conftest import CONF, ROOT, build_config, compose_config, run_train
 
-GROUP_OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
+# Every option of every group, nested ones (model/peft) included.
+GROUP_OPTIONS = sorted((p.parent.relative_to(CONF).as_posix(), p.stem) for p in CONF.rglob("*.yaml")
+                       if p.parent != CONF)
 
 
 def options(group: str) -> list[str]:
@@ -36,7 +38,13 @@ def test_every_yaml_composes_into_its_schema(group: str, name: str) -> None:
     assert isinstance(cfg, Config)
     if group in ("experiment", "hparams_search"):  # global: they set keys of other groups (and of hydra)
         return
-    nodes = list(cfg.logger.values()) if group == "logger" else [getattr(cfg, group)]  # loggers: one key each
+    node: object = cfg
+    for key in group.split("/"):  # model/peft: cfg.model.peft
+        node = getattr(node, key)
+    if (group, name) == ("model/peft", "none"):  # no adapters: full fine-tuning
+        assert node is None
+        return
+    nodes = list(cfg.logger.values()) if group == "logger" else [node]  # loggers: one key each
     for node in nodes:
         assert type(node).__name__.endswith("Config"), f"{group}/{name}.yaml is not typed by a schema"
 
@@ -66,6 +74,7 @@ def test_groups_are_the_ones_the_readme_promises() -> None:
     assert set(options("hw")) == {"auto", "cpu", "t4", "v100", "a100", "h100", "2xv100", "8xa100", "2x8xa100",
                                   "4x8xh100"}
     assert set(options("logger")) == {"none", "wandb", "tensorboard", "csv"}
+    assert set(options("model/peft")) == {"none", "lora"}
     assert {"quickstart", "roberta-large-mnli"} <= set(options("experiment"))
     assert set(options("hparams_search")) == {"quickstart", "glue"}
 

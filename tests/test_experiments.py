@@ -30,12 +30,14 @@ def test_small_task_recipes_start_from_an_mnli_checkpoint(recipe: str, checkpoin
         assert cfg.model.name_or_path == checkpoint and cfg.model.ignore_mismatched_sizes
 
 
-def test_layer_decay_recipes_are_electras_and_dropout_recipes_debertas() -> None:
+def test_recipes_carry_their_families_knobs() -> None:
     assert build_config(["experiment=electra-base-mnli"]).optimizer.layer_decay == 0.8
     assert build_config(["experiment=electra-large-mnli"]).optimizer.layer_decay == 0.9
     large = build_config(["experiment=deberta-v3-large-mnli"])
     assert large.model.classifier_dropout == 0.3 and large.model.attention.value == "eager"
     assert large.schedule.warmup_steps == 500 and large.train.batch_size == 64
+    lora = build_config(["experiment=lora-roberta-base-mnli"])
+    assert lora.model.peft is not None and (lora.model.peft.r, lora.model.peft.alpha) == (8, 16)
 
 
 def test_readme_table_is_the_benchmarks() -> None:

@@ -12,10 +12,11 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from nli.config import AdamConfig
+from nli import lora
+from nli.config import AdamConfig, LoraConfig
 from nli.errors import ConfigError
 from nli.loop import training_loss
-from nli.model import build_model
+from nli.model import build_model, unwrap
 from nli.optim import build_optimizer, build_scheduler, depth_rates
 from tests.conftest import FAST, build_config, read_results, run_train
 from tests.families import FAMILIES, LAYERS, small_model
@@ -67,6 +68,23 @@ def test_groups_cross_rates_with_no_weight_decay_and_the_schedule_scales_them_on
         schedule.step()
         # Every rate is its own base rate times the schedule's factor: decayed once, not again at each step.
         assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([b * (1 - step / 10) for b in base])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_under_lora_each_adapter_gets_its_layers_rate_and_the_head_copy_the_heads(family: str) -> None:
+    """peft adds to the names (lora_A.default, modules_to_save.default): layer i's adapters are at layer i's
+    depth and the head's trainable copy at the head's rate; only what trains is in a group."""
+    model = lora.apply(small_model(family), LoraConfig())
+    optimizer = build_optimizer(adamw(layer_decay=DECAY, head_lr_scale=HEAD), model)
+    names = {id(param): name for name, param in unwrap(model).named_parameters()}
+    grouped = {names[id(param)]: group["lr"] for group in optimizer.param_groups for param in group["params"]}
+    assert set(grouped) == {name for name, param in unwrap(model).named_parameters() if param.requires_grad}
+    assert any(".lora_A." in name for name in grouped) and any(".modules_to_save." in name for name in grouped)
+    for name, rate in grouped.items():
+        family_name = re.sub(r"\.(lora_[AB]|modules_to_save)\.default\.", ".", name)  # as the plain model names it
+        assert rate == pytest.approx(expected_rate(family_name)), name
+    top = [rate for name, rate in grouped.items() if f".{LAYERS - 1}." in name]
+    assert top and all(rate == pytest.approx(LR * DECAY) for rate in top)
 
 
 def test_without_layer_decay_there_are_two_groups_at_one_rate() -> None:
