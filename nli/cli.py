@@ -31,6 +31,8 @@ INTERRUPTED = {
                 "they were). Run the same command again to start",
     "training": "at once (a second signal), in the middle of a step: that step was not saved. Run the same command "
                 "again to continue from the last checkpoint",
+    "evaluating": "during an evaluation-only run: it writes nothing until its results, so nothing was lost. Run the "
+                  "same command again to evaluate",
     "finishing": "after training, before its results were written: training is complete and checkpointed. Run the "
                  "same command again to export the best model and write the results",
 }

@@ -124,10 +124,13 @@ def run(cfg: Config, raw: DictConfig, site: platform.Site, stop: StopRequest, sh
                 return out.finished
             compute = prepare(cfg, world, sharing)
             if cfg.eval.only:  # a trained model, scored: no optimizer, no checkpoints, no training set
-                return evaluate_only(cfg, raw, out, compute)
+                stage = "evaluating"
+                return evaluate_only(cfg, raw, out, compute, stop)
             loaded = load_data(cfg, out, compute)
+            stop.check()  # a signal some library swallowed (nli.signals) stops the run between phases
             model = build(cfg, loaded, compute, world)
             training = optimization(cfg, model, loaded, out, compute)
+            stop.check()
             stage = "training"
             result = fit(cfg, raw, training, loaded, out, stop, sharing)
             stage = "finishing"
@@ -354,7 +357,8 @@ def report(cfg: Config, training: Training, loaded: Data, out: Outputs, result: 
     return _finish(results, training.trackers, out)
 
 
-def evaluate_only(cfg: Config, raw: DictConfig, out: Outputs, compute: device.Compute) -> Dict[str, Any]:
+def evaluate_only(cfg: Config, raw: DictConfig, out: Outputs, compute: device.Compute,
+                  stop: StopRequest) -> Dict[str, Any]:
     """An evaluation-only run: model.name_or_path (a Hub id, a checkpoint directory, or a run folder's
     exported model/) as it was trained, on the task's eval splits and eval.extra's sets, with test
     predictions where train.predict asks; results.json has their metrics, the model evaluated and no
@@ -372,9 +376,11 @@ def evaluate_only(cfg: Config, raw: DictConfig, out: Outputs, compute: device.Co
                            collator=collator, compute=compute, world=world, predict=cfg.train.predict)
     extras = evalsets.extras(cfg, labels=labels, model=named, tokenizer=tokenizer, collator=collator,
                              compute=compute, world=world)
+    stop.check()  # a signal some library swallowed while the sets loaded (nli.signals)
     trackers = Trackers(cfg.logger, enabled=world.is_main)
     _start_trackers(trackers, raw, out)
     final = own.evaluate(model, 0)
+    stop.check()
     extra = evalsets.scores(extras, model, 0)
     log.info("evaluation of %s: %s", trained.name_or_path,
              ", ".join(f"{k}={v:.4f}" for k, v in {**final.metrics, **extra}.items()))

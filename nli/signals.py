@@ -37,13 +37,16 @@ class Preempted(Exception):
         self.step, self.signal = step, signal
 
 
-class Interrupted(Exception):
-    """A signal stopped the run at once, outside the training steps (or a second signal inside them)."""
+class Interrupted(BaseException):
+    """A signal stopped the run at once, outside the training steps (or a second signal inside them).
+    A BaseException, as KeyboardInterrupt is: raised from the signal handler wherever the run is, it
+    passes through the libraries' ``except Exception``. A bare ``except:`` still swallows it (datasets'
+    fingerprinting has one): :meth:`StopRequest.check` at each phase boundary raises it again."""
 
     def __init__(self, signal: str) -> None:
         super().__init__(signal)
         self.signal = signal
-        self.stage = "starting"  # how far the run had come: starting, training or finishing (set by the recipe)
+        self.stage = "starting"  # how far the run had come: starting, evaluating, training, finishing (the recipe)
 
 
 class StopRequest:
@@ -75,6 +78,12 @@ class StopRequest:
             yield self
         finally:
             self._deferred = False
+
+    def check(self) -> None:
+        """Outside the training steps: raise :class:`Interrupted` for a signal already received, whose
+        exception library code swallowed, so that the run stops here instead of going on."""
+        if self.signal is not None and not self._deferred:
+            raise Interrupted(self.signal)
 
     def hand_over(self) -> None:
         """Once the run has stopped: if the platform's requeue signal asked for the stop, run the
