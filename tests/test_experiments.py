@@ -36,6 +36,8 @@ def test_recipes_carry_their_families_knobs() -> None:
     large = build_config(["experiment=deberta-v3-large-mnli"])
     assert large.model.classifier_dropout == 0.3 and large.model.attention.value == "eager"
     assert large.schedule.warmup_steps == 500 and large.train.batch_size == 64
+    modern = build_config(["experiment=modernbert-base-mnli"])
+    assert modern.optimizer.lr == 8e-5 and modern.optimizer.betas == [0.9, 0.98] and modern.optimizer.weight_decay == 0
     lora = build_config(["experiment=lora-roberta-base-mnli"])
     assert lora.model.peft is not None and (lora.model.peft.r, lora.model.peft.alpha) == (8, 16)
 
