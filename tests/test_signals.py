@@ -71,9 +71,9 @@ def test_a_signal_during_an_evaluation_only_run_stops_it_and_the_same_command_ev
     run_dir = tmp_path / "evaluation"
     evaluate = ["eval.only=true", f"model.name_or_path={trained}", "task=synthetic", "data.max_seq_length=64",
                 "train.progress_bar=false"]
-    evaluate.append("data.synthetic_eval_size=40000")  # seconds of predictions to stop in
+    evaluate.append("data.synthetic_eval_size=12000")  # seconds of tokenizing and predicting to stop in
     proc = start(evaluate, run_dir)
-    wait_for(proc, logged(run_dir, "no training set; eval validation=40000"))
+    wait_for(proc, logged(run_dir, "no training set; eval validation=12000"))
     err = stopped(proc, signal.SIGTERM)
     assert "stopped by SIGTERM during an evaluation-only run: it writes nothing until its results" in err
     assert not {"checkpoints", "results.json", "predictions"} & {p.name for p in run_dir.iterdir()}
