@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from nli.cli import train
 from nli.config import register_configs
-from nli.help import answer_help
+from nli.help import answer_help, refuse_keys_under_null
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -27,4 +27,5 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     if not answer_help(sys.argv[1:], CONF, "train"):  # Hydra's own --help takes seconds (nli/help.py)
+        refuse_keys_under_null(sys.argv[1:], CONF, "train")  # Hydra's own answer is a traceback
         main()

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from nli.cli import train
 from nli.config import config_dir, register_configs
-from nli.help import answer_help
+from nli.help import answer_help, refuse_keys_under_null
 
 CONF = config_dir()
 
@@ -24,4 +24,5 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     if not answer_help(sys.argv[1:], CONF, "train"):  # Hydra's own --help takes seconds (nli/help.py)
+        refuse_keys_under_null(sys.argv[1:], CONF, "train")  # Hydra's own answer is a traceback
         main()

@@ -380,3 +380,23 @@ def test_cfg_job_prints_the_config_without_torch(tmp_path: Path) -> None:
 def test_help_with_a_bad_override_is_hydras_error(tmp_path: Path) -> None:
     proc = run_train(["--help", "model=nope"], cwd=tmp_path, timeout=60)
     assert proc.returncode != 0 and "Could not find 'model/nope'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["experiment=quickstart", "model.peft.r=16"], "error: model.peft.r=16 sets a key of model.peft, which is null "
+     "in this config: select the adapters first: model/peft=lora"),
+    (["model.scratch.hidden_size=64"], "error: model.scratch.hidden_size=64 sets a key of model.scratch, which is "
+     "null in this config: model.scratch describes a model built from scratch (model=tiny)"),
+])
+def test_a_key_under_a_null_node_is_named_with_its_fix(tmp_path: Path, overrides: List[str], message: str) -> None:
+    # Hydra's own answer was an OmegaConf assertion traceback ("Unexpected type for root: NoneType").
+    for module in (False, True):
+        proc = run_train(overrides, cwd=tmp_path, module=module, timeout=60)
+        assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_key_under_a_node_its_option_fills_composes(tmp_path: Path) -> None:
+    proc = run_train(["experiment=quickstart", "model/peft=lora", "model.peft.r=16", "model.scratch.hidden_size=64",
+                      "--cfg", "job"], cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "r: 16" in proc.stdout and "hidden_size: 64" in proc.stdout
