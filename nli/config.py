@@ -303,6 +303,7 @@ class Accelerator(str, Enum):
     auto = "auto"  # a CUDA GPU if this machine has one, else the CPU
     cpu = "cpu"
     cuda = "cuda"
+    xla = "xla"  # PyTorch/XLA (requirements/tpu.txt, nli.xla): a Cloud TPU, or XLA's CPU device (PJRT_DEVICE=CPU)
 
 
 @dataclass
@@ -311,7 +312,9 @@ class VertexMachine:
     nli.contract.job_needs)."""
 
     machine_type: Optional[str] = None  # Google Cloud machine type, e.g. a2-highgpu-1g; null: the launcher's default
-    accelerator_type: Optional[str] = None  # Vertex AI accelerator type, e.g. NVIDIA_TESLA_A100; null: none
+    accelerator_type: Optional[str] = None  # Vertex AI accelerator type, e.g. NVIDIA_TESLA_A100 or TPU_V3; null: none
+    accelerator_count: Optional[int] = None  # accelerators per machine; null: hw.gpus_per_node (or hw.tpu_devices)
+    tpu_topology: Optional[str] = None  # TPU VMs (ct5lp-hightpu-*): the slice's chips, e.g. 2x4; null otherwise
 
 
 @dataclass
@@ -320,7 +323,9 @@ class HardwareConfig:
 
     accelerator: Accelerator = MISSING  # device kind the run uses
     gpu: Optional[str] = None  # GPU model, e.g. V100; null for CPU or auto
-    gpus_per_node: int = 0  # GPUs on one machine (0: CPU)
+    gpus_per_node: int = 0  # GPUs on one machine (0: CPU or TPU)
+    tpu: Optional[str] = None  # TPU generation, e.g. v5e (accelerator=xla)
+    tpu_devices: int = 0  # XLA devices on one TPU host, one process each: TensorCores on v2/v3 (8), chips on v5e
     nodes: int = 1  # machines; more than one run as Vertex AI worker pools or Slurm nodes
     bf16: bool = False  # the GPU computes in bfloat16 (Ampere and newer)
     fp16: bool = False  # the GPU has fast float16 (tensor cores: Volta and newer)
@@ -334,6 +339,8 @@ class HardwareConfig:
                  f"hw.per_device_batch_size={self.per_device_batch_size} must be positive")
         _require(self.accelerator != Accelerator.cuda or self.gpus_per_node > 0,
                  "hw.gpus_per_node must be at least 1 when hw.accelerator=cuda")
+        _require(self.accelerator != Accelerator.xla or self.tpu_devices > 0,
+                 "hw.tpu_devices must be at least 1 when hw.accelerator=xla")
         _require(self.nodes >= 1, f"hw.nodes={self.nodes} must be at least 1")
         _require(self.cpu_threads is None or self.cpu_threads >= 1,
                  f"hw.cpu_threads={self.cpu_threads} must be at least 1, or null for this run's share of the cores")
@@ -343,8 +350,13 @@ class HardwareConfig:
 
     @property
     def data_parallel_size(self) -> int:
-        """Processes that share one global batch (one per GPU on every node; one per CPU node)."""
-        return self.nodes * max(self.gpus_per_node, 1)
+        """Processes that share one global batch (one per GPU or TPU device on every node; one per CPU node)."""
+        return self.nodes * max(self.devices_per_node, 1)
+
+    @property
+    def devices_per_node(self) -> int:
+        """The accelerators one machine runs a process for: its GPUs, or its TPU's XLA devices."""
+        return self.tpu_devices if self.accelerator == Accelerator.xla else self.gpus_per_node
 
 
 # --------------------------------------------------------------------------------------- logger

@@ -57,7 +57,8 @@ class JobNeeds:
 
     machine_type: Optional[str]  # the Vertex AI machine type of every node; None: the launcher's default
     accelerator_type: Optional[str]  # e.g. NVIDIA_TESLA_A100; None: CPU only
-    accelerators_per_node: int  # GPUs on each node
+    accelerators_per_node: int  # GPUs (or TPU cores, chips) on each node
+    tpu_topology: Optional[str]  # a TPU VM slice's topology, e.g. 2x4 (ct5lp-hightpu-8t); None otherwise
     nodes: int  # machines that run the job together
     secrets: FrozenSet[str]  # environment variables the job cannot run without (read from a secret store)
 
@@ -66,9 +67,12 @@ def job_needs(cfg: DictConfig) -> JobNeeds:
     """The machines (``hw``, ``hw.vertex``) and secrets (an online W&B logger needs its API key) the
     job's config asks for. Keys the config lacks (another app) ask for nothing."""
     accelerator = OmegaConf.select(cfg, "hw.vertex.accelerator_type")
-    gpus = int(OmegaConf.select(cfg, "hw.gpus_per_node", default=0) or 0)
+    count = OmegaConf.select(cfg, "hw.vertex.accelerator_count", default=None)
+    if count is None:
+        count = OmegaConf.select(cfg, "hw.gpus_per_node", default=0) or 0
     return JobNeeds(machine_type=OmegaConf.select(cfg, "hw.vertex.machine_type"), accelerator_type=accelerator,
-                    accelerators_per_node=gpus if accelerator else 0,
+                    accelerators_per_node=int(count) if accelerator else 0,
+                    tpu_topology=OmegaConf.select(cfg, "hw.vertex.tpu_topology", default=None),
                     nodes=int(OmegaConf.select(cfg, "hw.nodes", default=1) or 1),
                     secrets=frozenset({"WANDB_API_KEY"} if _wandb_online(cfg) else ()))
 
