@@ -25,8 +25,10 @@ from typing import Any, Dict, List, Optional, Protocol, Set, Tuple, cast
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 from transformers import PreTrainedTokenizerBase
 
+from nli import xla
 from nli.claim import Claim
 from nli.distributed import World
 from nli.errors import CheckpointError
@@ -123,7 +125,8 @@ def rng_state() -> Dict[str, Any]:
     return {"python": random.getstate(),
             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
             "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "xla": xla.rng_state()}
 
 
 def restore_rng(state: Dict[str, Any]) -> None:
@@ -133,6 +136,7 @@ def restore_rng(state: Dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])
+    xla.set_rng_state(state.get("xla"))  # checkpoints from before XLA have none
 
 
 def seed_rank(seed: int, world: World) -> None:
@@ -351,6 +355,8 @@ def _step(name: str) -> int:
 
 
 def _serialize(state: Dict[str, Any]) -> bytes:
+    """``state`` in torch's format, every tensor copied to host memory first: a checkpoint reads back on any
+    device, and XLA's tensors have no storage of their own to write (the copy runs their pending graph)."""
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    torch.save(tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, state), buffer)
     return buffer.getvalue()

@@ -1,11 +1,12 @@
-"""Load a task's splits, tokenize them once, and batch them with dynamic padding."""
+"""Load a task's splits, tokenize them once, and batch them with dynamic padding (on XLA, padding to a
+few fixed lengths: :class:`BucketPadding`)."""
 
 from __future__ import annotations
 
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import datasets
 import pyarrow.compute
@@ -19,6 +20,9 @@ from nli.distributed import World, shard
 from nli.errors import DataError
 
 log = logging.getLogger(__name__)
+
+# Examples (tokenized features) -> a batch of tensors: DataCollatorWithPadding, or BucketPadding on XLA.
+Collator = Callable[[List[Dict[str, Any]]], Dict[str, torch.Tensor]]
 
 
 @dataclass
@@ -198,7 +202,27 @@ class EpochSampler(Sampler[int]):
         return sum(self.share(begin) for begin in range(self.start, self.size, self.batch_size))
 
 
-def train_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, batch_size: int, micro_batch_size: int,
+class BucketPadding:
+    """Pads each batch to the shortest of a few fixed lengths that holds it: powers of two from 16 up to
+    ``max_length``, and ``max_length`` itself. XLA compiles a graph for each input shape it meets, so
+    padding to the batch's longest sequence would compile one per length; these compile four at 128
+    tokens, and pad no sequence to more than twice its length."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
+        self.lengths = bucket_lengths(max_length)
+        self._pad = {n: DataCollatorWithPadding(tokenizer, padding="max_length", max_length=n) for n in self.lengths}
+
+    def __call__(self, features: List[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
+        longest = max(len(f["input_ids"]) for f in features)
+        return self._pad[next(n for n in self.lengths if n >= longest)](features)
+
+
+def bucket_lengths(max_length: int) -> List[int]:
+    lengths = [n for n in (2**k for k in range(4, max_length.bit_length())) if n < max_length]
+    return [*lengths, max_length]
+
+
+def train_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, micro_batch_size: int,
                  seed: int, world: World, num_workers: int, pin_memory: bool,
                  bucket: int = 0) -> Tuple[DataLoader, EpochSampler]:
     """This rank's shuffled micro-batches of each global batch, and the sampler that sets each
@@ -213,7 +237,7 @@ def train_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, bat
     return loader, sampler
 
 
-def eval_loader(ds: datasets.Dataset, collator: DataCollatorWithPadding, *, batch_size: int, world: World,
+def eval_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, world: World,
                 num_workers: int, pin_memory: bool) -> DataLoader:
     """This rank's contiguous slice of ``ds``, in order: the ranks' predictions, gathered in rank
     order, are the split's in its own order, each example once."""

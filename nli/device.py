@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nli import xla
 from nli.config import Accelerator, HardwareConfig, Precision, PrecisionConfig
 from nli.errors import ConfigError
 
@@ -20,6 +21,8 @@ DTYPES = {Precision.fp32: torch.float32, Precision.fp16: torch.float16, Precisio
 def resolve_device(hw: HardwareConfig) -> torch.device:
     if hw.accelerator == Accelerator.cpu:
         return torch.device("cpu")
+    if hw.accelerator == Accelerator.xla:
+        return xla.device()
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     if hw.accelerator == Accelerator.cuda:
@@ -29,14 +32,17 @@ def resolve_device(hw: HardwareConfig) -> torch.device:
 
 
 def resolve_precision(cfg: PrecisionConfig, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 where the GPU has it, fp16 on older GPUs, fp32 on CPU (bf16 on a CPU with native
-    bf16 is not yet shown to be faster at the same accuracy: ``precision=bf16`` asks for it)."""
+    """``auto``: bf16 where the GPU has it, fp16 on older GPUs, bf16 on XLA (a TPU's own), fp32 on CPU
+    (bf16 on a CPU with native bf16 is not yet shown to be faster at the same accuracy:
+    ``precision=bf16`` asks for it)."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
         torch.backends.cudnn.allow_tf32 = cfg.tf32
         bf16_ok = torch.cuda.is_bf16_supported()
         fp16_ok = torch.cuda.get_device_capability(device) >= (7, 0)
         name = torch.cuda.get_device_name(device)
+    elif device.type == "xla":
+        bf16_ok, fp16_ok, name = True, False, xla.describe()  # TPUs compute in bf16; XLA's autocast has no fp16
     else:
         bf16_ok, fp16_ok, name = True, False, f"the CPU ({cpu_kernels()})"  # CPU autocast has bf16, not fp16
     if cfg.dtype == Precision.auto:
@@ -69,6 +75,11 @@ class Compute:
     def autocast(self) -> AbstractContextManager:
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
+    def sync(self) -> None:
+        """XLA: compile and run what was traced so far. CUDA and the CPU run each operation as it comes."""
+        if self.device.type == "xla":
+            xla.sync()
+
 
 def resolve(hw: HardwareConfig, precision: PrecisionConfig) -> Compute:
     device = resolve_device(hw)
@@ -76,8 +87,10 @@ def resolve(hw: HardwareConfig, precision: PrecisionConfig) -> Compute:
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """The most memory this process has held: tensors on the GPU, or all of its resident memory on
-    the CPU (Linux counts ru_maxrss in KiB)."""
+    """The most memory this process has held: tensors on the GPU or the TPU, or all of its resident
+    memory on the CPU, XLA's CPU device included (Linux counts ru_maxrss in KiB)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
+    if device.type == "xla" and (held := xla.peak_memory_bytes(device)) is not None:
+        return held
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -55,6 +55,20 @@ class World:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
+    def max(self, value: float) -> float:
+        """The largest of every rank's ``value``, on every rank."""
+        if not self.distributed:
+            return value
+        found = torch.tensor(value, dtype=torch.float64)  # gloo and NCCL both reduce a tensor on their own device
+        if dist.get_backend() == "nccl":
+            found = found.cuda()
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        return float(found.item())
+
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average the gradients over the ranks before the optimizer steps. Nothing to do here: DDP
+        reduced them during ``backward`` (XLA's processes do it here: nli.xla.XlaWorld)."""
+
     def shard(self, size: int) -> Tuple[int, int]:
         """This rank's contiguous slice [lo, hi) of ``size`` items; the slices of ranks 0, 1, ...
         follow each other and cover them all, and differ in length by one at most."""
@@ -91,7 +105,7 @@ def teardown() -> None:
 def wrap(model: torch.nn.Module, world: World, device: torch.device) -> torch.nn.Module:
     """The model in DistributedDataParallel when there is more than one process; DDP averages
     the gradients over the ranks during ``backward``."""
-    if not world.distributed:
+    if not world.distributed or device.type == "xla":  # XLA's processes reduce in World.reduce_gradients
         return model
     ids = [device.index] if device.type == "cuda" else None
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)

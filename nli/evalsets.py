@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch.utils.data import DataLoader
-from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from nli import data
 from nli.config import Config, DataConfig, EvalConfig, TaskConfig, config_dir
@@ -109,7 +109,7 @@ def _normal(name: str) -> str:
 
 
 def prepare(cfg: Config, task: TaskConfig, source: DataConfig, *, prefix: str, labels: Sequence[str], model: str,
-            tokenizer: PreTrainedTokenizerBase, collator: DataCollatorWithPadding, compute: Compute, world: World,
+            tokenizer: PreTrainedTokenizerBase, collator: data.Collator, compute: Compute, world: World,
             predict: bool = False, dir_key: str = "data.dir") -> EvalSet:
     """``task``'s eval splits (and test splits, to ``predict``) from ``source``, tokenized, for a model whose
     labels are ``labels``; metrics named ``<prefix><metric>``. The labels are matched before any data loads."""
@@ -125,7 +125,7 @@ def prepare(cfg: Config, task: TaskConfig, source: DataConfig, *, prefix: str, l
 
 
 def extras(cfg: Config, *, labels: Sequence[str], model: str, tokenizer: PreTrainedTokenizerBase,
-           collator: DataCollatorWithPadding, compute: Compute, world: World) -> List[Evaluator]:
+           collator: data.Collator, compute: Compute, world: World) -> List[Evaluator]:
     """The sets of eval.extra, from ``eval.dir`` (their original downloads) or the Hub, each keyed
     ``<task>/<metric>`` (hans/accuracy, anli_r1/accuracy_test). Every set's labels are matched to
     the model's first: a mismatch stops the run before any set loads."""

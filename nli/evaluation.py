@@ -58,6 +58,7 @@ def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, comput
         with compute.autocast():
             logits = model(**batch).logits  # (batch, num_labels)
         values.append(logits.float().squeeze(-1) if task.is_regression else logits.argmax(-1))
+        compute.sync()  # XLA: one graph per batch shape, not one for the whole split
     model.train(was_training)
     return Predictions(values=torch.cat(values).cpu().numpy(), labels=torch.cat(labels).numpy(),
                        idx=torch.cat(idx).numpy() if idx else None)

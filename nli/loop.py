@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, cast
 import torch
 from torch.utils.data import DataLoader
 
+from nli import xla
 from nli.checkpoint import BestEvaluation, Checkpointer, Progress
 from nli.config import TrainConfig
 from nli.data import EpochSampler
@@ -176,6 +177,7 @@ class Loop:
         if progress.examples_in_epoch == self.plan.examples_per_epoch:
             progress.epoch, progress.examples_in_epoch = progress.epoch + 1, 0
         self.window.step()
+        self.opt.compute.sync()  # XLA: the step's graph ends here, the same graph every step
 
     def _after_step(self, progress: Progress, best: BestEvaluation, stopping: Optional[str]) -> Optional[str]:
         """Log, evaluate and checkpoint on schedule; the reason a hook gives to end training, if any."""
@@ -199,6 +201,7 @@ class Loop:
         # Reading the loss waits for the device once per optimizer step (fp16's scaler already does).
         opt = self.opt
         if bool(torch.isfinite(step_loss)):
+            opt.world.reduce_gradients(opt.optimizer)
             if self.plan.max_grad_norm is not None:
                 opt.scaler.unscale_(opt.optimizer)  # clip the true gradients, not the loss-scaled ones
                 torch.nn.utils.clip_grad_norm_(opt.trained.parameters(), self.plan.max_grad_norm)
@@ -231,9 +234,8 @@ class Loop:
         world = self.opt.world
         if not world.distributed:
             return stop.signal
-        got = torch.tensor(float(signal.Signals[stop.signal]) if stop.signal else 0.0, device=self.opt.compute.device)
-        torch.distributed.all_reduce(got, op=torch.distributed.ReduceOp.MAX)
-        return signal.Signals(int(got.item())).name if got.item() else None
+        got = world.max(float(signal.Signals[stop.signal]) if stop.signal else 0.0)
+        return signal.Signals(int(got)).name if got else None
 
     def _stop_reason(self) -> Optional[str]:
         return next((reason for hook in self.hooks if (reason := hook.stop_reason()) is not None), None)
@@ -293,5 +295,7 @@ class _Window:
         out = {"train/loss": self._loss.item() / max(self._steps, 1), "train/lr": lr,
                "train/examples_per_second": self._examples / max(seconds, 1e-9),
                "train/tokens_per_second": self._tokens / max(seconds, 1e-9), "train/epoch": epoch}
+        if self._loss.device.type == "xla":  # so far: a count that grows after the first epoch means changing shapes
+            out["train/xla_compilations"] = xla.compilations()["xla_compilations"]
         self.restart()
         return out

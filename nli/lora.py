@@ -28,7 +28,7 @@ import torch
 from nli import contract
 from nli.config import LoraConfig
 from nli.errors import CheckpointError, ConfigError
-from nli.model import unwrap
+from nli.model import host_state, unwrap
 from nli.optim import head_modules
 from nli.storage import Storage
 
@@ -164,7 +164,8 @@ def merged(model: PeftModel) -> PreTrainedModel:
 def save_merged(model: PeftModel, directory: Path) -> None:
     """``model`` :func:`merged`, saved as transformers saves it; the adapter itself, as peft saves it, in
     ``directory/adapter``."""
-    merged(model).save_pretrained(directory)
+    plain = merged(model)
+    plain.save_pretrained(directory, state_dict=host_state(plain))
     model.save_pretrained(str(directory / ADAPTER_DIR), save_embedding_layers=False)
 
 

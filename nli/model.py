@@ -343,8 +343,16 @@ def load_export(directory: Path) -> PreTrainedModel:
 
 def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
     """Model and tokenizer in one directory, as ``from_pretrained`` and ``pipeline`` load them."""
-    model.save_pretrained(directory)
+    model.save_pretrained(directory, state_dict=host_state(model))
     tokenizer.save_pretrained(directory)
+
+
+def host_state(model: torch.nn.Module) -> Optional[Dict[str, torch.Tensor]]:
+    """A model on XLA's weights, copied to host memory for ``save_pretrained`` (safetensors reads a
+    tensor's memory, which an XLA tensor does not have); None for any other model, saved as it is."""
+    if next(model.parameters()).device.type != "xla":
+        return None
+    return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
 
 
 def tokenizer_files(tokenizer: PreTrainedTokenizerBase) -> Dict[str, bytes]:

@@ -5,6 +5,9 @@ One device (a CPU, one GPU) and one machine: the run itself, in this process's p
 or several machines (Vertex AI's worker pools, described by ``CLUSTER_SPEC``): ``torchrun`` starts one
 process per GPU and meets the other machines at the primary replica's address, so ``nli`` finds the
 standard ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` variables it sets up its process group from.
+
+A TPU host (the TPU image sets ``PJRT_DEVICE=TPU``): ``python -m nli.xla``, which starts one process per
+XLA device through PyTorch/XLA's own launcher (torchrun does not place TPU processes).
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ def command(args: List[str], *, env: Mapping[str, str], gpus: int) -> List[str]:
     """The command line this machine runs: the run itself, or torchrun around it."""
     run = ["-m", "nli", *args]
     node = node_of(env[VERTEX_CLUSTER_SPEC]) if env.get(VERTEX_CLUSTER_SPEC) else None
+    if env.get("PJRT_DEVICE") == "TPU":
+        if node is not None and node.nodes > 1:  # the Vertex launcher refuses these before submitting
+            raise SystemExit(f"this job has {node.nodes} TPU hosts; runs here use one (hw.nodes=1)")
+        return [sys.executable, "-m", "nli.xla", *args]
     if (node is None or node.nodes == 1) and gpus <= 1:
         return [sys.executable, *run]
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={max(gpus, 1)}"]

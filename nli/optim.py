@@ -93,6 +93,8 @@ def _depth(name: str, layers: int, model_type: str) -> int:
 def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     options = cast(Dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg)))
     arguments = {key: value for key, value in options.items() if key not in GROUP_KEYS}
+    if arguments.get("fused") and next(model.parameters()).device.type == "xla":
+        arguments["fused"] = False  # torch's fused kernels are CPU and GPU ones; XLA fuses the step in its graph
     return instantiate(arguments, params=param_groups(model, cfg), _convert_="all")
 
 

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, platform, sweep
+from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, platform, sweep, xla
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -46,7 +46,7 @@ from nli.checkpoint import (
     seed_rank,
 )
 from nli.claim import Claim
-from nli.config import Config, TaskConfig
+from nli.config import Accelerator, Config, TaskConfig
 from nli.distributed import World
 from nli.errors import ConfigError
 from nli.evaluation import Evaluation, Evaluator, gather, predict, relabel
@@ -115,7 +115,7 @@ def run(cfg: Config, raw: DictConfig, site: platform.Site, stop: StopRequest, sh
     """The whole run, in the same process on every rank; the results, as results.json holds them.
     ``stop`` (nli.signals) stops it in any phase; ``Interrupted.stage`` says how far it had come;
     ``sharing`` (nli.cpu) sizes its CPU threads."""
-    world = distributed.setup(site.process_env)
+    world = xla.setup() if cfg.hw.accelerator == Accelerator.xla else distributed.setup(site.process_env)
     stage = "starting"
     try:
         with ExitStack() as held:  # the output folder's claim, released however the run ends
@@ -188,8 +188,9 @@ def prepare(cfg: Config, world: World, sharing: cpu.Sharing) -> device.Compute:
     if cfg.hw.data_parallel_size > world.world_size and world.is_main:
         machines = f" on each of its {cfg.hw.nodes} machines" if cfg.hw.nodes > 1 else ""
         log.warning("hw has %d GPUs but this run uses %d process(es); gradient accumulation keeps the global batch "
-                    "at %d. Start it with torchrun --nproc-per-node %d%s to use them all", cfg.hw.data_parallel_size,
-                    world.world_size, cfg.train.batch_size, cfg.hw.gpus_per_node, machines)
+                    "at %d. Start it with %s%s to use them all", cfg.hw.data_parallel_size, world.world_size,
+                    cfg.train.batch_size, "python -m nli.xla" if cfg.hw.accelerator == Accelerator.xla else
+                    f"torchrun --nproc-per-node {cfg.hw.gpus_per_node}", machines)
     return compute
 
 
@@ -222,7 +223,9 @@ def load_data(cfg: Config, out: Outputs, compute: device.Compute) -> Data:
                 examples_per_epoch=len(splits.train), extras=extras)
 
 
-def _collator(cfg: Config, tokenizer: PreTrainedTokenizerBase, compute: device.Compute) -> DataCollatorWithPadding:
+def _collator(cfg: Config, tokenizer: PreTrainedTokenizerBase, compute: device.Compute) -> data.Collator:
+    if compute.device.type == "xla":  # a graph compiled per input shape: a few lengths, not one per batch
+        return data.BucketPadding(tokenizer, cfg.data.max_seq_length)
     # Multiples of 8 let fp16/bf16 tensor cores run at full speed, and leave a compiled model a
     # handful of shapes to compile for, not one per length; on the CPU they only add padding.
     pad = 8 if compute.device.type == "cuda" or cfg.train.compile else None
@@ -311,7 +314,10 @@ def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Out
     loop = Loop(training.opt, loaded.train, loaded.sampler, training.plan, evaluate=loaded.evaluate,
                 checkpointer=checkpointer, hooks=hooks)
     with stop.at_step_boundaries():
-        return loop.run(training.progress, training.best, stop)
+        result = loop.run(training.progress, training.best, stop)
+    if xla.in_use():  # a number that grows with the steps means shapes that change: each one compiles again
+        log.info("XLA compiled %(xla_compilations)d graphs in %(xla_compile_seconds).1f s", xla.compilations())
+    return result
 
 
 def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out: Outputs,
@@ -353,7 +359,7 @@ def report(cfg: Config, training: Training, loaded: Data, out: Outputs, result: 
                "train_seconds": result.seconds, "train_steps": result.steps, "best_step": result.best.step,
                "trainable_parameters": sum(p.numel() for p in training.opt.model.parameters() if p.requires_grad),
                "stopped_early": early.stopped_at if early else None, "identity": digest(out.identity),
-               "status": "completed"}
+               **(xla.compilations() if xla.in_use() else {}), "status": "completed"}
     return _finish(results, training.trackers, out)
 
 

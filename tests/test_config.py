@@ -72,7 +72,7 @@ def test_groups_are_the_ones_the_readme_promises() -> None:
     assert set(options("schedule")) == {"linear", "cosine", "constant"}
     assert set(options("precision")) == {"auto", "fp32", "fp16", "bf16"}
     assert set(options("hw")) == {"auto", "cpu", "t4", "v100", "a100", "h100", "2xv100", "8xa100", "2x8xa100",
-                                  "4x8xh100"}
+                                  "4x8xh100", "tpu-v5e-1", "tpu-v5e-8", "tpu-v3-8", "tpu-v2-8"}
     assert set(options("logger")) == {"none", "wandb", "tensorboard", "csv"}
     assert set(options("model/peft")) == {"none", "lora"}
     assert {"quickstart", "roberta-large-mnli"} <= set(options("experiment"))

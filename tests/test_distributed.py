@@ -310,6 +310,17 @@ def test_the_image_entry_point_starts_one_process_per_gpu_on_every_node(spec, gp
     assert command(["task=rte"], env=env, gpus=gpus) == [sys.executable, *expected]
 
 
+def test_on_a_tpu_host_the_entry_point_starts_pytorch_xla_s_launcher() -> None:
+    from nli.node import command
+
+    assert command(["task=rte", "hw=tpu-v5e-8"], env={"PJRT_DEVICE": "TPU"}, gpus=0) == \
+        [sys.executable, "-m", "nli.xla", "task=rte", "hw=tpu-v5e-8"]
+    two_hosts = {"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": ["h0:2222"], "workerpool1": ["h1:2222"]},
+                                             "task": {"type": "workerpool0", "index": 0}}), "PJRT_DEVICE": "TPU"}
+    with pytest.raises(SystemExit, match="2 TPU hosts"):
+        command(["hw=tpu-v5e-8"], env=two_hosts, gpus=0)
+
+
 def test_stopped_at_two_processes_resumes_at_one(tmp_path: Path) -> None:
     """SIGTERM to torchrun mid-run: both ranks stop at the same step and rank 0 writes the checkpoint;
     one process continues from it and ends where an uninterrupted single process does (to float

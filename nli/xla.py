@@ -1,0 +1,175 @@
+"""PyTorch/XLA, for runs on Cloud TPUs (``hw.accelerator=xla``): the device, the processes of a TPU
+host and their collectives, the count of compiled graphs, and the launcher that starts one process per
+XLA device (``python -m nli.xla ARGS``, which ``nli.node`` runs on a TPU host).
+
+torch_xla is not a dependency of the project: it pins its own torch (requirements/tpu.txt, the TPU
+image: ``docker build --target tpu``), so it is imported here alone, and only when a run asks for it.
+``PJRT_DEVICE=CPU`` runs the same code on XLA's CPU device, as the tests do.
+
+XLA traces the steps lazily and compiles each new graph it sees, so a run on it keeps its shapes to a
+few (nli.data.BucketPadding) and cuts the trace once per optimizer step and per evaluation batch
+(:func:`sync`); the number of graphs it compiled goes into the log and results.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+from types import FrameType, ModuleType
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from nli.distributed import World
+from nli.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+INSTALL = ("hw.accelerator=xla needs PyTorch/XLA, which this environment lacks: pip install -r requirements/tpu.txt "
+           "in an environment of its own (bash .ci/xla-env), or run the TPU image (docker build --target tpu)")
+
+
+def runtime() -> ModuleType:
+    """torch_xla, imported; PJRT_DEVICE defaults to the TPU, as on a TPU host."""
+    os.environ.setdefault("PJRT_DEVICE", "TPU")
+    try:
+        import torch_xla
+    except ImportError as missing:
+        raise ConfigError(f"{INSTALL} ({missing})") from None
+    return torch_xla
+
+
+def in_use() -> bool:
+    """Whether this process computes on XLA (torch_xla imported by :func:`runtime`)."""
+    return "torch_xla" in sys.modules
+
+
+def device() -> torch.device:
+    return runtime().device()
+
+
+def describe() -> str:
+    """The device kind PJRT runs on (TPU, CPU), for the log."""
+    import torch_xla.runtime as xr
+
+    return f"{xr.device_type()} through PyTorch/XLA {runtime().__version__}"
+
+
+def sync() -> None:
+    """Compile (once per new graph) and run what was traced since the last cut."""
+    runtime().sync()
+
+
+def compilations() -> Dict[str, float]:
+    """The graphs XLA compiled in this process, and the seconds it took."""
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")  # (count, total nanoseconds, samples), or None before any
+    count, nanoseconds = (data[0], data[1]) if data else (0, 0.0)
+    return {"xla_compilations": int(count), "xla_compile_seconds": nanoseconds / 1e9}
+
+
+def rng_state() -> Optional[int]:
+    """XLA's own random generator (dropout on the device draws from it), if this process uses XLA."""
+    if not in_use():
+        return None
+    import torch_xla.core.xla_model as xm
+
+    return int(xm.get_rng_state())
+
+
+def set_rng_state(state: Optional[int]) -> None:
+    if state is not None:
+        import torch_xla.core.xla_model as xm
+
+        xm.set_rng_state(state)
+
+
+def peak_memory_bytes(dev: torch.device) -> Optional[int]:
+    """The most device memory this process held (a TPU's HBM); None where PJRT does not count it (CPU)."""
+    import torch_xla.core.xla_model as xm
+
+    try:
+        return int(xm.get_memory_info(dev)["peak_bytes_used"])
+    except (RuntimeError, KeyError):
+        return None
+
+
+class XlaWorld(World):
+    """The processes of a TPU host, one per XLA device, talking through XLA's collectives. Gradients are
+    summed by :meth:`reduce_gradients` before each optimizer step (the model is not wrapped in DDP)."""
+
+    def barrier(self) -> None:
+        import torch_xla.core.xla_model as xm
+
+        xm.rendezvous("nli.barrier")
+
+    def gather(self, value: Any) -> List[Any]:
+        import torch_xla.core.xla_model as xm
+
+        return list(xm.mesh_reduce("nli.gather", value, list))
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch_xla.core.xla_model as xm
+
+        xm.all_reduce(xm.REDUCE_SUM, [tensor])  # in place
+        return tensor
+
+    def max(self, value: float) -> float:
+        import torch_xla.core.xla_model as xm
+
+        return float(xm.mesh_reduce("nli.max", value, max))
+
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        import torch_xla.core.xla_model as xm
+
+        xm.reduce_gradients(optimizer)  # the mean over the processes, as DDP's
+
+
+def setup() -> World:
+    """This process's place among the XLA processes of the host (one per device)."""
+    runtime()
+    import torch_xla.runtime as xr
+
+    if xr.addressable_device_count() > 1:
+        # PyTorch/XLA runs a v2/v3 chip's two cores as threads of one process; a run is one Hydra app per
+        # process (its config, signals and output folder are the process's), so it cannot be two threads.
+        raise ConfigError(f"this process sees {xr.addressable_device_count()} XLA devices: PyTorch/XLA runs TPU "
+                          "v2 and v3 cores as threads of one process, which a run cannot share. Use a TPU whose "
+                          "chips are one device each (hw=tpu-v5e-1, hw=tpu-v5e-8)")
+    if xr.world_size() <= 1:
+        return World()
+    world = XlaWorld(rank=xr.global_ordinal(), world_size=xr.world_size(), local_rank=xr.local_ordinal())
+    log.info("process %d of %d (XLA device %d of this host)", world.rank, world.world_size, world.local_rank)
+    return world
+
+
+def _replica(index: int) -> None:
+    """One process of ``python -m nli.xla``: the run, with the arguments the launcher got (spawn gives
+    each process the parent's sys.argv)."""
+    from nli.__main__ import main
+
+    main()
+
+
+def _forward(signum: int, frame: Optional[FrameType]) -> None:
+    """The platform signals the launcher alone; each process checkpoints and stops on its own signal."""
+    for child in multiprocessing.active_children():
+        if child.pid is not None:
+            os.kill(child.pid, signum)
+
+
+def launch() -> None:
+    """One process per XLA device of this host, each running ``python -m nli`` with this command's
+    arguments; signals sent to this process reach them all."""
+    torch_xla = runtime()
+    for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
+        signal.signal(signal.Signals[name], _forward)
+    torch_xla.launch(_replica)
+
+
+if __name__ == "__main__":
+    launch()

@@ -1,0 +1,127 @@
+"""The PyTorch/XLA path (hw=tpu-*), on XLA's CPU device: the real train.py, run by the Python of the
+environment that has torch-xla (``bash .ci/xla-env`` builds it; NLI_XLA_PYTHON names another), with
+PJRT_DEVICE=CPU. The same code runs on a TPU, where PJRT_DEVICE=TPU.
+
+    bash .ci/xla-env && python -m pytest -m xla
+
+Marked ``xla``: the default run leaves them out (the environment is 7 GB); CI runs them (.ci/run).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+import torch
+from safetensors.torch import load
+
+from nli.data import bucket_lengths
+from tests.conftest import MEASURED, ROOT, read_results
+
+pytestmark = pytest.mark.xla
+
+# What differs between equal runs on XLA besides what any run measures: a resumed run compiles its
+# graphs again.
+XLA_MEASURED = MEASURED | {"xla_compilations", "xla_compile_seconds"}
+# The quickstart on the one-chip TPU preset; 6,000 examples, 2 epochs of 188 steps, evaluated at each end.
+QUICKSTART = ["experiment=quickstart", "hw=tpu-v5e-1", "train.progress_bar=false"]
+# 20 steps per epoch, 50 in all: the signal lands in the second epoch (as in test_resume).
+SHORT = ["experiment=quickstart", "hw=tpu-v5e-1", "data.synthetic_train_size=640", "data.synthetic_eval_size=96",
+         "train.max_steps=50", "train.eval_every=15", "train.log_every=1", "train.checkpoint_every=5",
+         "train.progress_bar=false"]
+
+
+@pytest.fixture(scope="session")
+def xla_python() -> str:
+    python = os.environ.get("NLI_XLA_PYTHON") or str(ROOT / ".venv-xla" / "bin" / "python")
+    if not Path(python).exists():
+        pytest.fail(f"no PyTorch/XLA environment at {python}: build it with `bash .ci/xla-env`, or point "
+                    "NLI_XLA_PYTHON at the Python of one")
+    return python
+
+
+def command(xla_python: str, args: List[str], run_dir: Path) -> Tuple[List[str], Dict[str, str]]:
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "HYDRA_FULL_ERROR": "0", "HF_HOME": str(run_dir.parent / "hf")}
+    return [xla_python, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"], env
+
+
+def train(xla_python: str, args: List[str], run_dir: Path) -> subprocess.CompletedProcess:
+    argv, env = command(xla_python, args, run_dir)
+    proc = subprocess.run(argv, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def logged_compilations(run_dir: Path) -> Dict[int, int]:
+    """Step -> the graphs compiled by then, from the training log's lines."""
+    lines = (run_dir / "train.log").read_text()
+    return {int(step): int(float(count)) for step, count in
+            re.findall(r"step (\d+): loss=.*xla_compilations=([\d.]+)", lines)}
+
+
+@pytest.fixture(scope="module")
+def quickstart(xla_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("xla") / "quickstart"
+    train(xla_python, QUICKSTART, run_dir)
+    return run_dir
+
+
+def test_the_quickstart_trains_on_xla_to_the_cpu_band(quickstart: Path) -> None:
+    results = read_results(quickstart)
+    assert results["accuracy"] > 0.85  # the quickstart's band on the CPU (conf/experiment/quickstart.yaml)
+    assert results["train_steps"] == 376
+    log = (quickstart / "train.log").read_text()
+    assert "device: xla:0 (CPU through PyTorch/XLA" in log and "precision bf16" in log  # precision=auto on XLA
+    assert "fast paths: first_token" in log  # the CPU-only ones stay off
+    assert (quickstart / "model" / "model.safetensors").exists()
+
+
+def test_the_second_epoch_compiles_no_new_graph(quickstart: Path) -> None:
+    compiled = logged_compilations(quickstart)
+    first_epoch_done = min(step for step in compiled if step > 188)  # after the first evaluation, at step 188
+    assert compiled[max(compiled)] == compiled[first_epoch_done], compiled
+    # One graph per phase (the forward and backward pass, the optimizer step, evaluation) for each bucket
+    # length and batch size (a full batch, the epoch's last): padding to each batch's own longest sequence
+    # would compile one per length.
+    bound = 3 * len(bucket_lengths(64)) * 2
+    results = read_results(quickstart)
+    assert 0 < compiled[max(compiled)] <= results["xla_compilations"] <= bound + 3 * 2, compiled  # + the export's
+    assert re.search(r"XLA compiled \d+ graphs in [\d.]+ s", (quickstart / "train.log").read_text())
+
+
+def outcome(run_dir: Path) -> Tuple[Dict, Dict[str, torch.Tensor]]:
+    results = {k: v for k, v in read_results(run_dir).items() if k not in XLA_MEASURED}
+    return results, load((run_dir / "model" / "model.safetensors").read_bytes())
+
+
+def test_sigterm_then_resume_ends_where_an_uninterrupted_run_does(xla_python: str, tmp_path: Path) -> None:
+    whole = tmp_path / "whole"
+    train(xla_python, SHORT, whole)
+
+    stopped = tmp_path / "stopped"
+    argv, env = command(xla_python, SHORT, stopped)
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log, deadline = stopped / "train.log", time.monotonic() + 600
+    while "step 23: loss" not in (log.read_text() if log.exists() else ""):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never reached step 23"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err[-3000:]
+    stopped_at = int(re.search(r"preempted, resumable: SIGTERM at step (\d+)", err)[1])
+    assert 23 <= stopped_at < 50
+
+    resumed = train(xla_python, SHORT, stopped)
+    assert f"step {stopped_at} of 50" in resumed.stdout
+    (ours, our_weights), (theirs, their_weights) = outcome(stopped), outcome(whole)
+    assert ours == theirs
+    assert our_weights.keys() == their_weights.keys()
+    for name, tensor in their_weights.items():
+        assert torch.equal(our_weights[name], tensor), name
