@@ -12,17 +12,23 @@ limit or a preemption) names it (nli.platform); that signal stops the run the sa
 the run has stopped `hand_over()` passes it on to the platform's own handler, so the requeued job
 continues from the last checkpoint.
 
+Only a process's main thread receives signals. Where the run is in another thread (PyTorch/XLA runs
+each device's run in a thread of its process: nli.xla), :func:`relay_to_threads` has the main thread
+note the signal for the run's StopRequest, which stops at the next step boundary or phase check; a
+second signal ends the process at once.
+
 Light on purpose (no torch): the entry point catches these before torch loads.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +70,15 @@ class StopRequest:
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
             signals = (*SIGNALS, self._requeue) if self._requeue else SIGNALS
             self._previous = {s: signal.signal(s, self._handle) for s in signals}
+        else:
+            _IN_THREADS.append(self)  # the main thread's relay, if installed, notes signals for it
         return self
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        if self in _IN_THREADS:
+            _IN_THREADS.remove(self)
 
     @contextmanager
     def at_step_boundaries(self) -> Iterator["StopRequest"]:
@@ -100,3 +110,24 @@ class StopRequest:
         if again or not self._deferred:
             raise Interrupted(name)
         log.warning("%s received: stopping after this step, with a checkpoint", name)
+
+
+_IN_THREADS: List[StopRequest] = []  # the StopRequests active in threads other than the main one
+
+
+def relay_to_threads() -> None:
+    """In the main thread of a process whose runs are in other threads: a first signal is noted for
+    their StopRequests (they stop at the next step boundary, or the next phase check, with what a
+    signal saves there); a second one ends the process at once, as it would a run in the main thread."""
+
+    def relay(signum: int, frame: Optional[FrameType]) -> None:
+        name = signal.Signals(signum).name
+        if any(request.signal for request in _IN_THREADS):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        log.warning("%s received: stopping after this step, with a checkpoint", name)
+        for request in _IN_THREADS:
+            request.signal = name
+
+    for s in SIGNALS:
+        signal.signal(s, relay)

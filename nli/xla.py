@@ -25,6 +25,7 @@ import torch
 
 from nli.distributed import World
 from nli.errors import ConfigError
+from nli.signals import relay_to_threads
 
 log = logging.getLogger(__name__)
 
@@ -173,3 +174,7 @@ def launch() -> None:
 
 if __name__ == "__main__":
     launch()
+elif __name__ == "__mp_main__":
+    # A process launch() started: spawn runs this module as __mp_main__ in its main thread, and PyTorch/XLA
+    # then runs the run in a thread of its own, where no signal arrives (nli.signals).
+    relay_to_threads()

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, List
@@ -16,7 +17,7 @@ from typing import Callable, List
 import pytest
 
 from nli.contract import PREEMPTED
-from nli.signals import Interrupted, StopRequest
+from nli.signals import Interrupted, StopRequest, relay_to_threads
 from tests.conftest import FAST, ROOT, read_results, run_train
 
 
@@ -122,3 +123,31 @@ def test_a_signal_whose_exception_a_library_swallowed_stops_the_run_at_the_next_
             stop.check()
         with stop.at_step_boundaries():  # inside the training steps the loop acts on stop.signal itself
             stop.check()
+
+
+def test_a_run_in_another_thread_learns_of_a_signal_from_the_main_thread() -> None:
+    """PyTorch/XLA runs each device's run in a thread of its process (nli.xla), where no signal arrives:
+    the main thread's relay notes it for that run's StopRequest, which stops at its next step."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    seen: List[str | None] = []
+    entered = threading.Event()
+
+    def run() -> None:
+        with StopRequest() as stop:  # not the main thread: it sets no handler of its own
+            entered.set()
+            deadline = time.monotonic() + 10
+            while stop.signal is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append(stop.signal)
+
+    try:
+        relay_to_threads()
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert entered.wait(10)
+        os.kill(os.getpid(), signal.SIGTERM)
+        thread.join(15)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    assert seen == ["SIGTERM"]

@@ -9,6 +9,7 @@ Marked ``xla``: the default run leaves them out (the environment is 7 GB); CI ru
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -46,14 +47,19 @@ def xla_python() -> str:
     return python
 
 
-def command(xla_python: str, args: List[str], run_dir: Path) -> Tuple[List[str], Dict[str, str]]:
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "HYDRA_FULL_ERROR": "0", "HF_HOME": str(run_dir.parent / "hf")}
-    return [xla_python, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"], env
+def command(xla_python: str, args: List[str], run_dir: Path, *, launcher: bool = False,
+            env: Dict[str, str] | None = None) -> Tuple[List[str], Dict[str, str]]:
+    """train.py, or with ``launcher`` PyTorch/XLA's launcher as a TPU host runs it (nli.node on PJRT_DEVICE=TPU):
+    ``python -m nli.xla``, one process per device (one on XLA's CPU device)."""
+    full_env = {**os.environ, "PJRT_DEVICE": "CPU", "HYDRA_FULL_ERROR": "0", "HF_HOME": str(run_dir.parent / "hf"),
+                **(env or {})}
+    entry = ["-m", "nli.xla"] if launcher else [str(ROOT / "train.py")]
+    return [xla_python, *entry, *args, f"hydra.run.dir={run_dir}"], full_env
 
 
-def train(xla_python: str, args: List[str], run_dir: Path) -> subprocess.CompletedProcess:
-    argv, env = command(xla_python, args, run_dir)
-    proc = subprocess.run(argv, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=900)
+def train(xla_python: str, args: List[str], run_dir: Path, *, launcher: bool = False) -> subprocess.CompletedProcess:
+    argv, env = command(xla_python, args, run_dir, launcher=launcher)
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -101,12 +107,14 @@ def outcome(run_dir: Path) -> Tuple[Dict, Dict[str, torch.Tensor]]:
 
 
 def test_sigterm_then_resume_ends_where_an_uninterrupted_run_does(xla_python: str, tmp_path: Path) -> None:
+    """The stopped run under the launcher a TPU host uses: the signal reaches the launcher alone, which passes it
+    on to its process, where the run is in a thread of PyTorch/XLA's (nli.signals.relay_to_threads)."""
     whole = tmp_path / "whole"
     train(xla_python, SHORT, whole)
 
     stopped = tmp_path / "stopped"
-    argv, env = command(xla_python, SHORT, stopped)
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    argv, env = command(xla_python, SHORT, stopped, launcher=True)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     log, deadline = stopped / "train.log", time.monotonic() + 600
     while "step 23: loss" not in (log.read_text() if log.exists() else ""):
         assert proc.poll() is None, proc.communicate()
@@ -118,10 +126,35 @@ def test_sigterm_then_resume_ends_where_an_uninterrupted_run_does(xla_python: st
     stopped_at = int(re.search(r"preempted, resumable: SIGTERM at step (\d+)", err)[1])
     assert 23 <= stopped_at < 50
 
-    resumed = train(xla_python, SHORT, stopped)
+    resumed = train(xla_python, SHORT, stopped, launcher=True)
     assert f"step {stopped_at} of 50" in resumed.stdout
     (ours, our_weights), (theirs, their_weights) = outcome(stopped), outcome(whole)
     assert ours == theirs
     assert our_weights.keys() == their_weights.keys()
     for name, tensor in their_weights.items():
         assert torch.equal(our_weights[name], tensor), name
+
+
+def test_a_tpu_whose_cores_are_threads_is_refused_at_start(xla_python: str, tmp_path: Path) -> None:
+    """Two XLA devices in one process, as PyTorch/XLA gives a v2/v3 chip's two cores (here XLA's CPU device,
+    CPU_NUM_DEVICES=2): one line naming the TPUs that work, before any data or model loads."""
+    argv, env = command(xla_python, ["experiment=quickstart", "hw=tpu-v3-8"], tmp_path / "run",
+                        env={"CPU_NUM_DEVICES": "2"})
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "error: this process sees 2 XLA devices" in proc.stderr and "hw=tpu-v5e-8" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_tpu_benchmark_prints_its_figures(xla_python: str, tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    proc = subprocess.run([xla_python, "-m", "benchmarks.tpu", "--hw", "tpu-v5e-1", "--arch", "tiny", "--steps", "20",
+                           "--examples", "640", "--seq-len", "64", "--out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["examples_per_second"] > 0 and 0 < figures["xla_compilations"] <= 24
+    assert 10 < figures["tokens_per_example"] <= 64  # MNLI's lengths, cut at 64
+    assert "mfu" not in figures  # no TPU peak applies to XLA's CPU device
+    assert f"| tokens per example | {figures['tokens_per_example']:.1f} |" in proc.stdout
+    assert f"| graphs compiled | {figures['xla_compilations']} |" in proc.stdout
