@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List
 import fsspec
 import pytest
 import yaml
-from google.cloud.aiplatform_v1 import JobState
+from google.cloud.aiplatform_v1 import AcceleratorType, JobState
 from hydra import version
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.utils import JobStatus
@@ -42,6 +42,9 @@ WANDB_SECRET = f"projects/{PROJECT}/secrets/wandb-api-key/versions/latest"
 CRASH_IMAGE = "us-central1-docker.pkg.dev/test-project/nli/crash:test"
 CRASH = "import sys; print('loading the model', flush=True); sys.exit('Killed: out of memory (exit 137)')"
 SENTINEL = "wandb-key-0123456789abcdef-must-never-leak"
+# The TPU image's stand-in (no TPU here to train on): its job composes the job's config as the image's
+# train.py would and prints the hardware it would run on.
+TPU_IMAGE = "us-central1-docker.pkg.dev/test-project/nli/train-tpu:test"
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,8 @@ def fake(gcs_emulator: Dict[str, str], tmp_path_factory: pytest.TempPathFactory)
         fake.add_image(SUITE_IMAGE, entrypoint=[sys.executable, str(ROOT / "tests" / "vertex_suite_app.py")],
                        workdir=image_dir)
         fake.add_image(CRASH_IMAGE, entrypoint=[sys.executable, "-c", CRASH], workdir=image_dir)
+        fake.add_image(TPU_IMAGE, workdir=image_dir,
+                       entrypoint=[sys.executable, str(ROOT / "train.py"), "--cfg", "job", "--package", "hw"])
         fake.add_secret(WANDB_SECRET.replace("latest", "1"), SENTINEL)
         yield fake
 
@@ -348,6 +353,55 @@ def test_permission_denied_stops_the_sweep_with_the_fix(fake: FakeVertex, tmp_pa
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert "aiplatform.customJobs.create' denied" in output and "roles/aiplatform.user" in output
+
+
+# ------------------------------------------------------------------------------ TPUs
+
+
+def test_dry_run_asks_for_each_tpu_preset_as_vertex_names_it(fake: FakeVertex, tmp_path: Path) -> None:
+    """TPU v2/v3 by accelerator on cloud-tpu, v5e by topology on a TPU VM, one host each; a CPU job's spec
+    keeps its machine type alone (the GPU presets: test_dry_run_writes_the_requests_with_the_seeds_machines)."""
+    before = len(fake.requests)
+    presets = ["tpu-v5e-1", "tpu-v5e-8", "tpu-v2-8", "tpu-v3-8", "cpu"]
+    proc = sweep_cli([*launcher(fake), "hydra.launcher.dry_run=true", f"hw={','.join(presets)}",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    assert len(fake.requests) == before
+    requests = [json.loads((tmp_path / "sweep" / "custom_jobs" / f"{num}.json").read_text())
+                for num in range(len(presets))]
+    pools = [request["customJob"]["jobSpec"]["workerPoolSpecs"] for request in requests]
+    assert [len(job_pools) for job_pools in pools] == [1] * len(presets)
+    assert [job_pools[0]["machineSpec"] for job_pools in pools] == [
+        {"machineType": "ct5lp-hightpu-1t", "tpuTopology": "1x1"},
+        {"machineType": "ct5lp-hightpu-8t", "tpuTopology": "2x4"},
+        {"machineType": "cloud-tpu", "acceleratorType": "TPU_V2", "acceleratorCount": 8},
+        {"machineType": "cloud-tpu", "acceleratorType": "TPU_V3", "acceleratorCount": 8},
+        {"machineType": "n1-standard-8"}]
+
+
+def test_a_tpu_sweep_reaches_vertex_with_its_topology(fake: FakeVertex, sweep_train: Callable[..., Any],
+                                                     tmp_path: Path) -> None:
+    """Through the aiplatform client to the service: the v5e job's topology, the v3 job's accelerators;
+    each job starts the image with its own TPU preset."""
+    before = len(fake.requests)
+    overrides = [*launcher(fake, TPU_IMAGE), "hydra.launcher.sweep_name=tpus", "hw=tpu-v5e-8,tpu-v3-8"]
+    with sweep_train(overrides, tmp_path / "sweep") as sweep:
+        returns = sweep.returns[0]
+    assert [ret.status for ret in returns] == [JobStatus.COMPLETED] * 2
+    sent = [request["jobSpec"]["workerPoolSpecs"][0]["machineSpec"] for request in created_jobs(fake, before)]
+    v3 = AcceleratorType.TPU_V3.value  # the REST client sends enums as numbers
+    assert sent == [{"machineType": "ct5lp-hightpu-8t", "tpuTopology": "2x4"},
+                    {"machineType": "cloud-tpu", "acceleratorType": v3, "acceleratorCount": 8}]
+    jobs = sorted((job for job in fake.jobs.values() if job.job.display_name.startswith("tpus-")),
+                  key=lambda job: job.job.display_name)
+    machines = [job.job.job_spec.worker_pool_specs[0].machine_spec for job in jobs]  # as the service parsed them
+    assert [(m.machine_type, m.tpu_topology, m.accelerator_type, m.accelerator_count) for m in machines] == [
+        ("ct5lp-hightpu-8t", "2x4", AcceleratorType.ACCELERATOR_TYPE_UNSPECIFIED, 0),
+        ("cloud-tpu", "", AcceleratorType.TPU_V3, 8)]
+    assert [job.state for job in jobs] == [JobState.JOB_STATE_SUCCEEDED] * 2
+    hws = [yaml.safe_load(job.log) for job in jobs]  # the hw config each job composed from its arguments
+    assert [(hw["accelerator"], hw["tpu"], hw["tpu_devices"]) for hw in hws] == [("xla", "v5e", 8), ("xla", "v3", 8)]
 
 
 # ------------------------------------------------------------------------------ the client
