@@ -8,6 +8,7 @@ import csv
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -402,6 +403,48 @@ def test_a_tpu_sweep_reaches_vertex_with_its_topology(fake: FakeVertex, sweep_tr
     assert [job.state for job in jobs] == [JobState.JOB_STATE_SUCCEEDED] * 2
     hws = [yaml.safe_load(job.log) for job in jobs]  # the hw config each job composed from its arguments
     assert [(hw["accelerator"], hw["tpu"], hw["tpu_devices"]) for hw in hws] == [("xla", "v5e", 8), ("xla", "v3", 8)]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    pytest.param(["hw=v100,tpu-v5e-8", "hw.nodes=2"],  # the GPU job alone would go: the sweep stops whole
+                 re.escape("hw.nodes=2 with a TPU (machine type ct5lp-hightpu-8t): this launcher runs a TPU job on "
+                           "one host and builds no multi-host slices; set hw.nodes=1"), id="nodes"),
+    pytest.param(["hw=tpu-v3-8", "hydra.launcher.reduction_server_replicas=4"],
+                 "reduction_server_replicas=4 with a TPU .*; set hydra.launcher.reduction_server_replicas=0",
+                 id="reduction-server"),
+    pytest.param(["hw=tpu-v5e-8", "hydra.launcher.packaging=python_package"],
+                 "packaging=python_package with a TPU .* have no torch-xla; build the TPU image "
+                 r"\(docker build --target tpu", id="python-package"),
+    pytest.param(["hw=tpu-v3-8", "hw.vertex.accelerator_count=4"],
+                 "machine type cloud-tpu needs hw.vertex.accelerator_type=TPU_V2 or TPU_V3 and "
+                 "hw.vertex.accelerator_count=8, not TPU_V3 x 4", id="cloud-tpu-count"),
+    pytest.param(["hw=auto", "hydra.launcher.machine_type=cloud-tpu"], "machine type cloud-tpu needs .*, not none",
+                 id="cloud-tpu-bare"),
+    pytest.param(["hw=tpu-v3-8", "hw.vertex.tpu_topology=2x4"], "machine type cloud-tpu takes no tpu_topology",
+                 id="cloud-tpu-topology"),
+    pytest.param(["hw=tpu-v5e-8", "hw.vertex.tpu_topology=2x2"],
+                 r"machine type ct5lp-hightpu-8t needs hw.vertex.tpu_topology=2x4 \(as many chips .*\), not 2x2",
+                 id="v5e-chips"),
+    pytest.param(["hw=tpu-v5e-1", "hw.vertex.tpu_topology=null"],
+                 "machine type ct5lp-hightpu-1t needs hw.vertex.tpu_topology=1x1 .*, not none", id="v5e-no-topology"),
+    pytest.param(["hw=tpu-v5e-8", "hw.vertex.accelerator_type=TPU_V5_LITEPOD", "hw.vertex.accelerator_count=8"],
+                 "ct5lp-hightpu-8t is a TPU VM, .* takes no accelerator, not TPU_V5_LITEPOD x 8", id="v5e-accelerator"),
+    pytest.param(["hw=v100", "hw.vertex.tpu_topology=2x4"],
+                 "hw.vertex.tpu_topology=2x4 on machine type n1-standard-8: only the TPU VM machine types",
+                 id="gpu-topology"),
+    pytest.param(["hw=tpu-v3-8", "hw.vertex.machine_type=n1-standard-8"],
+                 "hw.vertex.accelerator_type=TPU_V3 on machine type n1-standard-8: TPU v2 and v3 run on machine type "
+                 "cloud-tpu", id="tpu-on-n1"),
+])
+def test_tpu_settings_vertex_refuses_or_that_cannot_run_stop_the_sweep_before_submitting(
+        fake: FakeVertex, sweep_train: Callable[..., Any], tmp_path: Path, overrides: List[str], message: str) -> None:
+    before = len(fake.requests)
+    with pytest.raises(LaunchError, match=message) as refused:
+        with sweep_train([*launcher(fake), *overrides], tmp_path / "sweep"):
+            pass
+    assert "\n" not in str(refused.value)  # one line: the setting and its fix
+    assert len(fake.requests) == before  # not one call reached the service
+    assert not (tmp_path / "sweep" / "code").exists()  # python_package: no sdist built either
 
 
 # ------------------------------------------------------------------------------ the client
