@@ -62,6 +62,7 @@ MACHINE_TYPES = frozenset(
     + [f"{family}-{n}g" for family in ("a2-highgpu", "a2-ultragpu", "a3-highgpu") for n in (1, 2, 4, 8)]
     + [f"g2-standard-{n}" for n in (4, 8, 12, 16, 24, 32, 48, 96)]
     + [f"e2-standard-{n}" for n in (4, 8, 16, 32)]
+    + ["cloud-tpu"] + [f"ct5lp-hightpu-{n}t" for n in (1, 4, 8)]  # TPU v2/v3 (TPU Node) and v5e (TPU VMs)
 )
 
 PARENT = re.compile(r"projects/[^/]+/locations/[^/]+")

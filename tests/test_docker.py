@@ -4,14 +4,16 @@ what exists and is not ignored into the layout of this repository, and its entry
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import posixpath
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 import pytest
 import yaml
@@ -28,6 +30,76 @@ def dockerfile() -> DockerfileParser:
 
 def _instructions(dockerfile: DockerfileParser, name: str) -> List[str]:
     return [item["value"] for item in dockerfile.structure if item["instruction"] == name]
+
+
+def _stages(dockerfile: DockerfileParser) -> Dict[str, List[dict]]:
+    """Each build stage's instructions (its FROM first), by the name its FROM gives it, in order."""
+    stages: Dict[str, List[dict]] = {}
+    for item in dockerfile.structure:
+        if item["instruction"] == "FROM":
+            words = item["value"].split()
+            stage: List[dict] = []
+            stages[words[-1] if len(words) == 3 and words[1].upper() == "AS" else str(len(stages))] = stage
+        if stages:
+            stage.append(item)
+    return stages
+
+
+def _target(dockerfile: DockerfileParser, name: str) -> DockerfileParser:
+    """The Dockerfile as `docker build --target NAME` reads it: every line up to the end of that stage
+    (the stages after it play no part), so that `envs`, `args` and `baseimage` are the target's."""
+    stages = _stages(dockerfile)
+    names = list(stages)
+    following = names.index(name) + 1
+    end = stages[names[following]][0]["startline"] if following < len(names) else len(dockerfile.lines)
+    return DockerfileParser(fileobj=io.BytesIO("".join(dockerfile.lines[:end]).encode()))
+
+
+def _project() -> dict:
+    # Python 3.11's, as in both images: the requirements stage reads pyproject.toml with it too.
+    tomllib = pytest.importorskip("tomllib", reason="the requirements stage runs on Python 3.11")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _pins(path: Path) -> List[str]:
+    """A requirements file's requirements, without comments and blank lines."""
+    return [line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()]
+
+
+def _build_stage(stage: List[dict], root: Path) -> None:
+    """A stage that only reads the build context and runs Python, built into `root` (its `/`): WORKDIR,
+    COPY from the context and RUN, run by a shell with this interpreter as its `python`."""
+    bin_dir = root / ".bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").symlink_to(sys.executable)
+    workdir = root
+    for item in stage[1:]:
+        if item["instruction"] == "WORKDIR":
+            workdir = root / item["value"].lstrip("/")
+            workdir.mkdir(parents=True, exist_ok=True)
+        elif item["instruction"] == "COPY":
+            *sources, dest = item["value"].split()
+            for source in sources:
+                target = workdir / dest / Path(source).name if dest.endswith("/") else workdir / dest
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(ROOT / source, target)
+        elif item["instruction"] == "RUN":
+            env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+            proc = subprocess.run(["/bin/sh", "-c", item["value"]], cwd=workdir, env=env, capture_output=True,
+                                  text=True)
+            assert proc.returncode == 0, proc.stderr
+        elif item["instruction"] != "COMMENT":
+            raise AssertionError(f"{item['instruction']} in a stage the test builds: extend _build_stage")
+
+
+def _installed(stage: List[dict], built: Path) -> List[str]:
+    """What an image stage pip-installs -r: the file it copies from the built requirements stage."""
+    copies = [item["value"].split() for item in stage if item["instruction"] == "COPY"
+              and item["value"].startswith("--from=requirements ")]
+    ((_, source, dest),) = copies
+    runs = [item["value"] for item in stage if item["instruction"] == "RUN"]
+    assert any(f"python -m pip install -r {dest}" in run for run in runs), f"nothing installs {dest}"
+    return _pins(built / source.lstrip("/"))
 
 
 def _workdir(dockerfile: DockerfileParser) -> str:
@@ -63,35 +135,41 @@ def test_dockerfile_structure(dockerfile: DockerfileParser) -> None:
 
 def test_copy_sources_exist_are_not_ignored_and_keep_the_repository_layout(dockerfile: DockerfileParser) -> None:
     """Every COPY source is in the build context, and lands where it lies in the repository,
-    relative to the WORKDIR: so running the entry point from the repository root, as the next
-    test does, runs what the image runs."""
+    relative to its stage's WORKDIR: so running the entry point from the repository root, as the
+    next test does, runs what each image runs. A COPY --from takes a file of an earlier stage."""
     ignore = _dockerignore()
-    workdir, copied = "/", set()
-    for item in dockerfile.structure:
-        if item["instruction"] == "WORKDIR":
-            workdir = posixpath.join(workdir, item["value"])
-        if item["instruction"] != "COPY":
-            continue
-        words = item["value"].split()
-        assert not any(word.startswith("--from") for word in words), "COPY from another stage: extend this test"
-        *sources, dest = [word for word in words if not word.startswith("--")]  # flags: --chown, --chmod
-        for source in sources:
-            path = ROOT / source
-            assert path.exists(), f"COPY {source}: not in the repository"
-            assert not ignore.matches(source.rstrip("/")), f"COPY {source}: excluded by .dockerignore"
-            if path.is_dir():  # Docker copies a folder's contents into dest
-                target = posixpath.join(workdir, dest)
-                for file in path.rglob("*"):
-                    relative = file.relative_to(ROOT).as_posix()
-                    if file.suffix in (".py", ".yaml"):
-                        assert not ignore.matches(relative), f"{relative}: excluded by .dockerignore"
-            else:
-                target = posixpath.join(workdir, dest, path.name) if dest.endswith("/") or len(sources) > 1 \
-                    else posixpath.join(workdir, dest)
-            assert posixpath.normpath(target) == posixpath.join(_workdir(dockerfile), source.rstrip("/")), \
-                f"COPY {source} {dest}: lands at {target}, not where the repository has it"
-            copied.add(source.rstrip("/"))
-    assert {"conf", "nli", "launch", "train.py", "pyproject.toml", "README.md"} <= copied
+    stages = _stages(dockerfile)
+    for name, stage in stages.items():
+        workdirs = [item["value"] for item in stage if item["instruction"] == "WORKDIR"]
+        workdir, copied = "/", set()
+        for item in stage:
+            if item["instruction"] == "WORKDIR":
+                workdir = posixpath.join(workdir, item["value"])
+            if item["instruction"] != "COPY":
+                continue
+            words = item["value"].split()
+            if words[0].startswith("--from="):
+                assert list(stages).index(words[0].split("=", 1)[1]) < list(stages).index(name), item["value"]
+                continue
+            *sources, dest = [word for word in words if not word.startswith("--")]  # flags: --chown, --chmod
+            for source in sources:
+                path = ROOT / source
+                assert path.exists(), f"COPY {source}: not in the repository"
+                assert not ignore.matches(source.rstrip("/")), f"COPY {source}: excluded by .dockerignore"
+                if path.is_dir():  # Docker copies a folder's contents into dest
+                    target = posixpath.join(workdir, dest)
+                    for file in path.rglob("*"):
+                        relative = file.relative_to(ROOT).as_posix()
+                        if file.suffix in (".py", ".yaml"):
+                            assert not ignore.matches(relative), f"{relative}: excluded by .dockerignore"
+                else:
+                    target = posixpath.join(workdir, dest, path.name) if dest.endswith("/") or len(sources) > 1 \
+                        else posixpath.join(workdir, dest)
+                assert posixpath.normpath(target) == posixpath.join(workdirs[-1], source.rstrip("/")), \
+                    f"{name}: COPY {source} {dest}: lands at {target}, not where the repository has it"
+                copied.add(source.rstrip("/"))
+        if any(item["instruction"] == "ENTRYPOINT" for item in stage):  # an image, not a helper stage
+            assert {"conf", "nli", "launch", "train.py", "pyproject.toml", "README.md"} <= copied, name
 
 
 def test_entrypoint_runs_the_quickstart(dockerfile: DockerfileParser, tmp_path: Path) -> None:
@@ -147,9 +225,13 @@ def test_cloud_build_builds_the_dockerfile_and_pushes_its_image(dockerfile: Dock
     # Every build argument is one the Dockerfile declares, with the Dockerfile's default.
     build_args = dict(value.split("=", 1) for flag, value in flags if flag == "--build-arg")
     declared = dict(arg.split("=", 1) for arg in _instructions(dockerfile, "ARG"))  # before FROM too
-    assert set(build_args) == set(declared) == {"BASE_IMAGE", "REDUCTION_SERVER"}
+    assert set(build_args) == set(declared) == {"BASE_IMAGE", "TPU_BASE_IMAGE", "REDUCTION_SERVER"}
     substitutions = build["substitutions"]
     assert {name: substitutions[value[2:-1]] for name, value in build_args.items()} == declared
+    # It builds the default image unless told otherwise (_TARGET=tpu), and the target is a stage.
+    (target,) = [value for flag, value in flags if flag == "--target"]
+    assert substitutions[target[2:-1]] == list(_stages(dockerfile))[-1] == "cuda"
+    assert "tpu" in _stages(dockerfile)
     # User substitutions start with an underscore, and each one used is defined.
     used = set(re.findall(r"\$\{(_[A-Z_]+)\}", (ROOT / "cloudbuild.yaml").read_text()))
     assert used == set(substitutions) and all(name.startswith("_") for name in substitutions)
@@ -158,6 +240,43 @@ def test_cloud_build_builds_the_dockerfile_and_pushes_its_image(dockerfile: Dock
     # gcloud uploads the Dockerfile and everything it copies.
     ignored = [line for line in (ROOT / ".gcloudignore").read_text().splitlines() if line and line[0] != "#"]
     matcher = PatternMatcher([line.rstrip("/") for line in ignored])
-    for needed in ["Dockerfile", *(source for line in _instructions(dockerfile, "COPY")
+    for needed in ["Dockerfile", *(source for line in _instructions(dockerfile, "COPY") if "--from=" not in line
                                    for source in line.split()[:-1] if not source.startswith("--"))]:
         assert not matcher.matches(needed), needed
+
+
+# ------------------------------------------------------------------------------ the images' targets
+
+
+def test_the_default_target_is_the_cuda_image_of_the_torch_pin(dockerfile: DockerfileParser, tmp_path: Path) -> None:
+    """`docker build .` builds the last stage: PyTorch's CUDA image of the project's torch, with every
+    pin of pyproject.toml and the vertex extra, and nothing of the TPU image."""
+    (torch_pin,) = [pin for pin in _project()["dependencies"] if pin.startswith("torch==")]
+    assert list(_stages(dockerfile))[-1] == "cuda"
+    assert dockerfile.baseimage.startswith(f"pytorch/pytorch:{torch_pin.split('==')[1]}-cuda")
+    assert "PJRT_DEVICE" not in dockerfile.envs and dockerfile.args == {"REDUCTION_SERVER": "0"}
+    _build_stage(_stages(dockerfile)["requirements"], tmp_path)
+    project = _project()
+    assert _installed(_stages(dockerfile)["cuda"], tmp_path) == [*project["dependencies"],
+                                                                  *project["optional-dependencies"]["vertex"]]
+
+
+def test_the_tpu_target_installs_torch_xla_with_libtpu_in_place_of_the_torch_pin(
+        dockerfile: DockerfileParser, tmp_path: Path) -> None:
+    """`docker build --target tpu`: plain Python 3.11, requirements/tpu.txt's torch and torch-xla (with its
+    `tpu` extra, which brings libtpu), every other project pin, PJRT on the TPU, and the CUDA image's user,
+    directory and entry point."""
+    tpu = _target(dockerfile, "tpu")
+    assert re.fullmatch(r"python:3\.11[.\d]*-slim(-\w+)?", tpu.baseimage), tpu.baseimage
+    assert tpu.envs["PJRT_DEVICE"] == "TPU"
+    assert {key: tpu.envs[key] for key in dockerfile.envs} == dockerfile.envs  # unbuffered logs and the rest
+    for instruction in ("USER", "WORKDIR", "ENTRYPOINT"):
+        assert _instructions(tpu, instruction)[-1] == _instructions(dockerfile, instruction)[-1], instruction
+    _build_stage(_stages(dockerfile)["requirements"], tmp_path)
+    installed = _installed(_stages(dockerfile)["tpu"], tmp_path)
+    xla = [pin.replace("torch-xla==", "torch-xla[tpu]==") for pin in _pins(ROOT / "requirements" / "tpu.txt")]
+    assert {"torch-xla[tpu]", "torch"} <= {pin.split("==")[0] for pin in xla}
+    project = _project()
+    others = [pin for pin in project["dependencies"] if not pin.startswith("torch==")]
+    assert installed == [*xla, *others, *project["optional-dependencies"]["vertex"]]
+    assert len(others) == len(project["dependencies"]) - 1  # only the torch pin gave way

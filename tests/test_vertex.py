@@ -8,6 +8,7 @@ import csv
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List
 import fsspec
 import pytest
 import yaml
-from google.cloud.aiplatform_v1 import JobState
+from google.cloud.aiplatform_v1 import AcceleratorType, JobState
 from hydra import version
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.utils import JobStatus
@@ -42,6 +43,9 @@ WANDB_SECRET = f"projects/{PROJECT}/secrets/wandb-api-key/versions/latest"
 CRASH_IMAGE = "us-central1-docker.pkg.dev/test-project/nli/crash:test"
 CRASH = "import sys; print('loading the model', flush=True); sys.exit('Killed: out of memory (exit 137)')"
 SENTINEL = "wandb-key-0123456789abcdef-must-never-leak"
+# The TPU image's stand-in (no TPU here to train on): its job composes the job's config as the image's
+# train.py would and prints the hardware it would run on.
+TPU_IMAGE = "us-central1-docker.pkg.dev/test-project/nli/train-tpu:test"
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +59,8 @@ def fake(gcs_emulator: Dict[str, str], tmp_path_factory: pytest.TempPathFactory)
         fake.add_image(SUITE_IMAGE, entrypoint=[sys.executable, str(ROOT / "tests" / "vertex_suite_app.py")],
                        workdir=image_dir)
         fake.add_image(CRASH_IMAGE, entrypoint=[sys.executable, "-c", CRASH], workdir=image_dir)
+        fake.add_image(TPU_IMAGE, workdir=image_dir,
+                       entrypoint=[sys.executable, str(ROOT / "train.py"), "--cfg", "job", "--package", "hw"])
         fake.add_secret(WANDB_SECRET.replace("latest", "1"), SENTINEL)
         yield fake
 
@@ -348,6 +354,97 @@ def test_permission_denied_stops_the_sweep_with_the_fix(fake: FakeVertex, tmp_pa
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert "aiplatform.customJobs.create' denied" in output and "roles/aiplatform.user" in output
+
+
+# ------------------------------------------------------------------------------ TPUs
+
+
+def test_dry_run_asks_for_each_tpu_preset_as_vertex_names_it(fake: FakeVertex, tmp_path: Path) -> None:
+    """TPU v2/v3 by accelerator on cloud-tpu, v5e by topology on a TPU VM, one host each; a CPU job's spec
+    keeps its machine type alone (the GPU presets: test_dry_run_writes_the_requests_with_the_seeds_machines)."""
+    before = len(fake.requests)
+    presets = ["tpu-v5e-1", "tpu-v5e-8", "tpu-v2-8", "tpu-v3-8", "cpu"]
+    proc = sweep_cli([*launcher(fake), "hydra.launcher.dry_run=true", f"hw={','.join(presets)}",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    assert len(fake.requests) == before
+    requests = [json.loads((tmp_path / "sweep" / "custom_jobs" / f"{num}.json").read_text())
+                for num in range(len(presets))]
+    pools = [request["customJob"]["jobSpec"]["workerPoolSpecs"] for request in requests]
+    assert [len(job_pools) for job_pools in pools] == [1] * len(presets)
+    assert [job_pools[0]["machineSpec"] for job_pools in pools] == [
+        {"machineType": "ct5lp-hightpu-1t", "tpuTopology": "1x1"},
+        {"machineType": "ct5lp-hightpu-8t", "tpuTopology": "2x4"},
+        {"machineType": "cloud-tpu", "acceleratorType": "TPU_V2", "acceleratorCount": 8},
+        {"machineType": "cloud-tpu", "acceleratorType": "TPU_V3", "acceleratorCount": 8},
+        {"machineType": "n1-standard-8"}]
+
+
+def test_a_tpu_sweep_reaches_vertex_with_its_topology(fake: FakeVertex, sweep_train: Callable[..., Any],
+                                                     tmp_path: Path) -> None:
+    """Through the aiplatform client to the service: the v5e job's topology, the v3 job's accelerators;
+    each job starts the image with its own TPU preset."""
+    before = len(fake.requests)
+    overrides = [*launcher(fake, TPU_IMAGE), "hydra.launcher.sweep_name=tpus", "hw=tpu-v5e-8,tpu-v3-8"]
+    with sweep_train(overrides, tmp_path / "sweep") as sweep:
+        returns = sweep.returns[0]
+    assert [ret.status for ret in returns] == [JobStatus.COMPLETED] * 2
+    sent = [request["jobSpec"]["workerPoolSpecs"][0]["machineSpec"] for request in created_jobs(fake, before)]
+    v3 = AcceleratorType.TPU_V3.value  # the REST client sends enums as numbers
+    assert sent == [{"machineType": "ct5lp-hightpu-8t", "tpuTopology": "2x4"},
+                    {"machineType": "cloud-tpu", "acceleratorType": v3, "acceleratorCount": 8}]
+    jobs = sorted((job for job in fake.jobs.values() if job.job.display_name.startswith("tpus-")),
+                  key=lambda job: job.job.display_name)
+    machines = [job.job.job_spec.worker_pool_specs[0].machine_spec for job in jobs]  # as the service parsed them
+    assert [(m.machine_type, m.tpu_topology, m.accelerator_type, m.accelerator_count) for m in machines] == [
+        ("ct5lp-hightpu-8t", "2x4", AcceleratorType.ACCELERATOR_TYPE_UNSPECIFIED, 0),
+        ("cloud-tpu", "", AcceleratorType.TPU_V3, 8)]
+    assert [job.state for job in jobs] == [JobState.JOB_STATE_SUCCEEDED] * 2
+    hws = [yaml.safe_load(job.log) for job in jobs]  # the hw config each job composed from its arguments
+    assert [(hw["accelerator"], hw["tpu"], hw["tpu_devices"]) for hw in hws] == [("xla", "v5e", 8), ("xla", "v3", 8)]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    pytest.param(["hw=v100,tpu-v5e-8", "hw.nodes=2"],  # the GPU job alone would go: the sweep stops whole
+                 re.escape("hw.nodes=2 with a TPU (machine type ct5lp-hightpu-8t): this launcher runs a TPU job on "
+                           "one host and builds no multi-host slices; set hw.nodes=1"), id="nodes"),
+    pytest.param(["hw=tpu-v3-8", "hydra.launcher.reduction_server_replicas=4"],
+                 "reduction_server_replicas=4 with a TPU .*; set hydra.launcher.reduction_server_replicas=0",
+                 id="reduction-server"),
+    pytest.param(["hw=tpu-v5e-8", "hydra.launcher.packaging=python_package"],
+                 "packaging=python_package with a TPU .* have no torch-xla; build the TPU image "
+                 r"\(docker build --target tpu", id="python-package"),
+    pytest.param(["hw=tpu-v3-8", "hw.vertex.accelerator_count=4"],
+                 "machine type cloud-tpu needs hw.vertex.accelerator_type=TPU_V2 or TPU_V3 and "
+                 "hw.vertex.accelerator_count=8, not TPU_V3 x 4", id="cloud-tpu-count"),
+    pytest.param(["hw=auto", "hydra.launcher.machine_type=cloud-tpu"], "machine type cloud-tpu needs .*, not none",
+                 id="cloud-tpu-bare"),
+    pytest.param(["hw=tpu-v3-8", "hw.vertex.tpu_topology=2x4"], "machine type cloud-tpu takes no tpu_topology",
+                 id="cloud-tpu-topology"),
+    pytest.param(["hw=tpu-v5e-8", "hw.vertex.tpu_topology=2x2"],
+                 r"machine type ct5lp-hightpu-8t needs hw.vertex.tpu_topology=2x4 \(as many chips .*\), not 2x2",
+                 id="v5e-chips"),
+    pytest.param(["hw=tpu-v5e-1", "hw.vertex.tpu_topology=null"],
+                 "machine type ct5lp-hightpu-1t needs hw.vertex.tpu_topology=1x1 .*, not none", id="v5e-no-topology"),
+    pytest.param(["hw=tpu-v5e-8", "hw.vertex.accelerator_type=TPU_V5_LITEPOD", "hw.vertex.accelerator_count=8"],
+                 "ct5lp-hightpu-8t is a TPU VM, .* takes no accelerator, not TPU_V5_LITEPOD x 8", id="v5e-accelerator"),
+    pytest.param(["hw=v100", "hw.vertex.tpu_topology=2x4"],
+                 "hw.vertex.tpu_topology=2x4 on machine type n1-standard-8: only the TPU VM machine types",
+                 id="gpu-topology"),
+    pytest.param(["hw=tpu-v3-8", "hw.vertex.machine_type=n1-standard-8"],
+                 "hw.vertex.accelerator_type=TPU_V3 on machine type n1-standard-8: TPU v2 and v3 run on machine type "
+                 "cloud-tpu", id="tpu-on-n1"),
+])
+def test_tpu_settings_vertex_refuses_or_that_cannot_run_stop_the_sweep_before_submitting(
+        fake: FakeVertex, sweep_train: Callable[..., Any], tmp_path: Path, overrides: List[str], message: str) -> None:
+    before = len(fake.requests)
+    with pytest.raises(LaunchError, match=message) as refused:
+        with sweep_train([*launcher(fake), *overrides], tmp_path / "sweep"):
+            pass
+    assert "\n" not in str(refused.value)  # one line: the setting and its fix
+    assert len(fake.requests) == before  # not one call reached the service
+    assert not (tmp_path / "sweep" / "code").exists()  # python_package: no sdist built either
 
 
 # ------------------------------------------------------------------------------ the client

@@ -1,16 +1,19 @@
-"""Checks that run before anything is submitted (or saved): the settings, and that no secret value
-travels in a job's spec, where anyone who can view the job could read it."""
+"""Checks that run before anything is submitted (or saved): the settings, the machines each job asks
+for, and that no secret value travels in a job's spec, where anyone who can view the job could read it."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from typing import Iterable
+from dataclasses import dataclass
+from typing import FrozenSet, Iterable, Iterator, Optional, Tuple
 
 from omegaconf import DictConfig
 
 from nli.contract import job_needs
 
+from ._spec import Machine, machine
 from .config import VertexLauncherConf
 
 # Variables that hold credentials: never passed by value. `hydra.launcher.secrets` adds its own names.
@@ -61,6 +64,87 @@ def _check_tensorboard(settings: VertexLauncherConf) -> None:
                           "gserviceaccount.com: Vertex AI uploads a job's events to a TensorBoard only when the job "
                           "runs as a service account of yours, with roles/storage.admin on the staging bucket and "
                           "roles/aiplatform.user")
+
+
+@dataclass(frozen=True)
+class TpuMachine:
+    """What Vertex AI takes with one of its TPU machine types, on one host."""
+
+    accelerator_types: Tuple[str, ...]  # the accelerator_type it takes; (): none
+    accelerator_count: int  # with each of them; 0: none
+    topology: Optional[str]  # the tpu_topology of its chips; None: it takes none
+
+    def accelerators(self) -> FrozenSet[Tuple[Optional[str], int]]:
+        """The (accelerator_type, accelerator_count) pairs it takes; a TPU VM takes (None, 0) only."""
+        return frozenset((name, self.accelerator_count) for name in self.accelerator_types) or frozenset({(None, 0)})
+
+
+# The TPU machines this launcher runs a job on, one host each (it builds no multi-host slices): the TPU
+# Node machine of v2-8 and v3-8, sized by its accelerator (8 TensorCores), and the v5e TPU VMs, sized
+# by their machine type's chips (the -Nt suffix), which the topology must match.
+TPU_MACHINES = {
+    "cloud-tpu": TpuMachine(("TPU_V2", "TPU_V3"), 8, None),
+    "ct5lp-hightpu-1t": TpuMachine((), 0, "1x1"),
+    "ct5lp-hightpu-4t": TpuMachine((), 0, "2x2"),
+    "ct5lp-hightpu-8t": TpuMachine((), 0, "2x4"),
+}
+_TOPOLOGY = re.compile(r"\d+(x\d+)+")
+
+
+def check_machines(settings: VertexLauncherConf, configs: Iterable[DictConfig]) -> None:
+    """The machine spec of every job (nli.contract.job_needs): one Vertex AI would refuse, or a TPU job
+    that could not run, stops the sweep before anything is submitted."""
+    for cfg in configs:
+        hw = machine(cfg, settings)
+        tpu = TPU_MACHINES.get(hw.machine_type)
+        problem = next(_not_tpu_problems(hw) if tpu is None else _tpu_problems(hw, tpu, settings), None)
+        if problem:
+            raise LaunchError(problem)
+
+
+def _not_tpu_problems(hw: Machine) -> Iterator[str]:
+    if hw.tpu_topology:
+        yield (f"hw.vertex.tpu_topology={hw.tpu_topology} on machine type {hw.machine_type}: only the TPU VM machine "
+               f"types ({', '.join(name for name, tpu in TPU_MACHINES.items() if tpu.topology)}) take a topology; "
+               "set hw.vertex.tpu_topology=null, or pick a TPU preset (hw=tpu-v5e-8)")
+    if (hw.accelerator_type or "").startswith("TPU_"):
+        yield (f"hw.vertex.accelerator_type={hw.accelerator_type} on machine type {hw.machine_type}: TPU v2 and v3 "
+               "run on machine type cloud-tpu; set hw.vertex.machine_type=cloud-tpu (hw=tpu-v3-8, hw=tpu-v2-8)")
+
+
+def _tpu_problems(hw: Machine, tpu: TpuMachine, settings: VertexLauncherConf) -> Iterator[str]:
+    where = f"a TPU (machine type {hw.machine_type})"
+    if (hw.accelerator_type, hw.accelerator_count) not in tpu.accelerators():
+        got = f"{hw.accelerator_type} x {hw.accelerator_count}" if hw.accelerator_type else "none"
+        yield (f"machine type {hw.machine_type} needs hw.vertex.accelerator_type={' or '.join(tpu.accelerator_types)} "
+               f"and hw.vertex.accelerator_count={tpu.accelerator_count}, not {got}: set both (hw=tpu-v3-8 does)"
+               if tpu.accelerator_types else
+               f"machine type {hw.machine_type} is a TPU VM, sized by hw.vertex.tpu_topology, and takes no "
+               f"accelerator, not {got}: set hw.vertex.accelerator_type=null")
+    if tpu.topology is None and hw.tpu_topology:
+        yield (f"machine type {hw.machine_type} takes no tpu_topology (its accelerator count is its size): "
+               "set hw.vertex.tpu_topology=null")
+    if tpu.topology and _chips(hw.tpu_topology) != _chips(tpu.topology):
+        yield (f"machine type {hw.machine_type} needs hw.vertex.tpu_topology={tpu.topology} (as many chips as the "
+               f"machine has), not {hw.tpu_topology or 'none'}")
+    if hw.nodes > 1:
+        yield (f"hw.nodes={hw.nodes} with {where}: this launcher runs a TPU job on one host and builds no "
+               "multi-host slices; set hw.nodes=1")
+    if settings.reduction_server_replicas > 0:
+        yield (f"hydra.launcher.reduction_server_replicas={settings.reduction_server_replicas} with {where}: "
+               "Reduction Server speeds up NCCL's all-reduce between GPU machines and does nothing on a TPU; "
+               "set hydra.launcher.reduction_server_replicas=0")
+    if settings.python_package():
+        yield (f"hydra.launcher.packaging=python_package with {where}: Vertex AI's prebuilt PyTorch images have no "
+               "torch-xla; build the TPU image (docker build --target tpu, see the README) and pass "
+               "hydra.launcher.packaging=container hydra.launcher.image_uri=IMAGE")
+
+
+def _chips(topology: Optional[str]) -> Optional[int]:
+    """2x4 -> 8 chips; None for no topology or one that is not NxM[xK]."""
+    if not topology or not _TOPOLOGY.fullmatch(topology):
+        return None
+    return math.prod(int(side) for side in topology.split("x"))
 
 
 def secret_names(settings: VertexLauncherConf) -> frozenset[str]:

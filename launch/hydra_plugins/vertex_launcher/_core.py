@@ -29,7 +29,7 @@ from nli import sweep
 from nli.contract import RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
 
 from . import _spec
-from ._checks import LaunchError, check_secrets
+from ._checks import LaunchError, check_machines, check_secrets
 from ._client import Vertex
 from ._logs import JobLogs
 from ._package import build_sdist, upload
@@ -96,6 +96,7 @@ class Sweep:
             jobs = [self._compose(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         finally:
             HydraConfig.instance().cfg = saved
+        check_machines(self.settings, [job.config for job in jobs])
         check_secrets(self.settings, [job.config for job in jobs])
         package_uri = self._package() if self.settings.python_package() else None
         for job in jobs:

@@ -31,8 +31,9 @@ _SWEEP_ONLY = ("hydra/launcher", "hydra.launcher", "hydra/sweeper", "hydra.sweep
 @dataclass(frozen=True)
 class Machine:
     machine_type: str
-    accelerator_type: Optional[str]  # e.g. NVIDIA_TESLA_A100; null: CPU only
-    accelerator_count: int
+    accelerator_type: Optional[str]  # e.g. NVIDIA_TESLA_A100, or TPU_V3 on cloud-tpu; null: none
+    accelerator_count: int  # GPUs, or TPU cores on cloud-tpu, per machine
+    tpu_topology: Optional[str]  # a TPU VM's chips (ct5lp-hightpu-8t: 2x4); null: not a TPU VM
     nodes: int  # machines of this kind: the primary and nodes - 1 more workers
 
 
@@ -40,7 +41,18 @@ def machine(cfg: DictConfig, settings: VertexLauncherConf) -> Machine:
     """The machines the job's config asks for (nli.contract); the launcher's default where it names none."""
     needs = job_needs(cfg)
     return Machine(needs.machine_type or settings.machine_type, needs.accelerator_type, needs.accelerators_per_node,
-                   needs.nodes)
+                   needs.tpu_topology, needs.nodes)
+
+
+def machine_spec(hw: Machine) -> Dict[str, Any]:
+    """The API's MachineSpec, with only the fields that apply: a GPU or cloud-tpu machine names its
+    accelerators, a TPU VM (ct5lp-hightpu-*) its topology and no accelerator, a CPU machine neither."""
+    spec: Dict[str, Any] = {"machine_type": hw.machine_type}
+    if hw.accelerator_type:
+        spec.update(accelerator_type=hw.accelerator_type, accelerator_count=hw.accelerator_count)
+    if hw.tpu_topology:
+        spec["tpu_topology"] = hw.tpu_topology
+    return spec
 
 
 def container_args(sweep_config: DictConfig, overrides: List[str], run_dir: str) -> List[str]:
@@ -90,10 +102,7 @@ def custom_job(*, settings: VertexLauncherConf, cfg: DictConfig, name: str, job_
                args: List[str], output_dir: str, package_uri: Optional[str]) -> Dict[str, Any]:
     """The CustomJob resource, in the API's (snake_case) field names."""
     hw = machine(cfg, settings)
-    machine_spec: Dict[str, Any] = {"machine_type": hw.machine_type}
-    if hw.accelerator_type:
-        machine_spec.update(accelerator_type=hw.accelerator_type, accelerator_count=hw.accelerator_count)
-    pool: Dict[str, Any] = {"machine_spec": machine_spec, "replica_count": 1}
+    pool: Dict[str, Any] = {"machine_spec": machine_spec(hw), "replica_count": 1}
     env = [{"name": key, "value": value} for key, value in settings.env.items()]
     if settings.secrets:  # references only: the job resolves them with its own service account
         env.append({"name": SECRETS_VARIABLE, "value": json.dumps(dict(settings.secrets), sort_keys=True)})
