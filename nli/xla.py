@@ -17,7 +17,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import sys
 from types import FrameType, ModuleType
 from typing import Any, Dict, List, Optional
 
@@ -43,13 +42,19 @@ def runtime() -> ModuleType:
     return torch_xla
 
 
+_in_use = False  # set by device(): torch_xla may be imported (by transformers, say) in a run that does not use it
+
+
 def in_use() -> bool:
-    """Whether this process computes on XLA (torch_xla imported by :func:`runtime`)."""
-    return "torch_xla" in sys.modules
+    """Whether this process computes on an XLA device."""
+    return _in_use
 
 
 def device() -> torch.device:
-    return runtime().device()
+    global _in_use
+    found = runtime().device()
+    _in_use = True
+    return found
 
 
 def describe() -> str:
@@ -83,7 +88,9 @@ def rng_state() -> Optional[int]:
 
 
 def set_rng_state(state: Optional[int]) -> None:
-    if state is not None:
+    """XLA's generator as a checkpoint saved it; a run on another device (a TPU run resumed on a GPU)
+    has none to set, and dropout there draws from torch's own."""
+    if state is not None and in_use():
         import torch_xla.core.xla_model as xm
 
         xm.set_rng_state(state)
