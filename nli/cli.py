@@ -9,6 +9,7 @@ run again.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import NoReturn, cast
 
@@ -17,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from nli import cpu, platform
-from nli.config import Config
+from nli.config import Accelerator, Config
 from nli.contract import PREEMPTED
 from nli.errors import JobFailed, UserError
 from nli.signals import Interrupted, Preempted, StopRequest
@@ -82,7 +83,11 @@ def _stop(message: str) -> NoReturn:
 
 def _preflight(cfg: Config, site: platform.Site) -> None:
     """A Cloud Storage output folder's bucket and credentials, checked on rank 0 before torch loads: a
-    wrong one is answered in seconds, not after the import (the run's setup checks all the rest)."""
+    wrong one is answered in seconds, not after the import (the run's setup checks all the rest).
+    On XLA, the TPU asked of PyTorch/XLA before datasets and transformers import it: on its own it
+    falls back to the CPU where it finds none, and the run would train there, slowly, unsaid."""
+    if cfg.hw.accelerator == Accelerator.xla:
+        os.environ.setdefault("PJRT_DEVICE", "TPU")
     url = cfg.output_dir or site.output_dir
     if url and "://" in url and int(site.process_env.get("RANK", "0")) == 0:
         Storage(url).check_writable()

@@ -70,8 +70,9 @@ class StopRequest:
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
             signals = (*SIGNALS, self._requeue) if self._requeue else SIGNALS
             self._previous = {s: signal.signal(s, self._handle) for s in signals}
-        else:
-            _IN_THREADS.append(self)  # the main thread's relay, if installed, notes signals for it
+        else:  # the main thread's relay, if installed, notes signals for it: one that came before, too
+            self.signal = self.signal or _relayed
+            _IN_THREADS.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -113,19 +114,23 @@ class StopRequest:
 
 
 _IN_THREADS: List[StopRequest] = []  # the StopRequests active in threads other than the main one
+_relayed: Optional[str] = None  # the signal relay_to_threads noted, for a StopRequest that starts after it
 
 
 def relay_to_threads() -> None:
     """In the main thread of a process whose runs are in other threads: a first signal is noted for
-    their StopRequests (they stop at the next step boundary, or the next phase check, with what a
-    signal saves there); a second one ends the process at once, as it would a run in the main thread."""
+    their StopRequests, and for one that starts later (they stop at the next step boundary, or the
+    next phase check, with what a signal saves there); a second one ends the process at once, as it
+    would a run in the main thread."""
 
     def relay(signum: int, frame: Optional[FrameType]) -> None:
+        global _relayed
         name = signal.Signals(signum).name
-        if any(request.signal for request in _IN_THREADS):
+        if _relayed is not None:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
-        log.warning("%s received: stopping after this step, with a checkpoint", name)
+        log.warning("%s received: stopping at the next step or phase, saving what a checkpoint can", name)
+        _relayed = name
         for request in _IN_THREADS:
             request.signal = name
 

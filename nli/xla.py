@@ -32,8 +32,13 @@ INSTALL = ("hw.accelerator=xla needs PyTorch/XLA, which this environment lacks: 
            "in an environment of its own (bash .ci/xla-env), or run the TPU image (docker build --target tpu)")
 
 
+NO_DEVICE = ("on a TPU host, install the TPU runtime (pip install 'torch-xla[tpu]==2.9.0'; the TPU image has it); "
+             "elsewhere, PJRT_DEVICE=CPU runs the XLA path on this machine's CPU (slowly: for trying it out)")
+
+
 def runtime() -> ModuleType:
-    """torch_xla, imported; PJRT_DEVICE defaults to the TPU, as on a TPU host."""
+    """torch_xla, imported; PJRT_DEVICE defaults to the TPU, as on a TPU host (nli.cli asks for it before
+    datasets imports torch_xla, which would pick the CPU where it finds no TPU)."""
     os.environ.setdefault("PJRT_DEVICE", "TPU")
     try:
         import torch_xla
@@ -142,6 +147,11 @@ def setup() -> World:
     runtime()
     import torch_xla.runtime as xr
 
+    try:
+        xr.addressable_device_count()  # starts the runtime: libtpu, the chips
+    except (OSError, RuntimeError) as failed:
+        raise ConfigError(f"PyTorch/XLA found no {os.environ['PJRT_DEVICE']} device here ({failed}): {NO_DEVICE}") \
+            from None
     if xr.addressable_device_count() > 1:
         # PyTorch/XLA runs a v2/v3 chip's two cores as threads of one process; a run is one Hydra app per
         # process (its config, signals and output folder are the process's), so it cannot be two threads.
@@ -174,6 +184,10 @@ def launch() -> None:
     """One process per XLA device of this host, each running ``python -m nli`` with this command's
     arguments; signals sent to this process reach them all."""
     torch_xla = runtime()
+    import torch_xla._internal.tpu as tpu
+
+    if os.environ["PJRT_DEVICE"] == "TPU" and not tpu.num_available_chips():  # torch_xla.launch would start none
+        raise SystemExit(f"error: python -m nli.xla found no TPU chip on this machine: {NO_DEVICE}")
     for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
         signal.signal(signal.Signals[name], _forward)
     torch_xla.launch(_replica)

@@ -12,10 +12,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, Iterator, List
 
 import pytest
 
+from nli import signals
 from nli.contract import PREEMPTED
 from nli.signals import Interrupted, StopRequest, relay_to_threads
 from tests.conftest import FAST, ROOT, read_results, run_train
@@ -125,29 +126,52 @@ def test_a_signal_whose_exception_a_library_swallowed_stops_the_run_at_the_next_
             stop.check()
 
 
-def test_a_run_in_another_thread_learns_of_a_signal_from_the_main_thread() -> None:
-    """PyTorch/XLA runs each device's run in a thread of its process (nli.xla), where no signal arrives:
-    the main thread's relay notes it for that run's StopRequest, which stops at its next step."""
+@pytest.fixture
+def relay() -> Iterator[None]:
+    """nli.signals.relay_to_threads in this process's main thread, undone afterwards."""
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    seen: List[str | None] = []
-    entered = threading.Event()
+    relay_to_threads()
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        signals._relayed = None
+
+
+def in_a_thread(started: threading.Event, seen: List[str | None]) -> threading.Thread:
+    """A run's StopRequest in a thread (not the main one: it sets no handler of its own), waiting for a signal."""
 
     def run() -> None:
-        with StopRequest() as stop:  # not the main thread: it sets no handler of its own
-            entered.set()
+        with StopRequest() as stop:
+            started.set()
             deadline = time.monotonic() + 10
             while stop.signal is None and time.monotonic() < deadline:
                 time.sleep(0.01)
             seen.append(stop.signal)
 
-    try:
-        relay_to_threads()
-        thread = threading.Thread(target=run)
-        thread.start()
-        assert entered.wait(10)
-        os.kill(os.getpid(), signal.SIGTERM)
-        thread.join(15)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    return threading.Thread(target=run)
+
+
+def test_a_run_in_another_thread_learns_of_a_signal_from_the_main_thread(relay: None) -> None:
+    """PyTorch/XLA runs each device's run in a thread of its process (nli.xla), where no signal arrives:
+    the main thread's relay notes it for that run's StopRequest, which stops at its next step."""
+    seen: List[str | None] = []
+    started = threading.Event()
+    thread = in_a_thread(started, seen)
+    thread.start()
+    assert started.wait(10)
+    os.kill(os.getpid(), signal.SIGTERM)
+    thread.join(15)
+    assert seen == ["SIGTERM"]
+
+
+def test_a_signal_relayed_before_the_run_starts_stops_it_when_it_does(relay: None) -> None:
+    """The launcher may pass a signal on while the process is still importing, before the run's StopRequest."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)  # the handler runs in this thread at its next bytecode
+    seen: List[str | None] = []
+    thread = in_a_thread(threading.Event(), seen)
+    thread.start()
+    thread.join(15)
     assert seen == ["SIGTERM"]

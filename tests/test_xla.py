@@ -158,3 +158,18 @@ def test_the_tpu_benchmark_prints_its_figures(xla_python: str, tmp_path: Path) -
     assert "mfu" not in figures  # no TPU peak applies to XLA's CPU device
     assert f"| tokens per example | {figures['tokens_per_example']:.1f} |" in proc.stdout
     assert f"| graphs compiled | {figures['xla_compilations']} |" in proc.stdout
+
+
+@pytest.mark.parametrize("launcher", [False, True])
+def test_without_a_tpu_a_tpu_preset_stops_and_says_how_to_try_the_cpu(xla_python: str, tmp_path: Path,
+                                                                      launcher: bool) -> None:
+    """Left to itself, PyTorch/XLA falls back to the CPU where it finds no TPU; a TPU preset is refused instead,
+    before anything loads, unless PJRT_DEVICE=CPU asks for that device (as every other test here does)."""
+    argv, env = command(xla_python, ["experiment=quickstart", "hw=tpu-v5e-1"], tmp_path / "run", launcher=launcher)
+    del env["PJRT_DEVICE"]
+    if launcher:
+        env["PJRT_DEVICE"] = "TPU"  # as the TPU image sets it
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "no TPU" in proc.stderr and "PJRT_DEVICE=CPU runs the XLA path on this machine's CPU" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "checkpoints").exists()
