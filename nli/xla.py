@@ -17,11 +17,14 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
+from concurrent.futures.process import BrokenProcessPool
 from types import FrameType, ModuleType
 from typing import Any, Dict, List, Optional
 
 import torch
 
+from nli.contract import PREEMPTED
 from nli.distributed import World
 from nli.errors import ConfigError
 from nli.signals import relay_to_threads
@@ -173,8 +176,12 @@ def _replica(index: int) -> None:
     main()
 
 
+_forwarded: List[str] = []  # the signals launch() passed on
+
+
 def _forward(signum: int, frame: Optional[FrameType]) -> None:
     """The platform signals the launcher alone; each process checkpoints and stops on its own signal."""
+    _forwarded.append(signal.Signals(signum).name)
     for child in multiprocessing.active_children():
         if child.pid is not None:
             os.kill(child.pid, signum)
@@ -190,7 +197,16 @@ def launch() -> None:
         raise SystemExit(f"error: python -m nli.xla found no TPU chip on this machine: {NO_DEVICE}")
     for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
         signal.signal(signal.Signals[name], _forward)
-    torch_xla.launch(_replica)
+    try:
+        torch_xla.launch(_replica)
+    except BrokenProcessPool:
+        if not _forwarded:
+            raise
+        # A process the signal ended at once: one still importing torch, before its relay was in place (nothing
+        # of its run had started), or one on a second signal (its last checkpoint stands).
+        print(f"stopped by {_forwarded[0]}: a process ended at once, before its run could save more; what its "
+              "checkpoints hold is kept. Run the same command again to continue", file=sys.stderr)
+        raise SystemExit(PREEMPTED) from None
 
 
 if __name__ == "__main__":

@@ -173,3 +173,22 @@ def test_without_a_tpu_a_tpu_preset_stops_and_says_how_to_try_the_cpu(xla_python
     assert proc.returncode == 1
     assert "no TPU" in proc.stderr and "PJRT_DEVICE=CPU runs the XLA path on this machine's CPU" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_under_the_launcher_a_signal_before_training_stops_the_run_and_saves_nothing(xla_python: str,
+                                                                                     tmp_path: Path) -> None:
+    """Outside the training steps the run, in PyTorch/XLA's thread, learns of the signal at its next phase check."""
+    run_dir = tmp_path / "run"
+    argv, env = command(xla_python, ["experiment=quickstart", "hw=tpu-v5e-1", "train.progress_bar=false"], run_dir,
+                        launcher=True)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log, deadline = run_dir / "train.log", time.monotonic() + 300
+    while "data: " not in (log.read_text() if log.exists() else ""):  # loading the data, before training
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never loaded its data"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err[-3000:]
+    assert "stopped by SIGTERM before training began: nothing new was saved" in err and "Traceback" not in err
+    assert not (run_dir / "checkpoints").exists()
