@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -24,6 +23,7 @@ from safetensors.torch import load
 
 from nli.data import bucket_lengths
 from tests.conftest import MEASURED, ROOT, read_results
+from tests.test_signals import logged, wait_for
 
 pytestmark = pytest.mark.xla
 
@@ -115,11 +115,7 @@ def test_sigterm_then_resume_ends_where_an_uninterrupted_run_does(xla_python: st
     stopped = tmp_path / "stopped"
     argv, env = command(xla_python, SHORT, stopped, launcher=True)
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    log, deadline = stopped / "train.log", time.monotonic() + 600
-    while "step 23: loss" not in (log.read_text() if log.exists() else ""):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the run never reached step 23"
-        time.sleep(0.05)
+    wait_for(proc, logged(stopped, "step 23: loss"), timeout=600)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 75, err[-3000:]
@@ -182,11 +178,7 @@ def test_under_the_launcher_a_signal_before_training_stops_the_run_and_saves_not
     argv, env = command(xla_python, ["experiment=quickstart", "hw=tpu-v5e-1", "train.progress_bar=false"], run_dir,
                         launcher=True)
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    log, deadline = run_dir / "train.log", time.monotonic() + 300
-    while "data: " not in (log.read_text() if log.exists() else ""):  # loading the data, before training
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the run never loaded its data"
-        time.sleep(0.05)
+    wait_for(proc, logged(run_dir, "data: "), timeout=300)  # loading the data, before training
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 75, err[-3000:]
