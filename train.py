@@ -11,21 +11,18 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nli.cli import train
+from nli.cli import entry, train
 from nli.config import register_configs
-from nli.help import answer_help, refuse_keys_under_null
 
 CONF = Path(__file__).resolve().parent / "conf"
 
 register_configs()
 
 
-@hydra.main(config_path="conf", config_name="train", version_base="1.3")
+@hydra.main(config_path=str(CONF), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     return train(cfg)  # imports torch only once the config checks: `--help` and `--cfg` answer without it
 
 
 if __name__ == "__main__":
-    if not answer_help(sys.argv[1:], CONF, "train"):  # Hydra's own --help takes seconds (nli/help.py)
-        refuse_keys_under_null(sys.argv[1:], CONF, "train")  # Hydra's own answer is a traceback
-        main()
+    entry(main, CONF, sys.argv[1:])  # --help without Hydra, then Hydra's main

@@ -87,10 +87,10 @@ def peak_flops(hw: str) -> Optional[float]:
 
 
 def run(args: argparse.Namespace, work: Path) -> Dict[str, float]:
-    """One run of train.py (one process per device through nli.xla where the preset has several)."""
+    """One run of train.py (one process per device through nli.xla_launch where the preset has several)."""
     out = work / "run"
     devices = int(preset(args.hw).get("tpu_devices") or 1)
-    entry = ["-m", "nli.xla"] if devices > 1 else [str(ROOT / "train.py")]
+    entry = ["-m", "nli.xla_launch"] if devices > 1 else [str(ROOT / "train.py")]
     command = [sys.executable, *entry, "task=rte", f"hw={args.hw}", f"model.name_or_path={work / 'model'}",
                f"data.dir={work / 'glue'}", f"data.max_seq_length={args.seq_len}", f"train.max_steps={args.steps}",
                f"train.eval_every={args.steps}", f"train.checkpoint_every={args.steps}",

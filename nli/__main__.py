@@ -8,9 +8,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from nli.cli import train
+from nli.cli import entry, train
 from nli.config import config_dir, register_configs
-from nli.help import answer_help, refuse_keys_under_null
 
 CONF = config_dir()
 
@@ -23,6 +22,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    if not answer_help(sys.argv[1:], CONF, "train"):  # Hydra's own --help takes seconds (nli/help.py)
-        refuse_keys_under_null(sys.argv[1:], CONF, "train")  # Hydra's own answer is a traceback
-        main()
+    entry(main, CONF, sys.argv[1:])  # --help without Hydra, then Hydra's main

@@ -8,20 +8,24 @@ run again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
-from typing import NoReturn, cast
+from pathlib import Path
+from typing import Any, Callable, Dict, List, NoReturn, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nli import cpu, platform
+from nli import cpu, platform, sweep
 from nli.config import Accelerator, Config
+from nli.context import RunContext
 from nli.contract import PREEMPTED
-from nli.errors import JobFailed, UserError
-from nli.signals import Interrupted, Preempted, StopRequest
+from nli.errors import ConfigError, JobFailed, UserError
+from nli.help import answer_help, refuse_keys_under_null
+from nli.signals import Interrupted, Preempted, StopRequest, interruption
 from nli.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -50,13 +54,20 @@ def train(raw: DictConfig) -> float:
         with StopRequest(requeue=site.requeue_signal) as stop, cpu.Sharing(cfg.hw.cpu_threads,
                                                                            site.local_processes) as sharing:
             _preflight(cfg, site)
+            context = run_context(cfg, raw, site)
             try:
                 from nli import recipe  # torch and transformers: seconds
 
-                return float(recipe.run(cfg, raw, site, stop, sharing)["objective"])
-            except (Preempted, Interrupted):
+                return float(recipe.run(cfg, context, stop=stop, sharing=sharing)["objective"])
+            except Preempted:
                 stop.hand_over()  # the run has stopped: the platform may requeue the job now
                 raise
+            except BaseException as error:  # a signal, or an error it caused while a library imported
+                stopped = interruption(error)
+                if stopped is None:
+                    raise
+                stop.hand_over()
+                raise stopped from error
     except Preempted as stop:
         _stop(f"preempted, resumable: {stop.signal} at step {stop.step}, checkpoint written. "
               "Run the same command again to continue")
@@ -67,6 +78,41 @@ def train(raw: DictConfig) -> float:
         if _in_sweep():  # one job's mistake: the sweep goes on, and ends non-zero naming it (nli.sweep)
             raise JobFailed(f"error: {err}") from None
         raise SystemExit(f"error: {err}") from None
+
+
+def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
+    """``train.py``'s and ``python -m nli``'s: ``--help`` answered from the config alone (nli.help), a key
+    set under a node its option leaves null refused with the fix, then Hydra's ``main``, and a sweep's table
+    (nli.sweep)."""
+    if not answer_help(argv, conf_dir, "train"):  # Hydra's own --help takes seconds (nli/help.py)
+        refuse_keys_under_null(argv, conf_dir, "train")  # Hydra's own answer is a traceback
+        try:
+            main()
+        finally:  # a sweep whose job failed: Hydra raised before the sweep's end, its table comes now
+            sweep.finish_open()
+
+
+def run_context(cfg: Config, raw: DictConfig, site: platform.Site) -> RunContext:
+    """What the run is told besides its config, from Hydra and the platform: the output directory
+    (output_dir, else the platform's, else the Hydra run directory), the checkpoint and log folders,
+    the loggers' name for the run (the job's overrides), and for a sweep's job the sweep's name and the
+    job's overrides (nli.sweep)."""
+    hydra = HydraConfig.get() if HydraConfig.initialized() else None
+    run_dir = str(hydra.runtime.output_dir) if hydra is not None else None
+    output_dir = cfg.output_dir or site.output_dir or run_dir
+    if output_dir is None:
+        raise ConfigError("output_dir is not set and there is no Hydra run directory: set output_dir")
+    context = RunContext(output_dir=output_dir,
+                         resolved=cast(Dict[str, Any], OmegaConf.to_container(raw, resolve=True, enum_to_str=True)),
+                         checkpoint_dir=cfg.train.checkpoint_dir or site.checkpoint_dir, log_dir=site.log_dir,
+                         local_dir=run_dir, process_env=site.process_env)
+    if hydra is None:
+        return context
+    name = str(hydra.job.override_dirname) or None
+    if not _in_sweep():
+        return dataclasses.replace(context, name=name)
+    return dataclasses.replace(context, name=name, group=Path(str(hydra.sweep.dir)).name,
+                               overrides=sweep.override_columns(list(hydra.overrides.task)))
 
 
 def _in_sweep() -> bool:

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -654,6 +654,24 @@ def config_dir() -> Path:
     """The config's folder: inside the package once installed (nli/conf), beside it in a source checkout."""
     package = Path(__file__).resolve().parent
     return package / "conf" if (package / "conf").is_dir() else package.parent / "conf"
+
+
+def compose(overrides: Sequence[str] = ()) -> Config:
+    """The typed config ``python train.py OVERRIDES`` runs, composed from the project's config by Hydra's
+    compose API, every rule checked: for a run started from Python (``nli.recipe.run``). Hydra's global
+    state is used where something (a test session) already initialised it, and left as it was."""
+    from hydra import compose as compose_config
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        raw = compose_config("train", overrides=list(overrides))
+    else:
+        with initialize_config_dir(str(config_dir()), version_base="1.3"):
+            raw = compose_config("train", overrides=list(overrides))
+    return cast(Config, OmegaConf.to_object(raw))
 
 
 def register_configs() -> None:

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from nli import data
-from nli.config import Config, DataConfig, EvalConfig, TaskConfig, config_dir
+from nli.config import DataConfig, EvalConfig, TaskConfig, config_dir
 from nli.device import Compute
 from nli.distributed import World
 from nli.errors import ConfigError
@@ -108,33 +108,37 @@ def _normal(name: str) -> str:
     return SYNONYMS.get(name, name)
 
 
-def prepare(cfg: Config, task: TaskConfig, source: DataConfig, *, prefix: str, labels: Sequence[str], model: str,
-            tokenizer: PreTrainedTokenizerBase, collator: data.Collator, compute: Compute, world: World,
-            predict: bool = False, dir_key: str = "data.dir") -> EvalSet:
-    """``task``'s eval splits (and test splits, to ``predict``) from ``source``, tokenized, for a model whose
-    labels are ``labels``; metrics named ``<prefix><metric>``. The labels are matched before any data loads."""
+def prepare(task: TaskConfig, source: DataConfig, *, prefix: str, eval_batch_size: int, seed: int,
+            labels: Sequence[str], model: str, tokenizer: PreTrainedTokenizerBase, collator: data.Collator,
+            compute: Compute, world: World, predict: bool = False, dir_key: str = "data.dir") -> EvalSet:
+    """``task``'s eval splits (and test splits, to ``predict``) from ``source``, tokenized, in batches of
+    ``eval_batch_size``, for a model whose labels are ``labels``; metrics named ``<prefix><metric>``. The
+    labels are matched before any data loads."""
     mapping = label_map(labels, task, model=model)
-    splits = data.load_splits(task, source, seed=cfg.seed, predict=predict, train=False, dir_key=dir_key)
-    splits = data.tokenize(splits, tokenizer, task, cfg.data.max_seq_length)
-    loaders = {name: data.eval_loader(ds, collator, batch_size=cfg.train.eval_batch_size, world=world,
-                                      num_workers=cfg.data.num_workers, pin_memory=compute.device.type == "cuda")
+    splits = data.load_splits(task, source, seed=seed, predict=predict, train=False, dir_key=dir_key)
+    splits = data.tokenize(splits, tokenizer, task, source.max_seq_length)
+    loaders = {name: data.eval_loader(ds, collator, batch_size=eval_batch_size, world=world,
+                                      num_workers=source.num_workers, pin_memory=compute.device.type == "cuda")
                for name, ds in {**splits.eval, **splits.test}.items()}
     evaluator = Evaluator({name: loaders[name] for name in splits.eval}, task, compute, world, groups=splits.groups,
                           label_map=mapping, prefix=prefix)
     return EvalSet(evaluator, {name: loaders[name] for name in splits.test})
 
 
-def extras(cfg: Config, *, labels: Sequence[str], model: str, tokenizer: PreTrainedTokenizerBase,
-           collator: data.Collator, compute: Compute, world: World) -> List[Evaluator]:
+def extras(evaluation: EvalConfig, run_data: DataConfig, *, eval_batch_size: int, seed: int, labels: Sequence[str],
+           model: str, tokenizer: PreTrainedTokenizerBase, collator: data.Collator, compute: Compute,
+           world: World) -> List[Evaluator]:
     """The sets of eval.extra, from ``eval.dir`` (their original downloads) or the Hub, each keyed
-    ``<task>/<metric>`` (hans/accuracy, anli_r1/accuracy_test). Every set's labels are matched to
-    the model's first: a mismatch stops the run before any set loads."""
-    tasks = extra_tasks(cfg.eval)
+    ``<task>/<metric>`` (hans/accuracy, anli_r1/accuracy_test), cut and tokenized as the run's own data
+    (``run_data``). Every set's labels are matched to the model's first: a mismatch stops the run before
+    any set loads."""
+    tasks = extra_tasks(evaluation)
     for task in tasks:
         label_map(labels, task, model=model)
-    source = dataclasses.replace(cfg.data, dir=cfg.eval.dir, files={}, columns={})
-    return [prepare(cfg, task, source, prefix=f"{task.name}/", labels=labels, model=model, tokenizer=tokenizer,
-                    collator=collator, compute=compute, world=world, dir_key="eval.dir").evaluate for task in tasks]
+    source = dataclasses.replace(run_data, dir=evaluation.dir, files={}, columns={})
+    return [prepare(task, source, prefix=f"{task.name}/", eval_batch_size=eval_batch_size, seed=seed, labels=labels,
+                    model=model, tokenizer=tokenizer, collator=collator, compute=compute, world=world,
+                    dir_key="eval.dir").evaluate for task in tasks]
 
 
 def scores(evaluators: Sequence[Evaluator], model: torch.nn.Module, step: int) -> Dict[str, float]:

@@ -16,7 +16,7 @@ import yaml
 
 from nli import contract
 from nli.checkpoint import Checkpoints
-from nli.config import Config
+from nli.config import TrainConfig
 from nli.errors import CheckpointError
 from nli.identity import differences, digest, identity, refuse
 from nli.storage import Storage
@@ -24,12 +24,12 @@ from nli.storage import Storage
 log = logging.getLogger(__name__)
 
 
-def earlier_run(cfg: Config, ident: Mapping[str, Any], storage: Storage,
+def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
                 checkpoints: Checkpoints) -> Optional[Dict[str, Any]]:
     """The results of this very run if it already finished; None if it is to start or continue.
     Raises, touching nothing, where the folder holds another run or ``train.resume=false`` forbids it."""
     newest = checkpoints.newest_step()
-    if newest is not None and not cfg.train.resume:
+    if newest is not None and not train.resume:
         raise CheckpointError(f"{checkpoints.where()} holds a checkpoint of step {newest} and train.resume=false "
                               "refuses to continue or overwrite it. Choose another output_dir (or hydra.run.dir) "
                               "to start afresh, delete that folder, or drop train.resume=false to continue")
@@ -41,7 +41,7 @@ def earlier_run(cfg: Config, ident: Mapping[str, Any], storage: Storage,
     if saved is None and finished is not None and finished.get("identity") != digest(ident):
         changes = {"(settings)": "not recorded by the earlier run -> these"}
     what = "a finished run" if finished is not None else f"a run stopped at step {newest}"
-    unaccepted = [key for key in changes if key not in cfg.train.accept_changes]
+    unaccepted = [key for key in changes if key not in train.accept_changes]
     if unaccepted:
         raise refuse(storage.describe(), what, changes)
     if changes:

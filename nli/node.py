@@ -6,7 +6,7 @@ or several machines (Vertex AI's worker pools, described by ``CLUSTER_SPEC``): `
 process per GPU and meets the other machines at the primary replica's address, so ``nli`` finds the
 standard ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` variables it sets up its process group from.
 
-A TPU host (the TPU image sets ``PJRT_DEVICE=TPU``): ``python -m nli.xla``, which starts one process per
+A TPU host (the TPU image sets ``PJRT_DEVICE=TPU``): ``python -m nli.xla_launch``, which starts one process per
 XLA device through PyTorch/XLA's own launcher (torchrun does not place TPU processes).
 """
 
@@ -29,7 +29,7 @@ def command(args: List[str], *, env: Mapping[str, str], gpus: int) -> List[str]:
     if env.get("PJRT_DEVICE") == "TPU":
         if node is not None and node.nodes > 1:  # the Vertex launcher refuses these before submitting
             raise SystemExit(f"this job has {node.nodes} TPU hosts; runs here use one (hw.nodes=1)")
-        return [sys.executable, "-m", "nli.xla", *args]
+        return [sys.executable, "-m", "nli.xla_launch", *args]
     if (node is None or node.nodes == 1) and gpus <= 1:
         return [sys.executable, *run]
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={max(gpus, 1)}"]

@@ -6,7 +6,18 @@ An evaluation-only run (``eval.only=true``) keeps setup and report, and in betwe
 model as it is, with its tokenizer, and the eval splits alone: no optimizer, no checkpoints, no
 training set (:func:`evaluate_only`).
 
-Each phase takes the config and what the phases before it made, and hands on a small typed value.
+Each phase takes the parts of the config it reads (``cfg.data`` for the data, ``cfg.model`` for the
+model) and what the phases before it made, and hands on a small typed value. What the run is told
+besides its config (where it writes, what it is called) comes in a :class:`~nli.context.RunContext`:
+a run is a plain call, from the command line (nli.cli) or from Python::
+
+    from nli.config import compose
+    from nli.context import local
+    from nli.recipe import run
+
+    cfg = compose(["experiment=quickstart"])
+    results = run(cfg, local(cfg, "outputs/notebook"))
+
 A run is resumable: its output directory (local or gs://) holds checkpoints; started again with
 the same output directory, it continues from the newest intact checkpoint and ends exactly where an
 uninterrupted run would. A run that already finished reports its results again.
@@ -21,19 +32,17 @@ import tempfile
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 import datasets
 import numpy as np
 import torch
 import transformers
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, platform, sweep, xla
+from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, xla
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -46,9 +55,22 @@ from nli.checkpoint import (
     seed_rank,
 )
 from nli.claim import Claim
-from nli.config import Accelerator, Config, TaskConfig
+from nli.config import (
+    Accelerator,
+    Config,
+    DataConfig,
+    EvalConfig,
+    HardwareConfig,
+    LoggerConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PrecisionConfig,
+    ScheduleConfig,
+    TaskConfig,
+    TrainConfig,
+)
+from nli.context import RunContext
 from nli.distributed import World
-from nli.errors import ConfigError
 from nli.evaluation import Evaluation, Evaluator, gather, predict, relabel
 from nli.folder import earlier_run
 from nli.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Revisit, SyncLogs
@@ -67,7 +89,7 @@ from nli.model import (
 )
 from nli.optim import build_optimizer, build_scheduler
 from nli.predictions import submission
-from nli.signals import Interrupted, StopRequest
+from nli.signals import Interrupted, StopRequest, interruption
 from nli.storage import Storage
 from nli.tracking import RunInfo, Trackers
 
@@ -80,7 +102,7 @@ class Outputs:
 
     storage: Storage  # the output directory
     checkpoints: Checkpoints
-    site: platform.Site
+    context: RunContext
     world: World
     identity: Dict[str, Any]  # what the run computes (nli.identity): kept with every checkpoint
     claim: Optional[Claim]  # rank 0's hold on the folder: checked before each write of the run's state
@@ -111,41 +133,68 @@ class Training:
     trackers: Trackers
 
 
-def run(cfg: Config, raw: DictConfig, site: platform.Site, stop: StopRequest, sharing: cpu.Sharing) -> Dict[str, Any]:
+def run(cfg: Config, context: RunContext, *, stop: Optional[StopRequest] = None,
+        sharing: Optional[cpu.Sharing] = None) -> Dict[str, Any]:
     """The whole run, in the same process on every rank; the results, as results.json holds them.
-    ``stop`` (nli.signals) stops it in any phase; ``Interrupted.stage`` says how far it had come;
-    ``sharing`` (nli.cpu) sizes its CPU threads."""
-    world = xla.setup() if cfg.hw.accelerator == Accelerator.xla else distributed.setup(site.process_env)
+    ``stop`` (nli.signals) stops it in any phase, and ``sharing`` (nli.cpu) sizes its CPU threads: the
+    command line starts both before torch loads; a call from Python that passes none gets its own."""
+    with ExitStack() as held:
+        if stop is None:
+            stop = held.enter_context(StopRequest())
+        if sharing is None:
+            local_processes = int(context.process_env.get("LOCAL_WORLD_SIZE", "1"))
+            sharing = held.enter_context(cpu.Sharing(cfg.hw.cpu_threads, local_processes))
+        return _phases(cfg, context, stop, sharing)
+
+
+def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sharing) -> Dict[str, Any]:
+    """setup -> data -> model -> optimization -> fit -> export -> report; ``Interrupted.stage`` says how
+    far a run stopped by a signal had come."""
+    world = xla.setup() if cfg.hw.accelerator == Accelerator.xla else distributed.setup(context.process_env)
     stage = "starting"
     try:
         with ExitStack() as held:  # the output folder's claim, released however the run ends
-            out = setup(cfg, raw, world, site, held)
+            cfg.check_batch(world.world_size)
+            out = setup(cfg.train, cfg.logger, context, world, held, evaluation_only=cfg.eval.only)
             if out.finished is not None:
                 return out.finished
-            compute = prepare(cfg, world, sharing)
+            compute = prepare(cfg.hw, cfg.precision, seed=cfg.seed, batch_size=cfg.train.batch_size, world=world,
+                              sharing=sharing)
             if cfg.eval.only:  # a trained model, scored: no optimizer, no checkpoints, no training set
                 stage = "evaluating"
-                return evaluate_only(cfg, raw, out, compute, stop)
-            loaded = load_data(cfg, out, compute)
+                return evaluate_only(cfg.model, cfg.task, cfg.data, cfg.train, cfg.eval, cfg.logger, seed=cfg.seed,
+                                     out=out, compute=compute, stop=stop)
+            loaded = load_data(cfg.task, cfg.data, cfg.model, cfg.train, cfg.eval, seed=cfg.seed,
+                               micro_batch_size=cfg.micro_batch_size(world.world_size), out=out, compute=compute)
             stop.check()  # a signal some library swallowed (nli.signals) stops the run between phases
-            model = build(cfg, loaded, compute, world)
-            training = optimization(cfg, model, loaded, out, compute)
+            model = build(cfg.model, cfg.task, cfg.train, seed=cfg.seed, loaded=loaded, compute=compute, world=world)
+            training = optimization(cfg.train, cfg.optimizer, cfg.schedule, cfg.model, cfg.logger,
+                                    main_metric=cfg.task.main_metric,
+                                    micro_batch_size=cfg.micro_batch_size(world.world_size),
+                                    accumulation=cfg.accumulation_steps(world.world_size), model=model, loaded=loaded,
+                                    out=out, compute=compute)
             stop.check()
             stage = "training"
-            result = fit(cfg, raw, training, loaded, out, stop, sharing)
+            result = fit(cfg.train, training, loaded, out, stop, sharing)
             stage = "finishing"
             if stop.signal:  # it came with the last step: training is whole and checkpointed
                 raise Interrupted(stop.signal)
             best_model = finish_export(model, training, loaded, out, result)
-            return report(cfg, training, loaded, out, result, best_model)
-    except Interrupted as stopped:
+            return report(cfg.task, training, loaded, out, result, best_model)
+    except BaseException as error:
+        stopped = interruption(error)  # the signal, or an error it caused (nli.signals.interruption)
+        if stopped is None:
+            raise
         stopped.stage = stage
-        raise
+        if stopped is error:
+            raise
+        raise stopped from error
     finally:
         distributed.teardown()
 
 
-def setup(cfg: Config, raw: DictConfig, world: World, site: platform.Site, held: ExitStack) -> Outputs:
+def setup(train: TrainConfig, loggers: Mapping[str, LoggerConfig], context: RunContext, world: World,
+          held: ExitStack, *, evaluation_only: bool) -> Outputs:
     """The world and the outputs: the output directory, claimed for this run (``held`` to its end),
     its checkpoints, and whether this run has already finished (its results) or stopped part-way (the
     checkpoint to resume from); a folder that holds another run is refused (nli.folder)."""
@@ -153,133 +202,138 @@ def setup(cfg: Config, raw: DictConfig, world: World, site: platform.Site, held:
     transformers.utils.logging.disable_progress_bar()
     if not world.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # rank 0 tells the story; the others only warn
-    cfg.check_batch(world.world_size)
-    # Each process composed its own config; a Hydra run dir named by the clock may differ by a second.
-    cfg.output_dir = world.gather(cfg.output_dir or site.output_dir or _hydra_run_dir())[0]
-    cfg.train.checkpoint_dir = cfg.train.checkpoint_dir or site.checkpoint_dir
-    storage = Storage(cfg.output_dir)
+    # Each process made its own context; a Hydra run dir named by the clock may differ by a second.
+    output_dir = world.gather(context.output_dir)[0]
+    storage = Storage(output_dir)
     claim = None
     if world.is_main:
         storage.check_writable()
         claim = held.enter_context(Claim.take(storage))  # one run at a time in the folder
     world.barrier()
-    ident = identity(cast(Dict[str, Any], OmegaConf.to_container(raw, resolve=True, enum_to_str=True)))
-    checkpoints = _checkpoints(cfg, storage, ident)
-    out = Outputs(storage, checkpoints, site, world, ident, claim, snapshot=None,
-                  finished=earlier_run(cfg, ident, storage, checkpoints))
+    ident = identity(context.resolved)
+    checkpoints = _checkpoints(context.checkpoint_dir, storage, ident, keep=train.keep_checkpoints,
+                               writes=not evaluation_only)
+    out = Outputs(storage, checkpoints, context, world, ident, claim, snapshot=None,
+                  finished=earlier_run(train, ident, storage, checkpoints))
     if out.finished is None:
-        Trackers(cfg.logger, enabled=world.is_main).check()  # e.g. W&B online without a key: before anything loads
-        out.snapshot = _resume_point(checkpoints, storage) if cfg.train.resume and not cfg.eval.only else None
-        if world.is_main:
-            with open_dict(raw):  # the resolved directories, as the run uses them
-                raw.output_dir, raw.train.checkpoint_dir = cfg.output_dir, cfg.train.checkpoint_dir
-            storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(raw, resolve=True))
+        Trackers(loggers, enabled=world.is_main).check()  # e.g. W&B online without a key: before anything loads
+        out.snapshot = _resume_point(checkpoints, storage) if train.resume and not evaluation_only else None
+        if world.is_main:  # the resolved directories, as the run uses them
+            storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(_as_run(context, output_dir)))
     return out
 
 
-def prepare(cfg: Config, world: World, sharing: cpu.Sharing) -> device.Compute:
+def _as_run(context: RunContext, output_dir: str) -> Dict[str, Any]:
+    """The resolved config with the directories the run writes to, as config.yaml records it."""
+    train = {**context.resolved["train"], "checkpoint_dir": context.checkpoint_dir}
+    return {**context.resolved, "output_dir": output_dir, "train": train}
+
+
+def prepare(hw: HardwareConfig, precision: PrecisionConfig, *, seed: int, batch_size: int, world: World,
+            sharing: cpu.Sharing) -> device.Compute:
     """The seed (the same on every rank: the same initial weights), the CPU threads, the device and
     the precision; on the CPU, glibc's heap threshold where the config fixes it (nli.cpu)."""
-    set_seed(cfg.seed)
+    set_seed(seed)
     sharing.start()
-    compute = device.resolve(cfg.hw, cfg.precision)
-    if compute.device.type == "cpu" and (done := cpu.limit_heap(cfg.hw.cpu_mmap_threshold, os.environ)):
+    compute = device.resolve(hw, precision)
+    if compute.device.type == "cpu" and (done := cpu.limit_heap(hw.cpu_mmap_threshold, os.environ)):
         log.info("%s", done)
-    if cfg.hw.data_parallel_size > world.world_size and world.is_main:
-        machines = f" on each of its {cfg.hw.nodes} machines" if cfg.hw.nodes > 1 else ""
+    if hw.data_parallel_size > world.world_size and world.is_main:
+        machines = f" on each of its {hw.nodes} machines" if hw.nodes > 1 else ""
         log.warning("hw has %d GPUs but this run uses %d process(es); gradient accumulation keeps the global batch "
-                    "at %d. Start it with %s%s to use them all", cfg.hw.data_parallel_size, world.world_size,
-                    cfg.train.batch_size, "python -m nli.xla" if cfg.hw.accelerator == Accelerator.xla else
-                    f"torchrun --nproc-per-node {cfg.hw.gpus_per_node}", machines)
+                    "at %d. Start it with %s%s to use them all", hw.data_parallel_size, world.world_size,
+                    batch_size, "python -m nli.xla_launch" if hw.accelerator == Accelerator.xla else
+                    f"torchrun --nproc-per-node {hw.gpus_per_node}", machines)
     return compute
 
 
-def load_data(cfg: Config, out: Outputs, compute: device.Compute) -> Data:
-    """The task's splits, tokenized once, and their loaders. The tokenizer is the checkpoint's when
-    resuming (one learnt from the training text must not change), else the model's."""
+def load_data(task: TaskConfig, source: DataConfig, model: ModelConfig, train: TrainConfig, evaluation: EvalConfig,
+              *, seed: int, micro_batch_size: int, out: Outputs, compute: device.Compute) -> Data:
+    """The task's splits, tokenized once, and their loaders; eval.extra's sets. The tokenizer is the
+    checkpoint's when resuming (one learnt from the training text must not change), else the model's."""
     world = out.world
-    splits = data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=cfg.train.predict)
+    splits = data.load_splits(task, source, seed=seed, predict=train.predict)
     tokenizer = (tokenizer_from_files(out.snapshot.tokenizer_files) if out.snapshot else
-                 build_tokenizer(cfg.model, splits.train_texts(cfg.task.text_fields),
-                                 max_seq_length=cfg.data.max_seq_length))
+                 build_tokenizer(model, splits.train_texts(task.text_fields), max_seq_length=source.max_seq_length))
     tokenizer = share_tokenizer(tokenizer, world)
     # eval.extra's sets, loaded now: a missing file or labels the model's cannot match stop the run before training.
-    collator = _collator(cfg, tokenizer, compute)
-    extras = evalsets.extras(cfg, labels=cfg.task.label_names, model=f"the model of task={cfg.task.name}",
-                             tokenizer=tokenizer, collator=collator, compute=compute, world=world)
-    splits = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
+    collator = _collator(source.max_seq_length, tokenizer, compute, compiled=train.compile)
+    extras = evalsets.extras(evaluation, source, eval_batch_size=train.eval_batch_size, seed=seed,
+                             labels=task.label_names, model=f"the model of task={task.name}", tokenizer=tokenizer,
+                             collator=collator, compute=compute, world=world)
+    splits = data.tokenize(splits, tokenizer, task, source.max_seq_length)
     assert splits.train is not None
     pin = compute.device.type == "cuda"
-    train, sampler = data.train_loader(splits.train, collator, batch_size=cfg.train.batch_size,
-                                       micro_batch_size=cfg.micro_batch_size(world.world_size), seed=cfg.seed,
-                                       world=world, num_workers=cfg.data.num_workers, pin_memory=pin,
-                                       bucket=cfg.data.bucket)
-    in_order = {name: data.eval_loader(ds, collator, batch_size=cfg.train.eval_batch_size, world=world,
-                                       num_workers=cfg.data.num_workers, pin_memory=pin)
+    loader, sampler = data.train_loader(splits.train, collator, batch_size=train.batch_size,
+                                        micro_batch_size=micro_batch_size, seed=seed, world=world,
+                                        num_workers=source.num_workers, pin_memory=pin, bucket=source.bucket)
+    in_order = {name: data.eval_loader(ds, collator, batch_size=train.eval_batch_size, world=world,
+                                       num_workers=source.num_workers, pin_memory=pin)
                 for name, ds in {**splits.eval, **splits.test}.items()}
-    evaluator = Evaluator({name: in_order[name] for name in splits.eval}, cfg.task, compute, world,
-                          groups=splits.groups)
-    return Data(tokenizer, train, sampler, evaluator, {name: in_order[name] for name in splits.test},
+    evaluator = Evaluator({name: in_order[name] for name in splits.eval}, task, compute, world, groups=splits.groups)
+    return Data(tokenizer, loader, sampler, evaluator, {name: in_order[name] for name in splits.test},
                 examples_per_epoch=len(splits.train), extras=extras)
 
 
-def _collator(cfg: Config, tokenizer: PreTrainedTokenizerBase, compute: device.Compute) -> data.Collator:
+def _collator(max_seq_length: int, tokenizer: PreTrainedTokenizerBase, compute: device.Compute, *,
+              compiled: bool) -> data.Collator:
     if compute.device.type == "xla":  # a graph compiled per input shape: a few lengths, not one per batch
-        return data.BucketPadding(tokenizer, cfg.data.max_seq_length)
+        return data.BucketPadding(tokenizer, max_seq_length)
     # Multiples of 8 let fp16/bf16 tensor cores run at full speed, and leave a compiled model a
     # handful of shapes to compile for, not one per length; on the CPU they only add padding.
-    pad = 8 if compute.device.type == "cuda" or cfg.train.compile else None
+    pad = 8 if compute.device.type == "cuda" or compiled else None
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad)
 
 
-def build(cfg: Config, loaded: Data, compute: device.Compute, world: World) -> torch.nn.Module:
+def build(model_cfg: ModelConfig, task: TaskConfig, train: TrainConfig, *, seed: int, loaded: Data,
+          compute: device.Compute, world: World) -> torch.nn.Module:
     """The model (pretrained or from scratch), with LoRA adapters if asked (nli.lora), on the device,
     with the fast paths that apply."""
-    model = build_model(cfg.model, cfg.task, loaded.tokenizer)
-    fast = cfg.model.fast_paths
-    if cfg.train.gradient_checkpointing:
+    model = build_model(model_cfg, task, loaded.tokenizer)
+    fast = model_cfg.fast_paths
+    if train.gradient_checkpointing:
         # Non-reentrant: works under DDP (no unused-parameter hooks fired twice) and torch.compile, and
         # needs no gradient on its inputs, which LoRA's frozen embeddings would not give.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if fast:  # they replace the layers' forward, which checkpointing wraps
             log.info("fast paths: off, as train.gradient_checkpointing recomputes the stock layers")
             fast = False
-    if cfg.model.peft is not None:
-        trained: torch.nn.Module = lora.apply(model, cfg.model.peft)
+    if model_cfg.peft is not None:
+        trained: torch.nn.Module = lora.apply(model, model_cfg.peft)
     else:
         log.info("model: %s parameters, all of them train", f"{sum(p.numel() for p in model.parameters()):,}")
         trained = model
     trained = trained.to(compute.device)
     # On the transformers model inside peft's wrapper: the fast paths call each layer's Linear modules by
     # name, so LoRA's adapted ones run in them as they do in the stock forward.
-    fastpaths.install(unwrap(trained), device=compute.device, enabled=fast, compiled=cfg.train.compile)
-    seed_rank(cfg.seed, world)
+    fastpaths.install(unwrap(trained), device=compute.device, enabled=fast, compiled=train.compile)
+    seed_rank(seed, world)
     return trained
 
 
-def optimization(cfg: Config, model: torch.nn.Module, loaded: Data, out: Outputs,
+def optimization(train: TrainConfig, optimizer_cfg: OptimizerConfig, schedule: ScheduleConfig, model_cfg: ModelConfig,
+                 loggers: Mapping[str, LoggerConfig], *, main_metric: str, micro_batch_size: int,
+                 accumulation: int, model: torch.nn.Module, loaded: Data, out: Outputs,
                  compute: device.Compute) -> Training:
     """The plan, optimizer, schedule and loss scaler; the state a checkpoint holds, restored when
     resuming; then the model wrapped for data parallelism and compiled, if asked."""
     world = out.world
-    accumulation = cfg.accumulation_steps(world.world_size)
-    plan = Plan.make(cfg.train, examples_per_epoch=loaded.examples_per_epoch, world_size=world.world_size,
+    plan = Plan.make(train, examples_per_epoch=loaded.examples_per_epoch, world_size=world.world_size,
                      accumulation=accumulation)
-    log.info("training: %d steps of %d examples (%d x %d accumulated%s)", plan.total_steps, cfg.train.batch_size,
-             cfg.micro_batch_size(world.world_size), accumulation,
-             f" x {world.world_size} processes" if world.distributed else "")
-    optimizer = build_optimizer(cfg.optimizer, model)
-    scheduler = build_scheduler(cfg.schedule, optimizer, plan.total_steps)
+    log.info("training: %d steps of %d examples (%d x %d accumulated%s)", plan.total_steps, train.batch_size,
+             micro_batch_size, accumulation, f" x {world.world_size} processes" if world.distributed else "")
+    optimizer = build_optimizer(optimizer_cfg, model)
+    scheduler = build_scheduler(schedule, optimizer, plan.total_steps)
     scaler = torch.amp.GradScaler(compute.device.type, enabled=compute.dtype == torch.float16)
-    progress, best, trackers = Progress(), BestEvaluation(), Trackers(cfg.logger, enabled=world.is_main)
-    early = _early_stopping(cfg)
+    progress, best, trackers = Progress(), BestEvaluation(), Trackers(loggers, enabled=world.is_main)
+    early = _early_stopping(train, main_metric)
     state = TrainingState()
-    weights = _weights(cfg, model)
+    weights = _weights(model_cfg, model)
     for name, part in (("model", weights), ("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler),
                        ("progress", progress), ("best", best)):
         state.register(name, part)
-    if cfg.model.peft is not None:  # the frozen weights are built again on resume: they must be the same
-        source = (f"model.name_or_path={cfg.model.name_or_path}" if cfg.model.pretrained else
+    if model_cfg.peft is not None:  # the frozen weights are built again on resume: they must be the same
+        source = (f"model.name_or_path={model_cfg.name_or_path}" if model_cfg.pretrained else
                   "the model from scratch (model.scratch and seed)")
         state.register("frozen", lora.FrozenWeights(model, source))
     state.register("trackers", trackers, optional=True)
@@ -291,20 +345,20 @@ def optimization(cfg: Config, model: torch.nn.Module, loaded: Data, out: Outputs
         log.info("resuming from checkpoint %s: step %d of %d", out.checkpoints.where(out.snapshot.name),
                  progress.step, plan.total_steps)
     trained = distributed.wrap(model, world, compute.device)  # after the restore: DDP starts from rank 0's weights
-    if cfg.train.compile:  # for training steps; evaluation runs the plain model
+    if train.compile:  # for training steps; evaluation runs the plain model
         trained = cast(torch.nn.Module, torch.compile(trained))  # an OptimizedModule, typed as any callable
     return Training(Optimization(model, trained, optimizer, scheduler, scaler, compute, world), plan, state,
                     weights, progress, best, early, trackers)
 
 
-def fit(cfg: Config, raw: DictConfig, training: Training, loaded: Data, out: Outputs, stop: StopRequest,
+def fit(train: TrainConfig, training: Training, loaded: Data, out: Outputs, stop: StopRequest,
         sharing: cpu.Sharing) -> TrainResult:
     """Train to the end of the plan, or until a hook or a signal stops it (then the run ends with
     :class:`Preempted`, its checkpoint written)."""
     world = out.world
-    _start_trackers(training.trackers, raw, out)
+    _start_trackers(training.trackers, out)
     hooks: list[Hook] = [ProgressBar(total=training.plan.total_steps, initial=training.progress.step,
-                                     enabled=cfg.train.progress_bar and world.is_main),
+                                     enabled=train.progress_bar and world.is_main),
                          MetricsLog(training.trackers, main=world.is_main), SyncLogs(training.trackers),
                          Revisit(sharing.revisit)]
     if training.early_stopping is not None:
@@ -337,20 +391,20 @@ def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out:
         return load_export(Path(folder)).to(training.opt.compute.device)
 
 
-def report(cfg: Config, training: Training, loaded: Data, out: Outputs, result: TrainResult,
+def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, result: TrainResult,
            best_model: torch.nn.Module) -> Dict[str, Any]:
     """The exported model's evaluation, on the task and on eval.extra's sets, its test predictions, and
     results.json, written last."""
     final = loaded.evaluate(best_model, result.best.step)
     log.info("final evaluation of the best checkpoint by %s (step %d of %d), exported to %s: %s",
-             cfg.task.main_metric, result.best.step, result.steps, out.storage.describe(contract.MODEL_DIR),
+             task.main_metric, result.best.step, result.steps, out.storage.describe(contract.MODEL_DIR),
              ", ".join(f"{k}={v:.4f}" for k, v in final.metrics.items()))
     extra = evalsets.scores(loaded.extras, best_model, result.best.step)
     if extra:
         log.info("the best checkpoint on eval.extra's sets: %s", ", ".join(f"{k}={v:.4f}" for k, v in extra.items()))
         if out.world.is_main:
             training.trackers.log({f"eval/{name}": value for name, value in extra.items()}, step=result.steps)
-    _predict_tests(cfg.task, loaded.test, best_model, training.opt.compute, out)
+    _predict_tests(task, loaded.test, best_model, training.opt.compute, out)
     early = training.early_stopping
     results = {"objective": final.objective, **final.metrics, **extra,
                "train_examples_per_second": result.examples_per_second,
@@ -363,28 +417,30 @@ def report(cfg: Config, training: Training, loaded: Data, out: Outputs, result: 
     return _finish(results, training.trackers, out)
 
 
-def evaluate_only(cfg: Config, raw: DictConfig, out: Outputs, compute: device.Compute,
-                  stop: StopRequest) -> Dict[str, Any]:
+def evaluate_only(model_cfg: ModelConfig, task: TaskConfig, source: DataConfig, train: TrainConfig,
+                  evaluation: EvalConfig, loggers: Mapping[str, LoggerConfig], *, seed: int, out: Outputs,
+                  compute: device.Compute, stop: StopRequest) -> Dict[str, Any]:
     """An evaluation-only run: model.name_or_path (a Hub id, a checkpoint directory, or a run folder's
     exported model/) as it was trained, on the task's eval splits and eval.extra's sets, with test
     predictions where train.predict asks; results.json has their metrics, the model evaluated and no
     training figures. The model's labels are matched to each set's by name (nli.evalsets)."""
     world = out.world
-    trained = trained_model(cfg.model)
-    tokenizer = share_tokenizer(build_tokenizer(trained, [], max_seq_length=cfg.data.max_seq_length), world)
+    trained = trained_model(model_cfg)
+    tokenizer = share_tokenizer(build_tokenizer(trained, [], max_seq_length=source.max_seq_length), world)
     model = load_trained(trained).to(compute.device)
     labels = head_labels(model.config) if model.config.num_labels > 1 else []  # one output: a regression
-    collator = _collator(cfg, tokenizer, compute)
-    named = f"model.name_or_path={cfg.model.name_or_path}"
-    for task in [cfg.task, *evalsets.extra_tasks(cfg.eval)]:  # every set's labels matched, before any set loads
-        evalsets.label_map(labels, task, model=named)
-    own = evalsets.prepare(cfg, cfg.task, cfg.data, prefix="", labels=labels, model=named, tokenizer=tokenizer,
-                           collator=collator, compute=compute, world=world, predict=cfg.train.predict)
-    extras = evalsets.extras(cfg, labels=labels, model=named, tokenizer=tokenizer, collator=collator,
-                             compute=compute, world=world)
+    collator = _collator(source.max_seq_length, tokenizer, compute, compiled=train.compile)
+    named = f"model.name_or_path={model_cfg.name_or_path}"
+    for each in [task, *evalsets.extra_tasks(evaluation)]:  # every set's labels matched, before any set loads
+        evalsets.label_map(labels, each, model=named)
+    own = evalsets.prepare(task, source, prefix="", predict=train.predict, eval_batch_size=train.eval_batch_size,
+                           seed=seed, labels=labels, model=named, tokenizer=tokenizer, collator=collator,
+                           compute=compute, world=world)
+    extras = evalsets.extras(evaluation, source, eval_batch_size=train.eval_batch_size, seed=seed, labels=labels,
+                             model=named, tokenizer=tokenizer, collator=collator, compute=compute, world=world)
     stop.check()  # a signal some library swallowed while the sets loaded (nli.signals)
-    trackers = Trackers(cfg.logger, enabled=world.is_main)
-    _start_trackers(trackers, raw, out)
+    trackers = Trackers(loggers, enabled=world.is_main)
+    _start_trackers(trackers, out)
     final = own.evaluate(model, 0)
     stop.check()
     extra = evalsets.scores(extras, model, 0)
@@ -392,7 +448,7 @@ def evaluate_only(cfg: Config, raw: DictConfig, out: Outputs, compute: device.Co
              ", ".join(f"{k}={v:.4f}" for k, v in {**final.metrics, **extra}.items()))
     if world.is_main:
         trackers.log({f"eval/{name}": value for name, value in {**final.metrics, **extra}.items()}, step=0)
-    _predict_tests(cfg.task, own.test, model, compute, out, label_map=own.evaluate.label_map)
+    _predict_tests(task, own.test, model, compute, out, label_map=own.evaluate.label_map)
     results = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": trained.name_or_path,
                "identity": digest(out.identity), "status": "completed"}
     return _finish(results, trackers, out)
@@ -421,26 +477,28 @@ def _finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[s
     return results
 
 
-def _start_trackers(trackers: Trackers, raw: DictConfig, out: Outputs) -> None:
-    log_dir, remote = _log_dirs(out)
-    trackers.start(RunInfo(name=_run_name(out.storage), group=_sweep_name(),
-                           config=cast(Dict[str, Any], OmegaConf.to_container(raw, resolve=True)),
-                           log_dir=log_dir, resume_id=None, overrides=_job_overrides()), remote=remote)
+def _start_trackers(trackers: Trackers, out: Outputs) -> None:
+    context = out.context
+    log_dir, remote = _log_dirs(context, out.storage)
+    trackers.start(RunInfo(name=context.run_name, group=context.group, config=context.resolved, log_dir=log_dir,
+                           resume_id=None, overrides=context.overrides), remote=remote)
 
 
-def _weights(cfg: Config, model: torch.nn.Module) -> Stateful:
+def _weights(model_cfg: ModelConfig, model: torch.nn.Module) -> Stateful:
     """What a checkpoint holds of the model: every weight; under LoRA only what trains, the adapters and
     the head, the rest built again from model.name_or_path on resume (nli.lora)."""
-    return lora.Adapters(cast(Any, model)) if cfg.model.peft is not None else model
+    return lora.Adapters(cast(Any, model)) if model_cfg.peft is not None else model
 
 
-def _checkpoints(cfg: Config, storage: Storage, ident: Dict[str, Any]) -> Checkpoints:
-    """Checkpoints go to ``<output_dir>/checkpoints``, or to ``train.checkpoint_dir`` (or the
-    platform's), each marked with the run's identity."""
-    folder = Storage(cfg.train.checkpoint_dir or storage.describe(contract.CHECKPOINTS_DIR))
-    if cfg.train.checkpoint_dir and not cfg.eval.only:  # an evaluation-only run writes none
+def _checkpoints(checkpoint_dir: Optional[str], storage: Storage, ident: Dict[str, Any], *, keep: int,
+                 writes: bool) -> Checkpoints:
+    """Checkpoints go to ``<output_dir>/checkpoints``, or to ``checkpoint_dir`` (train.checkpoint_dir or
+    the platform's), each marked with the run's identity. A run that ``writes`` none (evaluation only)
+    does not check that it could."""
+    folder = Storage(checkpoint_dir or storage.describe(contract.CHECKPOINTS_DIR))
+    if checkpoint_dir and writes:
         folder.check_writable()
-    return Checkpoints(folder, keep=cfg.train.keep_checkpoints, identity=ident)
+    return Checkpoints(folder, keep=keep, identity=ident)
 
 
 def _resume_point(checkpoints: Checkpoints, storage: Storage) -> Optional[Snapshot]:
@@ -458,48 +516,22 @@ def _resume_point(checkpoints: Checkpoints, storage: Storage) -> Optional[Snapsh
     return snapshot
 
 
-def _early_stopping(cfg: Config) -> Optional[EarlyStopping]:
-    stopping = cfg.train.early_stopping
+def _early_stopping(train: TrainConfig, main_metric: str) -> Optional[EarlyStopping]:
+    stopping = train.early_stopping
     if stopping.patience is None:
         return None
-    return EarlyStopping(patience=stopping.patience, min_delta=stopping.min_delta, metric=cfg.task.main_metric)
+    return EarlyStopping(patience=stopping.patience, min_delta=stopping.min_delta, metric=main_metric)
 
 
-def _hydra_run_dir() -> str:
-    if not HydraConfig.initialized():
-        raise ConfigError("output_dir is not set and there is no Hydra run directory: set output_dir")
-    return str(HydraConfig.get().runtime.output_dir)
-
-
-def _log_dirs(out: Outputs) -> Tuple[Path, Optional[str]]:
+def _log_dirs(context: RunContext, storage: Storage) -> Tuple[Path, Optional[str]]:
     """Where the loggers write their files (their writers need a local disk), and the bucket folder
     those files belong in, if any: the platform's log directory (Vertex AI's AIP_TENSORBOARD_LOG_DIR),
-    else the output directory. Where that is local, they write there; else in the Hydra run
-    directory, copied to the bucket at every checkpoint and at the end."""
-    target = out.site.log_dir or out.storage.url
-    if target and "://" not in target:
+    else the output directory. Where that is local, they write there; else in the context's local
+    folder (the Hydra run directory), or a temporary one, copied to the bucket at every checkpoint and
+    at the end."""
+    target = context.log_dir or storage.url
+    if "://" not in target:
         return Path(target), None
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir), target
+    if context.local_dir is not None:
+        return Path(context.local_dir), target
     return Path(tempfile.mkdtemp(prefix="nli-logs-")), target
-
-
-def _run_name(storage: Storage) -> str:
-    """The Hydra job's overrides (``optimizer.lr=1e-05,seed=2``), else its directory's name."""
-    if HydraConfig.initialized() and HydraConfig.get().job.override_dirname:
-        return str(HydraConfig.get().job.override_dirname)
-    return Path(storage.root).name
-
-
-def _job_overrides() -> Dict[str, str]:
-    """A sweep's job: its overrides (nli.sweep); a single run: none."""
-    if _sweep_name() is None:
-        return {}
-    return sweep.override_columns(list(HydraConfig.get().overrides.task))
-
-
-def _sweep_name() -> Optional[str]:
-    """Jobs of one multirun share a group: the sweep directory's name."""
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        return Path(HydraConfig.get().sweep.dir).name
-    return None

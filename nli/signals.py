@@ -55,6 +55,20 @@ class Interrupted(BaseException):
         self.stage = "starting"  # how far the run had come: starting, evaluating, training, finishing (the recipe)
 
 
+def interruption(error: BaseException) -> Optional[Interrupted]:
+    """The :class:`Interrupted` that caused ``error``, if one did. Python turns an exception raised while
+    it runs a hook of its own into another one: a signal that lands in a class's ``__set_name__`` while a
+    library imports (pandas' dataclasses, say) becomes "RuntimeError: Error calling __set_name__", its
+    cause the Interrupted. The run stops as the signal asked, not as a crash."""
+    seen: List[int] = []
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Interrupted):
+            return error
+        seen.append(id(error))
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return None
+
+
 class StopRequest:
     """While active (``with StopRequest(requeue=...) as stop:``), SIGTERM, SIGINT and the platform's
     requeue signal raise :class:`Interrupted` where the run is, except inside :meth:`at_step_boundaries`,

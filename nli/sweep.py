@@ -180,7 +180,9 @@ class SweepResults(Callback):
         self.wandb = OmegaConf.select(config, "logger.wandb")
         self.sweep_dir.mkdir(parents=True, exist_ok=True)  # before the sweeper: an Optuna study's file lives in it
         # Hydra's sweepers raise the first failed job's error once its batch has run, and on_multirun_end
-        # is then not called: the table comes at exit, after Hydra has printed that error.
+        # is then not called: the table comes as the entry point returns (nli.cli.entry: finish_open),
+        # after Hydra has printed that error; at exit, where another entry point started the sweep.
+        _OPEN.append(self)
         atexit.register(self._finish)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
@@ -195,6 +197,8 @@ class SweepResults(Callback):
 
     def _finish(self) -> List[Dict[str, Any]]:
         """Prints the table once; the jobs of this sweep that failed."""
+        if self in _OPEN:
+            _OPEN.remove(self)
         if self.sweep_dir is None:
             return []
         sweep_dir, self.sweep_dir = self.sweep_dir, None
@@ -215,6 +219,16 @@ class SweepResults(Callback):
                               for row in failed)
             log.error("%d of the sweep's jobs failed (the others ran):\n%s", len(failed), lines)
         return failed
+
+
+_OPEN: List[SweepResults] = []  # the sweeps of this process whose table is still to be printed
+
+
+def finish_open() -> None:
+    """The table of every sweep this process started and has not ended, printed: the entry point calls it
+    as Hydra returns, or exits after a failed job (nli.cli.entry)."""
+    for callback in list(_OPEN):
+        callback._finish()
 
 
 def to_wandb(logger: DictConfig, sweep_dir: Path, rows: Sequence[Mapping[str, Any]],

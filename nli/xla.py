@@ -1,6 +1,7 @@
 """PyTorch/XLA, for runs on Cloud TPUs (``hw.accelerator=xla``): the device, the processes of a TPU
-host and their collectives, the count of compiled graphs, and the launcher that starts one process per
-XLA device (``python -m nli.xla ARGS``, which ``nli.node`` runs on a TPU host).
+host and their collectives, and the count of compiled graphs. The launcher that starts one process per
+XLA device is a process starter of its own (``python -m nli.xla_launch ARGS``, which ``nli.node`` runs
+on a TPU host).
 
 torch_xla is not a dependency of the project: it pins its own torch (requirements/tpu.txt, the TPU
 image: ``docker build --target tpu``), so it is imported here alone, and only when a run asks for it.
@@ -14,20 +15,14 @@ few (nli.data.BucketPadding) and cuts the trace once per optimizer step and per 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-import signal
-import sys
-from concurrent.futures.process import BrokenProcessPool
-from types import FrameType, ModuleType
+from types import ModuleType
 from typing import Any, Dict, List, Optional
 
 import torch
 
-from nli.contract import PREEMPTED
 from nli.distributed import World
 from nli.errors import ConfigError
-from nli.signals import relay_to_threads
 
 log = logging.getLogger(__name__)
 
@@ -166,52 +161,3 @@ def setup() -> World:
     world = XlaWorld(rank=xr.global_ordinal(), world_size=xr.world_size(), local_rank=xr.local_ordinal())
     log.info("process %d of %d (XLA device %d of this host)", world.rank, world.world_size, world.local_rank)
     return world
-
-
-def _replica(index: int) -> None:
-    """One process of ``python -m nli.xla``: the run, with the arguments the launcher got (spawn gives
-    each process the parent's sys.argv)."""
-    from nli.__main__ import main
-
-    main()
-
-
-_forwarded: List[str] = []  # the signals launch() passed on
-
-
-def _forward(signum: int, frame: Optional[FrameType]) -> None:
-    """The platform signals the launcher alone; each process checkpoints and stops on its own signal."""
-    _forwarded.append(signal.Signals(signum).name)
-    for child in multiprocessing.active_children():
-        if child.pid is not None:
-            os.kill(child.pid, signum)
-
-
-def launch() -> None:
-    """One process per XLA device of this host, each running ``python -m nli`` with this command's
-    arguments; signals sent to this process reach them all."""
-    torch_xla = runtime()
-    import torch_xla._internal.tpu as tpu
-
-    if os.environ["PJRT_DEVICE"] == "TPU" and not tpu.num_available_chips():  # torch_xla.launch would start none
-        raise SystemExit(f"error: python -m nli.xla found no TPU chip on this machine: {NO_DEVICE}")
-    for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
-        signal.signal(signal.Signals[name], _forward)
-    try:
-        torch_xla.launch(_replica)
-    except BrokenProcessPool:
-        if not _forwarded:
-            raise
-        # A process the signal ended at once: one still importing torch, before its relay was in place (nothing
-        # of its run had started), or one on a second signal (its last checkpoint stands).
-        print(f"stopped by {_forwarded[0]}: a process ended at once, before its run could save more; what its "
-              "checkpoints hold is kept. Run the same command again to continue", file=sys.stderr)
-        raise SystemExit(PREEMPTED) from None
-
-
-if __name__ == "__main__":
-    launch()
-elif __name__ == "__mp_main__":
-    # A process launch() started: spawn runs this module as __mp_main__ in its main thread, and PyTorch/XLA
-    # then runs the run in a thread of its own, where no signal arrives (nli.signals).
-    relay_to_threads()

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import eager_attention_forward  # RoBERTa's is the same code
 
-from nli.fastpaths import cpu_dropout
+from nli.fastpaths.cpu_dropout import ATTENTION as CPU_DROPOUT_ATTENTION
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 HEADS = {"BertForSequenceClassification", "RobertaForSequenceClassification",
          "XLMRobertaForSequenceClassification", "CamembertForSequenceClassification"}
 # Attention functions given a 4-D mask (batch, heads or 1, queries, keys), whose query rows can be sliced.
-ATTENTIONS = {"sdpa", "eager", cpu_dropout.ATTENTION}
+ATTENTIONS = {"sdpa", "eager", CPU_DROPOUT_ATTENTION}
 # A BertEncoder, BertLayer or BertSelfAttention, or the same module of a model above (the same code in
 # unrelated classes), used through its attributes, which nn.Module types as "a Tensor or a Module".
 BertModule = Any

@@ -21,8 +21,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
-from nli.fastpaths import first_token
-from nli.fastpaths.first_token import BertModule
+from nli.fastpaths.first_token import BertModule, applies, attend
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +29,7 @@ log = logging.getLogger(__name__)
 def install(model: PreTrainedModel) -> bool:
     """Make ``model``'s encoder skip padding, where it is laid out as BERT's and its attention
     takes a 4-D mask (the encoders :mod:`nli.fastpaths.first_token` applies to). True if it did."""
-    if not first_token.applies(model):
+    if not applies(model):
         return False
     encoder = model.base_model.encoder
     encoder.forward = types.MethodType(_encoder_forward, encoder)
@@ -75,7 +74,7 @@ def _layer(layer: BertModule, tokens: Tensor, index: Tensor, mask: Optional[Tens
     def heads(x: Tensor) -> Tensor:  # (tokens, width) -> (batch, heads, length, head width)
         return _spread(x, index, shape).view(*shape, -1, attention.attention_head_size).transpose(1, 2)
 
-    context = first_token.attend(attention, heads(attention.query(tokens)), heads(attention.key(tokens)),
+    context = attend(attention, heads(attention.query(tokens)), heads(attention.key(tokens)),
                                  heads(attention.value(tokens)), mask)  # (batch, length, heads, head width)
     context = context.reshape(-1, attention.all_head_size).index_select(0, index)
     return layer.feed_forward_chunk(layer.attention.output(context, tokens))
