@@ -1,11 +1,17 @@
 """Reference outcomes: two runs whose results and exported weights must not change unless a change
 means them to (tests/test_reference.py compares against them).
 
-Recorded on the code before the restructure of the recipe (named phases, checkpoint registry, hooks,
-platform seam), so that the restructure is shown to change nothing a run computes. The runs pin
-the CPU kernels to the portable ones, so that the same bits come out of any x86-64 machine:
-MKL's compatible branch (SSE2, the one branch it keeps reproducible on Intel and AMD alike) and
-torch's own kernels without vector extensions, on one thread.
+Recorded on the code before the run became a library call (its results, before that, equal those
+recorded before the recipe's restructure into named phases), so that each restructure is shown to
+change nothing a run computes. The runs pin every CPU kernel that a library picks by the instruction
+set, so that the same bits come out of any x86-64 machine, on one thread:
+
+- MKL (matrix products): its compatible branch, the one it keeps reproducible on Intel and AMD alike;
+- torch's own kernels: those without vector extensions (``ATEN_CPU_CAPABILITY=default``);
+- oneDNN, which torch also calls on the CPU: its SSE4.1 kernels, the oldest it has (x86-64 CPUs since
+  2008). Without this pin, the quickstart's 41 exported tensors all differ between an AVX2 CPU and an
+  AVX-512 one (an AMD EPYC with AVX512-BF16) with MKL and torch pinned; with ``ONEDNN_MAX_CPU_ISA=AVX2``
+  on the AVX-512 CPU they equal the AVX2 CPU's bit for bit, so oneDNN was the only one left to pin.
 
 To record them again, after a change that is meant to alter what a run computes (say so in the
 commit): ``python -m tests.reference``.
@@ -28,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDED = Path(__file__).resolve().parent / "data" / "reference"
 # What a run measures rather than computes: it differs between equal runs.
 MEASURED = {"train_examples_per_second", "train_tokens_per_second", "train_seconds", "peak_memory_bytes"}
-PORTABLE = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}
+PORTABLE = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+            "OMP_NUM_THREADS": "1"}
 
 # The README's quick start as the suite runs it, and a two-process torchrun run (dropout off: each
 # rank draws its own masks) with a short last batch split over the ranks.
@@ -47,7 +54,7 @@ def command(name: str, run_dir: Path) -> List[str]:
 
 
 def run(name: str, run_dir: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "HF_HOME": str(run_dir.parent / "hf"), **PORTABLE}
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **PORTABLE}
     return subprocess.run(command(name, run_dir), cwd=run_dir.parent, env=env, capture_output=True, text=True,
                           timeout=900)
 

@@ -1,14 +1,17 @@
 """What a run computes has not changed: the README's quickstart ends with the results and exported
-weights recorded before the recipe was restructured (tests/reference.py), bit for bit, at the
+weights recorded before the run became a library call (tests/reference.py), bit for bit, at the
 accuracy the README promises. (The two-process torchrun reference is checked in test_distributed.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.reference import digest, recorded, run
 
 
+@pytest.mark.process  # the portable kernels are chosen as torch loads: in a process of its own
 def test_the_quickstart_computes_what_it_computed_before(tmp_path: Path) -> None:
     run_dir = tmp_path / "quickstart"
     proc = run("quickstart", run_dir)
