@@ -1,39 +1,76 @@
-"""Shared helpers: compose the real config, and run the real train.py in a subprocess."""
+"""The suite's environment and shared fixtures. How tests run the project: tests/runs.py.
+
+The environment is the suite's own, whatever the shell that starts it: the variables that change what
+a run does (the Hugging Face and W&B ones, a platform's, the CPU kernels') are cleared before any
+library reads them, and each test sets what it depends on. Set here, before torch, datasets and
+transformers load (they read them at import); processes the tests start inherit them.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
-# One thread per process: the suite runs two workers on two cores, each starting runs of its own, and
-# with torch's default of a thread per core OpenMP's spinning threads fight over the cores (two
-# quickstarts side by side: 8 minutes instead of 1). Set before torch loads; runs inherit it.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Prefixes and names of the variables a user's shell may hold that change what a run or a library does.
+_FOREIGN_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "WANDB_", "AIP_", "CLOUD_ML_", "SLURM_", "SUBMITIT_",
+                     "TORCHELASTIC_", "PJRT_", "TPU_", "XLA_", "MKL_", "ONEDNN_", "DNNL_", "KMP_", "GOOGLE_",
+                     "CLOUDSDK_", "HYDRA_")
+_FOREIGN = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+            "CLUSTER_SPEC", "STORAGE_EMULATOR_HOST", "ATEN_CPU_CAPABILITY", "CUDA_VISIBLE_DEVICES", "NETRC",
+            "MALLOC_MMAP_THRESHOLD_"}
+for _name in [name for name in os.environ if name.startswith(_FOREIGN_PREFIXES) or name in _FOREIGN]:
+    del os.environ[_name]
+# One thread per process: the suite runs two workers on two cores, each running runs of its own; with a
+# thread per core, OpenMP's spinning threads fight over the cores (two quickstarts side by side: 8
+# minutes instead of 1).
+os.environ["OMP_NUM_THREADS"] = "1"
+# One Hugging Face cache (datasets' tokenized splits, downloads) for the whole session, its workers and
+# the processes they start: made by the first process (pytest's, or xdist's controller) and inherited.
+# Tests of the cache itself use a fresh one (the datasets_cache fixture).
+if "NLI_TEST_HF_HOME" not in os.environ:
+    os.environ["NLI_TEST_HF_HOME"] = tempfile.mkdtemp(prefix="nli-tests-hf-")
+    _OWNS_CACHE = True
+else:
+    _OWNS_CACHE = False
+os.environ["HF_HOME"] = os.environ["NLI_TEST_HF_HOME"]
 
-import json
-import socket
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any, Dict, Iterator, List
+import socket  # noqa: E402  (the environment above first)
+from pathlib import Path  # noqa: E402
+from typing import Callable, Dict, Iterator, List, Sequence  # noqa: E402
 
-import datasets
-import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+import datasets  # noqa: E402
+import pytest  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from nli.config import Config, register_configs
-
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
-GLUE_DATA = ROOT / "tests" / "data" / "glue_data"  # real RTE and WNLI, in GLUE's layout (tests/data/README.md)
-
-# A few hundred synthetic examples and a handful of steps: seconds per run on 2 CPU cores.
-# What a run measures rather than computes: the only results that differ between equal runs.
-MEASURED = {"train_examples_per_second", "train_tokens_per_second", "train_seconds", "peak_memory_bytes"}
-FAST = ["experiment=quickstart", "data.synthetic_train_size=320", "data.synthetic_eval_size=96",
-        "train.max_steps=12", "train.eval_every=6", "train.log_every=3", "train.progress_bar=false"]
+from nli.config import Config, register_configs  # noqa: E402
+from tests.runs import CONF, finished_run  # noqa: E402
 
 register_configs()
+
+
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    """Tests that start processes first: they are the long ones (10 to 45 s each), so that on two workers
+    the many short ones fill in around them instead of one long test running on alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("process") is None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _OWNS_CACHE and not hasattr(config, "workerinput"):  # the process that made the cache removes it
+        shutil.rmtree(os.environ["NLI_TEST_HF_HOME"], ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def no_wandb_left_behind() -> Iterator[None]:
+    """A test that ran W&B in this process (a sweep through Hydra's own runner, say) leaves no W&B service
+    and no WANDB_SERVICE address behind, which processes started later would inherit and fail to reach."""
+    yield
+    if "WANDB_SERVICE" in os.environ:
+        import wandb
+
+        wandb.teardown()
+        os.environ.pop("WANDB_SERVICE", None)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,6 +88,24 @@ def compose_config(overrides: List[str]) -> DictConfig:
 def build_config(overrides: List[str]) -> Config:
     """The typed config the run builds, with every rule checked."""
     return OmegaConf.to_object(compose_config(overrides))
+
+
+@pytest.fixture(scope="session")
+def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A folder every xdist worker of this session sees (tests/runs.py: shared_folder)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base if worker_id == "master" else base.parent) / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_run(shared_root: Path) -> Callable[[str, Sequence[str]], Path]:
+    """``shared_run(name, args)``: the folder of a finished run of ``args``, trained once per session and
+    shared by every worker (tests/runs.py). Read it; copy it to change it (tests.runs.copy_run)."""
+
+    def get(name: str, args: Sequence[str]) -> Path:
+        return finished_run(shared_root, name, args)
+
+    return get
 
 
 @pytest.fixture
@@ -85,16 +140,3 @@ def gcs_emulator() -> Iterator[Dict[str, str]]:
             else:
                 os.environ[key] = value
         server.stop()
-
-
-def run_train(args: List[str], *, cwd: Path, module: bool = False, timeout: float = 600,
-              env: Dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python train.py ARGS`` (or ``python -m nli ARGS``) as a user types it."""
-    entry = ["-m", "nli"] if module else [str(ROOT / "train.py")]
-    full_env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
-    return subprocess.run([sys.executable, *entry, *args], cwd=cwd, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def read_results(output_dir: Path) -> Dict[str, Any]:
-    return json.loads((output_dir / "results.json").read_text())

@@ -1,5 +1,7 @@
 """The benchmark scripts run end to end on a few steps (correctness only: no timing is asserted), as
-a user runs them: ``python -m benchmarks.X`` from the repository root."""
+a user runs them: ``python -m benchmarks.X`` from the repository root. Each run starts several training
+processes (a minute of CPU for the Trainer comparison): marked ``bench``, left out of the default run and
+run by CI after it (``pytest -m bench``); their refusals of bad flags, which start no run, stay in it."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 
 from benchmarks.mnli_like import ARCHITECTURES
 from benchmarks.vs_trainer import flops_per_token
-from tests.conftest import ROOT
+from tests.runs import ROOT
 
 TINY = ["experiment=quickstart", "hw=cpu", "data.synthetic_train_size=128", "data.synthetic_eval_size=32",
         "model.scratch.dropout=0"]
@@ -26,6 +28,8 @@ def benchmark(name: str, args: List[str], *, timeout: float = 600) -> subprocess
                           text=True, timeout=timeout)
 
 
+@pytest.mark.bench
+@pytest.mark.process
 def test_scaling_runs_one_and_two_processes(tmp_path: Path) -> None:
     out = tmp_path / "scaling.json"
     proc = benchmark("scaling", ["--processes", "1", "2", "--steps", "3", "--repeats", "1", "--json", str(out),
@@ -40,6 +44,8 @@ def test_scaling_runs_one_and_two_processes(tmp_path: Path) -> None:
     assert "efficiency" in proc.stdout and f"written to {out}" in proc.stdout
 
 
+@pytest.mark.bench
+@pytest.mark.process
 def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
     """MNLI-like synthetic data, a tiny random RoBERTa, three steps of each system for each of two seeds."""
     out = tmp_path / "table"
@@ -72,6 +78,7 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
     assert table.split("\n\n", 1)[1] in proc.stdout  # the same table, after the machine's line
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("flags, error", [
     # A repeated seed would be averaged as one while the gap's standard error counted it twice.
     (["--seed", "1", "1"], "--seed 1 1: give each seed once (--rounds repeats runs)"),
@@ -96,6 +103,8 @@ def test_model_flops_per_token_count_the_weights_outside_the_embeddings(tmp_path
     assert flops_per_token(tmp_path, mean_tokens=40) == 6 * (24 * layer + head) + 12 * 24 * 1024 * 40
 
 
+@pytest.mark.bench
+@pytest.mark.process
 def test_step_ablation_times_every_variant_on_real_pairs(tmp_path: Path) -> None:
     out = tmp_path / "ablation.json"
     proc = benchmark("step_ablation", ["--batch-size", "4", "--batches", "2", "--rounds", "1", "--json", str(out)])
@@ -110,6 +119,8 @@ def test_step_ablation_times_every_variant_on_real_pairs(tmp_path: Path) -> None
     assert "speed-up" in proc.stdout and f"written to {out}" in proc.stdout
 
 
+@pytest.mark.bench
+@pytest.mark.process
 def test_company_runs_each_case_and_reports_shares_of_idle(tmp_path: Path) -> None:
     """Alone and beside a busy process, with the thread policy on; the figures come from each run's own files."""
     out = tmp_path / "company.json"
@@ -128,6 +139,8 @@ def test_company_runs_each_case_and_reports_shares_of_idle(tmp_path: Path) -> No
     assert "| on | idle | " in proc.stdout and " | 100% | " in proc.stdout and "| on | busy | " in proc.stdout
 
 
+@pytest.mark.bench
+@pytest.mark.process
 def test_checkpointing_reports_speed_and_memory_off_and_on(tmp_path: Path) -> None:
     out = tmp_path / "checkpointing.json"
     proc = benchmark("checkpointing", ["--model", "quickstart", "--steps", "4", "--rounds", "1", "--json", str(out)])
@@ -138,6 +151,8 @@ def test_checkpointing_reports_speed_and_memory_off_and_on(tmp_path: Path) -> No
     assert "| off | " in proc.stdout and "(1.00x)" in proc.stdout and "| on | " in proc.stdout
 
 
+@pytest.mark.bench
+@pytest.mark.process
 def test_recipes_compares_a_run_with_the_published_figure(tmp_path: Path) -> None:
     # The recipe's own settings, on the tiny model and the RTE files the project carries: no Hub.
     out = tmp_path / "recipes.json"
@@ -155,6 +170,7 @@ def test_recipes_compares_a_run_with_the_published_figure(tmp_path: Path) -> Non
         in proc.stdout
 
 
+@pytest.mark.process
 def test_recipes_lists_every_command_without_running_and_refuses_unknown_recipes() -> None:
     proc = benchmark("recipes", [])
     assert proc.returncode == 0, proc.stderr

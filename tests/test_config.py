@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from nli.config import AdamConfig, Config, CsvConfig, SGDConfig, TensorBoardConf
 from nli.contract import job_needs
 from nli.errors import ConfigError
 from nli.help import field_descriptions
-from tests.conftest import CONF, ROOT, build_config, compose_config, run_train
+from tests.conftest import build_config, compose_config
+from tests.runs import CONF, ROOT, run_app, run_process
 
 # Every option of every group, nested ones (model/peft) included.
 GROUP_OPTIONS = sorted((p.parent.relative_to(CONF).as_posix(), p.stem) for p in CONF.rglob("*.yaml")
@@ -47,6 +49,21 @@ def test_every_yaml_composes_into_its_schema(group: str, name: str) -> None:
     nodes = list(cfg.logger.values()) if group == "logger" else [node]  # loggers: one key each
     for node in nodes:
         assert type(node).__name__.endswith("Config"), f"{group}/{name}.yaml is not typed by a schema"
+
+
+@pytest.mark.parametrize("group,name", GROUP_OPTIONS)
+def test_a_run_from_python_records_the_config_the_command_line_records(group: str, name: str) -> None:
+    """A run started from Python gets its resolved config from the typed config (nli.context.local); the
+    command line from Hydra's. The two are the same, key for key and in the same order, for every file: the
+    same identity (nli.identity), config.yaml and loggers' config."""
+    from omegaconf import OmegaConf
+
+    from nli.context import resolved
+
+    raw = compose_config([f"{group}={name}"])
+    from_hydra = OmegaConf.to_container(raw, resolve=True, enum_to_str=True)
+    ours = resolved(OmegaConf.to_object(raw))
+    assert json.dumps(ours) == json.dumps(from_hydra)
 
 
 @pytest.mark.parametrize("name", options("hparams_search"))
@@ -255,15 +272,23 @@ def imported(stderr: str) -> Set[str]:
                                                       "dropout", "set model.scratch.dropout=0.2 instead"]),
 ])
 def test_bad_input_on_the_command_line(tmp_path: Path, args: list[str], expected: list[str]) -> None:
-    """What a user sees: a non-zero exit and the key, before torch loads (so in about a second)."""
-    proc = run_train([*args, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout=120,
-                     env={"PYTHONPROFILEIMPORTTIME": "1"})
+    """What a user sees: a non-zero exit and the key, and nothing written."""
+    proc = run_app([*args, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1
     for text in expected:
         assert text in output
     assert not (tmp_path / "run" / "model").exists() and not (tmp_path / "run" / "results.json").exists()
     assert "Traceback" not in output
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("args", [["train.epocs=3"], ["experiment=quickstart", "optimizer.lr=-1"]],
+                         ids=["composition", "rule"])
+def test_bad_input_is_answered_before_torch_loads(tmp_path: Path, args: list[str]) -> None:
+    """A refused key or value is answered in about a second: the process never imports torch."""
+    proc = run_process([*args, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "hydra" in imported(proc.stderr) and not {"torch", "transformers", "datasets"} & imported(proc.stderr)
 
 
@@ -274,15 +299,16 @@ def without_descriptions(help_text: str) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("overrides", [[], ["model=tiny", "optimizer.lr=0.5"]], ids=["defaults", "overrides"])
 def test_help_describes_every_key_without_torch(tmp_path: Path, overrides: List[str]) -> None:
     """`--help` (nli/help.py) prints Hydra's help, less the internal schema/ groups, with each key's
     description from the schema after it as a YAML comment, in a second, without importing torch;
     `--config-name` is a flag it leaves to Hydra, which gives Hydra's own text."""
     env = {"PYTHONPROFILEIMPORTTIME": "1", "COLUMNS": "120"}
-    ours = run_train(["--help", *overrides], cwd=tmp_path, timeout=60, env=env)
-    hydras = run_train(["--help", "--config-name", "train", *overrides], cwd=tmp_path, timeout=60)
-    job = run_train(["--cfg", "job", *overrides], cwd=tmp_path, timeout=60)
+    ours = run_process(["--help", *overrides], cwd=tmp_path, env=env)
+    hydras = run_app(["--help", "--config-name", "train", *overrides], cwd=tmp_path)
+    job = run_app(["--cfg", "job", *overrides], cwd=tmp_path)
     assert ours.returncode == 0 and hydras.returncode == 0 and job.returncode == 0, ours.stderr + hydras.stderr
     help_text = ours.stdout
 
@@ -317,10 +343,11 @@ def test_help_describes_every_key_without_torch(tmp_path: Path, overrides: List[
     assert "hydra" in imported(ours.stderr) and not {"torch", "transformers", "datasets"} & imported(ours.stderr)
 
 
+@pytest.mark.process
 def test_help_describes_each_logger_of_several(tmp_path: Path) -> None:
     """A node the schema types inside a plain dict (logger.<name>) gets its own descriptions; `python -m nli`."""
-    proc = run_train(["--help", "logger=[wandb,tensorboard]", "optimizer=sgd"], cwd=tmp_path, timeout=60,
-                     module=True, env={"COLUMNS": "120"})
+    proc = run_process(["--help", "logger=[wandb,tensorboard]", "optimizer=sgd"], cwd=tmp_path, module=True,
+                       env={"COLUMNS": "120"})
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^  wandb:\n    _target_: \S+ +# the logger's class", proc.stdout, re.M)
     assert re.search(r"^    project: null +# W&B project; null: WANDB_PROJECT", proc.stdout, re.M)
@@ -367,6 +394,7 @@ def test_field_descriptions_read_the_source() -> None:
     assert field_descriptions(dict) == {}
 
 
+@pytest.mark.process
 def test_cfg_job_prints_the_config_without_torch(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "train.py"), "--cfg", "job", "model=tiny",
                            "train.compile=true"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -378,7 +406,7 @@ def test_cfg_job_prints_the_config_without_torch(tmp_path: Path) -> None:
 
 
 def test_help_with_a_bad_override_is_hydras_error(tmp_path: Path) -> None:
-    proc = run_train(["--help", "model=nope"], cwd=tmp_path, timeout=60)
+    proc = run_app(["--help", "model=nope"], cwd=tmp_path)
     assert proc.returncode != 0 and "Could not find 'model/nope'" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -390,13 +418,19 @@ def test_help_with_a_bad_override_is_hydras_error(tmp_path: Path) -> None:
 ])
 def test_a_key_under_a_null_node_is_named_with_its_fix(tmp_path: Path, overrides: List[str], message: str) -> None:
     # Hydra's own answer was an OmegaConf assertion traceback ("Unexpected type for root: NoneType").
-    for module in (False, True):
-        proc = run_train(overrides, cwd=tmp_path, module=module, timeout=60)
-        assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_app(overrides, cwd=tmp_path)
+    assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.process
+def test_python_dash_m_nli_names_a_key_under_a_null_node(tmp_path: Path) -> None:
+    proc = run_process(["experiment=quickstart", "model.peft.r=16"], cwd=tmp_path, module=True)
+    assert proc.returncode == 1 and "which is null in this config: select the adapters first: model/peft=lora" \
+        in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_key_under_a_node_its_option_fills_composes(tmp_path: Path) -> None:
-    proc = run_train(["experiment=quickstart", "model/peft=lora", "model.peft.r=16", "model.scratch.hidden_size=64",
-                      "--cfg", "job"], cwd=tmp_path, timeout=60)
+    proc = run_app(["experiment=quickstart", "model/peft=lora", "model.peft.r=16", "model.scratch.hidden_size=64",
+                    "--cfg", "job"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "r: 16" in proc.stdout and "hidden_size: 64" in proc.stdout

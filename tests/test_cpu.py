@@ -14,7 +14,7 @@ from typing import Dict, List
 import pytest
 
 from nli import cpu, platform
-from tests.conftest import FAST, ROOT
+from tests.runs import FAST, ROOT, process_env
 
 
 @pytest.mark.parametrize("usable, runs, foreign, threads", [
@@ -164,6 +164,7 @@ def test_revisit_looks_again_only_every_few_seconds(tmp_path: Path, clock: List[
     assert chosen == [2, 1]
 
 
+@pytest.mark.process
 def test_a_live_process_in_the_registry_is_a_run_until_it_ends(tmp_path: Path) -> None:
     """Real processes and the real /proc: a run's file counts while it lives, and goes when it ends."""
     folder = tmp_path / "runs"
@@ -199,6 +200,7 @@ def one_core() -> None:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux affinity masks")
 @pytest.mark.parametrize("args, env, expected", [
     ([], {}, "threads 1: 1 core(s) in the affinity mask, "),
@@ -211,7 +213,7 @@ def test_train_py_on_one_core_reports_its_thread_count(tmp_path: Path, monkeypat
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *FAST, *args, f"hydra.run.dir={run_dir}"],
                           cwd=tmp_path, capture_output=True, text=True, preexec_fn=one_core, timeout=600,
-                          env={**os.environ, "HF_HOME": str(tmp_path / "hf"), **env})
+                          env=process_env(env))
     assert proc.returncode == 0, proc.stderr
     log = (run_dir / "train.log").read_text()
     assert expected in log

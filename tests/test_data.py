@@ -18,8 +18,9 @@ from transformers import AutoTokenizer
 from nli import data
 from nli.config import Config, ConfigError
 from nli.sources import DataError
-from tests.conftest import GLUE_DATA, build_config
+from tests.conftest import build_config
 from tests.glue_layouts import EXPECTED, write_layout, write_tsv
+from tests.runs import GLUE_DATA
 
 # The Hub's label order (nyu-mll/glue), written out here rather than taken from the configs.
 HUB_LABELS = {"rte": ["entailment", "not_entailment"], "wnli": ["not_entailment", "entailment"]}

@@ -1,16 +1,18 @@
 """Data parallelism: the real train.py under torchrun with two CPU processes (gloo) ends where one
-process ends with the same global batch, and so do two Vertex AI replicas placed by CLUSTER_SPEC and
-two submitit tasks; the sampler's shards, CLUSTER_SPEC and the image's entry point."""
+process (this one) ends with the same global batch, and so do two Vertex AI replicas placed by
+CLUSTER_SPEC and two submitit tasks; the sampler's shards, CLUSTER_SPEC and the image's entry point."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import pytest
 import torch
@@ -19,9 +21,8 @@ from transformers import AutoModelForSequenceClassification
 from nli.data import EpochSampler
 from nli.distributed import shard
 from nli.platform.vertex import from_cluster_spec
-from tests.conftest import MEASURED, ROOT, read_results
-from tests.conftest import run_train as run_any
 from tests.reference import PORTABLE, RUNS, digest, recorded
+from tests.runs import MEASURED, ROOT, process_env, read_results, run_app
 
 # 330 examples in batches of 32: ten full batches and a last one of 10, split 5 and 5 over two ranks;
 # dropout off, since each rank draws its own masks and one process draws other ones.
@@ -29,17 +30,21 @@ from tests.reference import PORTABLE, RUNS, digest, recorded
 ARGS = RUNS["torchrun"]
 
 
-def run_train(args: List[str], **kwargs: Any) -> subprocess.CompletedProcess:
-    """Every run here computes with the portable kernels, so the two-process run can be held to the
-    recorded reference as well (tests/reference.py)."""
-    return run_any(args, env={**PORTABLE, **kwargs.pop("env", {})}, **kwargs)
-
-
-def torchrun(args: List[str], *, cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **PORTABLE}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                           str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+def torchrun(args: List[str], *, cwd: Path, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Every torchrun run here computes with the portable kernels, so that the two-process run can be held to
+    the recorded reference as well (tests/reference.py). A run that outlives ``timeout`` (a rank waiting
+    for another that is gone) fails the test with what it printed, its processes all stopped."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(ROOT / "train.py"), *args]
+    proc = subprocess.Popen(command, cwd=cwd, env=process_env(PORTABLE), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun ran for over {timeout:.0f} s:\n{out[-3000:]}\n{err[-5000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 Outcome = Tuple[Dict[str, Any], Dict[str, torch.Tensor]]  # results.json, and the exported model's weights
@@ -64,24 +69,22 @@ def assert_same_run(ours: Outcome, theirs: Outcome) -> None:
         torch.testing.assert_close(ours[1][key], tensor, rtol=1e-4, atol=1e-5, msg=key)
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+@pytest.fixture
+def single(shared_run: Callable[[str, Sequence[str]], Path]) -> Outcome:
     """One process, the whole global batch at once: where every multi-process run must end."""
-    run_dir = tmp_path_factory.mktemp("single") / "run"
-    proc = run_train([*ARGS, f"output_dir={run_dir}", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return outcome(run_dir)
+    return outcome(shared_run("ddp-single", ARGS))
 
 
 def test_one_process_accumulating_ends_where_one_big_batch_does(tmp_path: Path, single: Outcome) -> None:
     """32 examples as 4 micro-batches of 8 give the same training as one batch of 32."""
     out = tmp_path / "accumulated"
-    proc = run_train([*ARGS, "hw.per_device_batch_size=8", f"output_dir={out}", f"hydra.run.dir={out}"], cwd=tmp_path)
+    proc = run_app([*ARGS, "hw.per_device_batch_size=8", f"output_dir={out}", f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(8 x 4 accumulated)" in (out / "train.log").read_text()
     assert_same_run(outcome(out), single)
 
 
+@pytest.mark.process
 def test_two_processes_end_where_one_does(tmp_path: Path, single: Outcome) -> None:
     two = tmp_path / "two"
     proc = torchrun([*ARGS, f"output_dir={two}", f"hydra.run.dir={two}"], cwd=tmp_path)
@@ -94,13 +97,14 @@ def test_two_processes_end_where_one_does(tmp_path: Path, single: Outcome) -> No
     assert ours["weights"] == reference["weights"]
 
 
+@pytest.mark.process
 def test_two_processes_with_gradient_checkpointing_end_where_one_does_without(tmp_path: Path) -> None:
     """Checkpointing (non-reentrant) under DDP: two processes recomputing their layers in the backward
     pass train as one process keeping them, with the stock forward both (no dropout, whose random
     streams differ between one process and two)."""
     stock = [*ARGS, "model.scratch.dropout=0"]
     one, two = tmp_path / "one", tmp_path / "two"
-    proc = run_train([*stock, "model.fast_paths=false", f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
+    proc = run_app([*stock, "model.fast_paths=false", f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = torchrun([*stock, "train.gradient_checkpointing=true", f"output_dir={two}", f"hydra.run.dir={two}"],
                     cwd=tmp_path)
@@ -111,6 +115,7 @@ def test_two_processes_with_gradient_checkpointing_end_where_one_does_without(tm
                     ({k: v for k, v in theirs.items() if k != "identity"}, their_weights))
 
 
+@pytest.mark.process
 def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -> None:
     """hydra.launcher.tasks_per_node=2 through submitit, whose local executor sets up each task's
     environment as its Slurm executor does: each task finds its rank there (no torchrun)."""
@@ -118,7 +123,7 @@ def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
                            "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10", *ARGS,
                            f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **PORTABLE})
+                          env=process_env(PORTABLE))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "x 2 processes" in (sweep / "0" / "train.log").read_text()
     assert_same_run(outcome(sweep / "0"), single)
@@ -268,6 +273,7 @@ def test_cluster_spec_gives_torchs_variables() -> None:
         from_cluster_spec({**spec, "task": {"type": "workerpool3", "index": 0}})
 
 
+@pytest.mark.process
 def test_two_vertex_nodes_on_localhost_train_as_one_process(tmp_path: Path, single: Outcome) -> None:
     """Two replicas as Vertex AI starts them, one per worker pool, each told its place only by
     CLUSTER_SPEC (no torchrun): they meet at the primary's address and end where one process does.
@@ -283,7 +289,7 @@ def test_two_vertex_nodes_on_localhost_train_as_one_process(tmp_path: Path, sing
     nodes = []
     for task in ({"type": "workerpool0", "index": 0}, {"type": "workerpool1", "index": 0}):
         spec = json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})
-        env = {**os.environ, "CLUSTER_SPEC": spec, "HYDRA_FULL_ERROR": "0", **PORTABLE}
+        env = process_env({"CLUSTER_SPEC": spec, **PORTABLE})
         nodes.append(subprocess.Popen([sys.executable, str(ROOT / "train.py"), *ARGS, "hw.per_device_batch_size=8",
                                        f"output_dir={out}",
                                        f"hydra.run.dir={tmp_path / task['type']}"], cwd=tmp_path, env=env,
@@ -314,27 +320,25 @@ def test_on_a_tpu_host_the_entry_point_starts_pytorch_xla_s_launcher() -> None:
     from nli.node import command
 
     assert command(["task=rte", "hw=tpu-v5e-8"], env={"PJRT_DEVICE": "TPU"}, gpus=0) == \
-        [sys.executable, "-m", "nli.xla", "task=rte", "hw=tpu-v5e-8"]
+        [sys.executable, "-m", "nli.xla_launch", "task=rte", "hw=tpu-v5e-8"]
     two_hosts = {"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": ["h0:2222"], "workerpool1": ["h1:2222"]},
                                              "task": {"type": "workerpool0", "index": 0}}), "PJRT_DEVICE": "TPU"}
     with pytest.raises(SystemExit, match="2 TPU hosts"):
         command(["hw=tpu-v5e-8"], env=two_hosts, gpus=0)
 
 
+@pytest.mark.process
 def test_stopped_at_two_processes_resumes_at_one(tmp_path: Path) -> None:
     """SIGTERM to torchrun mid-run: both ranks stop at the same step and rank 0 writes the checkpoint;
     one process continues from it and ends where an uninterrupted single process does (to float
     tolerance: the steps before the stop summed the ranks' halves in another order)."""
-    import signal
-    import time
-
     args = [*[a for a in ARGS if not a.startswith(("train.max_steps", "train.log_every"))], "train.max_steps=40",
             "train.log_every=1"]
     run, one = tmp_path / "run", tmp_path / "one"
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                              str(ROOT / "train.py"), *args, f"output_dir={run}", f"hydra.run.dir={run}"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **PORTABLE})
+                            env=process_env(PORTABLE))
     deadline = time.monotonic() + 300
     while "step 15: loss" not in ((run / "train.log").read_text() if (run / "train.log").exists() else ""):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
@@ -343,8 +347,8 @@ def test_stopped_at_two_processes_resumes_at_one(tmp_path: Path) -> None:
     output = proc.communicate(timeout=120)[0]
     stopped = int(re.search(r"SIGTERM at step (\d+)", output)[1])
     assert 15 <= stopped < 40 and (run / "checkpoints" / f"step-{stopped:06d}" / "checkpoint.json").exists(), output
-    resumed = run_train([*args, f"output_dir={run}", f"hydra.run.dir={run}"], cwd=tmp_path)
+    resumed = run_app([*args, f"output_dir={run}", f"hydra.run.dir={run}"], cwd=tmp_path)
     assert resumed.returncode == 0 and f"step {stopped} of 40" in resumed.stderr + resumed.stdout, resumed.stderr
-    single = run_train([*args, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
+    single = run_app([*args, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
     assert single.returncode == 0, single.stderr
     assert_same_run(outcome(run), outcome(one))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import posixpath
 import re
 import shutil
@@ -20,7 +19,7 @@ import yaml
 from docker.utils.build import PatternMatcher
 from dockerfile_parse import DockerfileParser
 
-from tests.conftest import FAST, ROOT, read_results
+from tests.runs import FAST, ROOT, process_env, read_results
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +171,7 @@ def test_copy_sources_exist_are_not_ignored_and_keep_the_repository_layout(docke
             assert {"conf", "nli", "launch", "train.py", "pyproject.toml", "README.md"} <= copied, name
 
 
+@pytest.mark.process
 def test_entrypoint_runs_the_quickstart(dockerfile: DockerfileParser, tmp_path: Path) -> None:
     """`docker run IMAGE <overrides>`: the exec-form entry point with the overrides appended, in the
     WORKDIR (here the repository root, which the test above shows has the image's layout), under the
@@ -180,7 +180,7 @@ def test_entrypoint_runs_the_quickstart(dockerfile: DockerfileParser, tmp_path: 
     # The image's `python` is the interpreter the project is installed into; here that is the one
     # running the tests, which a `python` on PATH need not be (a venv not activated, python3 only).
     command = [sys.executable if entrypoint[0] == "python" else entrypoint[0], *entrypoint[1:]]
-    env = {**os.environ, **dockerfile.envs, "HF_HOME": str(tmp_path / "hf")}
+    env = process_env(dockerfile.envs)
     out = tmp_path / "out"
     # hydra.run.dir: Hydra's own files (.hydra/, train.log) would otherwise land in the repository.
     args = [*FAST, f"output_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}"]
@@ -191,6 +191,7 @@ def test_entrypoint_runs_the_quickstart(dockerfile: DockerfileParser, tmp_path: 
     assert (out / "config.yaml").is_file() and (out / "model").is_dir()
 
 
+@pytest.mark.process
 def test_the_reduction_server_plugin_is_built_in_only_when_asked(dockerfile: DockerfileParser, tmp_path: Path) -> None:
     """The RUN step behind `--build-arg REDUCTION_SERVER=1`, run by a shell as Docker runs it, with
     apt-get, curl and gpg replaced by recorders and the system folders by temporary ones."""

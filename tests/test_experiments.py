@@ -8,7 +8,8 @@ import re
 import pytest
 
 from benchmarks.recipes import PUBLISHED
-from tests.conftest import ROOT, build_config
+from tests.conftest import build_config
+from tests.runs import ROOT
 
 SMALL_TASKS = ("rte", "mrpc", "stsb")
 FROM_MNLI = {"roberta-large-from-mnli": "FacebookAI/roberta-large-mnli",

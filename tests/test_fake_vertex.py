@@ -85,6 +85,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.process
 def test_container_job_succeeds_with_vertex_environment(fake: FakeVertex, client: JobServiceClient,
                                                         tmp_path: Path) -> None:
     out_file = tmp_path / "out.json"
@@ -106,6 +107,7 @@ def test_container_job_succeeds_with_vertex_environment(fake: FakeVertex, client
     assert fake.requests[0][:2] == ("POST", f"/v1/{PARENT}/customJobs?%24alt=json%3Benum-encoding%3Dint")
 
 
+@pytest.mark.process
 def test_job_does_not_inherit_the_submitters_environment(fake: FakeVertex, client: JobServiceClient, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ONLY_IN_TEST_PROCESS", "hunter2")
@@ -116,6 +118,7 @@ def test_job_does_not_inherit_the_submitters_environment(fake: FakeVertex, clien
     assert "ONLY_IN_TEST_PROCESS" not in fake.jobs[job.name].env
 
 
+@pytest.mark.process
 def test_non_zero_exit_fails_the_job_with_vertex_message(client: JobServiceClient, tmp_path: Path) -> None:
     custom_job = container_job(tmp_path / "out.json", env={"EXIT_CODE": "3"})
     job = wait_until_ended(client, client.create_custom_job(parent=PARENT, custom_job=custom_job).name)
@@ -123,6 +126,7 @@ def test_non_zero_exit_fails_the_job_with_vertex_message(client: JobServiceClien
     assert job.error.message.startswith("The replica workerpool0-0 exited with a non-zero status of 3.")
 
 
+@pytest.mark.process
 def test_cancel_kills_the_process(fake: FakeVertex, client: JobServiceClient, tmp_path: Path) -> None:
     out_file = tmp_path / "out.json"
     name = client.create_custom_job(parent=PARENT, custom_job=container_job(out_file, "sleep")).name
@@ -138,6 +142,7 @@ def test_cancel_kills_the_process(fake: FakeVertex, client: JobServiceClient, tm
         client.cancel_custom_job(name=name)
 
 
+@pytest.mark.process
 def test_timeout_and_unknown_image_fail_the_job(client: JobServiceClient, tmp_path: Path) -> None:
     slow = container_job(tmp_path / "out.json", "sleep")
     slow.job_spec.scheduling.timeout = {"seconds": 1}
@@ -154,6 +159,7 @@ def test_unknown_job_is_not_found(client: JobServiceClient) -> None:
         client.get_custom_job(name=f"{PARENT}/customJobs/123")
 
 
+@pytest.mark.process
 def test_list_filters_by_label(client: JobServiceClient, tmp_path: Path) -> None:
     for sweep in ("a", "b"):
         client.create_custom_job(parent=PARENT, custom_job=container_job(tmp_path / f"{sweep}.json",
@@ -204,6 +210,7 @@ def test_unknown_field_is_invalid_argument(fake: FakeVertex) -> None:
     assert isinstance(error, exceptions.BadRequest) and 'Unknown name "notAField"' in error.message
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("status, reason, raised", [
     (503, "UNAVAILABLE", exceptions.ServiceUnavailable),
     (429, "RESOURCE_EXHAUSTED", exceptions.TooManyRequests),  # not ResourceExhausted: that is a subclass
@@ -246,6 +253,7 @@ def sdist(module: str, source: str) -> bytes:
     return buffer.getvalue()
 
 
+@pytest.mark.process
 def test_python_package_job_installs_and_runs_the_module(gcs_emulator: Dict[str, str], fake: FakeVertex,
                                                          client: JobServiceClient, tmp_path: Path) -> None:
     source = "import os, sys\nopen(sys.argv[1], 'w').write(os.environ['CLOUD_ML_JOB_ID'] + ' ' + os.getcwd())\n"

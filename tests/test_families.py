@@ -15,8 +15,9 @@ import torch
 from transformers import AutoTokenizer
 
 from nli import synthetic
-from tests.conftest import GLUE_DATA, build_config, read_results, run_train
+from tests.conftest import build_config
 from tests.families import small_model
+from tests.runs import GLUE_DATA, read_results, run_app
 
 PRESETS = {"deberta-v3-xsmall": "deberta-v2", "deberta-v3-small": "deberta-v2", "deberta-v3-base": "deberta-v2",
            "deberta-v3-large": "deberta-v2", "deberta-v3-base-mnli": "deberta-v2", "electra-base": "electra",
@@ -48,11 +49,11 @@ def deberta_v3_checkpoint(folder: Path) -> Path:
 def test_the_deberta_v3_preset_trains_offline_with_a_sentencepiece_tokenizer(tmp_path: Path) -> None:
     checkpoint = deberta_v3_checkpoint(tmp_path / "deberta-v3")
     out = tmp_path / "run"
-    proc = run_train(["model=deberta-v3-base", f"model.name_or_path={checkpoint}", "task=rte", f"data.dir={GLUE_DATA}",
+    proc = run_app(["model=deberta-v3-base", f"model.name_or_path={checkpoint}", "task=rte", f"data.dir={GLUE_DATA}",
                       "data.max_train_samples=32", "data.max_eval_samples=32", "data.max_seq_length=64",
                       "train.batch_size=16", "train.max_steps=4", "train.progress_bar=false", "hw=cpu",
                       f"hydra.run.dir={out}"], cwd=tmp_path,
-                     env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+                   env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert 0 <= read_results(out)["accuracy"] <= 1
     exported = json.loads((out / "model" / "config.json").read_text())
@@ -80,11 +81,11 @@ def test_electra_and_modernbert_presets_train_offline(family: str, preset: str, 
     small_model(family, vocab_size=len(tokenizer), **ids).base_model.save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)
     out = tmp_path / "run"
-    proc = run_train([f"model={preset}", f"model.name_or_path={checkpoint}", "task=rte", f"data.dir={GLUE_DATA}",
+    proc = run_app([f"model={preset}", f"model.name_or_path={checkpoint}", "task=rte", f"data.dir={GLUE_DATA}",
                       "data.max_train_samples=32", "data.max_eval_samples=32", "data.max_seq_length=64",
                       "train.batch_size=16", "train.max_steps=4", "train.progress_bar=false", "hw=cpu",
                       "optimizer.layer_decay=0.8", f"hydra.run.dir={out}"], cwd=tmp_path,
-                     env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+                   env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert 0 <= read_results(out)["accuracy"] <= 1
     assert json.loads((out / "model" / "config.json").read_text())["model_type"] == family

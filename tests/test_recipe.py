@@ -16,7 +16,7 @@ from nli.checkpoint import BestEvaluation, Progress, TrainingState
 from nli.errors import CheckpointError
 from nli.evaluation import Evaluation
 from nli.hooks import EarlyStopping
-from tests.conftest import FAST, read_results, run_train
+from tests.runs import FAST, read_results, run_app
 
 # The metric cannot move: at this learning rate the weights barely change.
 STALLED = [*FAST, "optimizer.lr=1e-9", "train.eval_every=2", "train.early_stopping.patience=2"]
@@ -94,7 +94,7 @@ def test_early_stopping_counts_evaluations_without_improvement(objectives: tuple
 
 
 def test_a_stalled_run_stops_early_and_says_so(tmp_path: Path) -> None:
-    proc = run_train([*STALLED, f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*STALLED, f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = read_results(tmp_path)
     # Evaluations at steps 2, 4 and 6; 4 and 6 bring nothing new: stop at 6 of 12, export step 2.
@@ -105,7 +105,7 @@ def test_a_stalled_run_stops_early_and_says_so(tmp_path: Path) -> None:
     # Its counter is checkpoint state: with results.json lost (a crash before it was written), the
     # run resumes from step 6 and stops again at once, with the same results.
     (tmp_path / "results.json").unlink()
-    again = run_train([*STALLED, f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    again = run_app([*STALLED, f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming from checkpoint" in again.stdout + again.stderr
     assert "step 8:" not in (tmp_path / "train.log").read_text()  # no step after the stop
@@ -115,8 +115,7 @@ def test_a_stalled_run_stops_early_and_says_so(tmp_path: Path) -> None:
 
 
 def test_without_patience_a_stalled_run_trains_to_the_end(tmp_path: Path) -> None:
-    proc = run_train([*STALLED[:-1], "logger=[csv,tensorboard]", f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*STALLED[:-1], "logger=[csv,tensorboard]", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = read_results(tmp_path)
     assert results["stopped_early"] is None and results["train_steps"] == 12

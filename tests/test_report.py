@@ -17,21 +17,31 @@ import matplotlib.image
 import pytest
 
 from nli import report, sweep
-from tests.conftest import FAST, ROOT, read_results, run_train
+from tests.runs import FAST, ROOT, copy_run, read_results, run_app, shared_folder
 
 LRS = ("0.001", "0.003")  # as Hydra's sweeper writes 1e-3,3e-3 back
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 OBJECTIVE_PNG = "objective_vs_optimizer.lr.png"
 
 
-@pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Four real jobs, each logging its metrics.csv: the fast quickstart, learning rate x seed."""
-    base = tmp_path_factory.mktemp("report")
-    directory = base / "sweep"
-    proc = run_train(["-m", *FAST, "optimizer.lr=1e-3,3e-3", "seed=1,2", f"hydra.sweep.dir={directory}"], cwd=base)
+SWEEP = ["-m", *FAST, "optimizer.lr=1e-3,3e-3", "seed=1,2"]
+
+
+def run_sweep(directory: Path) -> None:
+    proc = run_app([*SWEEP, f"hydra.sweep.dir={directory}"], cwd=directory.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return directory
+
+
+@pytest.fixture
+def shared_sweep(shared_root: Path) -> Path:
+    """Four real jobs, each logging its metrics.csv: the fast quickstart, learning rate x seed (once per session;
+    read only)."""
+    return shared_folder(shared_root, "report-sweep", SWEEP, run_sweep)
+
+
+@pytest.fixture
+def sweep_dir(shared_sweep: Path) -> Path:
+    return shared_sweep
 
 
 def tables(markdown: str) -> Dict[str, List[Dict[str, str]]]:
@@ -59,8 +69,9 @@ def assert_png(path: Path, size: Tuple[float, float]) -> None:
     assert pixels.shape[2] in (3, 4) and pixels.std() > 0
 
 
-def test_a_sweep_report_has_the_rows_the_seeds_means_and_the_plots(sweep_dir: Path,
+def test_a_sweep_report_has_the_rows_the_seeds_means_and_the_plots(shared_sweep: Path, tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_dir = copy_run(shared_sweep, tmp_path / "sweep")  # the report is written into the sweep's folder
     assert report.main([str(sweep_dir)]) == 0
     markdown_file = sweep_dir / report.REPORT
     printed = capsys.readouterr().out.split()
@@ -151,6 +162,7 @@ def test_failed_jobs_are_in_the_tables_and_not_in_the_plots(sweep_dir: Path, tmp
     assert f"- {notes[0]}" in markdown
 
 
+@pytest.mark.process
 def test_python_m_nli_report(sweep_dir: Path, tmp_path: Path) -> None:
     """The command as a user types it, in its own process, with a sweep and a run folder at once."""
     proc = subprocess.run([sys.executable, "-m", "nli.report", str(sweep_dir), str(sweep_dir / "0"),
@@ -161,7 +173,7 @@ def test_python_m_nli_report(sweep_dir: Path, tmp_path: Path) -> None:
     jobs = tables((tmp_path / report.REPORT).read_text())["Jobs"]
     # The run folder is job 4, after the sweep's four; the folder column tells the two job 0s apart.
     assert [line["job"] for line in jobs] == ["0", "1", "2", "3", "4"]
-    assert jobs[0]["folder"] == jobs[4]["folder"] == "sweep/0"
+    assert jobs[0]["folder"] == jobs[4]["folder"] == f"{sweep_dir.name}/0"
     assert jobs[4]["objective"] == jobs[0]["objective"]
     for name in proc.stdout.splitlines()[1:]:
         assert Path(name).read_bytes()[:8] == PNG_MAGIC

@@ -1,23 +1,22 @@
-"""Runs that survive preemption: the real train.py stopped by SIGTERM or SIGKILL, started again
-with the same command, must end exactly where an uninterrupted run ends, on local disk and on
-Cloud Storage (a local emulator); damaged checkpoints, another run's checkpoints, a full disk and
-an unwritable output directory must each stop or fall back with a clear message."""
+"""Runs that survive preemption: the real train.py stopped by SIGTERM or SIGKILL (in a process of its
+own), started again with the same command (in this process), must end exactly where an uninterrupted
+run ends, on local disk and on Cloud Storage (a local emulator); damaged checkpoints, another run's
+checkpoints, a full disk and an unwritable output directory must each stop or fall back with a clear
+message."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 import resource
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ from safetensors.torch import load
 
 from nli.checkpoint import Checkpoints
 from nli.storage import Storage
-from tests.conftest import MEASURED, ROOT, read_results, run_train
+from tests.runs import MEASURED, ROOT, copy_run, process_env, read_results, run_app, shared_folder
 from tests.wandb_records import records
 
 # 20 optimizer steps per epoch, 50 in all: the signal lands in the middle of the second epoch.
@@ -38,7 +37,7 @@ def start(args: List[str], cwd: Path, env: Dict[str, str] | None = None,
           preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec_fn,
-                            env={**os.environ, "HYDRA_FULL_ERROR": "0", "HF_HOME": str(cwd / "hf"), **(env or {})})
+                            env=process_env(env))
 
 
 def wait_for_step(proc: subprocess.Popen, log: Path, step: int, timeout: float = 120) -> None:
@@ -94,37 +93,35 @@ def snapshot(run_dir: Path) -> Dict[str, bytes]:
             if p.is_file() and p.name != "train.log" and ".hydra" not in p.parts}
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
-    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
-    proc = run_train([*ARGS, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent, env={"HF_HOME": str(run_dir / "hf")})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return local_outcome(run_dir)
+@pytest.fixture
+def uninterrupted(shared_run: Callable[[str, Sequence[str]], Path]) -> Outcome:
+    return local_outcome(shared_run("resume-uninterrupted", ARGS))
 
 
-@pytest.fixture(scope="module")
-def preempted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run stopped by SIGTERM in the middle of its second epoch; tests resume copies of it."""
-    run_dir = tmp_path_factory.mktemp("preempted") / "run"
+def preempt(run_dir: Path) -> None:
+    """A run stopped by SIGTERM in the middle of its second epoch."""
     proc = stop_with_sigterm(run_dir)
     assert proc.returncode == 75, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     stopped_at = int(re.search(r"preempted, resumable: SIGTERM at step (\d+)", proc.stderr).group(1))
     assert checkpoints(run_dir)[f"step-{stopped_at:06d}"]  # the step it stopped at is saved, whole
-    return run_dir
+
+
+@pytest.fixture
+def preempted(shared_root: Path) -> Path:
+    """A run stopped by SIGTERM in the middle of its second epoch (once per session); tests resume copies of it."""
+    return shared_folder(shared_root, "resume-preempted", [*ARGS, "SIGTERM after step 23"], preempt)
 
 
 def copy_of(preempted: Path, tmp_path: Path) -> Path:
-    run_dir = tmp_path / "run"
-    shutil.copytree(preempted, run_dir)
-    return run_dir
+    return copy_run(preempted, tmp_path / "run")
 
 
 def resume(run_dir: Path, *extra: str, **kwargs: object) -> subprocess.CompletedProcess:
-    return run_train([*ARGS, *extra, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent,
-                     env={"HF_HOME": str(run_dir / "hf")}, **kwargs)
+    return run_app([*ARGS, *extra, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent, **kwargs)
 
 
+@pytest.mark.process
 def test_sigterm_mid_epoch_then_resume_ends_as_if_never_stopped(preempted: Path, tmp_path: Path,
                                                                 uninterrupted: Outcome) -> None:
     run_dir = copy_of(preempted, tmp_path)
@@ -143,6 +140,7 @@ def test_sigterm_mid_epoch_then_resume_ends_as_if_never_stopped(preempted: Path,
     assert (run_dir / "results.json").read_bytes() == results
 
 
+@pytest.mark.process
 def test_checkpoints_keep_the_newest_and_the_best(preempted: Path) -> None:
     complete = [name for name, done in checkpoints(preempted).items() if done]
     manifests = {n: json.loads((preempted / "checkpoints" / n / "checkpoint.json").read_text()) for n in complete}
@@ -151,6 +149,7 @@ def test_checkpoints_keep_the_newest_and_the_best(preempted: Path) -> None:
     assert len(complete) == 3 and all(intact(preempted / "checkpoints" / n) for n in complete)
 
 
+@pytest.mark.process
 def test_sigkill_while_a_checkpoint_is_written(tmp_path: Path, uninterrupted: Outcome) -> None:
     """Checkpoint every step, and kill the process while a checkpoint folder has no manifest yet."""
     run_dir = tmp_path / "run"
@@ -168,12 +167,13 @@ def test_sigkill_while_a_checkpoint_is_written(tmp_path: Path, uninterrupted: Ou
     else:
         pytest.fail("never caught a checkpoint being written")
     previous = max(n for n, done in checkpoints(run_dir).items() if done and n < caught)
-    done = run_train(args, cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    done = run_app(args, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"resuming from checkpoint {run_dir / 'checkpoints' / previous}" in done.stdout
     assert_same_run(local_outcome(run_dir), uninterrupted)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kills", [3, pytest.param(15, marks=pytest.mark.slow)])
 def test_sigkill_at_random_moments_then_the_same_command_ends_as_if_never_stopped(tmp_path: Path, kills: int,
                                                                                  uninterrupted: Outcome) -> None:
@@ -190,7 +190,7 @@ def test_sigkill_at_random_moments_then_the_same_command_ends_as_if_never_stoppe
             time.sleep(0.01)
         proc.kill()
         proc.communicate()
-    done = run_train(args, cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    done = run_app(args, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert_same_run(local_outcome(run_dir), uninterrupted)
 
@@ -296,6 +296,7 @@ def test_resume_false_refuses_and_says_how_to_start_afresh(preempted: Path, tmp_
     assert snapshot(run_dir) == before
 
 
+@pytest.mark.process
 def test_a_full_disk_during_a_checkpoint_keeps_the_earlier_ones(preempted: Path, tmp_path: Path,
                                                                 uninterrupted: Outcome) -> None:
     """A file-size limit makes the next checkpoint's write fail as a full disk would."""
@@ -321,14 +322,13 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Pa
     diverge = [*ARGS, "optimizer.lr=1e4", "train.max_grad_norm=null", "schedule.warmup_ratio=0",
                "train.checkpoint_every=2"]
     run_dir = tmp_path / "run"
-    proc = run_train([*diverge, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*diverge, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "error: the training loss is nan at step 4: stopped, and the last good checkpoint, step 2, is kept" \
         in proc.stderr
     assert checkpoints(run_dir) == {"step-000002": True}
     skipping = tmp_path / "skipping"
-    proc = run_train([*diverge, "train.skip_nonfinite=100", f"hydra.run.dir={skipping}"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*diverge, "train.skip_nonfinite=100", f"hydra.run.dir={skipping}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "step 4: the loss is nan; skipping this update (1 of train.skip_nonfinite=100)" in proc.stdout
 
@@ -336,13 +336,13 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Pa
 def test_an_unwritable_output_dir_fails_before_training(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    proc = run_train([*ARGS, f"output_dir={blocker}/run", f"hydra.run.dir={tmp_path}/hydra"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*ARGS, f"output_dir={blocker}/run", f"hydra.run.dir={tmp_path}/hydra"], cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"error: output_dir={blocker}/run is not writable" in proc.stderr and "Not a directory" in proc.stderr
     assert "training:" not in proc.stdout
 
 
+@pytest.mark.process
 def test_on_cloud_storage_sigterm_then_resume_ends_as_if_never_stopped(tmp_path: Path, gcs_emulator: Dict[str, str],
                                                                       uninterrupted: Outcome) -> None:
     import gcsfs
@@ -360,8 +360,7 @@ def test_on_cloud_storage_sigterm_then_resume_ends_as_if_never_stopped(tmp_path:
     assert fs.glob("test-bucket/runs/preempted/wandb/offline-run-*/run-*.wandb")  # W&B's offline run, too
     names = [p.rsplit("/", 1)[-1] for p in fs.ls("test-bucket/runs/preempted/checkpoints")]
     newest = max(n for n in names if fs.exists(f"test-bucket/runs/preempted/checkpoints/{n}/checkpoint.json"))
-    proc = run_train([*args, f"hydra.run.dir={tmp_path}/hydra-again"], cwd=tmp_path,
-                     env={**gcs_emulator, "HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*args, f"hydra.run.dir={tmp_path}/hydra-again"], cwd=tmp_path, env=gcs_emulator)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"resuming from checkpoint {url}/checkpoints/{newest}" in proc.stdout
     results = json.loads(fs.cat_file("test-bucket/runs/preempted/results.json"))
@@ -402,19 +401,20 @@ def hparams_of(events: Any) -> Dict[str, Any]:
 
 
 def test_a_missing_bucket_fails_before_training(tmp_path: Path, gcs_emulator: Dict[str, str]) -> None:
-    proc = run_train([*ARGS, "output_dir=gs://no-such-bucket/run", f"hydra.run.dir={tmp_path}/hydra"],
-                     cwd=tmp_path, env={**gcs_emulator, "HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*ARGS, "output_dir=gs://no-such-bucket/run", f"hydra.run.dir={tmp_path}/hydra"],
+                   cwd=tmp_path, env=gcs_emulator)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert ("error: output_dir=gs://no-such-bucket/run: bucket no-such-bucket does not exist (create it: gcloud "
             "storage buckets create gs://no-such-bucket)") in proc.stderr and "training:" not in proc.stdout
 
 
+@pytest.mark.process
 def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    wandb_env = {"WANDB_SILENT": "true", "HF_HOME": str(tmp_path / "hf")}
+    wandb_env = {"WANDB_SILENT": "true"}
     args = [*ARGS, "logger=wandb", "logger.wandb.mode=offline"]
     assert stop_with_sigterm(run_dir, env=wandb_env, args=args).returncode == 75
-    proc = run_train([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=wandb_env)
+    proc = run_app([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=wandb_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 2  # one file per attempt, as W&B writes them

@@ -1,6 +1,7 @@
 """SIGTERM and SIGINT in every phase of a run: before training (nothing saved, said so), during training
 (a checkpoint at the next step; a second signal stops at once), after training (the run stops, its
-training whole, and the same command finishes it). The real train.py, in a subprocess."""
+training whole, and the same command finishes it). The real train.py, signalled in a process of its own,
+started again in this one."""
 
 from __future__ import annotations
 
@@ -12,20 +13,20 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Sequence
 
 import pytest
 
 from nli import signals
 from nli.contract import PREEMPTED
-from nli.signals import Interrupted, StopRequest, relay_to_threads
-from tests.conftest import FAST, ROOT, read_results, run_train
+from nli.signals import Interrupted, StopRequest, interruption, relay_to_threads
+from tests.runs import FAST, ROOT, process_env, read_results, run_app
 
 
 def start(args: List[str], run_dir: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
                             cwd=run_dir.parent, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "HYDRA_FULL_ERROR": "0", "HF_HOME": str(run_dir.parent / "hf")})
+                            env=process_env())
 
 
 def wait_for(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 180) -> None:
@@ -50,6 +51,7 @@ def stopped(proc: subprocess.Popen, *signals: signal.Signals) -> str:
     return err
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("when", ["start-up", "data loading"])
 def test_before_training_a_signal_stops_the_run_at_once_and_says_nothing_was_saved(tmp_path: Path, when: str) -> None:
     run_dir = tmp_path / "run"
@@ -66,10 +68,10 @@ def test_before_training_a_signal_stops_the_run_at_once_and_says_nothing_was_sav
     assert "Run the same command again to start" in (run_dir / "train.log").read_text()
 
 
-def test_a_signal_during_an_evaluation_only_run_stops_it_and_the_same_command_evaluates(tmp_path: Path) -> None:
-    trained = tmp_path / "trained"
-    proc = run_train([*FAST, f"hydra.run.dir={trained}"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+@pytest.mark.process
+def test_a_signal_during_an_evaluation_only_run_stops_it_and_the_same_command_evaluates(
+        tmp_path: Path, shared_run: Callable[[str, Sequence[str]], Path]) -> None:
+    trained = shared_run("fast", FAST)
     run_dir = tmp_path / "evaluation"
     evaluate = ["eval.only=true", f"model.name_or_path={trained}", "task=synthetic", "data.max_seq_length=64",
                 "train.progress_bar=false"]
@@ -79,11 +81,12 @@ def test_a_signal_during_an_evaluation_only_run_stops_it_and_the_same_command_ev
     err = stopped(proc, signal.SIGTERM)
     assert "stopped by SIGTERM during an evaluation-only run: it writes nothing until its results" in err
     assert not {"checkpoints", "results.json", "predictions"} & {p.name for p in run_dir.iterdir()}
-    proc = run_train([*evaluate, f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    proc = run_app([*evaluate, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert read_results(run_dir)["status"] == "completed"
 
 
+@pytest.mark.process
 def test_a_second_signal_during_training_stops_at_once(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = start([*FAST, "train.max_steps=400", "data.synthetic_train_size=12800"], run_dir)
@@ -94,6 +97,7 @@ def test_a_second_signal_during_training_stops_at_once(tmp_path: Path) -> None:
                      "was not saved", err)
 
 
+@pytest.mark.process
 def test_after_training_a_signal_stops_the_run_and_the_same_command_finishes_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # A large evaluation set: the final evaluation takes seconds, after the last checkpoint.
@@ -104,7 +108,7 @@ def test_after_training_a_signal_stops_the_run_and_the_same_command_finishes_it(
     assert "stopped by SIGTERM after training, before its results were written: training is complete and " \
            "checkpointed" in err
     assert not (run_dir / "results.json").exists()
-    again = run_train([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    again = run_app([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming from checkpoint" in again.stdout + again.stderr and "step 12: loss" not in again.stdout
     assert read_results(run_dir)["train_steps"] == 12
@@ -124,6 +128,27 @@ def test_a_signal_whose_exception_a_library_swallowed_stops_the_run_at_the_next_
             stop.check()
         with stop.at_step_boundaries():  # inside the training steps the loop acts on stop.signal itself
             stop.check()
+
+
+class _HookOfClassCreation:
+    """A descriptor whose ``__set_name__`` (which Python calls as it creates a class) is where a signal lands."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler runs here
+
+
+def test_a_signal_that_python_turned_into_another_error_is_still_the_signal() -> None:
+    """A SIGTERM in a library's import, inside a class's __set_name__ (pandas' dataclasses): Python reports it
+    as "RuntimeError: Error calling __set_name__". Seen as a crash (exit 1, a traceback) when the signal came
+    while the run imported pandas; it is the signal, and the run stops as one."""
+    with StopRequest():
+        with pytest.raises(RuntimeError) as raised:
+            type("Imported", (), {"field": _HookOfClassCreation()})
+    assert isinstance(raised.value.__cause__, Interrupted)
+    stopped = interruption(raised.value)
+    assert stopped is not None and stopped.signal == "SIGTERM"
+    assert interruption(RuntimeError("no signal")) is None
 
 
 @pytest.fixture

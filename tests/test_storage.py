@@ -28,7 +28,7 @@ import pytest
 from nli.claim import CLAIM_FILE, HOST, Claim, ClaimedError, ClaimLostError, Owner
 from nli.errors import StorageError
 from nli.storage import Storage, umask
-from tests.conftest import ROOT
+from tests.runs import ROOT
 
 # Claims that beat fast, so that a test sees several heartbeats in a fraction of a second.
 FAST = {"heartbeat": 0.05, "stale_after": 0.5}
@@ -141,6 +141,7 @@ def child(storage: Storage, heartbeat: float = 0.05) -> subprocess.Popen:
 # --- claims ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_second_run_is_refused_at_once_naming_the_first(folder: Storage) -> None:
     with Claim.take(folder, **FAST) as claim:
         started = time.monotonic()
@@ -156,6 +157,7 @@ def test_a_second_run_is_refused_at_once_naming_the_first(folder: Storage) -> No
         assert current(folder).token == claim.owner.token  # the refused runs left it alone
 
 
+@pytest.mark.process
 def test_the_claim_of_a_process_that_no_longer_runs_is_taken_over(folder: Storage,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     gone = other(pid=dead_pid())
@@ -166,6 +168,7 @@ def test_the_claim_of_a_process_that_no_longer_runs_is_taken_over(folder: Storag
     assert f"pid {gone.pid} no longer runs on {HOST}. Taking it over" in caplog.text
 
 
+@pytest.mark.process
 def test_a_sigkilled_run_leaves_a_claim_the_next_run_takes_over(folder: Storage,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     proc = child(folder, heartbeat=30)
@@ -188,6 +191,7 @@ def test_a_stale_heartbeat_is_taken_over_whatever_the_host(folder: Storage, capl
     assert "its last heartbeat was 5 s ago (stale after 4 s)" in caplog.text
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("before", ["none", "stale"])
 def test_of_runs_claiming_at_once_exactly_one_wins(folder: Storage, before: str) -> None:
     for _ in range(2 if folder.local else 1):
@@ -205,6 +209,7 @@ def test_of_runs_claiming_at_once_exactly_one_wins(folder: Storage, before: str)
         assert current(folder) is None  # the winner released it
 
 
+@pytest.mark.process
 def test_the_claim_is_released_at_the_end_on_an_error_and_on_sigterm(folder: Storage) -> None:
     with Claim.take(folder, **FAST):
         assert current(folder) is not None
@@ -295,6 +300,7 @@ def test_on_cloud_storage_every_claim_write_names_the_generation(gcs: Dict[str, 
 # --- writes ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_two_writers_of_one_file_leave_one_whole_file_and_nothing_else(tmp_path: Path) -> None:
     storage = Storage(str(tmp_path))
     payloads = [bytes([65 + n]) * 200_000 for n in range(3)]
@@ -312,6 +318,7 @@ def test_two_writers_of_one_file_leave_one_whole_file_and_nothing_else(tmp_path:
     assert os.listdir(tmp_path) == ["results.json"]
 
 
+@pytest.mark.process
 def test_two_writers_of_one_folder_leave_one_whole_folder_and_nothing_else(tmp_path: Path) -> None:
     storage = Storage(str(tmp_path / "out"))
     sources = []
@@ -392,6 +399,7 @@ def test_files_and_folders_get_the_modes_of_the_umask(tmp_path: Path, mask: int)
         assert file.stat().st_mode & 0o777 == 0o666 & ~mask, file
 
 
+@pytest.mark.process
 def test_two_runs_checking_one_folder_at_once_do_not_trip_over_each_others_probe(tmp_path: Path) -> None:
     storage = Storage(str(tmp_path / "out"))
     errors: List[BaseException] = []
@@ -533,6 +541,7 @@ def no_credentials_env(home: Path, **extra: str) -> Dict[str, str]:
             "GCE_METADATA_IP": metadata, "HYDRA_FULL_ERROR": "0", **extra}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("key_file", ["unset", "missing"])
 def test_without_credentials_the_run_says_so_before_torch_loads(tmp_path: Path, key_file: str) -> None:
     """train.py with a Cloud Storage output and no credentials: one line that names them and the fix,

@@ -12,13 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import FAST, ROOT, read_results
+from tests.runs import FAST, ROOT, process_env, read_results
 
 SHORT = [arg for arg in FAST if not arg.startswith("train.max_steps=")]
 
 
+@pytest.mark.process
 def test_submitit_local_sweep_and_a_requeue_that_resumes(tmp_path: Path) -> None:
     """Two jobs; the longer one gets submitit's preemption signal (USR2, as Slurm sends it before a time
     limit): it checkpoints at the step, submitit requeues it, and the requeued job continues from there."""
@@ -27,7 +29,7 @@ def test_submitit_local_sweep_and_a_requeue_that_resumes(tmp_path: Path) -> None
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local", *SHORT,
          "train.max_steps=12,90", f"hydra.sweep.dir={sweep}", "hydra.launcher.timeout_min=10"],
-        cwd=tmp_path, env={**os.environ, "HF_HOME": str(tmp_path / "hf")}, stdout=subprocess.PIPE,
+        cwd=tmp_path, env=process_env(), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     try:
         pid = _wait_for_log(sweep, "step 15:", timeout=300)  # only the 90-step job gets that far

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from nli import sweep
-from tests.conftest import FAST, read_results, run_train
+from tests.runs import FAST, read_results, run_app
 from tests.wandb_records import records
 
 BAD_LR = "optimizer.lr=-1.0 must be positive"
@@ -31,7 +31,7 @@ def rows_by_job(sweep_dir: Path) -> Dict[int, Dict[str, Any]]:
 def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     args = ["-m", *FAST, f"hydra.sweep.dir={sweep_dir}"]
-    proc = run_train([*args, "optimizer.lr=-1,1e-3"], cwd=tmp_path)
+    proc = run_app([*args, "optimizer.lr=-1,1e-3"], cwd=tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
     rows = rows_by_job(sweep_dir)
@@ -49,8 +49,8 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
 
     # The same sweep again with job 0 mended: its row is replaced, job 1 answers from its finished folder.
     # With W&B (offline): job 0's run tagged with its overrides, and the table as a run of the sweep's group.
-    again = run_train([*args, "optimizer.lr=5e-4,1e-3", "logger=wandb", "logger.wandb.mode=offline"], cwd=tmp_path,
-                      env={"WANDB_SILENT": "true"})
+    again = run_app([*args, "optimizer.lr=5e-4,1e-3", "logger=wandb", "logger.wandb.mode=offline"], cwd=tmp_path,
+                    env={"WANDB_SILENT": "true"})
     assert again.returncode == 0, again.stdout + again.stderr
     rows = rows_by_job(sweep_dir)
     assert [rows[job]["state"] for job in (0, 1)] == ["COMPLETED", "COMPLETED"]
@@ -78,15 +78,16 @@ def wandb_run(folder: Path) -> Any:
 
 def test_a_mistake_every_job_would_make_stops_the_sweep_before_any_job(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    proc = run_train(["-m", *FAST, "optimizer.lrr=1e-3", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    proc = run_app(["-m", *FAST, "optimizer.lrr=1e-3", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
     assert proc.returncode == 1 and "Could not override 'optimizer.lrr'" in proc.stderr, proc.stdout + proc.stderr
     assert not (sweep_dir / "0").exists() and sweep.read_rows(sweep_dir) == []
 
 
+@pytest.mark.process
 def test_submitit_local_rows_from_each_job_and_seeds_summed_up(tmp_path: Path) -> None:
     """Four jobs at once in their own processes, each writing its row; two fail."""
     sweep_dir = tmp_path / "sweep"
-    proc = run_train(["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10", *FAST,
+    proc = run_app(["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10", *FAST,
                       "optimizer.lr=1e-3,-1", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
@@ -113,9 +114,9 @@ def test_submitit_local_rows_from_each_job_and_seeds_summed_up(tmp_path: Path) -
 def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "search"
     args = ["-m", *FAST, "hparams_search=quickstart", f"hydra.sweep.dir={sweep_dir}"]
-    first = run_train([*args, "hydra.sweeper.n_trials=2"], cwd=tmp_path)
+    first = run_app([*args, "hydra.sweeper.n_trials=2"], cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
-    again = run_train([*args, "hydra.sweeper.n_trials=1"], cwd=tmp_path)  # the same search, continued
+    again = run_app([*args, "hydra.sweeper.n_trials=1"], cwd=tmp_path)  # the same search, continued
     assert again.returncode == 0, again.stdout + again.stderr
 
     rows = sweep.read_rows(sweep_dir)

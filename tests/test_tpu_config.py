@@ -4,6 +4,8 @@ not installed (the project's own environment). Training on XLA itself: tests/tes
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,8 @@ from transformers import PreTrainedTokenizerFast
 from nli.config import Accelerator
 from nli.data import BucketPadding, bucket_lengths
 from nli.model import train_bpe_tokenizer
-from tests.conftest import FAST, build_config, run_train
+from tests.conftest import build_config
+from tests.runs import FAST, process_env, run_app
 
 
 @pytest.mark.parametrize("preset, tpu, devices, machine, accelerator, count, topology", [
@@ -57,7 +60,17 @@ def test_bucket_padding_pads_each_batch_to_the_shortest_bucket_that_holds_it() -
 
 def test_without_pytorch_xla_a_tpu_preset_says_how_to_get_it(tmp_path: Path) -> None:
     """The project's own environment has no torch-xla (requirements/tpu.txt pins its own torch)."""
-    proc = run_train([*FAST, "hw=tpu-v5e-1", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_app([*FAST, "hw=tpu-v5e-1", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 1
     assert "hw.accelerator=xla needs PyTorch/XLA" in proc.stderr and "requirements/tpu.txt" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.process
+def test_without_pytorch_xla_the_launcher_says_how_to_get_it(tmp_path: Path) -> None:
+    """`python -m nli.xla_launch` (a TPU host's launcher) in an environment without torch-xla: the same one
+    line as train.py's, not a traceback."""
+    proc = subprocess.run([sys.executable, "-m", "nli.xla_launch", *FAST, "hw=tpu-v5e-8"], cwd=tmp_path,
+                          env=process_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: hw.accelerator=xla needs PyTorch/XLA") and "Traceback" not in proc.stderr

@@ -1,10 +1,11 @@
-"""The real train.py, end to end, in a subprocess, on the tiny model and the synthetic task."""
+"""The real train.py, end to end, on the tiny model and the synthetic task: in this process, and in a new one where
+the process is what is tested (python -m nli, W&B's reading of its environment)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict, Sequence
 
 import numpy as np
 import pytest
@@ -14,18 +15,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from nli import synthetic
-from tests.conftest import FAST, read_results, run_train
+from tests.runs import FAST, MEASURED, read_results, run_app, run_process
 from tests.wandb_records import records
 
 GLUE_METRIC_KEYS = {"objective", "accuracy", "train_examples_per_second", "train_seconds", "status"}
 
 
-@pytest.fixture(scope="module")
-def fast_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fast")
-    proc = run_train([*FAST, f"hydra.run.dir={out}"], cwd=out, env={"HF_HOME": str(out / "hf")})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+@pytest.fixture
+def fast_run(shared_run: Callable[[str, Sequence[str]], Path]) -> Path:
+    return shared_run("fast", FAST)
 
 
 def test_outputs_follow_the_contract(fast_run: Path) -> None:
@@ -56,9 +54,9 @@ def test_exported_model_reloads_and_predicts_the_reported_accuracy(fast_run: Pat
     assert accuracy == pytest.approx(read_results(fast_run)["accuracy"], abs=1e-9)
 
 
+@pytest.mark.process
 def test_python_dash_m_nli_is_train_py(fast_run: Path, tmp_path: Path) -> None:
-    proc = run_train([*FAST, f"hydra.run.dir={tmp_path}"], cwd=tmp_path, module=True,
-                     env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_process([*FAST, f"hydra.run.dir={tmp_path}"], cwd=tmp_path, module=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ours, theirs = read_results(tmp_path), read_results(fast_run)
     assert ours["accuracy"] == theirs["accuracy"]
@@ -68,9 +66,8 @@ def test_python_dash_m_nli_is_train_py(fast_run: Path, tmp_path: Path) -> None:
 
 def test_wandb_offline_writes_its_run_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WANDB_PROJECT", raising=False)  # neither the config nor the environment names one
-    proc = run_train([*FAST, "logger=wandb", "logger.wandb.mode=offline", "logger.wandb.tags=[smoke]",
-                      f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf"), "WANDB_SILENT": "true"})
+    proc = run_app([*FAST, "logger=wandb", "logger.wandb.mode=offline", "logger.wandb.tags=[smoke]",
+                    f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env={"WANDB_SILENT": "true"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1
@@ -98,7 +95,7 @@ def no_wandb_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Dic
     for name in WANDB_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     (tmp_path / "home").mkdir()
-    return {"HOME": str(tmp_path / "home"), "HF_HOME": str(tmp_path / "hf"), "WANDB_SILENT": "true"}
+    return {"HOME": str(tmp_path / "home"), "WANDB_SILENT": "true"}
 
 
 @pytest.mark.parametrize("overrides,env,project", [
@@ -109,7 +106,7 @@ def test_wandb_obeys_its_own_variables_unless_the_config_says(tmp_path: Path, mo
                                                               overrides: list[str], env: Dict[str, str],
                                                               project: str) -> None:
     env = {**no_wandb_credentials(tmp_path, monkeypatch), "WANDB_MODE": "offline", **env}
-    proc = run_train([*FAST, "logger=wandb", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env)
+    proc = run_app([*FAST, "logger=wandb", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "API key" not in proc.stdout + proc.stderr  # offline asks for nothing
     files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
@@ -126,8 +123,7 @@ def test_wandb_online_without_a_key_stops_before_the_model_loads(tmp_path: Path,
                                                                  overrides: list[str], env: Dict[str, str],
                                                                  why: str) -> None:
     env = {**no_wandb_credentials(tmp_path, monkeypatch), **env}
-    proc = run_train([*FAST, "logger=wandb", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
-                     env=env, timeout=120)
+    proc = run_app([*FAST, "logger=wandb", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"logger=wandb would log online ({why}" in proc.stderr and "finds no W&B API key" in proc.stderr
     assert "`wandb login`" in proc.stderr and "WANDB_API_KEY" in proc.stderr
@@ -140,8 +136,7 @@ def test_wandb_online_without_a_key_stops_before_the_model_loads(tmp_path: Path,
 def test_tensorboard_logs_training_loss(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    proc = run_train([*FAST, "logger=tensorboard", f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
-                     env={"HF_HOME": str(tmp_path / "hf")})
+    proc = run_app([*FAST, "logger=tensorboard", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
@@ -154,8 +149,8 @@ def test_tensorboard_logs_training_loss(tmp_path: Path) -> None:
     (["task=mnli", "model=tiny"], "cannot download dataset 'nyu-mll/glue' (mnli)"),
 ])
 def test_unreachable_hub_gives_one_clear_message(tmp_path: Path, args: list[str], expected: str) -> None:
-    proc = run_train([*args, f"hydra.run.dir={tmp_path}"], cwd=tmp_path, timeout=120,
-                     env={"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"})
+    proc = run_app([*args, f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
+                   env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": None, "HF_DATASETS_OFFLINE": None})
     assert proc.returncode == 1
     assert expected in proc.stderr and "experiment=quickstart" in proc.stderr
     assert "data.dir at a local GLUE directory" in proc.stderr  # the offline way to the GLUE data
@@ -163,8 +158,8 @@ def test_unreachable_hub_gives_one_clear_message(tmp_path: Path, args: list[str]
 
 
 def test_local_checkpoint_that_does_not_exist(tmp_path: Path) -> None:
-    proc = run_train([*FAST, "model=bert-base", f"model.name_or_path={tmp_path}/nowhere",
-                      f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout=120)
+    proc = run_app([*FAST, "model=bert-base", f"model.name_or_path={tmp_path}/nowhere",
+                    f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path)
     assert proc.returncode == 1
     assert f"model.name_or_path={tmp_path}/nowhere is not a directory" in proc.stderr
 
@@ -179,11 +174,62 @@ def test_a_compiled_model_trains_as_the_plain_one(checkpointing: bool, tmp_path:
     weights = {}
     for compiled in (False, True):
         out = tmp_path / str(compiled)
-        proc = run_train([*FAST, "hw=cpu", "model.scratch.dropout=0", f"train.compile={str(compiled).lower()}",
+        proc = run_app([*FAST, "hw=cpu", "model.scratch.dropout=0", f"train.compile={str(compiled).lower()}",
                           f"train.gradient_checkpointing={str(compiled and checkpointing).lower()}",
-                          f"hydra.run.dir={out}"], cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+                          f"hydra.run.dir={out}"], cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         weights[compiled] = load_file(out / "model" / "model.safetensors")
     assert weights[True].keys() == weights[False].keys()
     for name, plain in weights[False].items():
         torch.testing.assert_close(weights[True][name], plain, rtol=1e-3, atol=1e-4)
+
+
+def test_a_run_is_a_function_call_from_python(fast_run: Path, tmp_path: Path) -> None:
+    """The README's notebook example: a typed config and an output folder, no Hydra app. It computes what
+    train.py computes, writes the same files, and leaves the config it was given as it was."""
+    import copy
+
+    from nli.config import compose
+    from nli.context import local
+    from nli.recipe import run
+
+    cfg = compose(FAST)
+    before = copy.deepcopy(cfg)
+    results = run(cfg, local(cfg, tmp_path / "notebook"))
+    assert cfg == before
+    assert results == read_results(tmp_path / "notebook")
+    computed = [{k: v for k, v in read_results(folder).items() if k not in MEASURED}
+                for folder in (tmp_path / "notebook", fast_run)]
+    assert computed[0] == computed[1]
+    a = load_file(tmp_path / "notebook" / "model" / "model.safetensors")
+    b = load_file(fast_run / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    written = yaml.safe_load((tmp_path / "notebook" / "config.yaml").read_text())
+    assert written == {**yaml.safe_load((fast_run / "config.yaml").read_text()),
+                       "output_dir": str(tmp_path / "notebook")}
+
+
+def test_a_run_from_python_needs_an_output_folder() -> None:
+    from nli.config import compose
+    from nli.context import local
+    from nli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pass output_dir=... or set it in the config"):
+        local(compose(FAST))
+
+
+def test_compose_outside_any_hydra_session_leaves_none_behind() -> None:
+    """In a notebook nothing has initialised Hydra: compose() does, for the one call, and leaves it as it was."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from nli.config import Config, compose
+
+    session = GlobalHydra.instance().hydra  # the test session's (tests/conftest.py), put back below
+    GlobalHydra.instance().clear()
+    try:
+        cfg = compose([*FAST, "optimizer.lr=3e-3"])
+        assert not GlobalHydra.instance().is_initialized()
+    finally:
+        GlobalHydra.instance().clear()
+        GlobalHydra.instance().initialize(session)
+    assert isinstance(cfg, Config) and cfg.optimizer.lr == 3e-3 and cfg.task.name == "synthetic"

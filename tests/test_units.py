@@ -402,6 +402,7 @@ def test_no_fast_paths_for_a_model_configured_to_return_hidden_states(caplog: py
     assert len(model(**_batches()[0]).hidden_states) == 3
 
 
+@pytest.mark.process  # what importing does, in a process that has imported nothing else
 def test_importing_the_fast_paths_registers_nothing_until_install() -> None:
     script = """
 import json
@@ -424,3 +425,19 @@ print(json.dumps({"imported": imported, "installed": installed, "after": registe
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"imported": [False, False], "installed": list(fastpaths.PATHS), "after": [True, True]}
+
+
+@pytest.mark.parametrize("asked,computed", [("auto", torch.float32), ("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_on_the_cpu_precision_is_what_was_asked_and_auto_is_fp32(asked: str, computed: torch.dtype) -> None:
+    from nli.config import Precision, PrecisionConfig
+    from nli.device import resolve_precision
+
+    assert resolve_precision(PrecisionConfig(dtype=Precision(asked)), torch.device("cpu")) == computed
+
+
+def test_on_the_cpu_fp16_is_refused_with_what_runs() -> None:
+    from nli.config import Precision, PrecisionConfig
+    from nli.device import resolve_precision
+
+    with pytest.raises(ConfigError, match=r"precision=fp16 cannot run on the CPU .*use precision=auto"):
+        resolve_precision(PrecisionConfig(dtype=Precision.fp16), torch.device("cpu"))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import os
 import re
 import signal
 import subprocess
@@ -30,8 +29,8 @@ from hydra_plugins.vertex_launcher._checks import LaunchError
 from hydra_plugins.vertex_launcher._client import Vertex
 from hydra_plugins.vertex_launcher._spec import labels, quote
 from hydra_plugins.vertex_launcher.config import VertexLauncherConf
-from tests.conftest import FAST, ROOT
 from tests.fake_vertex import FakeVertex
+from tests.runs import FAST, ROOT, process_env
 
 PROJECT = "test-project"
 BUCKET = "gs://test-bucket/sweeps"
@@ -86,7 +85,7 @@ def sweep_train(hydra_restore_singletons: None, hydra_sweep_runner: Callable[...
 def sweep_cli(args: List[str], *, cwd: Path, env: Dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
     """`python train.py -m ARGS` as a user types it."""
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", *args], cwd=cwd,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=process_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, **popen)
 
 
@@ -108,6 +107,7 @@ def created_jobs(fake: FakeVertex, since: int = 0) -> List[dict]:
 # ------------------------------------------------------------------------------ sweeps of train.py
 
 
+@pytest.mark.process
 def test_sweep_of_two_jobs_returns_their_objectives_and_keeps_the_key_secret(
         fake: FakeVertex, sweep_train: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
@@ -156,6 +156,7 @@ def test_sweep_of_two_jobs_returns_their_objectives_and_keeps_the_key_secret(
     assert "JOB_STATE_RUNNING" in caplog.text and "2 succeeded" in caplog.text  # what the researcher sees
 
 
+@pytest.mark.process
 def test_a_failed_job_is_failed_with_vertex_message_and_the_other_succeeds(fake: FakeVertex, tmp_path: Path) -> None:
     # The second job's config is valid to compose but fails inside the job (synthetic data has no GLUE directory).
     proc = sweep_cli([*launcher(fake), *FAST, "data.dir=null,/no/glue", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
@@ -170,6 +171,7 @@ def test_a_failed_job_is_failed_with_vertex_message_and_the_other_succeeds(fake:
     assert "data.dir reads the GLUE layout" in output  # ... and the job's own error, reported from inside
 
 
+@pytest.mark.process
 def test_a_job_that_dies_before_reporting_shows_its_last_lines_from_cloud_logging(fake: FakeVertex,
                                                                                  tmp_path: Path) -> None:
     proc = sweep_cli([*launcher(fake, CRASH_IMAGE), "hydra.launcher.failed_log_lines=5",
@@ -181,6 +183,7 @@ def test_a_job_that_dies_before_reporting_shows_its_last_lines_from_cloud_loggin
     assert "Traceback" not in output
 
 
+@pytest.mark.process
 def test_logs_that_cannot_be_read_are_one_line_with_the_role(fake: FakeVertex, tmp_path: Path) -> None:
     fake.fail_next("entries", status=403, reason="PERMISSION_DENIED",
                    message=f"Permission 'logging.logEntries.list' denied on resource 'projects/{PROJECT}'.")
@@ -193,6 +196,7 @@ def test_logs_that_cannot_be_read_are_one_line_with_the_role(fake: FakeVertex, t
     assert len(sweep_rows(tmp_path / "sweep")) == 2 and "Traceback" not in output
 
 
+@pytest.mark.process
 def test_stream_logs_prints_a_single_jobs_output_as_it_comes(fake: FakeVertex, tmp_path: Path) -> None:
     proc = sweep_cli([*launcher(fake), *FAST, "hydra.launcher.stream_logs=true",
                       f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
@@ -210,6 +214,7 @@ def sweep_rows(sweep_dir: Path) -> List[Dict[str, Any]]:
     return sweep.read_rows(sweep_dir)
 
 
+@pytest.mark.process
 def test_ctrl_c_cancels_the_running_jobs(fake: FakeVertex, tmp_path: Path) -> None:
     before = set(fake.jobs)
     proc = sweep_cli([*launcher(fake), "experiment=quickstart", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
@@ -229,6 +234,7 @@ def test_ctrl_c_cancels_the_running_jobs(fake: FakeVertex, tmp_path: Path) -> No
         assert f"cancelled {job.job.name}" in output
 
 
+@pytest.mark.process
 def test_optuna_drives_two_trials_through_vertex(fake: FakeVertex, tmp_path: Path) -> None:
     proc = sweep_cli([*launcher(fake), *FAST, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
                       "hydra.sweeper.n_jobs=2", "hydra.sweeper.direction=maximize",
@@ -242,6 +248,7 @@ def test_optuna_drives_two_trials_through_vertex(fake: FakeVertex, tmp_path: Pat
     assert best["best_value"] == max(float(row["objective"]) for row in rows)
 
 
+@pytest.mark.process
 def test_tensorboard_events_reach_the_jobs_log_dir_and_its_vertex_tensorboard(fake: FakeVertex, tmp_path: Path) -> None:
     """The job writes its events locally and copies them to AIP_TENSORBOARD_LOG_DIR in the bucket, which
     the Vertex TensorBoard named on the CustomJob reads; the sweep prints where to look."""
@@ -285,6 +292,7 @@ def test_the_fake_refuses_a_tensorboard_without_a_service_account(fake: FakeVert
         client.create_custom_job(parent=f"projects/{PROJECT}/locations/us-central1", custom_job=job)
 
 
+@pytest.mark.process
 def test_python_package_job_runs_the_sdist(fake: FakeVertex, sweep_train: Callable[..., Any], tmp_path: Path) -> None:
     """No image of ours: the launcher builds the project's sdist, uploads it, and the job pip-installs it and
     runs `python -m nli` on a stock image, so the sdist must carry the config."""
@@ -304,6 +312,7 @@ def test_python_package_job_runs_the_sdist(fake: FakeVertex, sweep_train: Callab
 # ------------------------------------------------------------------------------ before anything runs
 
 
+@pytest.mark.process
 def test_dry_run_writes_the_requests_with_the_seeds_machines(fake: FakeVertex, tmp_path: Path) -> None:
     before = len(fake.requests)
     proc = sweep_cli([*launcher(fake), "hydra.launcher.dry_run=true", "hw=v100,8xa100", "optimizer.lr=2e-5",
@@ -328,6 +337,7 @@ def test_dry_run_writes_the_requests_with_the_seeds_machines(fake: FakeVertex, t
     assert args[:3] == ["--config-name=train", "hw=8xa100", "optimizer.lr=2e-05"]  # as the sweeper wrote it
 
 
+@pytest.mark.process
 def test_wandb_online_without_a_secret_fails_before_submitting(fake: FakeVertex, tmp_path: Path) -> None:
     before = len(fake.requests)
     proc = sweep_cli([*launcher(fake), *FAST, "logger=wandb", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
@@ -338,6 +348,7 @@ def test_wandb_online_without_a_secret_fails_before_submitting(fake: FakeVertex,
     assert len(fake.requests) == before and SENTINEL not in output
 
 
+@pytest.mark.process
 def test_a_secret_in_env_is_refused_before_hydra_saves_the_config(fake: FakeVertex, tmp_path: Path) -> None:
     proc = sweep_cli([*launcher(fake), *FAST, f"+hydra.launcher.env.TOKEN={SENTINEL}", "seed=1,2",
                       f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, env={"WANDB_API_KEY": SENTINEL})
@@ -346,6 +357,7 @@ def test_a_secret_in_env_is_refused_before_hydra_saves_the_config(fake: FakeVert
     assert not (tmp_path / "sweep" / "multirun.yaml").exists()
 
 
+@pytest.mark.process
 def test_permission_denied_stops_the_sweep_with_the_fix(fake: FakeVertex, tmp_path: Path) -> None:
     fake.fail_next("create", status=403, reason="PERMISSION_DENIED",
                    message=f"Permission 'aiplatform.customJobs.create' denied on resource '//aiplatform.googleapis.com/"
@@ -359,6 +371,7 @@ def test_permission_denied_stops_the_sweep_with_the_fix(fake: FakeVertex, tmp_pa
 # ------------------------------------------------------------------------------ TPUs
 
 
+@pytest.mark.process
 def test_dry_run_asks_for_each_tpu_preset_as_vertex_names_it(fake: FakeVertex, tmp_path: Path) -> None:
     """TPU v2/v3 by accelerator on cloud-tpu, v5e by topology on a TPU VM, one host each; a CPU job's spec
     keeps its machine type alone (the GPU presets: test_dry_run_writes_the_requests_with_the_seeds_machines)."""
@@ -381,6 +394,7 @@ def test_dry_run_asks_for_each_tpu_preset_as_vertex_names_it(fake: FakeVertex, t
         {"machineType": "n1-standard-8"}]
 
 
+@pytest.mark.process
 def test_a_tpu_sweep_reaches_vertex_with_its_topology(fake: FakeVertex, sweep_train: Callable[..., Any],
                                                      tmp_path: Path) -> None:
     """Through the aiplatform client to the service: the v5e job's topology, the v3 job's accelerators;
@@ -505,6 +519,7 @@ def overrides(fake: FakeVertex) -> List[str]:
     return launcher(fake, SUITE_IMAGE)[1:]
 
 
+@pytest.mark.process
 @pytest.mark.usefixtures("_suite_hydra")
 class TestVertexLauncher(LauncherTestSuite):
     pass
@@ -522,6 +537,8 @@ def extra_flags() -> List[str]:
     return ["-m"]
 
 
+@pytest.mark.process
+@pytest.mark.process
 @pytest.mark.usefixtures("_suite_hydra")
 class TestVertexLauncherIntegration(IntegrationTestSuite):
     """The suite writes a small app into a scratch directory and runs it with `-m`; on Vertex its jobs run that
@@ -551,6 +568,7 @@ def test_the_suite_app_is_what_the_suite_expects() -> None:
     assert OmegaConf.create(proc.stdout) == {"foo": 10, "bar": 100}
 
 
+@pytest.mark.process
 def test_wait_false_submits_and_returns(fake: FakeVertex, _suite_hydra: None,
                                         hydra_sweep_runner: Callable[..., Any], tmp_path: Path) -> None:
     before = set(fake.jobs)
@@ -590,6 +608,7 @@ def test_a_run_dir_stays_one_value() -> None:
     assert OverridesParser.create().parse_override("hydra.run.dir=" + quote(path)).value() == path
 
 
+@pytest.mark.process
 def test_discovery_stays_light() -> None:
     """Hydra imports every plugin at start (`--help` too): the Vertex client loads only when a sweep launches."""
     code = ("import sys; from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
@@ -622,6 +641,7 @@ def test_settings_are_checked_with_the_fix(change: Dict[str, Any], message: str)
         check_settings(VertexLauncherConf(**{**good, **change}))
 
 
+@pytest.mark.process
 def test_dry_run_of_two_nodes_with_reduction_server(fake: FakeVertex, tmp_path: Path) -> None:
     """hw=2x8xa100 and four Reduction Server replicas: the three worker pools of Google's sample."""
     proc = sweep_cli([*launcher(fake), "hydra.launcher.dry_run=true", "hw=2x8xa100",

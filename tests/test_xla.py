@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import load
 
 from nli.data import bucket_lengths
-from tests.conftest import MEASURED, ROOT, read_results
+from tests.runs import MEASURED, ROOT, process_env, read_results
 from tests.test_signals import logged, wait_for
 
-pytestmark = pytest.mark.xla
+pytestmark = [pytest.mark.xla, pytest.mark.process]  # each test starts train.py in the XLA environment
 
 # What differs between equal runs on XLA besides what any run measures: a resumed run compiles its
 # graphs again.
@@ -50,10 +50,9 @@ def xla_python() -> str:
 def command(xla_python: str, args: List[str], run_dir: Path, *, launcher: bool = False,
             env: Dict[str, str] | None = None) -> Tuple[List[str], Dict[str, str]]:
     """train.py, or with ``launcher`` PyTorch/XLA's launcher as a TPU host runs it (nli.node on PJRT_DEVICE=TPU):
-    ``python -m nli.xla``, one process per device (one on XLA's CPU device)."""
-    full_env = {**os.environ, "PJRT_DEVICE": "CPU", "HYDRA_FULL_ERROR": "0", "HF_HOME": str(run_dir.parent / "hf"),
-                **(env or {})}
-    entry = ["-m", "nli.xla"] if launcher else [str(ROOT / "train.py")]
+    ``python -m nli.xla_launch``, one process per device (one on XLA's CPU device)."""
+    full_env = process_env({"PJRT_DEVICE": "CPU", **(env or {})})
+    entry = ["-m", "nli.xla_launch"] if launcher else [str(ROOT / "train.py")]
     return [xla_python, *entry, *args, f"hydra.run.dir={run_dir}"], full_env
 
 
@@ -146,7 +145,7 @@ def test_the_tpu_benchmark_prints_its_figures(xla_python: str, tmp_path: Path) -
     out = tmp_path / "figures.json"
     proc = subprocess.run([xla_python, "-m", "benchmarks.tpu", "--hw", "tpu-v5e-1", "--arch", "tiny", "--steps", "20",
                            "--examples", "640", "--seq-len", "64", "--out", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "PJRT_DEVICE": "CPU"})
+                          text=True, timeout=900, env=process_env({"PJRT_DEVICE": "CPU"}))
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["examples_per_second"] > 0 and 0 < figures["xla_compilations"] <= 24

@@ -1,0 +1,271 @@
+"""The training loop on its own (nli.loop.Loop), on a model small enough that every step can be worked
+out by hand: gradient accumulation and the epoch's short last batch, the skip of a non-finite loss,
+early stopping, the checkpoint cadence, a stop at a step boundary, and a resume that ends where an
+uninterrupted loop does. Milliseconds each: a loop bug shows here before any end-to-end run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from transformers.modeling_outputs import SequenceClassifierOutput
+
+from nli.checkpoint import BestEvaluation, Checkpointer, Checkpoints, Progress, RandomState, TrainingState
+from nli.config import TrainConfig
+from nli.data import EpochSampler
+from nli.device import Compute
+from nli.distributed import World
+from nli.errors import Diverged
+from nli.evaluation import Evaluation
+from nli.hooks import EarlyStopping, Hook
+from nli.loop import Loop, Optimization, Plan, TrainResult
+from nli.model import train_bpe_tokenizer
+from nli.signals import Preempted, StopRequest
+from nli.storage import Storage
+
+FEATURES, CLASSES = 4, 3
+
+
+class Classifier(torch.nn.Module):
+    """A linear classifier that takes a batch as the encoders do (its inputs and ``labels`` by name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(FEATURES, CLASSES)
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> SequenceClassifierOutput:
+        logits = self.linear(features)
+        return SequenceClassifierOutput(loss=torch.nn.functional.cross_entropy(logits, labels), logits=logits)
+
+
+def examples(size: int, *, poison: Sequence[int] = ()) -> List[Dict[str, torch.Tensor]]:
+    """``size`` examples drawn from a fixed generator; those in ``poison`` have a NaN feature."""
+    generator = torch.Generator().manual_seed(size)
+    features = torch.randn(size, FEATURES, generator=generator)
+    features[list(poison), 0] = math.nan
+    labels = torch.randint(0, CLASSES, (size,), generator=generator)
+    return [{"features": features[i], "labels": labels[i]} for i in range(size)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> object:
+    """What a checkpoint saves beside the weights: a real (tiny) tokenizer."""
+    return train_bpe_tokenizer(["a premise", "a hypothesis"], vocab_size=300, max_seq_length=16)
+
+
+@dataclass
+class Trial:
+    """One loop over ``data`` and what it was made of, to run and to inspect."""
+
+    data: List[Dict[str, torch.Tensor]]
+    train: TrainConfig
+    folder: Path
+    tokenizer: object
+    micro_batch: int = 32
+    objectives: Sequence[float] = ()  # what each evaluation reports, in turn; empty: the loss on all the data
+    hooks: List[Hook] = field(default_factory=list)
+    model: Classifier = field(init=False)
+    progress: Progress = field(default_factory=Progress)
+    best: BestEvaluation = field(default_factory=BestEvaluation)
+    evaluated: List[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = Classifier()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.5)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0 / (1 + step))
+        self.state = TrainingState()
+        for name, part in (("model", self.model), ("optimizer", self.optimizer), ("scheduler", self.scheduler),
+                           ("progress", self.progress), ("best", self.best)):
+            self.state.register(name, part)
+        self.state.register("rng", RandomState(World(), self.progress))
+        self.checkpoints = Checkpoints(Storage(str(self.folder)), keep=self.train.keep_checkpoints, identity={})
+
+    def loop(self) -> Loop:
+        world, compute = World(), Compute(device=torch.device("cpu"), dtype=torch.float32)
+        sampler = EpochSampler(len(self.data), seed=1, batch_size=self.train.batch_size)
+        loader = DataLoader(self.data, batch_size=self.micro_batch, sampler=sampler)
+        plan = Plan.make(self.train, examples_per_epoch=len(self.data), world_size=1,
+                         accumulation=math.ceil(self.train.batch_size / self.micro_batch))
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        opt = Optimization(self.model, self.model, self.optimizer, self.scheduler, scaler, compute, world)
+        checkpointer = Checkpointer(self.checkpoints, self.state, self.tokenizer, world)  # type: ignore[arg-type]
+        return Loop(opt, loader, sampler, plan, evaluate=self.evaluate, checkpointer=checkpointer, hooks=self.hooks)
+
+    def evaluate(self, model: torch.nn.Module, step: int) -> Evaluation:
+        self.evaluated.append(step)
+        if self.objectives:
+            objective = self.objectives[len(self.evaluated) - 1]
+        else:
+            batch = torch.utils.data.default_collate(self.data)
+            with torch.no_grad():
+                objective = -float(model(**batch).loss)
+        return Evaluation(step=step, metrics={"accuracy": objective}, objective=objective)
+
+    def run(self, stop: Optional[StopRequest] = None) -> TrainResult:
+        with (stop or StopRequest()) as request, request.at_step_boundaries():
+            return self.loop().run(self.progress, self.best, request)
+
+    def saved_steps(self) -> List[int]:
+        return [int(p.name[5:]) for p in sorted(self.folder.glob("step-*")) if (p / "checkpoint.json").exists()]
+
+
+def config(**settings: object) -> TrainConfig:
+    return TrainConfig(**{"batch_size": 32, "log_every": 1, "progress_bar": False, **settings})  # type: ignore[arg-type]
+
+
+def by_hand(data: List[Dict[str, torch.Tensor]], *, steps: int, batch_size: int) -> Dict[str, torch.Tensor]:
+    """The weights plain SGD reaches with the mean loss of each global batch, in the sampler's order, at the
+    loop's learning rates: what any cut into micro-batches must reach too."""
+    torch.manual_seed(0)
+    model = Classifier()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    sampler = EpochSampler(len(data), seed=1, batch_size=batch_size)
+    order: List[int] = []
+    epoch = 0
+    while len(order) < steps * batch_size + len(data):
+        sampler.set_epoch(epoch)
+        order += [*sampler]
+        epoch += 1
+    done = 0
+    for _ in range(steps):
+        start = done % len(data)
+        size = min(batch_size, len(data) - start)
+        batch = torch.utils.data.default_collate([data[i] for i in order[done:done + size]])
+        model(**batch).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step(), scheduler.step(), optimizer.zero_grad()
+        done += size
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("micro_batch", [32, 16, 8])
+def test_micro_batches_add_up_to_the_global_batch_and_the_last_short_one_counts_its_examples(
+        micro_batch: int, tmp_path: Path, tokenizer: object) -> None:
+    """56 examples in global batches of 32: steps of 32 and 24. Cut into micro-batches of 16 or 8, the steps
+    reach the weights of one batch at a time; the short one's micro-batches (16 and 8) weigh by their
+    examples."""
+    data = examples(56)
+    trial = Trial(data, config(max_steps=5, eval_every=100), tmp_path, tokenizer, micro_batch=micro_batch)
+    result = trial.run()
+    assert result.steps == 5 and result.examples == 32 + 24 + 32 + 24 + 32
+    expected = by_hand(data, steps=5, batch_size=32)
+    for name, tensor in trial.model.state_dict().items():
+        torch.testing.assert_close(tensor, expected[name], rtol=1e-6, atol=1e-7, msg=name)
+    assert trial.progress.epoch == 2 and trial.progress.examples_in_epoch == 32
+
+
+def test_a_non_finite_loss_skips_its_update_and_the_schedule_goes_on(tmp_path: Path, tokenizer: object) -> None:
+    """Example 0 has a NaN feature: the step whose batch holds it is skipped (the weights stay), counted, and
+    the learning rate still moves on; the other steps train."""
+    data = examples(64, poison=[0])
+    trial = Trial(data, config(max_steps=2, eval_every=100, skip_nonfinite=1), tmp_path, tokenizer)
+    sampler = EpochSampler(64, seed=1, batch_size=32)
+    poisoned_step = 1 if 0 in [*sampler][:32] else 2
+    before = {name: tensor.clone() for name, tensor in trial.model.state_dict().items()}
+    seen: List[Dict[str, torch.Tensor]] = []
+
+    class Weights(Hook):
+        def on_step_end(self, progress: Progress, logged: object) -> None:
+            seen.append({name: tensor.clone() for name, tensor in trial.model.state_dict().items()})
+
+    trial.hooks.append(Weights())
+    trial.run()
+    assert trial.progress.nonfinite_steps == 1 and trial.scheduler.last_epoch == 2
+    unchanged = seen[poisoned_step - 1] if poisoned_step == 2 else before
+    after_poison = seen[poisoned_step - 1]
+    assert all(torch.equal(after_poison[name], unchanged[name]) for name in before)
+    assert not all(torch.equal(seen[-1][name], before[name]) for name in before)  # the good step trained
+
+
+def test_more_non_finite_losses_than_allowed_stop_with_the_last_good_checkpoint(tmp_path: Path,
+                                                                               tokenizer: object) -> None:
+    data = examples(32, poison=[5])  # every step's batch holds it
+    trial = Trial(data, config(max_steps=6, eval_every=100, checkpoint_every=100, skip_nonfinite=0), tmp_path,
+                  tokenizer)
+    with pytest.raises(Diverged, match="the training loss is nan at step 1: stopped, and no checkpoint had been "
+                                       "written yet") as stopped:
+        trial.run()
+    assert stopped.value.step == 1 and math.isnan(stopped.value.loss)
+
+
+def test_early_stopping_ends_training_after_patience_evaluations_without_improvement(tmp_path: Path,
+                                                                                   tokenizer: object) -> None:
+    """Evaluated every 2 steps: 0.5, 0.7 (best), 0.69, 0.70, ...; patience 2 with min_delta 0.001 stops at the
+    fourth evaluation, step 8 of 20, and the best stays the second."""
+    trial = Trial(examples(64), config(max_steps=20, eval_every=2), tmp_path, tokenizer,
+                  objectives=[0.5, 0.7, 0.69, 0.70, 0.9, 0.9])
+    early = EarlyStopping(patience=2, min_delta=0.001, metric="accuracy")
+    trial.hooks.append(early)
+    result = trial.run()
+    assert trial.evaluated == [2, 4, 6, 8] and result.steps == 8 and early.stopped_at == 8
+    assert result.best.step == 4 and result.best.objective == 0.7
+
+
+def test_checkpoints_at_every_evaluation_and_every_n_steps_keeping_the_newest_and_the_best(
+        tmp_path: Path, tokenizer: object) -> None:
+    trial = Trial(examples(64), config(max_steps=10, eval_every=4, checkpoint_every=3, keep_checkpoints=2),
+                  tmp_path, tokenizer, objectives=[0.9, 0.1, 0.2])
+    written: List[int] = []
+
+    class Saved(Hook):
+        def on_checkpoint(self, step: int, where: str) -> None:
+            written.append(step)
+
+    trial.hooks.append(Saved())
+    trial.run()
+    assert written == [3, 4, 6, 8, 9, 10]  # every 3 steps, at each evaluation (4, 8) and at the end
+    assert trial.evaluated == [4, 8, 10]
+    assert trial.saved_steps() == [4, 9, 10]  # the two newest, and the best (step 4's 0.9)
+
+
+def test_a_signal_stops_at_the_next_step_boundary_with_a_checkpoint(tmp_path: Path, tokenizer: object) -> None:
+    stop = StopRequest()
+
+    class Signal(Hook):
+        def on_step_end(self, progress: Progress, logged: object) -> None:
+            if progress.step == 3:
+                stop.signal = "SIGTERM"  # as the handler notes a signal inside the training steps
+
+    trial = Trial(examples(64), config(max_steps=10, eval_every=100, checkpoint_every=100), tmp_path, tokenizer,
+                  hooks=[Signal()])
+    with pytest.raises(Preempted) as preempted:
+        trial.run(stop)
+    assert preempted.value.step == 4 and preempted.value.signal == "SIGTERM"  # the step in flight finished
+    assert trial.saved_steps() == [4]
+
+
+def test_resumed_from_a_checkpoint_it_ends_where_an_uninterrupted_loop_ends(tmp_path: Path, tokenizer: object) -> None:
+    """Stopped after step 7 of 12 (mid-epoch: 64 examples, batches of 24), then a new loop restores every part
+    from the checkpoint and trains on: the same weights, bit for bit, and the same best evaluation."""
+    data = examples(64)
+    settings = config(batch_size=24, max_steps=12, eval_every=5, checkpoint_every=100)
+    whole = Trial(data, settings, tmp_path / "whole", tokenizer, micro_batch=8)
+    whole.run()
+
+    stop = StopRequest()
+
+    class Signal(Hook):
+        def on_step_end(self, progress: Progress, logged: object) -> None:
+            if progress.step == 6:
+                stop.signal = "SIGTERM"
+
+    first = Trial(data, settings, tmp_path / "resumed", tokenizer, micro_batch=8, hooks=[Signal()])
+    with pytest.raises(Preempted):
+        first.run(stop)
+    snapshot = first.checkpoints.latest()
+    assert snapshot is not None and snapshot.step == 7 and 0 < snapshot.state["progress"]["examples_in_epoch"] < 64
+    second = Trial(data, settings, tmp_path / "resumed", tokenizer, micro_batch=8)
+    second.state.load_state_dict(snapshot.state)
+    second.run()
+    assert second.progress.step == 12 and second.progress.examples == whole.progress.examples
+    for name, tensor in whole.model.state_dict().items():
+        assert torch.equal(second.model.state_dict()[name], tensor), name
+    assert second.best.evaluation == whole.best.evaluation
+
