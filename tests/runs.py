@@ -98,11 +98,11 @@ def shared_folder(root: Path, name: str, how: Sequence[str], make: Callable[[Pat
 def finished_run(root: Path, name: str, args: Sequence[str]) -> Path:
     """The folder of a run of ``args`` that finished (:func:`shared_folder`), run in this process."""
 
-    def train(folder: Path) -> None:
+    def make(folder: Path) -> None:
         proc = run_app([*args, f"hydra.run.dir={folder}"], cwd=root)
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
-    return shared_folder(root, name, args, train)
+    return shared_folder(root, name, args, make)
 
 
 def copy_run(folder: Path, into: Path) -> Path:
