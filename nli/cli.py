@@ -19,12 +19,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nli import cpu, platform, sweep
+from nli import command, cpu, platform, sweep
 from nli.config import Accelerator, Config
 from nli.context import RunContext
 from nli.contract import PREEMPTED
 from nli.errors import ConfigError, JobFailed, UserError
-from nli.help import answer_help, refuse_keys_under_null
+from nli.help import answer_help
+from nli.keys import check_known
 from nli.signals import Interrupted, Preempted, StopRequest, interruption
 from nli.storage import Storage
 
@@ -48,6 +49,7 @@ def train(raw: DictConfig) -> float:
     rules are checked before torch and transformers load (about 9 s), so a wrong value is answered
     in a second."""
     try:
+        check_known(raw)  # a sweep's job, or a command nli.command left to Hydra
         cfg = cast(Config, OmegaConf.to_object(raw))  # checks every rule
         site = platform.detect()
         # From here on a signal stops the run cleanly, and the machine's other runs count this one.
@@ -81,11 +83,11 @@ def train(raw: DictConfig) -> float:
 
 
 def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
-    """``train.py``'s and ``python -m nli``'s: ``--help`` answered from the config alone (nli.help), a key
-    set under a node its option leaves null refused with the fix, then Hydra's ``main``, and a sweep's table
-    (nli.sweep)."""
+    """``train.py``'s and ``python -m nli``'s: ``--help`` answered from the config alone (nli.help), the
+    command line checked before Hydra writes anything (nli.command), then Hydra's ``main``, and a sweep's
+    table (nli.sweep)."""
     if not answer_help(argv, conf_dir, "train"):  # Hydra's own --help takes seconds (nli/help.py)
-        refuse_keys_under_null(argv, conf_dir, "train")  # Hydra's own answer is a traceback
+        command.check(argv, conf_dir, "train")
         try:
             main()
         finally:  # a sweep whose job failed: Hydra raised before the sweep's end, its table comes now
@@ -108,10 +110,10 @@ def run_context(cfg: Config, raw: DictConfig, site: platform.Site) -> RunContext
                          local_dir=run_dir, process_env=site.process_env)
     if hydra is None:
         return context
-    name = str(hydra.job.override_dirname) or None
+    name, command = str(hydra.job.override_dirname) or None, [str(each) for each in hydra.overrides.task]
     if not _in_sweep():
-        return dataclasses.replace(context, name=name)
-    return dataclasses.replace(context, name=name, group=Path(str(hydra.sweep.dir)).name,
+        return dataclasses.replace(context, name=name, command=command)
+    return dataclasses.replace(context, name=name, command=command, group=Path(str(hydra.sweep.dir)).name,
                                overrides=sweep.override_columns(list(hydra.overrides.task)))
 
 

@@ -282,6 +282,18 @@ class ScheduleConfig:
             return self.warmup_steps
         return math.ceil(self.warmup_ratio * total_steps)
 
+    def check_warmup(self, total_steps: int, length: str) -> None:
+        """Warm-up must end before the run does, or the rate never reaches optimizer.lr; ``length`` says
+        where ``total_steps`` comes from."""
+        warmup = self.num_warmup_steps(total_steps)
+        typed = (f"schedule.warmup_steps={self.warmup_steps}" if self.warmup_steps is not None else
+                 f"schedule.warmup_ratio={self.warmup_ratio}")
+        _require(warmup == 0 or warmup < total_steps,
+                 f"{typed} warms up for {warmup} optimizer steps, and the run has {total_steps} ({length}): the "
+                 "learning rate would still be rising when training ends, and never reach optimizer.lr. Warm up "
+                 f"for fewer steps, e.g. schedule.warmup_steps={max(1, total_steps // 10)}, or "
+                 "schedule.warmup_ratio=0.1 with schedule.warmup_steps=null")
+
 
 # ------------------------------------------------------------------------- precision, hardware
 
@@ -509,6 +521,14 @@ EVAL_SETS: Dict[str, Tuple[str, ...]] = {
 }
 
 
+# What only training reads: an evaluation-only run says so where the command sets one of these.
+TRAINING_ONLY = ("optimizer", "schedule", "train.epochs", "train.max_steps", "train.batch_size", "train.eval_every",
+                 "train.log_every", "train.max_grad_norm", "train.checkpoint_every", "train.keep_checkpoints",
+                 "train.checkpoint_dir", "train.skip_nonfinite", "train.label_smoothing",
+                 "train.gradient_checkpointing", "train.early_stopping", "data.max_train_samples",
+                 "data.fraction_of_train_data", "data.synthetic_train_size")
+
+
 @dataclass
 class EvalConfig:
     """What a run evaluates besides its task's eval splits, and whether it only evaluates."""
@@ -528,6 +548,11 @@ class EvalConfig:
                  f"{', '.join(sorted(EVAL_SETS))}")
         _require(self.dir is None or bool(self.extra), f"eval.dir={self.dir} says where the sets of eval.extra "
                  "are, and eval.extra is empty: name them, e.g. eval.extra=[hans,anli,snli], or drop eval.dir")
+
+    @staticmethod
+    def ignores(keys: Sequence[str]) -> List[str]:
+        """Which of ``keys`` (overrides' keys and groups) an evaluation-only run does not read: it trains nothing."""
+        return [key for key in keys if any(key == each or key.startswith(f"{each}.") for each in TRAINING_ONLY)]
 
     def tasks(self) -> List[str]:
         """The tasks eval.extra stands for, each once, in the order given."""
@@ -563,6 +588,8 @@ class Config:
         self._check_loggers()
         self._check_scratch_positions()
         self._check_eval()
+        if self.train.max_steps is not None:  # else the length is known once the data is (nli.optim)
+            self.schedule.check_warmup(self.train.max_steps, f"train.max_steps={self.train.max_steps}")
         _require(not (self.train.label_smoothing and self.task.is_regression),
                  f"train.label_smoothing={self.train.label_smoothing} smooths class labels, and task={self.task.name} "
                  "is a regression: set train.label_smoothing=0")
@@ -574,6 +601,9 @@ class Config:
                  "directory or a Hub id (and model.scratch=null)")
         _require(task.name not in evaluation.tasks(), f"eval.extra={evaluation.extra} names task={task.name}, the "
                  f"run's own task, whose metrics are results.json's own keys: leave {task.name} out of eval.extra")
+        _require(not evaluation.only or self.model.peft is None, "eval.only=true evaluates a trained model as it "
+                 "is, and model/peft=lora adds new adapters to train: drop model/peft=lora (a LoRA run's model/ "
+                 "holds its adapters merged into the weights)")
         _require(not evaluation.extra or not task.is_regression, f"eval.extra={evaluation.extra} scores a classifier "
                  f"by its labels, and task={task.name} is a regression: its model has none")
 
@@ -665,12 +695,15 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from nli.keys import check_known
+
     register_configs()
     if GlobalHydra.instance().is_initialized():
         raw = compose_config("train", overrides=list(overrides))
     else:
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
             raw = compose_config("train", overrides=list(overrides))
+    check_known(raw)
     return cast(Config, OmegaConf.to_object(raw))
 
 

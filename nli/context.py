@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Union, cast
+from typing import Any, Dict, List, Optional, Union, cast
 
 from omegaconf import OmegaConf
 
@@ -31,6 +31,7 @@ class RunContext:
     name: Optional[str] = None  # the run's name in the loggers; None: the output folder's name
     group: Optional[str] = None  # the sweep this run is a job of: its jobs share it in the loggers; None: none
     overrides: Dict[str, str] = field(default_factory=dict)  # a sweep job's overrides, key -> value as typed
+    command: List[str] = field(default_factory=list)  # the overrides the run was started with, as typed
     process_env: Dict[str, str] = field(default_factory=dict)  # torch.distributed's variables; empty: one process
 
     @property

@@ -3,7 +3,8 @@
 A run writes into its output directory (the Hydra run directory, ``output_dir=``, or the one its
 platform gives it: on Vertex AI, ``AIP_MODEL_DIR``):
 
-- ``config.yaml``: the resolved config;
+- ``config.yaml``: the resolved config, and ``overrides.yaml``: the command's overrides, as typed (both
+  written once the run is accepted into the folder, so that a refused command changes neither);
 - ``results.json``: one flat JSON object, the final metrics with ``objective`` and ``status``,
   written last, so that its presence means the run finished;
 - ``model/``: the best model and its tokenizer (``save_pretrained``), and ``export.json``, the step
@@ -30,6 +31,7 @@ from typing import Dict, FrozenSet, Optional
 from omegaconf import DictConfig, OmegaConf
 
 CONFIG_FILE = "config.yaml"
+OVERRIDES_FILE = "overrides.yaml"  # the overrides the run was started with, as typed
 RESULTS_FILE = "results.json"
 MODEL_DIR = "model"
 EXPORT_FILE = "export.json"  # in model/: the step and evaluation of the exported weights

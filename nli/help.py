@@ -260,33 +260,3 @@ def answer_help(argv: List[str], conf_dir: Path, config_name: str) -> bool:
     except BrokenPipeError:  # `--help | head`: the reader has seen enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return True
-
-
-# Nodes a group option leaves null, and how to give them keys: an override of a key under one of
-# them fails inside Hydra's composition with a bare "Unexpected type for root: NoneType" traceback.
-NULL_NODES = {
-    "model.peft": "select the adapters first: model/peft=lora",
-    "model.scratch": "model.scratch describes a model built from scratch (model=tiny); a pretrained model "
-                     "(model.name_or_path) has none",
-}
-
-
-def refuse_keys_under_null(argv: List[str], conf_dir: Path, config_name: str) -> None:
-    """Stop, with a message naming the key and the fix, where ``argv`` sets a key under a node this
-    config leaves null (:data:`NULL_NODES`); anything else is left for Hydra to compose (or refuse)."""
-    suspects = [arg for arg in argv if not arg.startswith(("-", "+", "~", "hydra."))
-                and any(arg.split("=", 1)[0].startswith(f"{node}.") for node in NULL_NODES)]
-    if not suspects:
-        return
-    rest = [arg for arg in argv if arg not in suspects and not arg.startswith("-")]
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = compose(config_name, overrides=rest)
-    except Exception:  # noqa: BLE001  a sweep's values, a typo elsewhere: Hydra says what is wrong
-        return
-    for arg in suspects:
-        node = next(node for node in NULL_NODES if arg.startswith(f"{node}."))
-        if OmegaConf.select(cfg, node) is None:
-            raise SystemExit(f"error: {arg} sets a key of {node}, which is null in this config: "
-                             f"{NULL_NODES[node]}")
-

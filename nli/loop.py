@@ -69,6 +69,11 @@ class Plan:
                    checkpoint_every=train.checkpoint_every, max_grad_norm=train.max_grad_norm,
                    skip_nonfinite=train.skip_nonfinite, label_smoothing=train.label_smoothing)
 
+    @property
+    def evaluations(self) -> int:
+        """How many times the run evaluates: every ``eval_every`` steps, and at the end."""
+        return math.ceil(self.total_steps / self.eval_every)
+
 
 @dataclass(frozen=True)
 class Optimization:

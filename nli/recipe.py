@@ -30,7 +30,7 @@ import logging
 import os
 import tempfile
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
@@ -108,6 +108,11 @@ class Outputs:
     claim: Optional[Claim]  # rank 0's hold on the folder: checked before each write of the run's state
     snapshot: Optional[Snapshot]  # the newest intact checkpoint, when resuming
     finished: Optional[Dict[str, Any]]  # results.json, when the run already finished
+    warnings: List[str] = field(default_factory=list)  # settings that cannot take effect: logged, in results.json
+
+    def warn(self, message: str) -> None:
+        log.warning("%s", message)
+        self.warnings.append(message)
 
 
 @dataclass
@@ -215,11 +220,14 @@ def setup(train: TrainConfig, loggers: Mapping[str, LoggerConfig], context: RunC
                                writes=not evaluation_only)
     out = Outputs(storage, checkpoints, context, world, ident, claim, snapshot=None,
                   finished=earlier_run(train, ident, storage, checkpoints))
+    if evaluation_only and (ignored := EvalConfig.ignores([_key(each) for each in context.command])):
+        out.warn(f"eval.only=true trains nothing, so it ignores {', '.join(ignored)} (set on the command line)")
     if out.finished is None:
         Trackers(loggers, enabled=world.is_main).check()  # e.g. W&B online without a key: before anything loads
         out.snapshot = _resume_point(checkpoints, storage) if train.resume and not evaluation_only else None
-        if world.is_main:  # the resolved directories, as the run uses them
+        if world.is_main:  # the folder's record of its run: the resolved directories, as the run uses them
             storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(_as_run(context, output_dir)))
+            storage.write_text(contract.OVERRIDES_FILE, OmegaConf.to_yaml(context.command))
     return out
 
 
@@ -322,6 +330,14 @@ def optimization(train: TrainConfig, optimizer_cfg: OptimizerConfig, schedule: S
                      accumulation=accumulation)
     log.info("training: %d steps of %d examples (%d x %d accumulated%s)", plan.total_steps, train.batch_size,
              micro_batch_size, accumulation, f" x {world.world_size} processes" if world.distributed else "")
+    patience = train.early_stopping.patience
+    if patience is not None and plan.evaluations <= patience:
+        out.warn(f"train.early_stopping.patience={patience} ends a run after {patience} evaluation(s) without a gain, "
+                 f"and this run evaluates {plan.evaluations} time(s) in its {plan.total_steps} steps: early stopping "
+                 "cannot end it. Evaluate more often (train.eval_every) or lower the patience")
+    length = (f"train.max_steps={train.max_steps}" if train.max_steps else
+              f"train.epochs={train.epochs} of {plan.examples_per_epoch} examples in batches of {train.batch_size}")
+    schedule.check_warmup(plan.total_steps, length)
     optimizer = build_optimizer(optimizer_cfg, model)
     scheduler = build_scheduler(schedule, optimizer, plan.total_steps)
     scaler = torch.amp.GradScaler(compute.device.type, enabled=compute.dtype == torch.float16)
@@ -465,8 +481,16 @@ def _predict_tests(task: TaskConfig, loaders: Dict[str, DataLoader], model: torc
         log.info("test predictions for %s written to %s", split, out.storage.describe(contract.PREDICTIONS_DIR, name))
 
 
+def _key(override: str) -> str:
+    """An override's key or group, as typed: ``+optimizer.lr=1`` -> ``optimizer.lr``."""
+    return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+
+
 def _finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[str, Any]:
     """results.json, written last (its presence says the run is done), and the loggers' summary."""
+    if out.warnings:  # before the status, which stays last
+        results = {**{k: v for k, v in results.items() if k != "status"}, "warnings": out.warnings,
+                   "status": results.get("status")}
     if out.world.is_main:
         if out.claim is not None:
             out.claim.check()

@@ -36,13 +36,14 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from nli import sweep
-from nli.contract import RESULTS_FILE
+from nli.contract import OVERRIDES_FILE, RESULTS_FILE
 from nli.errors import UserError
 
 REPORT = "report.md"
 METRICS_CSV = "metrics.csv"
 LEARNING_CURVES = "learning_curves.png"
-HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
+# The run's own record of its command (nli.contract); Hydra's, in folders written before it.
+OVERRIDES_FILES = (Path(OVERRIDES_FILE), Path(".hydra") / "overrides.yaml")
 # Figure sizes in inches at DPI dots per inch: the PNGs are exactly size * DPI pixels.
 DPI = 100
 OBJECTIVE_SIZE = (6.0, 4.0)
@@ -106,10 +107,10 @@ def _run_row(run_dir: Path, *, num: int) -> Row:
     """A single run's row, as a sweep would have written it."""
     try:
         results = json.loads((run_dir / RESULTS_FILE).read_text())
-        overrides_file = run_dir / HYDRA_OVERRIDES
-        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
+        overrides_file = next((run_dir / each for each in OVERRIDES_FILES if (run_dir / each).is_file()), None)
+        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file is not None else []
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ReportError(f"{run_dir}: unreadable {RESULTS_FILE} or {HYDRA_OVERRIDES} ({err})") from None
+        raise ReportError(f"{run_dir}: unreadable {RESULTS_FILE} or {OVERRIDES_FILE} ({err})") from None
     return sweep.job_row(num=num, state=sweep.COMPLETED, overrides=[str(each) for each in overrides or []],
                          results=results, output_dir=str(run_dir))
 

@@ -1,0 +1,137 @@
+"""``python train.py``'s command line, checked before Hydra starts the run.
+
+Hydra makes the run's folder, its log and its own record before the task function sees the config,
+so a command refused there has already written into the folder. What can be answered from the command
+line alone is answered here, in a fraction of a second, with one line on stderr and nothing written:
+
+- each override's key against the config it overrides (nli.keys): a misspelt key, with or without
+  ``+``/``++``, is named with the keys meant; a key under a null node with the option that gives it keys;
+- the composed config: Hydra's own composition errors (an unknown option, a value of the wrong type),
+  keys no schema knows, and, for a single run, every rule of the schema (nli.config);
+- the run's (or the sweep's) directory can be made and written.
+
+A sweep's values are its jobs' business: each job checks its own config and fails alone (nli.cli), so
+a sweep is checked here by its keys, with each group's first option, and its directory.
+Anything this check cannot judge (Hydra's flags, ``--cfg``, ``--config-dir``) is left to Hydra.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from nli.errors import ConfigError, UserError
+from nli.keys import check_known, check_override_key
+
+MULTIRUN = ("-m", "--multirun")
+
+
+def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> None:
+    """Stop with ``error: ...`` (exit 1) where ``argv`` cannot run as typed."""
+    flags = [arg for arg in argv if arg.startswith("-")]
+    if any(flag not in MULTIRUN for flag in flags):
+        return  # Hydra's own flags (--cfg, --config-dir, ...): Hydra answers them
+    try:
+        overrides = OverridesParser.create().parse_overrides([arg for arg in argv if not arg.startswith("-")])
+    except HydraException:
+        return  # not an override at all: Hydra's parser says where
+    groups = {path.relative_to(conf_dir).as_posix() for path in conf_dir.rglob("*") if path.is_dir()}
+    try:
+        with _hydra(conf_dir):
+            if flags:
+                _check_sweep(config_name, overrides, groups)
+            else:
+                _check_run(config_name, overrides, groups)
+    except UserError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+@contextmanager
+def _hydra(conf_dir: Path) -> Iterator[None]:
+    """Hydra's compose API on ``conf_dir``; where something (a test session) already set it up, as it is."""
+    if GlobalHydra.instance().is_initialized():
+        yield
+        return
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        yield
+
+
+def _check_run(config_name: str, overrides: List[Override], groups: set[str]) -> None:
+    base = _compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)])
+    _check_keys(base, overrides, groups)
+    cfg = _compose(config_name, [_line(o) for o in overrides])
+    _check_writable("hydra.run.dir", str(cfg.hydra.run.dir))
+    _check_config(cfg, rules=True)
+
+
+def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) -> None:
+    choices = [_first(o) for o in overrides if _chooses(o, groups)]
+    try:
+        base = compose(config_name, overrides=choices, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException, AssertionError):
+        return  # each job composes its own, and Hydra names what is wrong
+    _check_keys(base, overrides, groups)
+    plain = [_line(o) for o in overrides if o.key_or_group.startswith("hydra.") and not o.is_sweep_override()]
+    _check_writable("hydra.sweep.dir", str(_compose(config_name, [*choices, *plain]).hydra.sweep.dir))
+
+
+def _compose(config_name: str, overrides: List[str]) -> DictConfig:
+    try:
+        return compose(config_name, overrides=overrides, return_hydra_config=True)
+    except HydraException as err:  # an unknown option, a value of the wrong type: Hydra's words, once
+        cause = f"\n{err.__cause__}" if err.__cause__ is not None else ""
+        raise ConfigError(f"{err}{cause}".split("\nConfig search path:")[0].strip()) from None
+
+
+def _check_keys(base: DictConfig, overrides: List[Override], groups: set[str]) -> None:
+    for override in overrides:
+        if not _chooses(override, groups) and override.type != OverrideType.DEL:
+            check_override_key(base, override.key_or_group, _line(override))
+
+
+def _check_config(cfg: DictConfig, *, rules: bool) -> None:
+    with open_dict(cfg):
+        del cfg["hydra"]
+    check_known(cfg)
+    if rules:
+        OmegaConf.to_object(cfg)  # the schema's rules (nli.config): ConfigError names the key and the fix
+
+
+def _line(override: Override) -> str:
+    """The override as typed."""
+    return str(override.input_line)
+
+
+def _chooses(override: Override, groups: set[str]) -> bool:
+    """An override that picks a group's option (model=tiny, hydra/launcher=vertex, model@x=...)."""
+    key = override.key_or_group
+    return "/" in key or key in groups or override.package is not None
+
+
+def _first(override: Override) -> str:
+    """A sweep over a group's options, as its first option: the keys it gives are what the check needs."""
+    if not override.is_sweep_override():
+        return _line(override)
+    key = _line(override).split("=", 1)[0]
+    return f"{key}={next(iter(override.sweep_string_iterator()))}"
+
+
+def _check_writable(key: str, folder: str) -> None:
+    """Hydra makes the folder and writes its log there first; a folder it cannot make ends in two tracebacks."""
+    path = Path(folder).absolute()
+    existing = next(parent for parent in (path, *path.parents) if parent.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{key}={folder}: {existing} is a file, not a folder. Set {key} to a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={folder}: {existing} cannot be written by this user. Set {key} to a folder you "
+                          f"can write (e.g. {key}=/tmp/run), or output_dir for the run's results")
