@@ -258,7 +258,7 @@ def imported(stderr: str) -> Set[str]:
 
 @pytest.mark.parametrize("args,expected", [
     (["model=robert-base"], ["Could not find 'model/robert-base'", "roberta-base", "roberta-large"]),
-    (["train.epocs=3"], ["Key 'epocs' not in 'TrainConfig'", "train.epocs"]),
+    (["train.epocs=3"], ["error: train.epocs is not a key of this config: did you mean train.epochs?"]),
     (["train.batch_size=abc"], ["Value 'abc' of type 'str' could not be converted to Integer",
                                 "train.batch_size"]),
     (["experiment=quickstart", "optimizer.lr=-1"], ["optimizer.lr=-1.0 must be positive"]),
