@@ -79,7 +79,8 @@ def wandb_run(folder: Path) -> Any:
 def test_a_mistake_every_job_would_make_stops_the_sweep_before_any_job(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     proc = run_app(["-m", *FAST, "optimizer.lrr=1e-3", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
-    assert proc.returncode == 1 and "error: optimizer.lrr is not a key of this config: did you mean optimizer.lr?" in proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "error: optimizer.lrr is not a key of this config: did you mean optimizer.lr?" in proc.stderr
     assert not (sweep_dir / "0").exists() and sweep.read_rows(sweep_dir) == []
 
 
