@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -96,10 +97,36 @@ def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str
         value = str(value)
     if isinstance(value, str) and value.strip() in lookup:
         return lookup[value.strip()]
+    whole = _whole_number(value)  # 1.0: a column of ids read as decimals (a CSV with 1.0, or an empty cell)
+    if whole is not None and str(whole) in lookup:
+        return lookup[str(whole)]
     known = ", ".join(dict.fromkeys([*task.label_names, *task.file_labels]))
     no_gold = f", and {task.no_gold_label!r} for no gold label" if task.no_gold_label is not None else ""
-    raise DataError(f"{where}: unknown label {value!r} for task {task.name}; known labels: {known} "
+    raise DataError(f"{where}: {_unknown(value)} for task {task.name}; known labels: {known} "
                     f"(or their ids 0-{task.num_labels - 1}){no_gold}")
+
+
+def _whole_number(value: Any) -> Optional[int]:
+    """The whole number a label written as a decimal stands for (1.0, "1.0"); None for any other value."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _unknown(value: Any) -> str:
+    """What is wrong with a label that names none of the task's, said for what it is."""
+    empty = value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == ""
+    if empty:
+        return "no label (the label column is empty there)"
+    if isinstance(value, float) and not value.is_integer():
+        return (f"unknown label {value!r} (the label column was read as decimal numbers: a label id is a whole "
+                "number, 0, 1, ...)")
+    return f"unknown label {value!r}"
 
 
 # ---------------------------------------------------------------------------- GLUE directory

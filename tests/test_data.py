@@ -527,3 +527,31 @@ def test_duplicate_or_missing_ids_are_refused_before_training(tmp_path: Path, co
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"error: {tmp_path / 'files' / 'mismatched.csv'}" in proc.stderr and said in proc.stderr
     assert "training:" not in proc.stdout and not (run_dir / "checkpoints").exists()
+
+
+def test_labels_written_as_whole_decimals_are_their_ids(tmp_path: Path, datasets_cache: Path) -> None:
+    """A CSV whose label column holds 1.0 (pandas writes ids so once a value was missing) reads as the ids;
+    a decimal that is no id, and an empty label, are named for what they are."""
+    files = custom_files(tmp_path, ".csv")
+    own = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    by_name = load(["task=rte", *own, *(f"+data.files.{split}={path}" for split, path in files.items())])
+    frame = pd.read_csv(files["validation"])
+    frame["gold"] = [float(HUB_LABELS["rte"].index(label)) for label in frame["gold"]]
+    frame.to_csv(tmp_path / "as_ids.csv", index=False)
+    assert "1.0" in (tmp_path / "as_ids.csv").read_text()
+    as_ids = load(["task=rte", *own, f"+data.files.train={files['train']}",
+                   f"+data.files.validation={tmp_path / 'as_ids.csv'}"])
+    assert as_ids.eval["validation"]["label"] == by_name.eval["validation"]["label"]
+    assert set(as_ids.eval["validation"]["label"]) == {0, 1}
+    for value, said in [(0.5, "row 5: unknown label 0.5 (the label column was read as decimal numbers: a label "
+                              "id is a whole number, 0, 1, ...) for task rte"),
+                        (2.0, "row 5: unknown label 2.0 for task rte; known labels: entailment, not_entailment (or "
+                              "their ids 0-1)"),
+                        ("", "row 5: no label (the label column is empty there) for task rte")]:
+        bad = frame.astype({"gold": object})
+        bad.loc[4, "gold"] = value
+        bad.to_csv(tmp_path / "bad.csv", index=False)
+        with pytest.raises(DataError) as err:
+            load(["task=rte", *own, f"+data.files.train={files['train']}",
+                  f"+data.files.validation={tmp_path / 'bad.csv'}"])
+        assert str(err.value).startswith(f"{tmp_path / 'bad.csv'}, {said}"), str(err.value)
