@@ -485,6 +485,12 @@ def test_predictions_keep_a_test_files_own_ids(tmp_path: Path) -> None:
     assert predicted_ids(run_dir, "MNLI-m") == [str(1000 - 7 * i) for i in range(12)]
     assert predicted_ids(run_dir, "MNLI-mm") == [f"mm-{chr(97 + i)}" for i in range(9)]
     assert "has no idx, index or id column" not in proc.stdout
+    scored = tmp_path / "scored"  # an evaluation-only run of the model reads them as the run did
+    proc = run_app([*OWN_MNLI, *files, "model=roberta-base", f"model.name_or_path={run_dir}", "eval.only=true",
+                    f"hydra.run.dir={scored}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [predicted_ids(scored, name) for name in ("MNLI-m", "MNLI-mm")] == \
+        [predicted_ids(run_dir, name) for name in ("MNLI-m", "MNLI-mm")]
 
 
 def test_a_test_file_without_ids_is_numbered_by_row_and_says_so_once(tmp_path: Path) -> None:
