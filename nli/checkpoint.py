@@ -239,6 +239,21 @@ class Checkpoints:
             best = evaluation if best is None or evaluation.better_than(best) else best
         return best
 
+    def snapshot(self, step: int) -> Snapshot:
+        """The checkpoint of ``step`` read back whole and verified (a CheckpointError where it is damaged)."""
+        name = checkpoint_name(step)
+        try:
+            return self._load(name)
+        except _Damaged as err:
+            raise CheckpointError(f"checkpoint {self.where(name)} is damaged: {err}") from None
+
+    def evaluation(self, step: int) -> Optional[Evaluation]:
+        """The evaluation the checkpoint of ``step`` records; None where it was not evaluated."""
+        manifest = self._manifest(checkpoint_name(step))
+        if manifest.get("metrics") is None:
+            return None
+        return Evaluation(step=step, metrics=manifest["metrics"], objective=manifest["objective"])
+
     def load_model_weights(self, step: int) -> Dict[str, torch.Tensor]:
         """The model weights of the checkpoint of ``step`` (the best one, for the final export)."""
         name = checkpoint_name(step)

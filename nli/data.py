@@ -243,5 +243,20 @@ def eval_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, wo
     order, are the split's in its own order, each example once."""
     lo, hi = world.shard(len(ds))
     ds = ds.select(range(lo, hi)) if (lo, hi) != (0, len(ds)) else ds
+    if ds.features.get("idx") == datasets.Value("string"):  # a test file's own ids, as text
+        collator = TextIds(collator)
     return DataLoader(ds, batch_size=batch_size, sampler=SequentialSampler(ds),
                       collate_fn=collator, num_workers=num_workers, pin_memory=pin_memory)
+
+
+class TextIds:
+    """A collator for examples whose ``idx`` is text (a test file's own ids): the ids pass beside the
+    tensors, as a list, since a tensor holds numbers only."""
+
+    def __init__(self, collator: Collator) -> None:
+        self.collator = collator
+
+    def __call__(self, features: List[Dict[str, Any]]) -> Dict[str, Any]:
+        batch: Dict[str, Any] = self.collator([{k: v for k, v in f.items() if k != "idx"} for f in features])
+        batch["idx"] = [f["idx"] for f in features]
+        return batch

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ class Predictions:
 
     values: np.ndarray  # (examples,) label ids, or scores for a regression task
     labels: np.ndarray  # (examples,) the split's labels (-1 where it has none)
-    idx: np.ndarray | None  # (examples,) the examples' numbers, where the split keeps them (test)
+    idx: np.ndarray | None  # (examples,) the examples' numbers (or a test file's own ids, text), where kept (test)
 
 
 @torch.no_grad()
@@ -49,11 +49,12 @@ def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, comput
     model.eval()
     values: List[torch.Tensor] = []
     labels: List[torch.Tensor] = []
-    idx: List[torch.Tensor] = []
+    idx: List[Any] = []
     for batch in loader:
         labels.append(batch.pop("labels"))
-        if "idx" in batch:
-            idx.append(batch.pop("idx"))
+        if "idx" in batch:  # a tensor of numbers, or a list of text ids (data.TextIds)
+            ids = batch.pop("idx")
+            idx.extend(ids.tolist() if isinstance(ids, torch.Tensor) else ids)
         batch = {k: v.to(compute.device, non_blocking=True) for k, v in batch.items()}
         with compute.autocast():
             logits = model(**batch).logits  # (batch, num_labels)
@@ -61,7 +62,7 @@ def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, comput
         compute.sync()  # XLA: one graph per batch shape, not one for the whole split
     model.train(was_training)
     return Predictions(values=torch.cat(values).cpu().numpy(), labels=torch.cat(labels).numpy(),
-                       idx=torch.cat(idx).numpy() if idx else None)
+                       idx=np.asarray(idx) if idx else None)
 
 
 def gather(predictions: Predictions, world: World) -> Predictions:

@@ -3,27 +3,35 @@
 The export made when a checkpoint becomes the best is a second copy of its weights: should that
 checkpoint be damaged later, the run still ends with them. Where both copies are lost, the best
 intact evaluated checkpoint takes the place of the best, with a warning that names what was lost.
-``model/export.json`` says which step and evaluation the exported weights are.
+``model/export.json`` says which step and evaluation the exported weights are, and the size and
+SHA-256 of every file of the export. A finished run started again checks its ``model/`` against it
+(:func:`check_finished`): a model that is missing or damaged is exported again from the best
+checkpoint. An export.json written before it recorded the files has nothing to check them against:
+such a model is taken as it is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple, cast
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, set_seed
 
 from nli import contract, lora
-from nli.checkpoint import Checkpoints
+from nli.checkpoint import Checkpoints, Snapshot, checkpoint_name
+from nli.claim import Claim
+from nli.config import ModelConfig, TaskConfig
+from nli.distributed import World
 from nli.errors import CheckpointError
 from nli.evaluation import Evaluation
 from nli.hooks import Hook
-from nli.model import load_export, save_pretrained, unwrap
+from nli.model import build_model, load_export, save_pretrained, tokenizer_from_files, unwrap
 from nli.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -39,8 +47,28 @@ def write(storage: Storage, model: torch.nn.Module, tokenizer: PreTrainedTokeniz
         tokenizer.save_pretrained(local)
     else:
         save_pretrained(model, tokenizer, local)
-    (local / contract.EXPORT_FILE).write_text(json.dumps(asdict(evaluation), indent=1) + "\n")
+    record = {**asdict(evaluation), "files": _digests(local)}
+    (local / contract.EXPORT_FILE).write_text(json.dumps(record, indent=1) + "\n")
     storage.upload_dir(local, contract.MODEL_DIR)
+
+
+def _digests(local: Path) -> Dict[str, Dict[str, Any]]:
+    """Each file under ``local`` (by its ``/``-separated path there): its size and SHA-256."""
+    found: Dict[str, Dict[str, Any]] = {}
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        with path.open("rb") as f:
+            size, sha256 = _hashed(f)
+        found[path.relative_to(local).as_posix()] = {"size": size, "sha256": sha256}
+    return found
+
+
+def _hashed(f: IO[bytes]) -> Tuple[int, str]:
+    """The size and SHA-256 of what ``f`` holds, read in blocks: a large model is never whole in memory."""
+    sha, size = hashlib.sha256(), 0
+    while block := f.read(1 << 20):
+        sha.update(block)
+        size += len(block)
+    return size, sha.hexdigest()
 
 
 class ExportBest(Hook):
@@ -67,8 +95,9 @@ class ExportBest(Hook):
 def exported(storage: Storage) -> Optional[Evaluation]:
     """The evaluation of the weights in ``model/``, if an export is there whole."""
     try:
-        return Evaluation(**json.loads(storage.read_bytes(f"{contract.MODEL_DIR}/{contract.EXPORT_FILE}")))
-    except (OSError, ValueError, TypeError):
+        record = json.loads(storage.read_bytes(f"{contract.MODEL_DIR}/{contract.EXPORT_FILE}"))
+        return Evaluation(step=record["step"], metrics=record["metrics"], objective=record["objective"])
+    except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
@@ -113,3 +142,118 @@ def best_weights(checkpoints: Checkpoints, storage: Storage, best: Evaluation, *
     if instead.step != best.step:
         return instead, checkpoints.load_model_weights(instead.step)
     return best, exported(storage)
+
+
+# ------------------------------------------------------------------------- a finished run's model
+
+
+def check_finished(results: Mapping[str, Any], model_cfg: ModelConfig, task: TaskConfig, *, seed: int,
+                   storage: Storage, checkpoints: Checkpoints, world: World, claim: Optional[Claim]) -> None:
+    """A finished run's ``model/``, checked against its export.json (rank 0 reads it; a training run's
+    results name its ``best_step``, an evaluation-only run exports nothing). Where the model is missing
+    or damaged, it is exported again from the best checkpoint, with a warning that names what was
+    wrong; where that checkpoint is gone too, a CheckpointError that says so, and nothing is touched."""
+    step = results.get("best_step")
+    if step is not None and world.is_main:
+        problems = damage(storage, int(step))
+        if problems:
+            _export_again(problems, int(step), model_cfg, task, seed=seed, storage=storage, checkpoints=checkpoints,
+                          claim=claim)
+    world.barrier()  # no rank reports the run before its model is whole again
+
+
+def damage(storage: Storage, step: int) -> List[str]:
+    """What is wrong with the export in ``model/`` (none where it is whole): checked against export.json,
+    which must be of ``step``. An export.json without its files' digests (written before it recorded
+    them) has nothing to check them against: it is taken as it is."""
+    name = f"{contract.MODEL_DIR}/{contract.EXPORT_FILE}"
+    record_name = storage.describe(name)
+    if not storage.list(contract.MODEL_DIR):
+        return [f"{storage.describe(contract.MODEL_DIR)} is missing"]
+    try:
+        record = json.loads(storage.read_bytes(name))
+    except FileNotFoundError:
+        return [f"{record_name} is missing"]
+    except (OSError, ValueError) as err:
+        return [f"{record_name} cannot be read ({err})"]
+    if not isinstance(record, dict) or not isinstance(record.get("files", {}), dict):
+        return [f"{record_name} cannot be read (not the object an export writes)"]
+    if record.get("step") != step:
+        return [f"{record_name} says step {record.get('step')}, where results.json names step {step} the best"]
+    files = record.get("files")
+    if files is None:  # written before export.json recorded its files
+        return []
+    return [problem for file, expected in sorted(files.items())
+            if (problem := _file_damage(storage, f"{contract.MODEL_DIR}/{file}", expected))]
+
+
+def _file_damage(storage: Storage, name: str, expected: Any) -> Optional[str]:
+    """What is wrong with file ``name`` against its ``expected`` size and SHA-256; None if nothing is."""
+    try:
+        with storage.fs.open(storage.path(name), "rb") as f:
+            size, sha256 = _hashed(f)
+    except FileNotFoundError:
+        return f"{storage.describe(name)} is missing"
+    except (IsADirectoryError, NotADirectoryError):
+        return f"{storage.describe(name)} is not a file"
+    exported_size = expected.get("size") if isinstance(expected, dict) else None
+    if size != exported_size:
+        return f"{storage.describe(name)} has {size} bytes, where {exported_size} were exported"
+    if sha256 != expected.get("sha256"):
+        return f"{storage.describe(name)} is corrupt (its SHA-256 differs from the one export.json records)"
+    return None
+
+
+def _export_again(problems: List[str], step: int, model_cfg: ModelConfig, task: TaskConfig, *, seed: int,
+                  storage: Storage, checkpoints: Checkpoints, claim: Optional[Claim]) -> None:
+    """``model/`` written again from the checkpoint of ``step``, the best, with the evaluation it records."""
+    what = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+    where = checkpoints.where(checkpoint_name(step))
+    lost = _lost(checkpoints, step)
+    if lost is not None:
+        raise CheckpointError(f"this run finished, but its model is missing or damaged ({what}), and the best "
+                              f"checkpoint it was exported from, {where}, {lost}: the model cannot be made again. "
+                              f"Nothing was changed. Train again in another output_dir, or delete "
+                              f"{storage.describe()} and train there afresh")
+    log.warning("this run finished, but its model is missing or damaged: %s. Exporting it again from the best "
+                "checkpoint, %s", what, where)
+    model, tokenizer = _rebuilt(model_cfg, task, seed=seed, snapshot=checkpoints.snapshot(step))
+    # The best checkpoint was evaluated (that made it the best): its manifest records the evaluation.
+    evaluation = checkpoints.evaluation(step) or Evaluation(step=step, metrics={}, objective=float("nan"))
+    if claim is not None:
+        claim.check()
+    with tempfile.TemporaryDirectory() as folder:
+        write(storage, model, tokenizer, evaluation, Path(folder))
+    log.info("step %d, the best, exported again to %s", step, storage.describe(contract.MODEL_DIR))
+
+
+def _lost(checkpoints: Checkpoints, step: int) -> Optional[str]:
+    """What became of the checkpoint of ``step``, where it is gone or damaged; None where it is intact."""
+    if not checkpoints.storage.exists(checkpoint_name(step)):
+        return "is gone"
+    broken = checkpoints.damage(step)
+    return f"is damaged too ({broken})" if broken is not None else None
+
+
+def _rebuilt(model_cfg: ModelConfig, task: TaskConfig, *, seed: int,
+             snapshot: Snapshot) -> Tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """The model a checkpoint holds, built again as the run built it, and its tokenizer. Under LoRA the
+    checkpoint holds the adapters and the head: the frozen weights are built again, and checked to be the
+    ones it trained on."""
+    tokenizer = tokenizer_from_files(snapshot.tokenizer_files)
+    set_seed(seed)  # a model from scratch under LoRA: its frozen weights drawn as the run drew them
+    model: torch.nn.Module = build_model(model_cfg, task, tokenizer)
+    if model_cfg.peft is None:
+        model.load_state_dict(snapshot.state["model"])
+        return model, tokenizer
+    model = lora.apply(cast(Any, model), model_cfg.peft)
+    lora.FrozenWeights(model, _frozen_source(model_cfg)).load_state_dict(snapshot.state["frozen"])
+    lora.Adapters(cast(Any, model)).load_state_dict(snapshot.state["model"])
+    return model, tokenizer
+
+
+def _frozen_source(model_cfg: ModelConfig) -> str:
+    """Where LoRA's frozen weights come from, for the message that says they changed."""
+    if model_cfg.pretrained:
+        return f"model.name_or_path={model_cfg.name_or_path}"
+    return "the model from scratch (model.scratch and seed)"

@@ -1,8 +1,10 @@
 """Test-set predictions in the GLUE submission format.
 
 One ``<TASK>.tsv`` per test split (MNLI: ``MNLI-m.tsv`` and ``MNLI-mm.tsv``), tab-separated with
-the header ``index	prediction``: classes written as GLUE's own files write them (``0``/``1``
-for CoLA, SST-2, MRPC, QQP and WNLI; label names for MNLI, QNLI and RTE), scores for STS-B.
+the header ``index	prediction``: each example's index as its test file gives it (GLUE's ``index``, a
+file of your own's ``idx``, ``index`` or ``id``, numbers or text: nli.sources), and classes written
+as GLUE's own files write them (``0``/``1`` for CoLA, SST-2, MRPC, QQP and WNLI; label names for
+MNLI, QNLI and RTE), scores for STS-B.
 Zip the files of a run's ``predictions/`` folder to submit them to gluebenchmark.com.
 """
 
@@ -18,7 +20,7 @@ from nli.evaluation import Predictions
 
 def submission(task: TaskConfig, split: str, predictions: Predictions) -> Tuple[str, str]:
     """The file name and contents of the submission for test split ``split``."""
-    assert predictions.idx is not None, "test splits keep their example numbers (idx)"
+    assert predictions.idx is not None, "test splits keep their examples' ids (idx)"
     if task.is_regression:
         column = [f"{score:.3f}" for score in predictions.values]
     else:

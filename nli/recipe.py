@@ -161,7 +161,9 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
         with ExitStack() as held:  # the output folder's claim, released however the run ends
             cfg.check_batch(world.world_size)
             out = setup(cfg.train, cfg.logger, context, world, held, evaluation_only=cfg.eval.only)
-            if out.finished is not None:
+            if out.finished is not None:  # its model checked, and exported again if it was lost (nli.export)
+                export.check_finished(out.finished, cfg.model, cfg.task, seed=cfg.seed, storage=out.storage,
+                                      checkpoints=out.checkpoints, world=world, claim=out.claim)
                 return out.finished
             compute = prepare(cfg.hw, cfg.precision, seed=cfg.seed, batch_size=cfg.train.batch_size, world=world,
                               sharing=sharing)

