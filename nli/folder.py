@@ -92,16 +92,17 @@ def check_continuation(train: TrainConfig, ident: Mapping[str, Any], storage: St
     total = _planned_steps(train, snapshot.state["progress"])
     shortens = {"train.max_steps", "train.epochs"} & set(changes)
     if shortens and total is not None and (total < snapshot.step or (total == snapshot.step and not finished)):
-        raise RunChanged(f"{what}: {_settings(train, shortens)} plans {total} steps, and the run already trained "
-                         f"{snapshot.step}: it cannot be shortened, and would end without a final evaluation. Nothing "
-                         f"was changed. Ask for more than {snapshot.step} steps to train on, or start afresh in "
-                         "another output_dir")
+        why = ("it cannot be shortened" if total < snapshot.step else
+               "it would end where it stands, without the final evaluation at its last step")
+        raise RunChanged(f"{what}: {_length(train)} plans {total} steps, and the run already trained "
+                         f"{snapshot.step}: {why}. Nothing was changed. Ask for more than {snapshot.step} steps to "
+                         "train on, or start afresh in another output_dir")
     trains = stopped is None and (total is None or total > snapshot.step)
     writes = ("eval.extra" in changes or "eval.dir" in changes
               or ("train.predict" in changes and train.predict))
     if finished and not trains and not writes:
         why = (f"early stopping ends it at step {stopped} again" if stopped is not None else
-               f"it has trained all the {total} steps {_settings(train, {'train.max_steps', 'train.epochs'})} plans")
+               f"it has trained all the {total} steps {_length(train)} plans")
         raise RunChanged(f"{what}, and with the new values ({', '.join(changes)}) it would train no further and write "
                          f"nothing new: {why}. Nothing was changed. Ask for more steps, a larger "
                          "train.early_stopping.patience, or a new train.predict or eval.extra")
@@ -144,8 +145,9 @@ def _planned_steps(train: TrainConfig, progress: Mapping[str, Any]) -> Optional[
     return math.ceil(train.epochs * math.ceil(examples_per_epoch / train.batch_size))
 
 
-def _settings(train: TrainConfig, keys: Any) -> str:
-    return " and ".join(f"{key}={getattr(train, key.split('.')[1])}" for key in sorted(keys))
+def _length(train: TrainConfig) -> str:
+    """The setting that decides how long the run trains (nli.loop.Plan): train.max_steps where set."""
+    return f"train.max_steps={train.max_steps}" if train.max_steps else f"train.epochs={train.epochs:g}"
 
 
 def _stale(results: Mapping[str, Any], continued: List[Dict[str, Any]]) -> bool:
