@@ -89,33 +89,49 @@ class Progress:
     tokens: int = 0  # their real (non-pad) tokens
     seconds: float = 0.0  # time spent in training steps, over every attempt
     nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
+    # The training loss summed over the steps since the last logged one, and their number: a resumed run
+    # logs its next mean over the same steps, with the same value, as an unbroken run (nli.loop).
+    window_loss: float = 0.0
+    window_steps: int = 0
 
     def state_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         for item in fields(self):
-            setattr(self, item.name, state[item.name])
+            # A checkpoint from before the loss window was kept has none: the window starts at the resume.
+            setattr(self, item.name, state.get(item.name, item.default) if item.name in _ADDED else state[item.name])
+
+
+_ADDED = {"window_loss", "window_steps"}  # Progress fields that older checkpoints lack
 
 
 class BestEvaluation:
-    """The best evaluation so far by the task's main metric: its step picks the model to export."""
+    """The best evaluation so far by the task's main metric: its step picks the model to export. It
+    also keeps every evaluation's step and objective, in order, so that early stopping can be judged
+    again under new settings (nli.hooks.judge) when a run continues with them."""
 
     def __init__(self) -> None:
         self.evaluation: Optional[Evaluation] = None
+        self.history: Optional[List[Tuple[int, float]]] = []  # None: a checkpoint from before it was kept
 
     def update(self, evaluation: Evaluation) -> bool:
         """Keep ``evaluation`` if it is the best so far; True if it is."""
+        if self.history is not None:
+            self.history.append((evaluation.step, evaluation.objective))
         improved = self.evaluation is None or evaluation.better_than(self.evaluation)
         if improved:
             self.evaluation = evaluation
         return improved
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"evaluation": asdict(self.evaluation) if self.evaluation else None}
+        return {"evaluation": asdict(self.evaluation) if self.evaluation else None,
+                "history": None if self.history is None else [list(each) for each in self.history]}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.evaluation = Evaluation(**state["evaluation"]) if state["evaluation"] else None
+        history = state.get("history")
+        self.history = None if history is None else [(int(step), float(value)) for step, value in history]
 
 
 def rng_state() -> Dict[str, Any]:
@@ -184,6 +200,9 @@ class Checkpoints:
 
     def __init__(self, storage: Storage, *, keep: int, identity: Dict[str, Any]) -> None:
         self.storage, self.keep, self.identity = storage, keep, identity
+        # Where the run went on with new values (train.accept_changes), oldest first: {"step", "changes"}.
+        # Each manifest keeps the list, so that results.json can say so however often the run stops.
+        self.continued: List[Dict[str, Any]] = []
 
     def where(self, *name: str) -> str:
         return self.storage.describe(*name)
@@ -213,6 +232,13 @@ class Checkpoints:
             return self._manifest(checkpoint_name(step)).get("identity")
         except _Damaged:
             return None
+
+    def continued_of(self, step: int) -> List[Dict[str, Any]]:
+        """The continuations recorded by checkpoint ``step`` (none if its manifest is damaged)."""
+        try:
+            return list(self._manifest(checkpoint_name(step)).get("continued", []))
+        except _Damaged:
+            return []
 
     def damage(self, step: int) -> Optional[str]:
         """What is wrong with checkpoint ``step`` (every file read and checked), or None if it is intact."""
@@ -273,6 +299,7 @@ class Checkpoints:
         manifest = {"step": step, "format": FORMAT, "identity": self.identity,
                     "objective": evaluation.objective if evaluation else None,
                     "metrics": evaluation.metrics if evaluation else None,  # what a fallback best needs
+                    **({"continued": self.continued} if self.continued else {}),
                     "files": {file: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                               for file, data in files.items()}}
         self.storage.write_text(f"{name}/{MANIFEST}", json.dumps(manifest, indent=1))

@@ -1,9 +1,10 @@
 """What the training loop tells the rest of the run, and how the rest can end training early.
 
-The loop calls every hook, in order, at four points: the end of each optimizer step, each
-evaluation, each checkpoint, and the end of training. A hook overrides the methods it needs; one
-that wants training to end says why in :meth:`Hook.stop_reason`, which the loop asks after each
-evaluation. Hooks with state to keep register it with the checkpoint (nli.checkpoint).
+The loop calls every hook, in order, at five points: the start of training (after a resume's
+restore), the end of each optimizer step, each evaluation, each checkpoint, and the end of
+training. A hook overrides the methods it needs; one that wants training to end says why in
+:meth:`Hook.stop_reason`, which the loop asks after each evaluation. Hooks with state to keep
+register it with the checkpoint (nli.checkpoint).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from typing import Any, Callable, Dict, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from tqdm.auto import tqdm
 
-from nli.checkpoint import Progress
+from nli.checkpoint import BestEvaluation, Progress
 from nli.evaluation import Evaluation
 from nli.tracking import Trackers
 
@@ -24,6 +26,9 @@ log = logging.getLogger(__name__)
 
 class Hook:
     """Does nothing at every point; subclasses override what they need."""
+
+    def on_start(self, progress: Progress, best: BestEvaluation) -> None:
+        """Before the first step of this attempt: ``progress`` and ``best`` as the checkpoint left them, if any."""
 
     def on_step_end(self, progress: Progress, logged: Optional[Mapping[str, float]]) -> None:
         """After each optimizer step; ``logged``: the training metrics, on steps that log them."""
@@ -105,35 +110,71 @@ class ProgressBar(Hook):
         self.bar.close()
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """Early stopping's counters after a run of evaluations."""
+
+    best: Optional[float] = None  # the best value of the metric, as early stopping counts it (min_delta)
+    stale: int = 0  # evaluations since it last improved
+    stopped_at: Optional[int] = None  # the step of the evaluation at which it ends training
+
+    def after(self, step: int, value: float, *, patience: int, min_delta: float) -> "Judgement":
+        """The counters once the evaluation of ``step`` has scored ``value``."""
+        if self.best is None or (not math.isnan(value) and (math.isnan(self.best) or value > self.best + min_delta)):
+            return Judgement(value, 0, self.stopped_at)
+        stale = self.stale + 1
+        stopped = self.stopped_at if self.stopped_at is not None or stale < patience else step
+        return Judgement(self.best, stale, stopped)
+
+
+def judge(history: Sequence[Tuple[int, float]], *, patience: int, min_delta: float) -> Judgement:
+    """Early stopping's counters after the evaluations of ``history`` (step, value), in order: where a
+    run with these settings stands, or would have stopped, at its last evaluation."""
+    judgement = Judgement()
+    for step, value in history:
+        judgement = judgement.after(step, value, patience=patience, min_delta=min_delta)
+    return judgement
+
+
 class EarlyStopping(Hook):
     """Ends training once the task's main metric has not risen by more than ``min_delta`` for
-    ``patience`` evaluations in a row. Its counters are checkpoint state: a resumed run goes on
-    counting, and one that had stopped stops again at once."""
+    ``patience`` evaluations in a row. A resumed run judges the evaluations its checkpoint recorded
+    again under this run's settings (a run continued with a new patience or min_delta goes on where
+    a run started with them would), and one that had stopped stops again at once. Its counters are
+    checkpoint state too: a checkpoint from before evaluations were recorded goes on counting from them."""
 
     def __init__(self, *, patience: int, min_delta: float, metric: str) -> None:
         self.patience, self.min_delta, self.metric = patience, min_delta, metric
-        self.best: Optional[float] = None  # the best value of the metric so far
-        self.stale = 0  # evaluations since it last improved
-        self.stopped_at: Optional[int] = None  # the step at which it ended training
+        self.counters = Judgement()
+        self.kept: Optional[BestEvaluation] = None  # the run's best evaluation: the model that stays
+
+    @property
+    def stopped_at(self) -> Optional[int]:
+        """The step at which it ended training, if it did."""
+        return self.counters.stopped_at
+
+    def on_start(self, progress: Progress, best: BestEvaluation) -> None:
+        self.kept = best
+        if best.history is not None:
+            self.counters = judge(best.history, patience=self.patience, min_delta=self.min_delta)
 
     def on_evaluation(self, evaluation: Evaluation, *, improved: bool) -> None:
-        value = evaluation.objective
-        if self.best is None or (not math.isnan(value)
-                                 and (math.isnan(self.best) or value > self.best + self.min_delta)):
-            self.best, self.stale = value, 0
-            return
-        self.stale += 1
-        if self.stale >= self.patience and self.stopped_at is None:
-            self.stopped_at = evaluation.step
+        before = self.counters
+        self.counters = before.after(evaluation.step, evaluation.objective, patience=self.patience,
+                                     min_delta=self.min_delta)
+        if before.stopped_at is None and self.counters.stopped_at is not None:
+            kept = self.kept.evaluation if self.kept is not None else None
+            best = (f"the best checkpoint, step {kept.step} ({self.metric}={kept.objective:.4f}), " if kept else
+                    "the best so far ")
             log.info("step %d: stopping early: no improvement of %s in the last %d evaluations "
-                     "(train.early_stopping.patience=%d, min_delta=%g); the best, %.4f, stays the model",
-                     evaluation.step, self.metric, self.stale, self.patience, self.min_delta, self.best)
+                     "(train.early_stopping.patience=%d, min_delta=%g); %sstays the model", evaluation.step,
+                     self.metric, self.counters.stale, self.patience, self.min_delta, best)
 
     def stop_reason(self) -> Optional[str]:
         return None if self.stopped_at is None else f"stopped early at step {self.stopped_at}"
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"best": self.best, "stale": self.stale, "stopped_at": self.stopped_at}
+        return {"best": self.counters.best, "stale": self.counters.stale, "stopped_at": self.counters.stopped_at}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.best, self.stale, self.stopped_at = state["best"], state["stale"], state["stopped_at"]
+        self.counters = Judgement(state["best"], state["stale"], state["stopped_at"])

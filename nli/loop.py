@@ -14,7 +14,7 @@ import signal
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, cast
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, cast
 
 import torch
 from torch.utils.data import DataLoader
@@ -121,6 +121,13 @@ class Loop:
     def run(self, progress: Progress, best: BestEvaluation, stop: StopRequest) -> TrainResult:
         self.opt.trained.train()
         clock = _Clock(progress.seconds)
+        if progress.step > self.plan.total_steps:  # only a new train.max_steps or train.epochs can make it so
+            raise ConfigError(f"this run already trained {progress.step} steps, more than the {self.plan.total_steps} "
+                              "that train.max_steps or train.epochs now plan: a run cannot be shortened. Start it "
+                              "afresh in another output_dir (or hydra.run.dir)")
+        # A resumed run logs the loss over the same steps as an unbroken one: the checkpoint kept the partial window.
+        self.window.resume(progress.window_loss, progress.window_steps)
+        self._call("on_start", progress, best)
         reason = self._stop_reason()  # a resumed run that had already stopped early
         while progress.step < self.plan.total_steps and reason is None:
             # The same order for the same seed and epoch; after a resume, from where it stopped.
@@ -197,6 +204,7 @@ class Loop:
             evaluation = self.evaluate(self.opt.model, progress.step)
             self._call("on_evaluation", evaluation, improved=best.update(evaluation))
         if evaluation or progress.step % self.plan.checkpoint_every == 0 or stopping:
+            progress.window_loss, progress.window_steps = self.window.partial()
             where = self.checkpointer.save(step=progress.step, evaluation=evaluation,
                                            best_step=best.evaluation.step if best.evaluation else None)
             self._call("on_checkpoint", progress.step, where)
@@ -225,8 +233,8 @@ class Loop:
             kept = (f"the last good checkpoint, step {newest}, is kept in {self.checkpointer.checkpoints.where()}"
                     if newest is not None else "no checkpoint had been written yet")
             raise Diverged(f"the training loss is {loss} at step {step}: stopped, and {kept}. Lower optimizer.lr, "
-                           "compute in precision=fp32 or bf16, or let train.skip_nonfinite=N skip up to N such steps",
-                           step=step, loss=loss)
+                           f"{_precision_advice(self.opt.compute.dtype)}or let train.skip_nonfinite=N skip up to N "
+                           "such steps", step=step, loss=loss)
         log.warning("step %d: the loss is %s; skipping this update (%d of train.skip_nonfinite=%d)",
                     step, loss, progress.nonfinite_steps, self.plan.skip_nonfinite)
 
@@ -248,6 +256,16 @@ class Loop:
     def _call(self, point: str, *args: object, **kwargs: object) -> None:
         for hook in self.hooks:
             getattr(hook, point)(*args, **kwargs)
+
+
+def _precision_advice(dtype: torch.dtype) -> str:
+    """What a run in ``dtype`` can change in precision against a non-finite loss: fp16's narrow range
+    overflows first, bf16 rounds coarsely; a run already in fp32 has nothing to change there."""
+    if dtype == torch.float16:
+        return "compute in precision=bf16 or fp32 (fp16 overflows first), "
+    if dtype == torch.bfloat16:
+        return "compute in precision=fp32, "
+    return ""
 
 
 class _Clock:
@@ -289,6 +307,17 @@ class _Window:
 
     def step(self) -> None:
         self._steps += 1
+
+    def partial(self) -> Tuple[float, int]:
+        """The loss summed over the steps since the last log, and their number: what a checkpoint keeps
+        (reading the sum waits for the device, as the checkpoint's own copy does)."""
+        return self._loss.item(), self._steps
+
+    def resume(self, loss: float, steps: int) -> None:
+        """Go on from a checkpoint's :meth:`partial` window. The sum comes back exactly (a float32 held in a
+        float), so the next logged mean equals an unbroken run's; the throughput is measured afresh."""
+        self._loss.fill_(loss)
+        self._steps = steps
 
     def exclude(self, seconds: float) -> None:
         """Leave time spent outside training (evaluation, saving) out of the throughput."""

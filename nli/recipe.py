@@ -72,7 +72,7 @@ from nli.config import (
 from nli.context import RunContext
 from nli.distributed import World
 from nli.evaluation import Evaluation, Evaluator, gather, predict, relabel
-from nli.folder import earlier_run
+from nli.folder import check_continuation, earlier_run
 from nli.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Revisit, SyncLogs
 from nli.identity import digest, identity
 from nli.loop import Loop, Optimization, Plan, TrainResult
@@ -227,6 +227,7 @@ def setup(train: TrainConfig, loggers: Mapping[str, LoggerConfig], context: RunC
     if out.finished is None:
         Trackers(loggers, enabled=world.is_main).check()  # e.g. W&B online without a key: before anything loads
         out.snapshot = _resume_point(checkpoints, storage) if train.resume and not evaluation_only else None
+        check_continuation(train, ident, storage, checkpoints, out.snapshot)  # before config.yaml is replaced
         if world.is_main:  # the folder's record of its run: the resolved directories, as the run uses them
             storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(_as_run(context, output_dir)))
             storage.write_text(contract.OVERRIDES_FILE, OmegaConf.to_yaml(context.command))
@@ -374,7 +375,7 @@ def fit(train: TrainConfig, training: Training, loaded: Data, out: Outputs, stop
     """Train to the end of the plan, or until a hook or a signal stops it (then the run ends with
     :class:`Preempted`, its checkpoint written)."""
     world = out.world
-    _start_trackers(training.trackers, out)
+    _start_trackers(training.trackers, out, resume_step=training.progress.step)
     hooks: list[Hook] = [ProgressBar(total=training.plan.total_steps, initial=training.progress.step,
                                      enabled=train.progress_bar and world.is_main),
                          MetricsLog(training.trackers, main=world.is_main), SyncLogs(training.trackers),
@@ -431,6 +432,7 @@ def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, res
                "train_seconds": result.seconds, "train_steps": result.steps, "best_step": result.best.step,
                "trainable_parameters": sum(p.numel() for p in training.opt.model.parameters() if p.requires_grad),
                "stopped_early": early.stopped_at if early else None, "identity": digest(out.identity),
+               **({"continued": out.checkpoints.continued} if out.checkpoints.continued else {}),
                **(xla.compilations() if xla.in_use() else {}), "status": "completed"}
     return _finish(results, training.trackers, out)
 
@@ -503,11 +505,12 @@ def _finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[s
     return results
 
 
-def _start_trackers(trackers: Trackers, out: Outputs) -> None:
+def _start_trackers(trackers: Trackers, out: Outputs, *, resume_step: Optional[int] = None) -> None:
+    """``resume_step``: a training run's first step less one (nli.tracking.RunInfo)."""
     context = out.context
     log_dir, remote = _log_dirs(context, out.storage)
     trackers.start(RunInfo(name=context.run_name, group=context.group, config=context.resolved, log_dir=log_dir,
-                           resume_id=None, overrides=context.overrides), remote=remote)
+                           resume_id=None, overrides=context.overrides, resume_step=resume_step), remote=remote)
 
 
 def _weights(model_cfg: ModelConfig, model: torch.nn.Module) -> Stateful:
@@ -538,7 +541,7 @@ def _resume_point(checkpoints: Checkpoints, storage: Storage) -> Optional[Snapsh
     damage = checkpoints.damage(best["step"])
     if damage is not None:
         instead = export.fallback(checkpoints, storage, Evaluation(**best), damage)
-        snapshot.state["best"] = {"evaluation": asdict(instead) if instead else None}
+        snapshot.state["best"] = {**snapshot.state["best"], "evaluation": asdict(instead) if instead else None}
     return snapshot
 
 

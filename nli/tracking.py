@@ -36,6 +36,9 @@ class RunInfo(NamedTuple):
     log_dir: Path  # a local directory for the loggers' files
     resume_id: Optional[str]  # the logger's run id from the checkpoint this run resumes, if any
     overrides: Dict[str, str] = {}  # a sweep's job: its overrides (key -> value as typed), else none
+    # A training run: the step its checkpoint left off at (0: none). What an earlier attempt logged after
+    # it (a run killed between checkpoints) is dropped where the logger's files allow, as this run logs it again.
+    resume_step: Optional[int] = None
 
 
 class Tracker(Protocol):
@@ -143,7 +146,9 @@ class TensorBoardTracker:
     def __init__(self, *, run: RunInfo, subdir: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(run.log_dir / subdir))
+        # purge_step: TensorBoard drops the earlier attempt's events from that step on as it reads them.
+        purge = run.resume_step + 1 if run.resume_step is not None else None
+        self._writer = SummaryWriter(log_dir=str(run.log_dir / subdir), purge_step=purge)
         self._hparams = hparams(run)
         # The whole resolved config, under TensorBoard's Text tab (Markdown: a code block keeps its layout).
         self._writer.add_text("config", f"```yaml\n{OmegaConf.to_yaml(run.config)}```")
@@ -170,7 +175,9 @@ def hparams(run: RunInfo) -> Dict[str, Any]:
 
 
 class CsvTracker:
-    """Rows of ``step,metric,value``, appended as they come (a resumed run goes on in the same file)."""
+    """Rows of ``step,metric,value``, appended as they come. A resumed run goes on in the same file,
+    first dropping the rows an earlier attempt logged after the checkpoint it resumes from: the file
+    then holds each step once, as an unbroken run's does."""
 
     run_id = None
 
@@ -179,6 +186,23 @@ class CsvTracker:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         if not self._path.exists():
             self._path.write_text("step,metric,value\n")
+        elif run.resume_step is not None:
+            self._drop_after(run.resume_step)
+
+    def _drop_after(self, step: int) -> None:
+        """Keep the rows up to ``step`` (and any whose step is not a number: not ours to judge); the file is
+        replaced whole, so a kill meanwhile leaves the old one."""
+        with open(self._path, newline="") as stream:
+            rows = list(csv.reader(stream))
+        kept = [row for row in rows if not (row and row[0].isdigit() and int(row[0]) > step)]
+        if len(kept) == len(rows):
+            return
+        log.info("%s: dropped the %d row(s) logged after step %d, which this run logs again", self._path,
+                 len(rows) - len(kept), step)
+        partial = self._path.with_name(f"{self._path.name}.{os.getpid()}.tmp")
+        with open(partial, "w", newline="") as stream:
+            csv.writer(stream).writerows(kept)
+        os.replace(partial, self._path)
 
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
         with open(self._path, "a", newline="") as stream:

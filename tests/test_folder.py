@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from nli.identity import CONTINUABLE, digest, identity
 from tests.conftest import build_config, compose_config
-from tests.runs import FAST, ROOT, copy_run, process_env, read_results, run_app
+from tests.runs import FAST, MEASURED, ROOT, copy_run, process_env, read_results, run_app
 
 # Evaluated at steps 3, 6, 9, 12; at this learning rate the metric cannot move, so the first
 # evaluation stays the best and the last two checkpoints are kept beside it.
@@ -86,8 +86,10 @@ def test_a_finished_run_trains_on_with_accepted_changes(finished: Path, tmp_path
     refused = run_app([*FAST, "train.max_steps=18", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert refused.returncode == 1 and "train.accept_changes=[train.max_steps] continues it" in refused.stderr
     output = train(run_dir, *FAST, "train.max_steps=18", "train.accept_changes=[train.max_steps]")
-    assert "continuing it with new values (train.accept_changes): train.max_steps: 12 -> 18" in output
+    assert (f"{run_dir} holds a finished run at step 12; continuing it from there with new values "
+            "(train.accept_changes): train.max_steps: 12 -> 18") in output
     assert "resuming from checkpoint" in output and read_results(run_dir)["train_steps"] == 18
+    assert read_results(run_dir)["continued"] == [{"step": 12, "changes": {"train.max_steps": "12 -> 18"}}]
     again = train(run_dir, *FAST, "train.max_steps=18")  # now the folder's run is the longer one
     assert "this run already finished" in again
 
@@ -193,3 +195,73 @@ def test_a_run_from_before_a_key_existed_resumes_where_the_key_keeps_its_old_beh
     assert set(ADDED) <= set(new) and differences(old, new) == {}
     changed = {**new, "optimizer.layer_decay": 0.8}
     assert differences(old, changed) == {"optimizer.layer_decay": "(none) -> 0.8"}
+
+
+def measured_apart(results: Dict[str, object]) -> Dict[str, object]:
+    return {key: value for key, value in results.items() if key not in {*MEASURED, "continued"}}
+
+
+def test_a_run_that_early_stopping_ended_goes_on_under_a_larger_patience_as_a_run_started_with_it(
+        shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path) -> None:
+    """The metric cannot move: patience 1 stops at step 6, the second evaluation; continued with patience 2
+    (accepted), the run trains on from its checkpoint of step 6, with the evaluations it had, and stops at
+    step 9, as a run started with patience 2 does: the same results, weights and metrics.csv."""
+    started = shared_run("still-patience-2", [*STILL, "train.early_stopping.patience=2"])
+    run_dir = tmp_path / "run"
+    train(run_dir, *STILL, "train.early_stopping.patience=1")
+    assert read_results(run_dir)["stopped_early"] == 6
+    output = train(run_dir, *STILL, "train.early_stopping.patience=2",
+                   "train.accept_changes=[train.early_stopping.patience]")
+    assert (f"{run_dir} holds a finished run at step 6; continuing it from there with new values "
+            "(train.accept_changes): train.early_stopping.patience: 1 -> 2") in output
+    assert "step 9: stopping early" in output
+    results, theirs = read_results(run_dir), read_results(started)
+    assert results["stopped_early"] == results["train_steps"] == 9
+    assert measured_apart(results) == measured_apart(theirs)  # the identity too: this run's settings are theirs
+    assert results["continued"] == [{"step": 6, "changes": {"train.early_stopping.patience": "1 -> 2"}}]
+    weights = [(folder / "model" / "model.safetensors").read_bytes() for folder in (run_dir, started)]
+    assert weights[0] == weights[1]
+    measured = ("train/examples_per_second", "train/tokens_per_second")
+    rows = [[line for line in (folder / "metrics.csv").read_text().splitlines() if line.split(",")[1] not in measured]
+            for folder in (run_dir, started)]
+    assert rows[0] == rows[1]
+    assert "this run already finished" in train(run_dir, *STILL, "train.early_stopping.patience=2")
+
+
+@pytest.mark.parametrize("change,removed,message", [
+    # The metric never moves: patience 1 would have stopped the finished run at step 6, of 12.
+    (["train.early_stopping.patience=1", "train.accept_changes=[train.early_stopping.patience]"], None,
+     "early stopping would have ended it at step 6: a run cannot go back"),
+    (["train.max_steps=8", "train.accept_changes=[train.max_steps]"], None,
+     "train.max_steps=8 plans 8 steps, and the run already trained 12: it cannot be shortened"),
+    (["train.skip_nonfinite=3", "train.accept_changes=[train.skip_nonfinite]"], None,
+     "it would train no further and write nothing new: it has trained all the 12 steps"),
+    (["train.max_steps=18", "train.accept_changes=[train.max_steps]"], "checkpoints",
+     "holds a finished run but no checkpoint to continue it from"),
+])
+def test_new_values_that_a_finished_run_cannot_carry_out_are_refused_with_the_reason(
+        shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path, change: List[str], removed: str,
+        message: str) -> None:
+    run_dir = copy_of(shared_run("still", STILL), tmp_path)
+    if removed:
+        shutil.rmtree(run_dir / removed)
+    before = files(run_dir)
+    proc = run_app([*STILL, *change, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert message in proc.stderr and "Nothing was changed" in proc.stderr
+    assert "continuing it" not in proc.stdout and files(run_dir) == before
+
+
+def test_a_finished_run_given_extra_sets_scores_them_and_trains_no_further(finished: Path, tmp_path: Path) -> None:
+    from tests.nli_layouts import write_sets
+
+    run_dir = copy_of(finished, tmp_path)
+    sets = write_sets(tmp_path / "sets")
+    earlier = read_results(run_dir)
+    output = train(run_dir, *FAST, "eval.extra=[hans]", f"eval.dir={sets}",
+                   "train.accept_changes=[eval.extra,eval.dir]")
+    assert "continuing it from there with new values" in output and not re.search(r"step \d+: loss", output)
+    results = read_results(run_dir)
+    assert "hans/accuracy" in results and results["train_steps"] == 12 and results["best_step"] == earlier["best_step"]
+    assert results["accuracy"] == earlier["accuracy"]
+    assert [each["step"] for each in results["continued"]] == [12]

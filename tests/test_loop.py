@@ -5,6 +5,7 @@ uninterrupted loop does. Milliseconds each: a loop bug shows here before any end
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,3 +270,118 @@ def test_resumed_from_a_checkpoint_it_ends_where_an_uninterrupted_loop_ends(tmp_
         assert torch.equal(second.model.state_dict()[name], tensor), name
     assert second.best.evaluation == whole.best.evaluation
 
+
+
+class Logged(Hook):
+    """The training metrics each logging step gives, the measured ones (throughput) left out."""
+
+    def __init__(self) -> None:
+        self.rows: List[tuple] = []
+
+    def on_step_end(self, progress: Progress, logged: Optional[Dict[str, float]]) -> None:
+        if logged is not None:
+            self.rows.append((progress.step, logged["train/loss"], logged["train/lr"], logged["train/epoch"]))
+
+
+def stopped_then_resumed(data: List[Dict[str, torch.Tensor]], settings: TrainConfig, folder: Path, tokenizer: object,
+                         *, after_step: int, hooks: Sequence[Hook] = (), resumed_hooks: Sequence[Hook] = (),
+                         objectives: Sequence[float] = ()) -> "Trial":
+    """A loop stopped by a signal at ``after_step`` + 1 (with its checkpoint), then a new loop restored from
+    that checkpoint and run to its end: the second trial."""
+    stop = StopRequest()
+
+    class Signal(Hook):
+        def on_step_end(self, progress: Progress, logged: object) -> None:
+            if progress.step == after_step:
+                stop.signal = "SIGTERM"
+
+    first = Trial(data, settings, folder, tokenizer, hooks=[Signal(), *hooks], objectives=objectives)
+    with pytest.raises(Preempted):
+        first.run(stop)
+    snapshot = first.checkpoints.latest()
+    assert snapshot is not None and snapshot.step == after_step + 1
+    second = Trial(data, settings, folder, tokenizer, hooks=list(resumed_hooks), objectives=objectives[
+        len(first.evaluated):])
+    second.state.load_state_dict(snapshot.state)
+    second.run()
+    return second
+
+
+def test_a_resumed_loop_logs_the_loss_over_the_same_steps_with_the_same_values(tmp_path: Path,
+                                                                              tokenizer: object) -> None:
+    """Logged every 3 steps, stopped with a checkpoint at step 7: the loss logged at step 9 is the mean of
+    steps 7, 8 and 9, the first of them trained before the stop, exactly as an unbroken loop logs it."""
+    data = examples(64)
+    settings = config(max_steps=12, log_every=3, eval_every=100, checkpoint_every=100)
+    whole, resumed, before = Logged(), Logged(), Logged()
+    Trial(data, settings, tmp_path / "whole", tokenizer, hooks=[whole]).run()
+    stopped_then_resumed(data, settings, tmp_path / "resumed", tokenizer, after_step=6, hooks=[before],
+                         resumed_hooks=[resumed])
+    assert [row[0] for row in whole.rows] == [3, 6, 9, 12]
+    assert before.rows + resumed.rows == whole.rows  # every value equal, not merely close
+
+
+@pytest.mark.parametrize("first,then", [
+    ({"patience": 1, "min_delta": 0.0}, {"patience": 3, "min_delta": 0.0}),
+    ({"patience": 2, "min_delta": 0.05}, {"patience": 2, "min_delta": 0.0}),
+])
+def test_early_stopping_judged_again_under_new_settings_stops_where_a_run_with_them_stops(
+        tmp_path: Path, tokenizer: object, first: Dict[str, float], then: Dict[str, float]) -> None:
+    """A loop that early stopping ended, continued from its last checkpoint under a larger patience or a
+    smaller min_delta, goes on from the evaluations it had and stops where a loop started with those settings
+    does: the same steps evaluated, the same stop, the same best, the same weights."""
+    objectives = [0.5, 0.7, 0.69, 0.72, 0.70, 0.71, 0.69, 0.68, 0.9, 0.9]
+    settings = config(max_steps=20, eval_every=2, checkpoint_every=100)
+    data = examples(64)
+    whole = Trial(data, settings, tmp_path / "whole", tokenizer, objectives=objectives,
+                  hooks=[EarlyStopping(metric="accuracy", **then)])  # type: ignore[arg-type]
+    whole.run()
+    earlier = EarlyStopping(metric="accuracy", **first)  # type: ignore[arg-type]
+    short = Trial(data, settings, tmp_path / "continued", tokenizer, objectives=objectives, hooks=[earlier])
+    short.state.register("early_stopping", earlier, optional=True)  # its counters in the checkpoint, as in a run
+    short.run()
+    assert short.progress.step < whole.progress.step  # the first settings stopped it earlier
+    snapshot = short.checkpoints.latest()
+    assert snapshot is not None and snapshot.step == short.progress.step
+    later = EarlyStopping(metric="accuracy", **then)  # type: ignore[arg-type]
+    continued = Trial(data, settings, tmp_path / "continued", tokenizer, objectives=objectives[len(short.evaluated):],
+                      hooks=[later])
+    continued.state.register("early_stopping", later, optional=True)
+    continued.state.load_state_dict(snapshot.state)
+    continued.run()
+    assert short.evaluated + continued.evaluated == whole.evaluated
+    assert continued.progress.step == whole.progress.step == later.stopped_at
+    assert continued.best.evaluation == whole.best.evaluation
+    for name, tensor in whole.model.state_dict().items():
+        assert torch.equal(continued.model.state_dict()[name], tensor), name
+
+
+def test_the_early_stopping_message_names_the_kept_best_checkpoint(tmp_path: Path, tokenizer: object,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """0.70 rises over 0.69 by less than min_delta: early stopping still counts from 0.69, but 0.70 is the best
+    evaluation, whose checkpoint stays the model; the message names that one, with its step."""
+    trial = Trial(examples(64), config(max_steps=20, eval_every=2), tmp_path, tokenizer,
+                  objectives=[0.69, 0.70, 0.65, 0.6])
+    trial.hooks.append(EarlyStopping(patience=2, min_delta=0.05, metric="accuracy"))
+    with caplog.at_level("INFO", logger="nli.hooks"):
+        trial.run()
+    assert trial.best.evaluation is not None and trial.best.evaluation.step == 4
+    assert ("step 6: stopping early: no improvement of accuracy in the last 2 evaluations (train.early_stopping."
+            "patience=2, min_delta=0.05); the best checkpoint, step 4 (accuracy=0.7000), stays the model"
+            ) in caplog.text
+
+
+@pytest.mark.parametrize("dtype,advice", [
+    (torch.float32, "Lower optimizer.lr, or let train.skip_nonfinite=N"),
+    (torch.bfloat16, "Lower optimizer.lr, compute in precision=fp32, or let"),
+    (torch.float16, "Lower optimizer.lr, compute in precision=bf16 or fp32 (fp16 overflows first), or let"),
+])
+def test_a_non_finite_loss_advises_only_the_precision_changes_that_apply(tmp_path: Path, tokenizer: object,
+                                                                         dtype: torch.dtype, advice: str) -> None:
+    trial = Trial(examples(32, poison=[5]), config(max_steps=2, eval_every=100), tmp_path, tokenizer)
+    loop = trial.loop()
+    loop.opt = dataclasses.replace(loop.opt, compute=Compute(device=torch.device("cpu"), dtype=dtype))
+    with pytest.raises(Diverged) as stopped, StopRequest() as request, request.at_step_boundaries():
+        loop.run(trial.progress, trial.best, request)
+    assert advice in str(stopped.value)
+    assert dtype != torch.float32 or "precision" not in str(stopped.value)

@@ -11,6 +11,7 @@ import json
 import random
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -420,3 +421,54 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path: Path) -> None:
     assert len(files) == 2  # one file per attempt, as W&B writes them
     ids = {record.run.run_id for f in files for record in records(f) if record.WhichOneof("record_type") == "run"}
     assert len(ids) == 1 and {f.stem for f in files} == {f"run-{next(iter(ids))}"}
+
+
+# Logged every 4 steps and checkpointed every 5 (and at the evaluations, every 15): the checkpoints before
+# step 20 fall inside a logging window.
+LOGGED = [*ARGS, "train.log_every=4", "logger=[csv,tensorboard]"]
+
+
+def metric_rows(run_dir: Path) -> List[Tuple[str, str, str]]:
+    """metrics.csv's rows, the measured throughput left out."""
+    rows = [tuple(line.split(",")) for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    return [row for row in rows if not row[1].endswith("_per_second")]  # type: ignore[misc]
+
+
+@pytest.mark.process
+def test_sigkill_between_checkpoints_then_resume_logs_each_step_once_with_an_unbroken_runs_values(
+        tmp_path: Path, shared_run: Callable[[str, Sequence[str]], Path]) -> None:
+    """Killed after logging step 12, past its checkpoint of step 10 (or 15): resumed, the rows logged after
+    that checkpoint are dropped and logged again, and the first loss logged after it is the mean over the
+    same four steps, some of them trained before the kill: metrics.csv and TensorBoard's scalars are an
+    unbroken run's, row for row."""
+    whole = shared_run("resume-logged", LOGGED)
+    run_dir = tmp_path / "run"
+    for _attempt in range(5):
+        proc = start([*LOGGED, f"hydra.run.dir={run_dir}"], tmp_path)
+        wait_for_step(proc, run_dir / "train.log", 12)
+        proc.kill()
+        proc.communicate()
+        newest = max(int(n[5:]) for n, done in checkpoints(run_dir).items() if done)
+        if newest % 4 and any(int(row[0]) > newest for row in metric_rows(run_dir)[1:]):
+            break  # killed inside a logging window, with rows logged past the checkpoint
+        shutil.rmtree(run_dir)
+    else:
+        pytest.fail("never killed between a checkpoint and the next one")
+    done = run_app([*LOGGED, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"resuming from checkpoint {run_dir / 'checkpoints' / f'step-{newest:06d}'}" in done.stdout
+    assert "which this run logs again" in done.stdout
+    assert metric_rows(run_dir) == metric_rows(whole)
+    steps = [row[0] for row in metric_rows(run_dir) if row[1] == "train/loss"]
+    assert steps == [str(step) for step in range(4, 51, 4)]  # each once
+    assert scalars(run_dir / "tensorboard") == scalars(whole / "tensorboard")
+
+
+def scalars(folder: Path) -> Dict[str, List[Tuple[int, float]]]:
+    """Every scalar TensorBoard shows of a run, by tag: (step, value), in order; the throughput left out."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+            if not tag.endswith("_per_second")}
