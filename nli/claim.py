@@ -20,6 +20,9 @@ replaces the stale one only if the object is still that generation.
 A lease can be lost by an owner that stops for longer than ``stale_after`` (a paused VM); it is
 told at its next heartbeat. The claim is released (deleted, if still its own) when the run ends, by
 error or signal too; a run killed outright leaves it to the next run to take over.
+
+A sweep holds its sweep directory the same way, in a claim file of its own (:class:`Use`: the file,
+and how the messages name the holder and the fix; nli.sweep).
 """
 
 from __future__ import annotations
@@ -46,6 +49,18 @@ CLAIM_FILE = ".claim.json"
 HOST = socket.gethostname()
 _ATTEMPTS = 5  # rounds of create / read / take over: each lost round means another run moved meanwhile
 _HELD: Set[str] = set()  # the tokens of the claims this process holds
+
+
+@dataclass(frozen=True)
+class Use:
+    """What a claim holds a folder for, as its file and its messages name it."""
+
+    holder: str  # "run": "in use by another run", "if that run is gone"
+    file: str  # the claim's file in the folder
+    elsewhere: str  # how to point this one at another folder, in the refusal
+
+
+RUN = Use("run", CLAIM_FILE, "give this run another output_dir")
 
 
 class ClaimedError(StorageError):
@@ -127,29 +142,30 @@ class _Backend(Protocol):
 class Claim:
     """This run's exclusive hold on its output folder; a context manager that releases it."""
 
-    def __init__(self, storage: Storage, backend: _Backend, owner: Owner, heartbeat: float) -> None:
-        self.storage, self.owner, self.heartbeat = storage, owner, heartbeat
+    def __init__(self, storage: Storage, backend: _Backend, owner: Owner, heartbeat: float, use: Use = RUN) -> None:
+        self.storage, self.owner, self.heartbeat, self.use = storage, owner, heartbeat, use
         self._backend = backend
         self._lost: Optional[str] = None  # whose claim replaced ours, once it has
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="claim-heartbeat", daemon=True)
 
     @classmethod
-    def take(cls, storage: Storage, *, heartbeat: float = 30.0, stale_after: float = 300.0) -> "Claim":
-        """Claim ``storage``'s folder for this run, taking over an abandoned claim; raise
-        :class:`ClaimedError` at once if a live run holds it."""
+    def take(cls, storage: Storage, *, heartbeat: float = 30.0, stale_after: float = 300.0,
+             use: Use = RUN) -> "Claim":
+        """Claim ``storage``'s folder for this run (or what ``use`` names), taking over an abandoned
+        claim; raise :class:`ClaimedError` at once if a live one holds it."""
         if stale_after < 2 * heartbeat:
             raise ValueError(f"stale_after={stale_after} must be at least twice heartbeat={heartbeat}")
-        backend, owner = _backend(storage), Owner.me()
+        backend, owner = _backend(storage, use.file), Owner.me()
         _HELD.add(owner.token)  # before anyone can read it: this process's other threads must not think it abandoned
         try:
-            _acquire(storage, backend, owner, stale_after)
+            _acquire(storage, backend, owner, stale_after, use)
         except BaseException:
             _HELD.discard(owner.token)
             raise
-        claim = cls(storage, backend, owner, heartbeat)
+        claim = cls(storage, backend, owner, heartbeat, use)
         claim._thread.start()
-        log.debug("claimed %s (%s)", storage.describe(), storage.describe(CLAIM_FILE))
+        log.debug("claimed %s (%s)", storage.describe(), storage.describe(use.file))
         return claim
 
     @property
@@ -160,7 +176,7 @@ class Claim:
     def check(self) -> None:
         """Raise :class:`ClaimLostError` if the claim was lost (before writing anything that matters)."""
         if self._lost is not None:
-            raise ClaimLostError(_lost_message(self.storage, self._lost))
+            raise ClaimLostError(_lost_message(self.storage, self._lost, self.use))
 
     def release(self) -> None:
         """Stop the heartbeat and delete the claim if it is still ours. Never raises: it runs while
@@ -176,7 +192,7 @@ class Claim:
         try:
             self._backend.remove(self.owner.token)
         except Exception as err:  # a claim left behind is taken over by the next run: warn, go on
-            log.warning("could not release the claim %s: %s", self.storage.describe(CLAIM_FILE), err)
+            log.warning("could not release the claim %s: %s", self.storage.describe(self.use.file), err)
 
     def __enter__(self) -> "Claim":
         return self
@@ -194,19 +210,19 @@ class Claim:
                     return
             except Exception as err:  # a thread's error would end the heartbeat unseen: say it, try again
                 log.warning("could not refresh the claim %s (%s); trying again in %.0f s",
-                            self.storage.describe(CLAIM_FILE), err, self.heartbeat)
+                            self.storage.describe(self.use.file), err, self.heartbeat)
 
     def _lose(self) -> None:
         seen = _quietly_read(self._backend)
         self._lost = seen.describe(time.time()) if seen is not None else "none: the claim was deleted"
-        log.error("%s", _lost_message(self.storage, self._lost))
+        log.error("%s", _lost_message(self.storage, self._lost, self.use))
 
 
-def _acquire(storage: Storage, backend: _Backend, owner: Owner, stale_after: float) -> None:
+def _acquire(storage: Storage, backend: _Backend, owner: Owner, stale_after: float, use: Use) -> None:
     """Create the claim, or take over an abandoned one; raise ClaimedError if a live run holds it,
     and StorageError, with the reason, if the folder cannot be claimed at all."""
     try:
-        _contend(storage, backend, owner, stale_after)
+        _contend(storage, backend, owner, stale_after, use)
     except StorageError:
         raise
     except Exception as err:
@@ -217,7 +233,7 @@ def _acquire(storage: Storage, backend: _Backend, owner: Owner, stale_after: flo
         raise
 
 
-def _contend(storage: Storage, backend: _Backend, owner: Owner, stale_after: float) -> None:
+def _contend(storage: Storage, backend: _Backend, owner: Owner, stale_after: float, use: Use) -> None:
     seen: Optional[_Seen] = None
     for _ in range(_ATTEMPTS):
         if backend.create(owner.encode()):
@@ -229,12 +245,13 @@ def _contend(storage: Storage, backend: _Backend, owner: Owner, stale_after: flo
             return  # our own create, retried after its answer was lost, found itself
         why = _abandoned(seen, stale_after)
         if why is None:
-            raise ClaimedError(_refusal(storage, seen))
+            raise ClaimedError(_refusal(storage, seen, use))
         log.warning("%s was claimed by %s, which is gone: %s. Taking it over", storage.describe(),
                     seen.describe(time.time()), why)
         if backend.displace(seen, owner.encode()):
             return
-    raise ClaimedError(_refusal(storage, seen) if seen else f"{storage.describe()}: other runs kept claiming it")
+    raise ClaimedError(_refusal(storage, seen, use) if seen else
+                       f"{storage.describe()}: other {use.holder}s kept claiming it")
 
 
 def _abandoned(seen: _Seen, stale_after: float) -> Optional[str]:
@@ -263,14 +280,14 @@ def _running(owner: Owner) -> bool:
     return True
 
 
-def _refusal(storage: Storage, seen: _Seen) -> str:
-    return (f"{storage.describe()} is in use by another run: {seen.describe(time.time())}. Wait for it to end, "
-            f"give this run another output_dir, or, if that run is gone, delete {storage.describe(CLAIM_FILE)}")
+def _refusal(storage: Storage, seen: _Seen, use: Use) -> str:
+    return (f"{storage.describe()} is in use by another {use.holder}: {seen.describe(time.time())}. Wait for it "
+            f"to end, {use.elsewhere}, or, if that {use.holder} is gone, delete {storage.describe(use.file)}")
 
 
-def _lost_message(storage: Storage, by: str) -> str:
-    return (f"another run took over {storage.describe()} while this run was writing to it ({by}); "
-            "this run must stop writing there. Check which run's outputs the folder holds")
+def _lost_message(storage: Storage, by: str, use: Use) -> str:
+    return (f"another {use.holder} took over {storage.describe()} while this {use.holder} was writing to it ({by}); "
+            f"this {use.holder} must stop writing there. Check which {use.holder}'s outputs the folder holds")
 
 
 def _when(epoch: float) -> str:
@@ -284,20 +301,20 @@ def _quietly_read(backend: _Backend) -> Optional[_Seen]:
         return None
 
 
-def _backend(storage: Storage) -> _Backend:
+def _backend(storage: Storage, file: str) -> _Backend:
     if storage.local:
-        return _LocalClaim(storage)
+        return _LocalClaim(storage, file)
     if storage.cloud:
-        return _CloudClaim(storage)
+        return _CloudClaim(storage, file)
     raise StorageError(f"{storage.describe()}: a run can claim a local folder or gs:// only")
 
 
 class _LocalClaim:
     """The claim as a file: created with O_EXCL, rewritten by rename, taken over by renaming it away."""
 
-    def __init__(self, storage: Storage) -> None:
-        self.storage = storage
-        self.path = Path(storage.path(CLAIM_FILE))
+    def __init__(self, storage: Storage, file: str) -> None:
+        self.storage, self.file = storage, file
+        self.path = Path(storage.path(file))
 
     def create(self, data: bytes) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -325,7 +342,7 @@ class _LocalClaim:
     def displace(self, seen: _Seen, data: bytes) -> bool:
         # Only one rename can move a given file; the name is ours alone. What it moved must still be
         # the claim judged abandoned: else (another run's new claim, or a heartbeat since) put it back.
-        grave = self.path.with_name(f"{CLAIM_FILE}.{os.getpid()}-{secrets.token_hex(4)}.stale")
+        grave = self.path.with_name(f"{self.file}.{os.getpid()}-{secrets.token_hex(4)}.stale")
         try:
             os.rename(self.path, grave)
         except FileNotFoundError:
@@ -345,7 +362,7 @@ class _LocalClaim:
         seen = self.read()
         if seen is None or seen.owner is None or seen.owner.token != token:
             return False
-        self.storage.write_bytes(CLAIM_FILE, data)  # a temporary file renamed over it: never half a claim
+        self.storage.write_bytes(self.file, data)  # a temporary file renamed over it: never half a claim
         return True
 
     def remove(self, token: str) -> None:
@@ -358,8 +375,8 @@ class _CloudClaim:
     """The claim as a Cloud Storage object, every change conditional on its generation
     (``ifGenerationMatch``; 0: that no object exists)."""
 
-    def __init__(self, storage: Storage) -> None:
-        self.blob: Any = storage.blob(CLAIM_FILE)
+    def __init__(self, storage: Storage, file: str) -> None:
+        self.blob: Any = storage.blob(file)
         self.generation: Optional[int] = None  # of the claim we wrote last
 
     def _put(self, data: bytes, if_generation: Optional[int]) -> bool:

@@ -4,8 +4,10 @@
     python -m nli.report SWEEP_A SWEEP_B outputs/rte/RUN --out reports/lr
 
 Each argument is a sweep directory (one with ``sweep_results.jsonl``, written by ``train.py -m``,
-nli/sweep.py) or a single run folder (one with ``results.json``). The report goes to the first sweep
-directory given (else the first run folder), or to ``--out``:
+nli/sweep.py) or a single run folder (one with ``results.json``). Of a directory that several sweeps
+ran in (one after another: a sweep run again), the report is of the newest sweep's jobs, and says how
+many older sweeps' rows it left out. The report goes to the first sweep directory given (else the
+first run folder), or to ``--out``:
 
 - ``report.md``: every job (state, the overrides that vary, objective and metrics, speed, error),
   and when seeds were swept the mean ± sample standard deviation over them;
@@ -65,12 +67,13 @@ class ReportError(UserError):
 # ------------------------------------------------------------------------------- the rows
 
 
-def load_rows(paths: Sequence[Path]) -> List[Row]:
-    """Every job of every sweep directory and run folder given, in order."""
+def load_rows(paths: Sequence[Path], notes: Optional[List[str]] = None) -> List[Row]:
+    """Every job of every sweep directory (its newest sweep's) and run folder given, in order; a line
+    in ``notes`` for each directory whose older sweeps' rows were left out."""
     rows: List[Row] = []
     for path in paths:
         if (path / sweep.RESULTS_JSONL).is_file():
-            rows.extend(_sweep_rows(path))
+            rows.extend(_sweep_rows(path, notes if notes is not None else []))
         elif (path / RESULTS_FILE).is_file():
             rows.append(_run_row(path, num=len(rows)))
         else:
@@ -87,13 +90,20 @@ def _not_a_source(path: Path) -> ReportError:
     return ReportError(f"{path}: holds neither {sweep.RESULTS_JSONL} nor {RESULTS_FILE}; {expected}")
 
 
-def _sweep_rows(sweep_dir: Path) -> List[Row]:
+def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
+    """The rows of the newest sweep in the directory: two sweeps' rows under one job number would pass
+    one sweep's result off as the other's."""
     try:
-        rows = sweep.read_rows(sweep_dir)
+        every = sweep.read_rows(sweep_dir)
     except json.JSONDecodeError as err:
         raise ReportError(f"{sweep_dir / sweep.RESULTS_JSONL}: not JSON lines ({err})") from None
-    if not rows:
+    if not every:
         raise ReportError(f"{sweep_dir / sweep.RESULTS_JSONL} holds no jobs yet")
+    rows, older = sweep.newest_sweep(every)
+    if older:
+        notes.append(f"{sweep_dir} holds the rows of {len(older) + 1} sweeps: the report is of the newest "
+                     f"({_sweep_name(rows[0])}); the {len(every) - len(rows)} rows of the older ones are left out "
+                     f"(they stay in {sweep.RESULTS_JSONL})")
     for row in rows:
         # A sweep copied from elsewhere (a cluster, a bucket) names job folders that are not here:
         # its metrics.csv files are then read from the same subfolder of the copy.
@@ -113,6 +123,11 @@ def _run_row(run_dir: Path, *, num: int) -> Row:
         raise ReportError(f"{run_dir}: unreadable {RESULTS_FILE} or {OVERRIDES_FILE} ({err})") from None
     return sweep.job_row(num=num, state=sweep.COMPLETED, overrides=[str(each) for each in overrides or []],
                          results=results, output_dir=str(run_dir))
+
+
+def _sweep_name(row: Mapping[str, Any]) -> str:
+    sweep_id = row.get(sweep.SWEEP_ID)
+    return f"sweep {sweep_id}" if sweep_id else "rows that name no sweep"
 
 
 def _exists(url: str) -> bool:
@@ -328,15 +343,18 @@ def _save(figure: Figure, path: Path) -> None:
 # ------------------------------------------------------------------------------ the report
 
 
-def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> List[Path]:
-    """Writes report.md and its plots; the files written, report.md first."""
-    rows = load_rows(paths)
+def write_report(paths: Sequence[Path], out: Optional[Path] = None, notes: Optional[List[str]] = None) -> List[Path]:
+    """Writes report.md and its plots; the files written, report.md first. ``notes`` gets a line for
+    each directory whose older sweeps were left out (report.md says it too)."""
+    notes = [] if notes is None else notes
+    rows = load_rows(paths, notes)
     out = out or next((path for path in paths if (path / sweep.RESULTS_JSONL).is_file()), paths[0])
     out.mkdir(parents=True, exist_ok=True)
     keys, metrics = sweep.varying(rows), model_metrics(rows)
     done = completed(rows)
     sections = [f"# Sweep report\n\n{len(rows)} {'job' if len(rows) == 1 else 'jobs'}, {len(done)} completed, "
-                "from " + ", ".join(f"`{path}`" for path in paths) + ".",
+                "from " + ", ".join(f"`{path}`" for path in paths) + "." +
+                "".join(f"\n\n{note}." for note in notes),
                 "## Jobs\n\n" + job_table(rows, keys, metrics, folders=len(paths) > 1)]
     if sweep.SEED in keys:
         sections.append("## Over seeds\n\nMean ± sample standard deviation over the seeds of each setting "
@@ -384,14 +402,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("paths", nargs="+", type=Path, metavar="DIR", help="sweep directories and run folders")
     parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: the first sweep)")
     args = parser.parse_args(argv)
+    notes: List[str] = []
     try:
-        written = write_report(args.paths, args.out)
+        written = write_report(args.paths, args.out, notes)
     except UserError as err:  # what was given: the message alone, and argparse's status for a bad argument
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a folder that cannot be read or written: no traceback either
         print(f"error: {err}", file=sys.stderr)
         return 1
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     print("\n".join(str(path) for path in written))
     return 0
 

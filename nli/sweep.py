@@ -1,14 +1,24 @@
 """A sweep's table, under every launcher: each job's row as the job ends, the whole table and the
 seeds' means at the end, and an exit status that says whether every job succeeded.
 
-Rows go to ``<sweep dir>/sweep_results.jsonl`` and ``.csv`` (one row per job folder: a sweep run
-again under the same directory replaces the rows of the jobs it reruns and appends the rest), and
-jobs that differ only in ``seed`` are summed up in ``sweep_summary.csv`` (n, mean and sd).
+One sweep at a time in a sweep directory: the sweep claims it as it starts (``.sweep_claim.json``,
+nli.claim's claim of a folder) and holds it to its end, however it ends. A second sweep started into
+it meanwhile is refused before any job runs, told whose it is; a sweep killed outright leaves a claim
+that the next sweep takes over (its process gone, or its heartbeat stale).
+
+Each sweep gets an id as it starts (``sweep``, with its start time ``sweep_started``), and every row
+carries it. Rows go to ``<sweep dir>/sweep_results.jsonl``, which keeps every sweep's rows (a sweep
+run again in the directory adds its own; within one sweep, a job folder's row replaces that job's
+earlier one), and ``sweep_results.csv``, which is this sweep's table alone, as printed at the end;
+jobs of this sweep that differ only in ``seed`` are summed up in ``sweep_summary.csv`` (n, mean and
+sd). ``python -m nli.report`` reports a directory's newest sweep (nli.report).
 
 Hydra's own and submitit's launchers call :class:`SweepResults` (a Hydra callback, named in
 conf/train.yaml) where each job runs, so a job on a Slurm node writes its own row, under a file
-lock; the Vertex AI launcher, whose jobs run in the cloud, writes theirs with :func:`record` as
-it collects them. The callback in the process that started the sweep prints the table at the end.
+lock (the callback, id and all, travels to the node pickled with the launcher); the Vertex AI
+launcher, whose jobs run in the cloud, writes theirs with :func:`record` as it collects them,
+stamped with :func:`running_sweep`. The callback in the process that started the sweep claims the
+directory and prints the table at the end.
 
 Light on purpose (no torch): Hydra instantiates the callback before any job.
 """
@@ -22,9 +32,15 @@ import json
 import logging
 import math
 import os
+import secrets
+import signal
 import statistics
+import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import fsspec
@@ -34,7 +50,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nli.contract import RESULTS_FILE
+from nli.claim import Claim, Use
+from nli.contract import PREEMPTED, RESULTS_FILE
+from nli.errors import StorageError, UserError
+from nli.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +61,14 @@ RESULTS_JSONL = "sweep_results.jsonl"
 RESULTS_CSV = "sweep_results.csv"
 SUMMARY_CSV = "sweep_summary.csv"
 _LOCK = ".sweep_results.lock"
+CLAIM = Use("sweep", ".sweep_claim.json", "give this sweep another hydra.sweep.dir")
+SWEEP_ID, SWEEP_STARTED = "sweep", "sweep_started"  # the columns that say which sweep a row belongs to
 
 COMPLETED, FAILED = JobStatus.COMPLETED.name, JobStatus.FAILED.name
 SEED = "seed"
 # Columns of a row that are not metrics: its place in the sweep, and counters a mean says nothing of.
-_NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early", "trainable_parameters"})
+_NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early", "trainable_parameters",
+                          SWEEP_STARTED})
 # What the printed table shows besides the swept values (the files have every column).
 _SHOWN = ("objective", "train_examples_per_second", "train_seconds")
 
@@ -82,18 +104,20 @@ def read_json(url: str) -> Optional[Dict[str, Any]]:
 
 
 def record(sweep_dir: Path, row: Dict[str, Any]) -> None:
-    """Adds the job's row to the sweep's files, in place of an earlier row of the same job folder.
+    """Adds the job's row to the directory's rows, in place of an earlier row of the same job folder in
+    the same sweep (a job recorded again: a requeued Slurm job), and writes the CSV of the row's sweep.
     Jobs of one sweep end at once in several processes (or nodes): the lock lets one write at a time."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(sweep_dir / _LOCK)):
         rows = read_rows(sweep_dir)
-        same = [i for i, old in enumerate(rows) if old.get("output_dir") == row["output_dir"]]
+        same = [i for i, old in enumerate(rows)
+                if old.get("output_dir") == row["output_dir"] and old.get(SWEEP_ID) == row.get(SWEEP_ID)]
         if same:
             rows[same[0]] = row
         else:
             rows.append(row)
         _replace(sweep_dir / RESULTS_JSONL, "".join(json.dumps(each) + "\n" for each in rows))
-        _replace(sweep_dir / RESULTS_CSV, to_csv(rows))
+        _replace(sweep_dir / RESULTS_CSV, to_csv(of_sweep(rows, row.get(SWEEP_ID))))
 
 
 def read_rows(sweep_dir: Path) -> List[Dict[str, Any]]:
@@ -101,6 +125,23 @@ def read_rows(sweep_dir: Path) -> List[Dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def of_sweep(rows: Iterable[Mapping[str, Any]], sweep_id: Optional[str]) -> List[Dict[str, Any]]:
+    """The rows of one sweep (None: the rows written before rows said their sweep)."""
+    return [dict(row) for row in rows if row.get(SWEEP_ID) == sweep_id]
+
+
+def newest_sweep(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Optional[str]]]:
+    """The rows of the sweep that started last, and the ids of the older sweeps whose rows are left
+    out (rows written before rows said their sweep count as the oldest, one sweep)."""
+    started: Dict[Optional[str], float] = {}
+    for row in rows:
+        started.setdefault(row.get(SWEEP_ID), float(row.get(SWEEP_STARTED) or 0.0))
+    if not started:
+        return [], []
+    newest = max(started, key=lambda sweep_id: started[sweep_id])
+    return of_sweep(rows, newest), [sweep_id for sweep_id in started if sweep_id != newest]
 
 
 def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -167,18 +208,22 @@ def is_number(value: Any) -> bool:
 
 
 class SweepResults(Callback):
-    """Each job's row where the job runs; the table, the seeds' summary and the failed jobs where the
-    sweep started. A sweep with a failed job exits non-zero after every other job has run."""
+    """Where the sweep started: the directory claimed for this sweep, and at the end the table, the
+    seeds' summary and the failed jobs of this sweep. Where each job runs: the job's row, stamped with
+    the sweep's id. A sweep with a failed job exits non-zero after every other job has run."""
 
     def __init__(self) -> None:
         self.sweep_dir: Optional[Path] = None
+        self.sweep_id: Optional[str] = None  # plain values only: the callback travels pickled to the jobs
         self.started = 0.0
         self.wandb: Optional[DictConfig] = None  # the sweep's W&B logger, if it has one
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.sweep_dir, self.started = Path(str(config.hydra.sweep.dir)), time.time()
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        # Before the sweeper, which writes multirun.yaml (and an Optuna study's file) into the directory.
+        self.sweep_id = hold(sweep_dir)
+        self.sweep_dir, self.started = sweep_dir, _HELD[self.sweep_id].started
         self.wandb = OmegaConf.select(config, "logger.wandb")
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)  # before the sweeper: an Optuna study's file lives in it
         # Hydra's sweepers raise the first failed job's error once its batch has run, and on_multirun_end
         # is then not called: the table comes as the entry point returns (nli.cli.entry: finish_open),
         # after Hydra has printed that error; at exit, where another entry point started the sweep.
@@ -188,30 +233,43 @@ class SweepResults(Callback):
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:  # a single run, or a Vertex AI job (its launcher writes the row)
             return
-        record(Path(str(config.hydra.sweep.dir)), hydra_job_row(config, job_return))
+        record(Path(str(config.hydra.sweep.dir)), hydra_job_row(config, job_return, self.stamp()))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         failed = self._finish()
         if failed:  # a sweeper that let the sweep go on past them (Optuna's max_failure_rate)
             raise SystemExit(1)
 
+    def stamp(self) -> Dict[str, Any]:
+        """The columns that tie a row to this sweep."""
+        return {SWEEP_ID: self.sweep_id, SWEEP_STARTED: self.started}
+
     def _finish(self) -> List[Dict[str, Any]]:
-        """Prints the table once; the jobs of this sweep that failed."""
+        """Prints the table once, and lets the directory go; the jobs of this sweep that failed."""
         if self in _OPEN:
             _OPEN.remove(self)
         if self.sweep_dir is None:
             return []
         sweep_dir, self.sweep_dir = self.sweep_dir, None
-        rows = read_rows(sweep_dir)
+        try:
+            return self._report(sweep_dir)
+        finally:
+            release(self.sweep_id)
+
+    def _report(self, sweep_dir: Path) -> List[Dict[str, Any]]:
+        rows = of_sweep(read_rows(sweep_dir), self.sweep_id)
         if not rows:
             return []
+        _replace(sweep_dir / RESULTS_CSV, to_csv(rows))
         groups = seed_groups(rows)
         if groups:
             _replace(sweep_dir / SUMMARY_CSV, to_csv(groups))
+        else:  # an earlier sweep's summary would pass for this one's
+            (sweep_dir / SUMMARY_CSV).unlink(missing_ok=True)
         log.info("Sweep results (%s):\n%s", sweep_dir / RESULTS_CSV, format_rows(rows))
         if groups:
             log.info("Over seeds (%s):\n%s", sweep_dir / SUMMARY_CSV, format_groups(groups))
-        failed = [row for row in rows if row["state"] != COMPLETED and row.get("ended", 0) >= self.started]
+        failed = [row for row in rows if row["state"] != COMPLETED]
         if self.wandb is not None:
             to_wandb(self.wandb, sweep_dir, rows, groups)
         if failed:
@@ -229,6 +287,76 @@ def finish_open() -> None:
     as Hydra returns, or exits after a failed job (nli.cli.entry)."""
     for callback in list(_OPEN):
         callback._finish()
+
+
+# ------------------------------------------------------------------------ the sweep's directory
+
+
+@dataclass
+class _Held:
+    """A sweep directory this process holds: its claim, and what SIGTERM did before the sweep."""
+
+    directory: Path
+    started: float
+    claim: Claim
+    sigterm: Any = None  # the handler the sweep replaced; None: it replaced none
+
+
+_HELD: Dict[str, _Held] = {}  # sweep id -> the directory this process holds for it
+
+
+def hold(sweep_dir: Path) -> str:
+    """Claims ``sweep_dir`` for a new sweep of this process (nli.claim); its id. A directory a live
+    sweep holds ends this one here, before any job, with one line: whose it is and what to do. Until
+    :func:`release`, SIGTERM (where nothing else handles it) ends the sweep as an exit, which lets the
+    directory go, rather than killing the process outright."""
+    # The handler first: from the moment the claim exists, SIGTERM lets it go.
+    sigterm = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StorageError(f"hydra.sweep.dir={sweep_dir} cannot be made: {err.strerror or err}") from None
+        claim = Claim.take(Storage(str(sweep_dir), key="hydra.sweep.dir"), use=CLAIM)
+    except UserError as refused:  # claimed by a live sweep, or not a directory this sweep can write
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+        raise SystemExit(f"error: {refused}") from None
+    now = time.time()
+    sweep_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(3)}"
+    _HELD[sweep_id] = _Held(sweep_dir.absolute(), now, claim, sigterm)
+    return sweep_id
+
+
+def release(sweep_id: Optional[str]) -> None:
+    """Lets go of the sweep's directory (never raises), and gives SIGTERM back what it did before."""
+    held = _HELD.pop(sweep_id or "", None)
+    if held is None:
+        return
+    held.claim.release()
+    if held.sigterm is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, held.sigterm)
+
+
+def running_sweep(sweep_dir: Path) -> Dict[str, Any]:
+    """The columns that tie a row to the sweep this process runs in ``sweep_dir`` (for a launcher that
+    records its jobs' rows itself); none where it runs none there."""
+    for sweep_id, held in _HELD.items():
+        if held.directory == sweep_dir.absolute():
+            return {SWEEP_ID: sweep_id, SWEEP_STARTED: held.started}
+    return {}
+
+
+def _stop_on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
+    """SIGTERM where no job of this process handles it (between jobs, or while a launcher waits for
+    jobs elsewhere): the sweep ends as an exit, so that its table is printed and its directory let go."""
+    message = ("the sweep was stopped by SIGTERM: the jobs that ended are in its table; jobs a launcher started "
+               "elsewhere (Slurm, Vertex AI) may still run. Run the same command again to continue")
+    log.warning("%s", message)
+    print(message, file=sys.stderr)
+    raise SystemExit(PREEMPTED)
 
 
 def to_wandb(logger: DictConfig, sweep_dir: Path, rows: Sequence[Mapping[str, Any]],
@@ -269,19 +397,37 @@ def _plain(value: Any) -> Any:
     return " ".join(map(str, value)) if isinstance(value, list) else value
 
 
-def hydra_job_row(config: DictConfig, job_return: JobReturn) -> Dict[str, Any]:
-    """The row of a job run by one of Hydra's launchers, from its return and its results.json."""
+def hydra_job_row(config: DictConfig, job_return: JobReturn, stamp: Mapping[str, Any]) -> Dict[str, Any]:
+    """The row of a job run by one of Hydra's launchers, from its return and its results.json; a failed
+    job's row holds no results (its folder's results.json, if any, is another run's)."""
     output_dir = str(OmegaConf.select(config, "output_dir") or config.hydra.runtime.output_dir)
     overrides = list(config.hydra.overrides.task)
     if job_return.status is JobStatus.COMPLETED:
-        results = read_json(f"{output_dir.rstrip('/')}/{RESULTS_FILE}")
-        if results is None and is_number(job_return.return_value):  # an app that writes no results.json
-            results = {"objective": job_return.return_value}
+        results = own_results(read_json(f"{output_dir.rstrip('/')}/{RESULTS_FILE}"), job_return.return_value,
+                              output_dir)
         return job_row(num=int(config.hydra.job.num), state=COMPLETED, overrides=overrides, results=results,
-                       output_dir=output_dir)
+                       output_dir=output_dir, **stamp)
     error = job_return._return_value  # the exception; .return_value would raise it
     return job_row(num=int(config.hydra.job.num), state=job_return.status.name, overrides=overrides, results=None,
-                   output_dir=output_dir, error=str(error) or type(error).__name__)
+                   output_dir=output_dir, error=str(error) or type(error).__name__, **stamp)
+
+
+def own_results(results: Optional[Dict[str, Any]], returned: Any, output_dir: str) -> Optional[Dict[str, Any]]:
+    """The results.json of the job that returned ``returned``: the job's own objective alone where the
+    file says another (another run wrote the folder since) or there is none (an app that writes none)."""
+    if not is_number(returned):
+        return results
+    if results is not None and _same(results.get("objective"), returned):
+        return results
+    if results is not None:
+        log.warning("%s/%s holds objective %s, not this job's %s: another run wrote there since; the job's "
+                    "row has its objective alone", output_dir.rstrip("/"), RESULTS_FILE, results.get("objective"),
+                    returned)
+    return {"objective": returned}
+
+
+def _same(value: Any, returned: float) -> bool:
+    return is_number(value) and (float(value) == float(returned) or math.isnan(value) and math.isnan(returned))
 
 
 # -------------------------------------------------------------------------------- the tables

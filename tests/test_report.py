@@ -18,6 +18,7 @@ import pytest
 
 from nli import report, sweep
 from tests.runs import FAST, ROOT, copy_run, read_results, run_app, shared_folder
+from tests.test_sweep import rerun_sweep
 
 LRS = ("0.001", "0.003")  # as Hydra's sweeper writes 1e-3,3e-3 back
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -142,7 +143,8 @@ def test_failed_jobs_are_in_the_tables_and_not_in_the_plots(sweep_dir: Path, tmp
         sweep.record(copy, {**row, "output_dir": str(copy / str(row["job"]))})
     same = [override for override in rows[0]["overrides"] if not override.startswith(("optimizer.lr=", "seed="))]
     sweep.record(copy, sweep.job_row(num=4, state=sweep.FAILED, overrides=[*same, "optimizer.lr=0.1", "seed=1"],
-                                     results=None, output_dir=str(copy / "4"), error="error: lr | went\nwrong"))
+                                     results=None, output_dir=str(copy / "4"), error="error: lr | went\nwrong",
+                                     sweep=rows[0]["sweep"], sweep_started=rows[0]["sweep_started"]))
 
     assert report.main([str(copy)]) == 0
     markdown = (copy / report.REPORT).read_text()
@@ -177,6 +179,27 @@ def test_python_m_nli_report(sweep_dir: Path, tmp_path: Path) -> None:
     assert jobs[4]["objective"] == jobs[0]["objective"]
     for name in proc.stdout.splitlines()[1:]:
         assert Path(name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_directory_swept_twice_is_reported_as_its_newest_sweep(shared_root: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The second sweep's two jobs (tests/test_sweep.py: rerun_sweep), not the first's under the same job
+    numbers, and a line saying the first's were left out."""
+    sweep_dir = copy_run(rerun_sweep(shared_root), tmp_path / "sweep")
+    every = sweep.read_rows(sweep_dir)
+    assert report.main([str(sweep_dir)]) == 0
+    err = capsys.readouterr().err
+    markdown = (sweep_dir / report.REPORT).read_text()
+    jobs = tables(markdown)["Jobs"]
+    assert [(line["job"], line["state"], line["optimizer.lr"]) for line in jobs] == [("0", "COMPLETED", "0.001"),
+                                                                                    ("1", "FAILED", "0.0005")]
+    assert jobs[0]["objective"] == f"{every[2]['objective']:.4f}" and jobs[1]["objective"] == ""
+    # The plots' too: the first sweep's job 1 (lr 3e-3, whose run folder 1 holds) is in none.
+    assert [row["optimizer.lr"] for row in report.load_rows([sweep_dir])] == ["0.001", "0.0005"]
+    left_out = (f"{sweep_dir} holds the rows of 2 sweeps: the report is of the newest (sweep {every[2]['sweep']}); "
+                f"the 2 rows of the older ones are left out (they stay in {sweep.RESULTS_JSONL})")
+    assert f"\n\n{left_out}.\n\n" in markdown and err == f"note: {left_out}\n"
+    assert markdown.startswith("# Sweep report\n\n2 jobs, 1 completed, ")
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "file"])

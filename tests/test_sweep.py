@@ -1,13 +1,19 @@
 """Sweeps as researchers run them (nli/sweep.py): every launcher's table, failed jobs that do not stop
-the sweep, seeds summed up, and Optuna searches that continue. Through the real `train.py -m`."""
+the sweep, seeds summed up, Optuna searches that continue, one sweep at a time in a directory, and a
+sweep run again whose table is its own. Through the real `train.py -m`."""
 
 from __future__ import annotations
 
 import csv
 import json
 import multiprocessing
+import os
+import re
+import signal
 import sqlite3
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List
@@ -16,14 +22,17 @@ import pytest
 import yaml
 
 from nli import sweep
-from tests.runs import FAST, read_results, run_app
+from nli.claim import HOST, Owner
+from tests.runs import FAST, ROOT, process_env, read_results, run_app, shared_folder
 from tests.wandb_records import records
 
 BAD_LR = "optimizer.lr=-1.0 must be positive"
+SWEEP_CLAIM = sweep.CLAIM.file
 
 
 def rows_by_job(sweep_dir: Path) -> Dict[int, Dict[str, Any]]:
-    rows = sweep.read_rows(sweep_dir)
+    """The rows of the directory's newest sweep, by job number."""
+    rows, _ = sweep.newest_sweep(sweep.read_rows(sweep_dir))
     assert len({row["job"] for row in rows}) == len(rows)  # one row per job
     return {row["job"]: row for row in rows}
 
@@ -47,7 +56,9 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
     assert "Traceback" not in output
     assert (sweep_dir / "sweep_results.csv").read_text().count("\n") == 3  # header and two rows
 
-    # The same sweep again with job 0 mended: its row is replaced, job 1 answers from its finished folder.
+    first = rows
+
+    # The same sweep again with job 0 mended: a table of its own, job 1 answering from its finished folder.
     # With W&B (offline): job 0's run tagged with its overrides, and the table as a run of the sweep's group.
     again = run_app([*args, "optimizer.lr=5e-4,1e-3", "logger=wandb", "logger.wandb.mode=offline"], cwd=tmp_path,
                     env={"WANDB_SILENT": "true"})
@@ -55,6 +66,8 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
     rows = rows_by_job(sweep_dir)
     assert [rows[job]["state"] for job in (0, 1)] == ["COMPLETED", "COMPLETED"]
     assert rows[0]["optimizer.lr"] == "0.0005" and rows[1]["objective"] == results["objective"]
+    assert rows[0]["sweep"] == rows[1]["sweep"] != first[0]["sweep"] == first[1]["sweep"]
+    assert sweep.read_rows(sweep_dir) == [first[0], first[1], rows[0], rows[1]]  # the first sweep's kept as they were
     configs = {job: yaml.safe_load((sweep_dir / job / "config.yaml").read_text()) for job in ("0", "1")}
     assert {c["optimizer"]["lr"] for c in configs.values()} == {5e-4, 1e-3}
 
@@ -110,6 +123,131 @@ def test_submitit_local_rows_from_each_job_and_seeds_summed_up(tmp_path: Path) -
     assert float(groups["0.001"]["train_examples_per_second_sd"]) == pytest.approx(statistics.stdev(speeds))
     assert groups["-1"]["n"] == "0" and groups["-1"]["failed"] == "2"
     assert "Over seeds" in output
+
+
+# ------------------------------------------------------------------- one sweep at a time in a directory
+
+
+def start_sweep(args: List[str], *, cwd: Path, sweep_dir: Path) -> subprocess.Popen:
+    """`python train.py -m ARGS` in its own process, returned once it holds ``sweep_dir``."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", *args, f"hydra.sweep.dir={sweep_dir}"],
+                            cwd=cwd, env=process_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not (sweep_dir / SWEEP_CLAIM).exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    return proc
+
+
+@pytest.mark.process
+def test_a_second_sweep_into_a_directory_a_live_sweep_holds_is_refused_before_any_job(tmp_path: Path) -> None:
+    """Two sweeps at once into one directory: the second stops at its start, naming the first; the first,
+    with a job that fails, runs to its end with a table of its own jobs and lets the directory go."""
+    sweep_dir = tmp_path / "sweep"
+    first = start_sweep([*FAST, "optimizer.lr=1e-3,-1"], cwd=tmp_path, sweep_dir=sweep_dir)
+    os.kill(first.pid, signal.SIGSTOP)  # alive and holding the directory, whatever the speed of the machine
+    try:
+        second = run_app(["-m", *FAST, "optimizer.lr=3e-3,5e-4", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    output, _ = first.communicate(timeout=300)
+
+    assert second.returncode == 1 and "Traceback" not in second.stdout + second.stderr
+    refusal = second.stderr.strip()
+    assert "\n" not in refusal, refusal  # one line
+    assert re.fullmatch(rf"error: {re.escape(str(sweep_dir))} is in use by another sweep: host {HOST}, pid "
+                        rf"{first.pid}, started \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(heartbeat \d+ s ago\)\. "
+                        r"Wait for it to end, give this sweep another hydra\.sweep\.dir, or, if that sweep is gone, "
+                        rf"delete {re.escape(str(sweep_dir / SWEEP_CLAIM))}", refusal)
+    assert "Launching" not in second.stdout  # no job of the second sweep started
+
+    assert first.returncode == 1, output  # its own failed job
+    rows = sweep.read_rows(sweep_dir)
+    assert [(row["job"], row["optimizer.lr"], row["state"]) for row in rows] == [(0, "0.001", "COMPLETED"),
+                                                                                 (1, "-1", "FAILED")]
+    assert rows[0]["objective"] == read_results(sweep_dir / "0")["objective"] and "objective" not in rows[1]
+    assert yaml.safe_load((sweep_dir / "0" / "config.yaml").read_text())["optimizer"]["lr"] == 1e-3
+    assert sorted(path.name for path in sweep_dir.iterdir() if path.is_dir()) == ["0", "1"]
+    assert "optimizer.lr=1e-3,-1" in (sweep_dir / "multirun.yaml").read_text()  # the second wrote nothing there
+    table = output[output.index("Sweep results"):]
+    assert "0.003" not in table and "0.0005" not in table
+    assert not (sweep_dir / SWEEP_CLAIM).exists()  # let go at its end, a failed job and all
+
+
+@pytest.mark.process
+def test_a_sweep_killed_outright_leaves_a_directory_the_next_sweep_takes_over(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    killed = start_sweep([*FAST, "optimizer.lr=1e-3,5e-4"], cwd=tmp_path, sweep_dir=sweep_dir)
+    killed.kill()
+    killed.communicate(timeout=60)
+    assert Owner.decode((sweep_dir / SWEEP_CLAIM).read_bytes()).pid == killed.pid  # type: ignore[union-attr]
+
+    proc = run_app(["-m", *FAST, "optimizer.lr=3e-3", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"pid {killed.pid} no longer runs on {HOST}. Taking it over" in proc.stdout
+    assert [(row["job"], row["optimizer.lr"]) for row in sweep.read_rows(sweep_dir)] == [(0, "0.003")]
+    assert not (sweep_dir / SWEEP_CLAIM).exists()
+
+
+@pytest.mark.process
+def test_sigterm_to_a_sweep_lets_its_directory_go(tmp_path: Path) -> None:
+    """SIGTERM as the sweep starts, before any job has a handler of its own: a stop (75) that leaves the
+    directory to the next sweep at once."""
+    sweep_dir = tmp_path / "sweep"
+    proc = start_sweep([*FAST, "optimizer.lr=1e-3,5e-4"], cwd=tmp_path, sweep_dir=sweep_dir)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75 and "stopped by SIGTERM" in output and "Traceback" not in output, output
+    assert not (sweep_dir / SWEEP_CLAIM).exists()
+
+
+RERUN = (["-m", *FAST, "optimizer.lr=1e-3,3e-3"], ["-m", *FAST, "optimizer.lr=1e-3,5e-4"])
+
+
+def rerun_sweep(root: Path) -> Path:
+    """Two sweeps, one after the other, into one directory: the second with other overrides. Its job 0
+    (lr 1e-3) answers from the first's finished folder; its job 1 (lr 5e-4) finds folder 1 holding the
+    first's lr 3e-3 run, and is refused. Shared (read only) with tests/test_report.py."""
+
+    def make(sweep_dir: Path) -> None:
+        for args, status in zip(RERUN, (0, 1)):
+            proc = run_app([*args, f"hydra.sweep.dir={sweep_dir}"], cwd=root)
+            assert proc.returncode == status, proc.stdout + proc.stderr
+            (sweep_dir / f"output-{status}.txt").write_text(proc.stdout + proc.stderr)
+
+    return shared_folder(root, "rerun-sweep", [" ".join(args) for args in RERUN], make)
+
+
+def test_a_sweep_run_again_with_other_overrides_has_a_table_of_its_own_jobs(shared_root: Path) -> None:
+    sweep_dir = rerun_sweep(shared_root)
+    every = sweep.read_rows(sweep_dir)
+    first, second = every[:2], every[2:]
+    assert [row["optimizer.lr"] for row in first] == ["0.001", "0.003"] and len(second) == 2
+    assert len({row["sweep"] for row in first}) == len({row["sweep"] for row in second}) == 1
+    assert first[0]["sweep"] != second[0]["sweep"] and first[0]["sweep_started"] < second[0]["sweep_started"]
+
+    # The second sweep's table: its two jobs, job 1 refused without the results its folder holds (lr 3e-3's).
+    assert [(row["job"], row["optimizer.lr"], row["state"]) for row in second] == [(0, "0.001", "COMPLETED"),
+                                                                                   (1, "0.0005", "FAILED")]
+    assert second[0]["objective"] == first[0]["objective"] == read_results(sweep_dir / "0")["objective"]
+    assert "objective" not in second[1] and "holds a finished run" in second[1]["error"]
+    assert read_results(sweep_dir / "1")["objective"] == first[1]["objective"]  # the first's run, untouched
+    with open(sweep_dir / sweep.RESULTS_CSV) as stream:
+        assert [(line["job"], line["optimizer.lr"]) for line in csv.DictReader(stream)] == [("0", "0.001"),
+                                                                                            ("1", "0.0005")]
+    output = (sweep_dir / "output-1.txt").read_text()
+    table = output[output.index("Sweep results"):output.index("1 of the sweep's jobs failed")]  # the lines of jobs
+    assert "0.003" not in table and re.search(r"\n1 +FAILED +0\.0005 ", table), table
+
+
+def test_a_row_holds_the_results_of_the_job_that_returned_them(caplog: pytest.LogCaptureFixture) -> None:
+    """results.json read after the job returned: another run's objective there is not this job's row."""
+    mine = {"objective": 0.75, "accuracy": 0.75}
+    assert sweep.own_results(mine, 0.75, "out/0") is mine
+    assert sweep.own_results({**mine, "objective": float("nan")}, float("nan"), "out/0") is not None
+    assert sweep.own_results({"objective": 0.5, "accuracy": 0.5}, 0.75, "out/0") == {"objective": 0.75}
+    assert "out/0/results.json holds objective 0.5, not this job's 0.75" in caplog.text
+    assert sweep.own_results(None, 0.75, "out/0") == {"objective": 0.75}  # an app that writes no results.json
 
 
 def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path) -> None:
@@ -181,20 +319,20 @@ def test_seed_groups_are_the_rows_own_mean_and_sd() -> None:
 
 
 def test_only_this_sweeps_failures_end_it_non_zero(tmp_path: Path) -> None:
-    """A failed row from an earlier sweep in the same directory, not rerun, is in the table but does not
-    fail this one."""
-    sweep.record(tmp_path, _row(0, "earlier", None, state="FAILED"))
+    """A failed row from an earlier sweep in the same directory, not rerun, is neither in this sweep's
+    table nor fails it."""
     callback = sweep.SweepResults()
     config: Any = _config(tmp_path)
-    time.sleep(0.01)
     callback.on_multirun_start(config)
-    sweep.record(tmp_path, _row(1, "now", 0.5))
-    callback.on_multirun_end(config)  # no SystemExit
-    callback.on_multirun_start(config)
-    sweep.record(tmp_path, _row(2, "later", None, state="FAILED"))
+    sweep.record(tmp_path, {**_row(0, "earlier", None, state="FAILED"), **callback.stamp()})
     with pytest.raises(SystemExit):
         callback.on_multirun_end(config)
-    assert json.loads((tmp_path / sweep.RESULTS_JSONL).read_text().splitlines()[0])["output_dir"] == "earlier"
+    callback.on_multirun_start(config)
+    sweep.record(tmp_path, {**_row(1, "now", 0.5), **callback.stamp()})
+    callback.on_multirun_end(config)  # no SystemExit
+    assert [row["output_dir"] for row in sweep.read_rows(tmp_path)] == ["earlier", "now"]
+    assert len((tmp_path / sweep.RESULTS_CSV).read_text().splitlines()) == 2  # header and this sweep's row
+    assert not (tmp_path / SWEEP_CLAIM).exists()
 
 
 def _config(sweep_dir: Path) -> Any:

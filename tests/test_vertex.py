@@ -166,7 +166,9 @@ def test_a_failed_job_is_failed_with_vertex_message_and_the_other_succeeds(fake:
     rows = read_rows(tmp_path / "sweep")
     assert [row["state"] for row in rows] == ["COMPLETED", "FAILED"]
     assert "data.dir reads the GLUE layout" in rows[1]["error"]  # the job's own error, in its row
-    assert 0 <= float(rows[0]["objective"]) <= 1
+    assert 0 <= float(rows[0]["objective"]) <= 1 and rows[1]["objective"] == ""
+    # Rows of this sweep (nli.sweep), hence in the table it prints at its end.
+    assert rows[0]["sweep"] == rows[1]["sweep"] != "" and "1 of the sweep's jobs failed" in output
     assert "exited with a non-zero status of 1" in output  # the service's message ...
     assert "data.dir reads the GLUE layout" in output  # ... and the job's own error, reported from inside
 

@@ -173,13 +173,14 @@ class Sweep:
         sweep's table (nli.sweep: the same table as under every launcher)."""
         model_dir = vertex_dirs(job.remote_dir)[VERTEX_MODEL_DIR]  # where the job wrote, as Vertex AI told it
         reported = sweep.read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}
-        results = sweep.read_json(f"{model_dir}/{RESULTS_FILE}")
-        row = functools.partial(sweep.job_row, num=job.num, overrides=job.overrides, results=results,
-                                output_dir=model_dir, vertex_job=job.name, vertex_state=job.state.name)
+        row = functools.partial(sweep.job_row, num=job.num, overrides=job.overrides, output_dir=model_dir,
+                                vertex_job=job.name, vertex_state=job.state.name, **sweep.running_sweep(self.dir))
         if job.state is JobState.JOB_STATE_SUCCEEDED:
+            results = sweep.read_json(f"{model_dir}/{RESULTS_FILE}")
             value = reported.get("return_value", (results or {}).get("objective"))
             job.note(f"return value {value!r}")
-            sweep.record(self.dir, row(state=JobStatus.COMPLETED.name))
+            sweep.record(self.dir, row(state=JobStatus.COMPLETED.name, results=sweep.own_results(
+                results, value, model_dir)))
             return _job_return(job, JobStatus.COMPLETED, value)
         reason = f"; the job reported {reported['error']}" if "error" in reported else ""
         error = JobFailed(f"Vertex AI job {job.label} ({job.name}) ended {job.state.name}: {job.error}{reason}")
@@ -189,7 +190,8 @@ class Sweep:
             if lines:
                 job.note(f"the last {len(lines)} lines of its output (Cloud Logging):\n" +
                          "\n".join(f"    {line}" for line in lines))
-        sweep.record(self.dir, row(state=JobStatus.FAILED.name, error=str(error)))
+        # No results: a job refused its folder (another run's) must not be shown with that run's results.
+        sweep.record(self.dir, row(state=JobStatus.FAILED.name, results=None, error=str(error)))
         return _job_return(job, JobStatus.FAILED, error)
 
 
