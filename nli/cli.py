@@ -90,6 +90,9 @@ def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
         command.check(argv, conf_dir, "train")
         try:
             main()
+        except KeyboardInterrupt:  # Ctrl-C outside a run (a run takes it itself: exit 75), e.g. between a sweep's jobs
+            print("interrupted (Ctrl-C)", file=sys.stderr)
+            raise SystemExit(130) from None
         finally:  # a sweep whose job failed: Hydra raised before the sweep's end, its table comes now
             sweep.finish_open()
 

@@ -351,12 +351,20 @@ def running_sweep(sweep_dir: Path) -> Dict[str, Any]:
 
 def _stop_on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
     """SIGTERM where no job of this process handles it (between jobs, or while a launcher waits for
-    jobs elsewhere): the sweep ends as an exit, so that its table is printed and its directory let go."""
-    message = ("the sweep was stopped by SIGTERM: the jobs that ended are in its table; jobs a launcher started "
-               "elsewhere (Slurm, Vertex AI) may still run. Run the same command again to continue")
+    jobs elsewhere): the sweep ends at once, its directory let go. It exits here rather than raising:
+    an exception raised wherever the signal lands can be caught and dropped there (a library's import
+    wraps it in a RuntimeError), and the sweep would go on."""
+    message = (f"the sweep was stopped by SIGTERM: the jobs that ended have their rows in {RESULTS_JSONL}; jobs a "
+               "launcher started elsewhere (Slurm, Vertex AI) may still run. Run the same command again to continue")
     log.warning("%s", message)
     print(message, file=sys.stderr)
-    raise SystemExit(PREEMPTED)
+    for sweep_id in list(_HELD):
+        release(sweep_id)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(PREEMPTED)
 
 
 def to_wandb(logger: DictConfig, sweep_dir: Path, rows: Sequence[Mapping[str, Any]],
