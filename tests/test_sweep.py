@@ -201,6 +201,19 @@ def test_sigterm_to_a_sweep_lets_its_directory_go(tmp_path: Path) -> None:
     assert not (sweep_dir / SWEEP_CLAIM).exists()
 
 
+@pytest.mark.process
+def test_ctrl_c_as_a_sweep_starts_is_one_line_and_lets_its_directory_go(tmp_path: Path) -> None:
+    """SIGINT as the sweep starts: between jobs Python's KeyboardInterrupt (exit 130), inside the first job
+    the run's own stop (75); either way one line, no traceback, and the directory let go."""
+    sweep_dir = tmp_path / "sweep"
+    proc = start_sweep([*FAST, "optimizer.lr=1e-3,5e-4"], cwd=tmp_path, sweep_dir=sweep_dir)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode in (75, 130) and "Traceback" not in output, output
+    assert "interrupted (Ctrl-C)" in output if proc.returncode == 130 else "stopped by SIGINT" in output
+    assert not (sweep_dir / SWEEP_CLAIM).exists()
+
+
 RERUN = (["-m", *FAST, "optimizer.lr=1e-3,3e-3"], ["-m", *FAST, "optimizer.lr=1e-3,5e-4"])
 
 
