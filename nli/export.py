@@ -247,12 +247,12 @@ def _rebuilt(model_cfg: ModelConfig, task: TaskConfig, *, seed: int,
         model.load_state_dict(snapshot.state["model"])
         return model, tokenizer
     model = lora.apply(cast(Any, model), model_cfg.peft)
-    lora.FrozenWeights(model, _frozen_source(model_cfg)).load_state_dict(snapshot.state["frozen"])
+    lora.FrozenWeights(model, frozen_source(model_cfg)).load_state_dict(snapshot.state["frozen"])
     lora.Adapters(cast(Any, model)).load_state_dict(snapshot.state["model"])
     return model, tokenizer
 
 
-def _frozen_source(model_cfg: ModelConfig) -> str:
+def frozen_source(model_cfg: ModelConfig) -> str:
     """Where LoRA's frozen weights come from, for the message that says they changed."""
     if model_cfg.pretrained:
         return f"model.name_or_path={model_cfg.name_or_path}"

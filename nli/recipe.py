@@ -352,9 +352,7 @@ def optimization(train: TrainConfig, optimizer_cfg: OptimizerConfig, schedule: S
                        ("progress", progress), ("best", best)):
         state.register(name, part)
     if model_cfg.peft is not None:  # the frozen weights are built again on resume: they must be the same
-        source = (f"model.name_or_path={model_cfg.name_or_path}" if model_cfg.pretrained else
-                  "the model from scratch (model.scratch and seed)")
-        state.register("frozen", lora.FrozenWeights(model, source))
+        state.register("frozen", lora.FrozenWeights(model, export.frozen_source(model_cfg)))
     state.register("trackers", trackers, optional=True)
     if early is not None:
         state.register("early_stopping", early, optional=True)
