@@ -27,6 +27,7 @@ and how the messages name the holder and the fix; nli.sweep).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -160,11 +161,14 @@ class Claim:
         _HELD.add(owner.token)  # before anyone can read it: this process's other threads must not think it abandoned
         try:
             _acquire(storage, backend, owner, stale_after, use)
-        except BaseException:
+            claim = cls(storage, backend, owner, heartbeat, use)
+            claim._thread.start()
+        except BaseException as stopped:
+            if not isinstance(stopped, Exception):  # a signal's exception after the claim was made: not left behind
+                with contextlib.suppress(Exception):
+                    backend.remove(owner.token)
             _HELD.discard(owner.token)
             raise
-        claim = cls(storage, backend, owner, heartbeat, use)
-        claim._thread.start()
         log.debug("claimed %s (%s)", storage.describe(), storage.describe(use.file))
         return claim
 

@@ -287,6 +287,8 @@ def finish_open() -> None:
     as Hydra returns, or exits after a failed job (nli.cli.entry)."""
     for callback in list(_OPEN):
         callback._finish()
+    for sweep_id in list(_HELD):  # a sweep stopped (Ctrl-C) before its callback could list it above
+        release(sweep_id)
 
 
 # ------------------------------------------------------------------------ the sweep's directory
@@ -303,6 +305,10 @@ class _Held:
 
 
 _HELD: Dict[str, _Held] = {}  # sweep id -> the directory this process holds for it
+# A SIGTERM that came while the claim was being taken: its file may exist before _HELD knows it, so the
+# stop waits until it does (hold), or the claim would be left behind.
+_TAKING: List[bool] = []
+_DEFERRED: List[int] = []
 
 
 def hold(sweep_dir: Path) -> str:
@@ -314,19 +320,26 @@ def hold(sweep_dir: Path) -> str:
     sigterm = None
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    now = time.time()
+    sweep_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(3)}"
     try:
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise StorageError(f"hydra.sweep.dir={sweep_dir} cannot be made: {err.strerror or err}") from None
-        claim = Claim.take(Storage(str(sweep_dir), key="hydra.sweep.dir"), use=CLAIM)
+        _TAKING.append(True)
+        try:  # known to _HELD as it is made: a Ctrl-C from here on finds it (finish_open)
+            _HELD[sweep_id] = _Held(sweep_dir.absolute(), now, Claim.take(Storage(str(sweep_dir),
+                                    key="hydra.sweep.dir"), use=CLAIM), sigterm)
+        finally:
+            _TAKING.clear()
     except UserError as refused:  # claimed by a live sweep, or not a directory this sweep can write
+        _DEFERRED.clear()  # the refusal ends the sweep as it is
         if sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
         raise SystemExit(f"error: {refused}") from None
-    now = time.time()
-    sweep_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(3)}"
-    _HELD[sweep_id] = _Held(sweep_dir.absolute(), now, claim, sigterm)
+    if _DEFERRED:
+        _stop_on_sigterm(_DEFERRED.pop(), None)
     return sweep_id
 
 
@@ -354,6 +367,9 @@ def _stop_on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
     jobs elsewhere): the sweep ends at once, its directory let go. It exits here rather than raising:
     an exception raised wherever the signal lands can be caught and dropped there (a library's import
     wraps it in a RuntimeError), and the sweep would go on."""
+    if _TAKING:
+        _DEFERRED.append(signum)
+        return
     message = (f"the sweep was stopped by SIGTERM: the jobs that ended have their rows in {RESULTS_JSONL}; jobs a "
                "launcher started elsewhere (Slurm, Vertex AI) may still run. Run the same command again to continue")
     log.warning("%s", message)
