@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NoReturn, cast
+from typing import Any, Callable, Dict, List, NoReturn, Optional, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -22,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from nli import command, cpu, platform, sweep
 from nli.config import Accelerator, Config
 from nli.context import RunContext
-from nli.contract import PREEMPTED
+from nli.contract import CONFIG_FILE, OVERRIDES_FILE, PREEMPTED
 from nli.errors import ConfigError, JobFailed, UserError
 from nli.help import answer_help
 from nli.keys import check_known
@@ -49,6 +50,7 @@ def train(raw: DictConfig) -> float:
     rules are checked before torch and transformers load (about 9 s), so a wrong value is answered
     in a second."""
     try:
+        fresh = _fresh_run_dir()
         check_known(raw)  # a sweep's job, or a command nli.command left to Hydra
         cfg = cast(Config, OmegaConf.to_object(raw))  # checks every rule
         site = platform.detect()
@@ -76,9 +78,10 @@ def train(raw: DictConfig) -> float:
     except Interrupted as stop:
         _stop(f"stopped by {stop.signal} {INTERRUPTED[stop.stage]}")
     except UserError as err:
-        log.error("%s", err)
+        _to_log_file(logging.ERROR, str(err))  # the console gets it once, on stderr, as the exit's message
         if _in_sweep():  # one job's mistake: the sweep goes on, and ends non-zero naming it (nli.sweep)
             raise JobFailed(f"error: {err}") from None
+        _remove_if_only_attempt(fresh)
         raise SystemExit(f"error: {err}") from None
 
 
@@ -125,11 +128,38 @@ def _in_sweep() -> bool:
 
 
 def _stop(message: str) -> NoReturn:
-    """A run stopped by a signal: the message in its log and on the console, and the status that
-    says "run me again"."""
-    log.warning("%s", message)
+    """A run stopped by a signal: the message in its log and on stderr, and the status that says "run
+    me again"."""
+    _to_log_file(logging.WARNING, message)
     print(message, file=sys.stderr)
     raise SystemExit(PREEMPTED) from None
+
+
+# What a refused attempt writes into a run folder before it stops: its log, and the folder's record.
+ATTEMPT_FILES = {"train.log", CONFIG_FILE, OVERRIDES_FILE}
+
+
+def _fresh_run_dir() -> Optional[Path]:
+    """A single run's Hydra run directory where it holds nothing but a log (this attempt's, or a refused
+    one's before it): a refusal takes it away again (:func:`_remove_if_only_attempt`)."""
+    if not HydraConfig.initialized() or _in_sweep():
+        return None  # a sweep's job folder keeps the log its table's error points to
+    folder = Path(str(HydraConfig.get().runtime.output_dir))
+    return folder if folder.is_dir() and {path.name for path in folder.iterdir()} <= {"train.log"} else None
+
+
+def _remove_if_only_attempt(folder: Optional[Path]) -> None:
+    """A refused run leaves no folder behind where it made one and wrote nothing else there."""
+    if folder is not None and folder.is_dir() and {path.name for path in folder.iterdir()} <= ATTEMPT_FILES:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _to_log_file(level: int, message: str) -> None:
+    """``message`` into the run's log files (train.log) alone: the console shows it once, on stderr."""
+    record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def _preflight(cfg: Config, site: platform.Site) -> None:

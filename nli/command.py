@@ -17,7 +17,7 @@ Anything this check cannot judge (Hydra's flags, ``--cfg``, ``--config-dir``) is
 
 from __future__ import annotations
 
-import os
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Sequence
@@ -70,8 +70,9 @@ def _check_run(config_name: str, overrides: List[Override], groups: set[str]) ->
     base = _compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)])
     _check_keys(base, overrides, groups)
     cfg = _compose(config_name, [_line(o) for o in overrides])
-    _check_writable("hydra.run.dir", str(cfg.hydra.run.dir))
+    run_dir = str(cfg.hydra.run.dir)
     _check_config(cfg, rules=True)
+    _check_writable("hydra.run.dir", run_dir)
 
 
 def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) -> None:
@@ -132,6 +133,9 @@ def _check_writable(key: str, folder: str) -> None:
     existing = next(parent for parent in (path, *path.parents) if parent.exists())
     if not existing.is_dir():
         raise ConfigError(f"{key}={folder}: {existing} is a file, not a folder. Set {key} to a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}={folder}: {existing} cannot be written by this user. Set {key} to a folder you "
-                          f"can write (e.g. {key}=/tmp/run), or output_dir for the run's results")
+    try:  # made, and a file written in it, as Hydra will next: access() says yes to root on a read-only mount
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as err:
+        raise ConfigError(f"{key}={folder}: cannot write there ({err.strerror or err}). Set {key} to a folder you "
+                          f"can write (e.g. {key}=/tmp/run), or output_dir for the run's results") from None

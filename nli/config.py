@@ -468,7 +468,7 @@ class TrainConfig:
     eval_every: Optional[int] = None  # evaluate every N optimizer steps; null: each epoch's end
     log_every: int = 50  # optimizer steps between logged training metrics
     max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this; null: no clipping
-    progress_bar: bool = True  # tqdm bar with loss, learning rate and examples/s
+    progress_bar: bool = True  # tqdm bar with loss, learning rate and examples/s, on a terminal only
     predict: bool = False  # write test-set predictions in GLUE's submission format (<TASK>.tsv)
     checkpoint_every: int = 1000  # optimizer steps between checkpoints (there is one at each evaluation too)
     keep_checkpoints: int = 2  # newest checkpoints kept, besides the best one

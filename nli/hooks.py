@@ -93,12 +93,13 @@ class MetricsLog(Hook):
 
 
 class ProgressBar(Hook):
-    """tqdm's bar with the loss, learning rate and examples/s, on rank 0; redrawn at most every 30 s
-    when the output is a log file rather than a terminal."""
+    """tqdm's bar with the loss, learning rate and examples/s, on rank 0, where the output is a terminal:
+    redrawn into a file (a log, Vertex AI's or Slurm's output) it would mix with the log's lines, which
+    say the same every train.log_every steps."""
 
     def __init__(self, *, total: int, initial: int, enabled: bool) -> None:
-        self.bar = tqdm(total=total, initial=initial, desc="train", disable=not enabled, dynamic_ncols=True,
-                        mininterval=0.1 if sys.stderr.isatty() else 30)
+        self.bar = tqdm(total=total, initial=initial, desc="train", disable=not (enabled and sys.stderr.isatty()),
+                        dynamic_ncols=True, mininterval=0.1)
 
     def on_step_end(self, progress: Progress, logged: Optional[Mapping[str, float]]) -> None:
         if logged is not None:

@@ -499,8 +499,23 @@ def _finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[s
         out.storage.write_text(contract.RESULTS_FILE, json.dumps(results, indent=2) + "\n")
     trackers.finish(results)
     log.info("results: %s", json.dumps(results))
+    if out.world.is_main:
+        log.info("%s", _files(out, trackers, exported="evaluated_model" not in results))
     out.world.barrier()  # no rank returns before the run's outputs are written
     return results
+
+
+def _files(out: Outputs, trackers: Trackers, *, exported: bool) -> str:
+    """The run's last lines: where its results, model, log and metrics are."""
+    places = {"results": out.storage.describe(contract.RESULTS_FILE)}
+    if exported:
+        places["model"] = out.storage.describe(contract.MODEL_DIR)
+    log_file = Path(out.context.local_dir, "train.log") if out.context.local_dir else None
+    if log_file is not None and log_file.is_file():
+        places["log"] = str(log_file)
+    places.update(trackers.places())
+    width = max(map(len, places))
+    return "The run's files:\n" + "\n".join(f"  {name:<{width}}  {where}" for name, where in places.items())
 
 
 def _start_trackers(trackers: Trackers, out: Outputs, *, resume_step: Optional[int] = None) -> None:

@@ -276,6 +276,9 @@ class SweepResults(Callback):
             lines = "\n".join(f"  #{row['job']} {' '.join(row['overrides'])}: {row.get('error') or row['state']}"
                               for row in failed)
             log.error("%d of the sweep's jobs failed (the others ran):\n%s", len(failed), lines)
+        log.info("The sweep's files:\n  table    %s\n  jobs     %s/<job>/ (results.json, model/, train.log)\n"
+                 "  report   python -m nli.report %s   (report.md and the learning curves)",
+                 sweep_dir / RESULTS_CSV, sweep_dir, sweep_dir)
         return failed
 
 

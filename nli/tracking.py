@@ -65,6 +65,7 @@ class WandbTracker:
                                tags=list(dict.fromkeys([*tags, *swept])), name=run.name, config=config,
                                dir=str(run.log_dir), id=run.resume_id, resume="allow" if run.resume_id else None)
         self.run_id: Optional[str] = self._run.id
+        self.where = self._run.url or self._run.dir  # offline: the run's folder, for `wandb sync`
 
     @staticmethod
     def check(cfg: WandbConfig) -> None:
@@ -149,6 +150,7 @@ class TensorBoardTracker:
         # purge_step: TensorBoard drops the earlier attempt's events from that step on as it reads them.
         purge = run.resume_step + 1 if run.resume_step is not None else None
         self._writer = SummaryWriter(log_dir=str(run.log_dir / subdir), purge_step=purge)
+        self.where = run.log_dir / subdir
         self._hparams = hparams(run)
         # The whole resolved config, under TensorBoard's Text tab (Markdown: a code block keeps its layout).
         self._writer.add_text("config", f"```yaml\n{OmegaConf.to_yaml(run.config)}```")
@@ -183,6 +185,7 @@ class CsvTracker:
 
     def __init__(self, *, run: RunInfo, file: str) -> None:
         self._path = run.log_dir / file
+        self.where = self._path
         self._path.parent.mkdir(parents=True, exist_ok=True)
         if not self._path.exists():
             self._path.write_text("step,metric,value\n")
@@ -264,6 +267,16 @@ class Trackers:
         for tracker in self._started.values():
             tracker.finish(summary)
         self.sync()
+
+    def places(self) -> Dict[str, str]:
+        """Where each started logger's records are (a file, a folder, a URL), for the run's last lines; a
+        bucket folder where the files are copied there."""
+        found = {name: str(where) for name, tracker in self._started.items()
+                 if (where := getattr(tracker, "where", None)) is not None}
+        if self._mirror is None:
+            return found
+        local = str(self._mirror.local).rstrip("/")
+        return {name: where.replace(local, self._mirror.remote.rstrip("/"), 1) for name, where in found.items()}
 
     def state_dict(self) -> Dict[str, Any]:
         return {name: tracker.run_id for name, tracker in self._started.items()}
