@@ -184,8 +184,8 @@ def test_a_compiled_model_trains_as_the_plain_one(checkpointing: bool, tmp_path:
 
 
 def test_a_run_is_a_function_call_from_python(fast_run: Path, tmp_path: Path) -> None:
-    """The README's notebook example: a typed config and an output folder, no Hydra app. It computes what
-    train.py computes, writes the same files, and leaves the config it was given as it was."""
+    """The notebook example (README.md, docs/configuration.md): a typed config and an output folder, no Hydra
+    app. It computes what train.py computes, writes the same files, and leaves the config it was given as it was."""
     import copy
 
     from nli.config import compose

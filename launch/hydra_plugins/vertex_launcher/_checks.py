@@ -36,7 +36,7 @@ def check_settings(settings: VertexLauncherConf) -> None:
     if not settings.python_package():
         _require(settings.image_uri, "hydra.launcher.image_uri",
                  "hydra.launcher.image_uri=REGION-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG "
-                 "(see the README), or hydra.launcher.packaging=python_package")
+                 "(see docs/vertex.md), or hydra.launcher.packaging=python_package")
     if settings.max_concurrent_jobs < 1 or settings.poll_interval <= 0 or settings.failed_log_lines < 0:
         raise LaunchError("hydra.launcher.max_concurrent_jobs must be >= 1, poll_interval > 0 and "
                           "failed_log_lines >= 0")
@@ -136,7 +136,7 @@ def _tpu_problems(hw: Machine, tpu: TpuMachine, settings: VertexLauncherConf) ->
                "set hydra.launcher.reduction_server_replicas=0")
     if settings.python_package():
         yield (f"hydra.launcher.packaging=python_package with {where}: Vertex AI's prebuilt PyTorch images have no "
-               "torch-xla; build the TPU image (docker build --target tpu, see the README) and pass "
+               "torch-xla; build the TPU image (docker build --target tpu, see docs/tpu.md) and pass "
                "hydra.launcher.packaging=container hydra.launcher.image_uri=IMAGE")
 
 
@@ -161,7 +161,7 @@ def _check_env(settings: VertexLauncherConf) -> None:
                 f"hydra.launcher.env.{name} would put a secret into the job's spec, which anyone who can "
                 f"view the job can read. Store it in Secret Manager and pass it by reference: "
                 f"hydra.launcher.secrets='{{{name if name in names else 'NAME'}: "
-                f"projects/PROJECT/secrets/SECRET/versions/latest}}' (see the README)")
+                f"projects/PROJECT/secrets/SECRET/versions/latest}}' (see docs/vertex.md, Secrets)")
 
 
 def check_secrets(settings: VertexLauncherConf, configs: Iterable[DictConfig]) -> None:
