@@ -4,7 +4,7 @@ PJRT_DEVICE=CPU. The same code runs on a TPU, where PJRT_DEVICE=TPU.
 
     bash .ci/xla-env && python -m pytest -m xla
 
-Marked ``xla``: the default run leaves them out (the environment is 7 GB); CI runs them (.ci/run).
+Marked ``xla``: the default run leaves them out (its size: .ci/xla-env's header); CI runs them (.ci/run).
 """
 
 from __future__ import annotations
