@@ -510,6 +510,8 @@ def _files(out: Outputs, trackers: Trackers, *, exported: bool) -> str:
     places = {"results": out.storage.describe(contract.RESULTS_FILE)}
     if exported:
         places["model"] = out.storage.describe(contract.MODEL_DIR)
+    if out.storage.list(contract.PREDICTIONS_DIR):
+        places["predictions"] = out.storage.describe(contract.PREDICTIONS_DIR)
     log_file = Path(out.context.local_dir, "train.log") if out.context.local_dir else None
     if log_file is not None and log_file.is_file():
         places["log"] = str(log_file)
