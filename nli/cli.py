@@ -78,7 +78,7 @@ def train(raw: DictConfig) -> float:
     except Interrupted as stop:
         _stop(f"stopped by {stop.signal} {INTERRUPTED[stop.stage]}")
     except UserError as err:
-        _to_log_file(logging.ERROR, str(err))  # the console gets it once, on stderr, as the exit's message
+        _off_console(logging.ERROR, str(err))  # the console gets it once, on stderr, as the exit's message
         if _in_sweep():  # one job's mistake: the sweep goes on, and ends non-zero naming it (nli.sweep)
             raise JobFailed(f"error: {err}") from None
         _remove_if_only_attempt(fresh)
@@ -130,7 +130,7 @@ def _in_sweep() -> bool:
 def _stop(message: str) -> NoReturn:
     """A run stopped by a signal: the message in its log and on stderr, and the status that says "run
     me again"."""
-    _to_log_file(logging.WARNING, message)
+    _off_console(logging.WARNING, message)
     print(message, file=sys.stderr)
     raise SystemExit(PREEMPTED) from None
 
@@ -154,11 +154,12 @@ def _remove_if_only_attempt(folder: Optional[Path]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _to_log_file(level: int, message: str) -> None:
-    """``message`` into the run's log files (train.log) alone: the console shows it once, on stderr."""
+def _off_console(level: int, message: str) -> None:
+    """``message`` to every log handler but the console's (train.log, and whoever else listens: the Vertex
+    AI job's callback reports the last error): the console shows it once, on stderr."""
     record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
+        if not isinstance(handler, logging.StreamHandler) or isinstance(handler, logging.FileHandler):
             handler.handle(record)
 
 
