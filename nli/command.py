@@ -30,6 +30,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from nli import runfolder
 from nli.errors import ConfigError, UserError
 from nli.keys import check_known, check_override_key
 
@@ -51,7 +52,7 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> None:
             if flags:
                 _check_sweep(config_name, overrides, groups)
             else:
-                _check_run(config_name, overrides, groups)
+                _check_run(config_name, overrides, groups, conf_dir)
     except UserError as err:
         raise SystemExit(f"error: {err}") from None
 
@@ -66,11 +67,12 @@ def _hydra(conf_dir: Path) -> Iterator[None]:
         yield
 
 
-def _check_run(config_name: str, overrides: List[Override], groups: set[str]) -> None:
+def _check_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path) -> None:
     base = _compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)])
     _check_keys(base, overrides, groups)
     cfg = _compose(config_name, [_line(o) for o in overrides])
     _check_writable("hydra.run.dir", str(cfg.hydra.run.dir))
+    runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir)  # as the run will (nli.cli)
     _check_config(cfg, rules=True)
 
 

@@ -10,6 +10,7 @@ imported on that path.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -696,6 +697,7 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     from omegaconf import OmegaConf
 
     from nli.keys import check_known
+    from nli.runfolder import apply
 
     register_configs()
     if GlobalHydra.instance().is_initialized():
@@ -703,6 +705,8 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     else:
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
             raw = compose_config("train", overrides=list(overrides))
+    if (taken := apply(raw, overrides, config_dir())) is not None:  # eval.only=true of a run folder (nli.runfolder)
+        logging.getLogger(__name__).info("%s", taken)
     check_known(raw)
     return cast(Config, OmegaConf.to_object(raw))
 
