@@ -89,7 +89,9 @@ def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
     command line checked before Hydra writes anything (nli.command), then Hydra's ``main``, and a sweep's
     table (nli.sweep)."""
     if not answer_help(argv, conf_dir, "train"):  # Hydra's own --help takes seconds (nli/help.py)
-        command.check(argv, conf_dir, "train")
+        extra = command.check(argv, conf_dir, "train")
+        if extra:  # Hydra's main reads sys.argv
+            sys.argv = [*sys.argv, *extra]
         try:
             main()
         except KeyboardInterrupt:  # Ctrl-C outside a run (a run takes it itself: exit 75), e.g. between a sweep's jobs

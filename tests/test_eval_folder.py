@@ -58,6 +58,14 @@ def test_the_quickstarts_folder_is_evaluated_from_its_path_alone(shared_run: Sha
     assert (config["task"]["name"], config["data"]["max_seq_length"]) == ("synthetic", 64)
 
 
+def test_its_default_run_directory_is_named_after_the_folders_task(shared_run: ShareRun, tmp_path: Path) -> None:
+    trained = shared_run("fast", FAST)
+    evaluate([f"model.name_or_path={trained}"], tmp_path)  # outputs/${task.name}/<time>: the folder's task
+    (out,) = (tmp_path / "outputs").iterdir()
+    assert out.name == "synthetic" and metrics(read_results(next(out.iterdir()))) == pytest.approx(
+        metrics(read_results(trained)), abs=1e-9)
+
+
 def test_with_the_experiment_typed_its_values_are_the_commands_and_its_scratch_model_gives_way(
         shared_run: ShareRun, tmp_path: Path) -> None:
     trained = shared_run("fast", FAST)
