@@ -107,10 +107,12 @@ class ModelConfig:
     peft: Optional[LoraConfig] = None  # adapters, chosen by model/peft=lora (nli/lora.py); null: every weight trains
 
     def __post_init__(self) -> None:
+        both = (f"; both are set: model.scratch=null reads {self.name_or_path}, model.name_or_path=null builds "
+                "model.scratch" if self.name_or_path is not None else "")
         _require(
             (self.name_or_path is None) != (self.scratch is None),
             "set exactly one of model.name_or_path (a pretrained checkpoint) and "
-            "model.scratch (an architecture with random weights)",
+            f"model.scratch (an architecture with random weights){both}",
         )
         _require(self.dropout is None or 0 <= self.dropout < 1,
                  f"model.dropout={self.dropout} must be in [0, 1) (a probability; 1 would drop every "
@@ -538,7 +540,8 @@ class EvalConfig:
     # each under its own keys in results.json (hans/accuracy, anli_r1/accuracy_test), e.g. [hans,anli,snli]
     extra: List[str] = field(default_factory=list)
     # evaluate model.name_or_path (a Hub id, a checkpoint directory or a run folder) on the task's eval
-    # splits and eval.extra, without training: no optimizer, no checkpoints, no training set
+    # splits and eval.extra, without training: no optimizer, no checkpoints, no training set. A run folder
+    # (or its model/) gives its task, data and sequence length, where the command sets none (nli/runfolder.py)
     only: bool = False
     # a folder holding the extra sets' original downloads (snli_1.0/, anli_v1.0/, hans/); null: the Hub
     dir: Optional[str] = None

@@ -13,7 +13,9 @@ from typing import Any, Callable, Dict, List, Sequence
 import pytest
 import yaml
 
+from nli.errors import ConfigError
 from nli.storage import Storage
+from tests.conftest import build_config
 from tests.runs import FAST, GLUE_DATA, read_results, run_app, shared_folder
 from tests.test_pretrained import MINILM
 from tests.test_report import SWEEP, run_sweep
@@ -198,3 +200,10 @@ def test_an_older_versions_keys_are_left_out_and_named(shared_run: ShareRun, tmp
     assert metrics(read_results(out)) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
     assert re.search(r"; left out, unknown to this version: task\.retired, task\.tokenizer_hint\n", log), log
     assert json.loads(json.dumps(evaluated_config(out)["task"]))["hub_revision"] is None
+
+
+def test_a_model_path_beside_a_scratch_architecture_is_told_the_fix() -> None:
+    """Not a run folder (a checkpoint, a Hub id): the quickstart's model.scratch and a path, and what to set."""
+    with pytest.raises(ConfigError, match=re.escape("; both are set: model.scratch=null reads my/model, "
+                                                    "model.name_or_path=null builds model.scratch")):
+        build_config(["experiment=quickstart", "eval.only=true", "model.name_or_path=my/model"])
