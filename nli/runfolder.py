@@ -20,6 +20,7 @@ torch): the command line's check runs before torch loads.
 from __future__ import annotations
 
 import dataclasses
+import json
 import posixpath
 import typing
 from dataclasses import dataclass, field
@@ -106,11 +107,24 @@ def locate(name_or_path: str) -> Optional[Storage]:
     if not here.exists(contract.CONFIG_FILE) or here.exists("config.json"):  # config.json: a checkpoint
         return None
     if not here.exists(f"{contract.MODEL_DIR}/config.json"):
+        evaluated = _evaluated(here)
+        if evaluated is not None:
+            raise ConfigError(f"model.name_or_path={name_or_path} is the folder of an evaluation-only run, which "
+                              f"exports no model: it evaluated {evaluated}. Point model.name_or_path there")
         raise ConfigError(f"model.name_or_path={name_or_path} is a run folder whose run never exported a model "
                           f"({here.describe(contract.MODEL_DIR)} holds no config.json): a run exports its best model "
                           "at its first evaluation. Run its training command again to let it get there, or point "
                           "model.name_or_path at a checkpoint directory or a Hub id")
     return here
+
+
+def _evaluated(storage: Storage) -> Optional[str]:
+    """The model an evaluation-only run's folder evaluated (its results.json says), else None."""
+    try:
+        results = json.loads(storage.read_bytes(contract.RESULTS_FILE))
+    except (OSError, ValueError):
+        return None
+    return str(results["evaluated_model"]) if isinstance(results, dict) and "evaluated_model" in results else None
 
 
 def read_config(storage: Storage, given: str) -> Dict[str, Any]:

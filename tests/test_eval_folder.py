@@ -169,6 +169,10 @@ def test_a_folder_that_cannot_give_its_settings_is_refused_before_hydra_writes(s
     broken = tmp_path / "broken"
     shutil.copytree(trained, broken)
     (broken / "config.yaml").write_text("task: [synthetic\n")
+    evaluation = tmp_path / "evaluation"  # an evaluation-only run's folder: config.yaml, no model/
+    evaluation.mkdir()
+    shutil.copy(trained / "config.yaml", evaluation / "config.yaml")
+    (evaluation / "results.json").write_text(json.dumps({"accuracy": 0.5, "evaluated_model": "runs/a/model"}))
     listed = tmp_path / "listed"
     shutil.copytree(trained, listed)
     (listed / "config.yaml").write_text("- task\n")
@@ -177,6 +181,8 @@ def test_a_folder_that_cannot_give_its_settings_is_refused_before_hydra_writes(s
                         "evaluation. Run its training command again to let it get there",
             broken: f"error: model.name_or_path={broken} is a run folder, and {broken}/config.yaml is not valid YAML "
                     "(line 2: expected ',' or ']', but got '<stream end>'). Restore it from the run",
+            evaluation: f"error: model.name_or_path={evaluation} is the folder of an evaluation-only run, which "
+                        "exports no model: it evaluated runs/a/model. Point model.name_or_path there",
             listed: f"error: model.name_or_path={listed} is a run folder, and {listed}/config.yaml is not a run's "
                     "config (a mapping of keys; it holds list). Restore it"}
     for folder, error in said.items():
