@@ -20,8 +20,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nli import command, cpu, platform, sweep
-from nli.config import Accelerator, Config
+from nli import command, cpu, platform, runfolder, sweep
+from nli.config import Accelerator, Config, config_dir
 from nli.context import RunContext
 from nli.contract import CONFIG_FILE, OVERRIDES_FILE, PREEMPTED
 from nli.errors import ConfigError, JobFailed, UserError
@@ -51,6 +51,8 @@ def train(raw: DictConfig) -> float:
     in a second."""
     try:
         fresh = _fresh_run_dir()
+        if (taken := runfolder.apply(raw, _typed(), _conf_dir())) is not None:  # eval.only=true of a run folder
+            log.info("%s", taken)
         check_known(raw)  # a sweep's job, or a command nli.command left to Hydra
         cfg = cast(Config, OmegaConf.to_object(raw))  # checks every rule
         site = platform.detect()
@@ -90,7 +92,9 @@ def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
     command line checked before Hydra writes anything (nli.command), then Hydra's ``main``, and a sweep's
     table (nli.sweep)."""
     if not answer_help(argv, conf_dir, "train"):  # Hydra's own --help takes seconds (nli/help.py)
-        command.check(argv, conf_dir, "train")
+        extra = command.check(argv, conf_dir, "train")
+        if extra:  # Hydra's main reads sys.argv
+            sys.argv = [*sys.argv, *extra]
         try:
             main()
         except KeyboardInterrupt:  # Ctrl-C outside a run (a run takes it itself: exit 75), e.g. between a sweep's jobs
@@ -121,6 +125,20 @@ def run_context(cfg: Config, raw: DictConfig, site: platform.Site) -> RunContext
         return dataclasses.replace(context, name=name, command=command)
     return dataclasses.replace(context, name=name, command=command, group=Path(str(hydra.sweep.dir)).name,
                                overrides=sweep.override_columns(list(hydra.overrides.task)))
+
+
+def _typed() -> List[str]:
+    """The run's overrides as typed (a sweep's job: its own); none where Hydra did not start it."""
+    return [str(each) for each in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
+
+
+def _conf_dir() -> Path:
+    """The folder Hydra composed the run's config from (its primary source), else the project's."""
+    if HydraConfig.initialized():
+        for source in HydraConfig.get().runtime.config_sources:
+            if source.provider == "main" and source.schema == "file":
+                return Path(str(source.path))
+    return config_dir()
 
 
 def _in_sweep() -> bool:

@@ -7,8 +7,10 @@ line alone is answered here, in a fraction of a second, with one line on stderr 
 - each override's key against the config it overrides (nli.keys): a misspelt key, with or without
   ``+``/``++``, is named with the keys meant; a key under a null node with the option that gives it keys;
 - the composed config: Hydra's own composition errors (an unknown option, a value of the wrong type),
-  keys no schema knows, and, for a single run, every rule of the schema (nli.config);
-- the run's (or the sweep's) directory can be made and written.
+  keys no schema knows, and, for a single run, every rule of the schema (nli.config), on the config an
+  evaluation of a run folder fills from that folder (nli.runfolder), as the run will;
+- the run's (or the sweep's) directory can be made and written: for such an evaluation, the one its
+  default names after the folder's task, handed to Hydra (:func:`check` returns it).
 
 A sweep's values are its jobs' business: each job checks its own config and fails alone (nli.cli), so
 a sweep is checked here by its keys, with each group's first option, and its directory.
@@ -17,6 +19,7 @@ Anything this check cannot judge (Hydra's flags, ``--cfg``, ``--config-dir``) is
 
 from __future__ import annotations
 
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,28 +33,31 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from nli import runfolder
 from nli.errors import ConfigError, UserError
 from nli.keys import check_known, check_override_key
 
 MULTIRUN = ("-m", "--multirun")
 
 
-def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> None:
-    """Stop with ``error: ...`` (exit 1) where ``argv`` cannot run as typed."""
+def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> List[str]:
+    """Stop with ``error: ...`` (exit 1) where ``argv`` cannot run as typed. Returns the overrides Hydra
+    is to be given besides ``argv``: for an evaluation of a run folder, the run directory its default
+    names after the folder's task (nli.runfolder), not the config's default task."""
     flags = [arg for arg in argv if arg.startswith("-")]
     if any(flag not in MULTIRUN for flag in flags):
-        return  # Hydra's own flags (--cfg, --config-dir, ...): Hydra answers them
+        return []  # Hydra's own flags (--cfg, --config-dir, ...): Hydra answers them
     try:
         overrides = OverridesParser.create().parse_overrides([arg for arg in argv if not arg.startswith("-")])
     except HydraException:
-        return  # not an override at all: Hydra's parser says where
+        return []  # not an override at all: Hydra's parser says where
     groups = {path.relative_to(conf_dir).as_posix() for path in conf_dir.rglob("*") if path.is_dir()}
     try:
         with _hydra(conf_dir):
             if flags:
                 _check_sweep(config_name, overrides, groups)
-            else:
-                _check_run(config_name, overrides, groups)
+                return []
+            return _check_run(config_name, overrides, groups, conf_dir)
     except UserError as err:
         raise SystemExit(f"error: {err}") from None
 
@@ -66,13 +72,23 @@ def _hydra(conf_dir: Path) -> Iterator[None]:
         yield
 
 
-def _check_run(config_name: str, overrides: List[Override], groups: set[str]) -> None:
+def _check_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path) -> List[str]:
     base = _compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)])
     _check_keys(base, overrides, groups)
     cfg = _compose(config_name, [_line(o) for o in overrides])
+    from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
     run_dir = str(cfg.hydra.run.dir)
     _check_config(cfg, rules=True)
     _check_writable("hydra.run.dir", run_dir)
+    typed = any(o.key_or_group == "hydra.run.dir" for o in overrides)
+    return [f"hydra.run.dir={_quoted(run_dir)}"] if from_folder and not typed else []
+
+
+def _quoted(value: str) -> str:
+    """``value`` as an override's value that Hydra's parser reads back as it is."""
+    if re.fullmatch(r"[\w./:+-]+", value):
+        return value
+    return "'" + value.replace("'", "\\'") + "'"  # in quotes, a backslash escapes a quote alone
 
 
 def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) -> None:
@@ -133,9 +149,9 @@ def _check_writable(key: str, folder: str) -> None:
     existing = next(parent for parent in (path, *path.parents) if parent.exists())
     if not existing.is_dir():
         raise ConfigError(f"{key}={folder}: {existing} is a file, not a folder. Set {key} to a folder")
-    try:  # made, and a file written in it, as Hydra will next: access() says yes to root on a read-only mount
-        path.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()
+    try:  # a file written where Hydra will make the folder (access() says yes to root on a read-only mount);
+        # not the folder itself: Hydra names it again, and a default named by the clock may differ by a second
+        tempfile.TemporaryFile(dir=existing).close()
     except OSError as err:
         raise ConfigError(f"{key}={folder}: cannot write there ({err.strerror or err}). Set {key} to a folder you "
                           f"can write (e.g. {key}=/tmp/run), or output_dir for the run's results") from None

@@ -10,6 +10,7 @@ imported on that path.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -106,10 +107,12 @@ class ModelConfig:
     peft: Optional[LoraConfig] = None  # adapters, chosen by model/peft=lora (nli/lora.py); null: every weight trains
 
     def __post_init__(self) -> None:
+        both = (f"; both are set: model.scratch=null reads {self.name_or_path}, model.name_or_path=null builds "
+                "model.scratch" if self.name_or_path is not None else "")
         _require(
             (self.name_or_path is None) != (self.scratch is None),
             "set exactly one of model.name_or_path (a pretrained checkpoint) and "
-            "model.scratch (an architecture with random weights)",
+            f"model.scratch (an architecture with random weights){both}",
         )
         _require(self.dropout is None or 0 <= self.dropout < 1,
                  f"model.dropout={self.dropout} must be in [0, 1) (a probability; 1 would drop every "
@@ -537,7 +540,8 @@ class EvalConfig:
     # each under its own keys in results.json (hans/accuracy, anli_r1/accuracy_test), e.g. [hans,anli,snli]
     extra: List[str] = field(default_factory=list)
     # evaluate model.name_or_path (a Hub id, a checkpoint directory or a run folder) on the task's eval
-    # splits and eval.extra, without training: no optimizer, no checkpoints, no training set
+    # splits and eval.extra, without training: no optimizer, no checkpoints, no training set. A run folder
+    # (or its model/) gives its task, data and sequence length, where the command sets none (nli/runfolder.py)
     only: bool = False
     # a folder holding the extra sets' original downloads (snli_1.0/, anli_v1.0/, hans/); null: the Hub
     dir: Optional[str] = None
@@ -696,6 +700,7 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     from omegaconf import OmegaConf
 
     from nli.keys import check_known
+    from nli.runfolder import apply
 
     register_configs()
     if GlobalHydra.instance().is_initialized():
@@ -703,6 +708,8 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     else:
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
             raw = compose_config("train", overrides=list(overrides))
+    if (taken := apply(raw, overrides, config_dir())) is not None:  # eval.only=true of a run folder (nli.runfolder)
+        logging.getLogger(__name__).info("%s", taken)
     check_known(raw)
     return cast(Config, OmegaConf.to_object(raw))
 

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union, cast
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union, cast
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -27,7 +27,7 @@ from transformers import (
     RobertaTokenizerFast,
 )
 
-from nli import contract
+from nli import contract, runfolder
 from nli.config import Attention, ModelConfig, ScratchArchitecture, TaskConfig
 from nli.distributed import World
 from nli.errors import ConfigError
@@ -381,20 +381,39 @@ def share_tokenizer(tokenizer: PreTrainedTokenizerBase, world: World) -> PreTrai
 # ------------------------------------------------------------------------- a trained model, as it is
 
 
-def trained_model(cfg: ModelConfig) -> ModelConfig:
-    """``cfg`` with model.name_or_path as an evaluation loads it: a run folder (nli.contract: config.yaml
-    and model/) stands for the model it exported, model/; a checkpoint directory or a Hub id for itself."""
+def trained_model(cfg: ModelConfig, copy: Path) -> Tuple[ModelConfig, str]:
+    """``cfg`` with model.name_or_path as an evaluation loads it, and where that model is, as the user
+    would write it: a run folder (nli.contract: config.yaml and model/) stands for the model it exported,
+    model/; one in a bucket (or its model/) is copied into the local folder ``copy`` first; a checkpoint
+    directory or a Hub id stands for itself."""
     assert cfg.name_or_path is not None
+    if "://" in cfg.name_or_path:
+        return _copied(cfg, copy)
     folder = Path(cfg.name_or_path).expanduser()
     if not folder.is_dir() or (folder / "config.json").is_file() or not (folder / contract.CONFIG_FILE).is_file():
-        return cfg
+        return cfg, cfg.name_or_path
     exported = folder / contract.MODEL_DIR
     if not (exported / "config.json").is_file():
         raise ConfigError(f"model.name_or_path={cfg.name_or_path} is a run folder without an exported model "
                           f"({exported} holds no config.json): the run exports its best model at its first "
                           "evaluation. Let it get there, or point at a checkpoint directory or a Hub id")
     log.info("model.name_or_path=%s is a run folder: evaluating the model it exported, %s", cfg.name_or_path, exported)
-    return dataclasses.replace(cfg, name_or_path=str(exported))
+    return dataclasses.replace(cfg, name_or_path=str(exported)), str(exported)
+
+
+def _copied(cfg: ModelConfig, copy: Path) -> Tuple[ModelConfig, str]:
+    """A run folder's model in a bucket, copied into ``copy``: transformers reads a local folder or the Hub."""
+    assert cfg.name_or_path is not None
+    folder = runfolder.locate(cfg.name_or_path)
+    if folder is None:
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path} is not a run folder (config.yaml and model/) or "
+                          "its model/: a model in a bucket is read from a run folder this project wrote. For "
+                          "another, copy it to a local folder (gcloud storage cp -r) and give that folder")
+    where = folder.describe(contract.MODEL_DIR)
+    folder.download_dir(contract.MODEL_DIR, copy)
+    log.info("model.name_or_path=%s is a run folder: evaluating the model it exported, %s (copied to %s)",
+             cfg.name_or_path, where, copy)
+    return dataclasses.replace(cfg, name_or_path=str(copy)), where
 
 
 def load_trained(cfg: ModelConfig) -> PreTrainedModel:

@@ -442,8 +442,16 @@ def evaluate_only(model_cfg: ModelConfig, task: TaskConfig, source: DataConfig, 
     exported model/) as it was trained, on the task's eval splits and eval.extra's sets, with test
     predictions where train.predict asks; results.json has their metrics, the model evaluated and no
     training figures. The model's labels are matched to each set's by name (nli.evalsets)."""
+    with tempfile.TemporaryDirectory() as copy:  # a model in a bucket, copied here for transformers
+        trained, where = trained_model(model_cfg, Path(copy))
+        return _evaluate(trained, where, model_cfg, task, source, train, evaluation, loggers, seed=seed, out=out,
+                         compute=compute, stop=stop)
+
+
+def _evaluate(trained: ModelConfig, where: str, model_cfg: ModelConfig, task: TaskConfig, source: DataConfig,
+              train: TrainConfig, evaluation: EvalConfig, loggers: Mapping[str, LoggerConfig], *, seed: int,
+              out: Outputs, compute: device.Compute, stop: StopRequest) -> Dict[str, Any]:
     world = out.world
-    trained = trained_model(model_cfg)
     tokenizer = share_tokenizer(build_tokenizer(trained, [], max_seq_length=source.max_seq_length), world)
     model = load_trained(trained).to(compute.device)
     labels = head_labels(model.config) if model.config.num_labels > 1 else []  # one output: a regression
@@ -462,12 +470,12 @@ def evaluate_only(model_cfg: ModelConfig, task: TaskConfig, source: DataConfig, 
     final = own.evaluate(model, 0)
     stop.check()
     extra = evalsets.scores(extras, model, 0)
-    log.info("evaluation of %s: %s", trained.name_or_path,
+    log.info("evaluation of %s: %s", where,
              ", ".join(f"{k}={v:.4f}" for k, v in {**final.metrics, **extra}.items()))
     if world.is_main:
         trackers.log({f"eval/{name}": value for name, value in {**final.metrics, **extra}.items()}, step=0)
     _predict_tests(task, own.test, model, compute, out, label_map=own.evaluate.label_map)
-    results = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": trained.name_or_path,
+    results = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": where,
                "identity": digest(out.identity), "status": "completed"}
     return _finish(results, trackers, out)
 

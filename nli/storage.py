@@ -154,6 +154,17 @@ class Storage:
         except OSError as err:
             raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
 
+    def download_dir(self, name: str, local: Path) -> None:
+        """Copy the files under ``name`` into the local directory ``local``, by their paths there."""
+        root = self.path(name)
+        try:
+            for remote in sorted(self.fs.find(root)):
+                target = local / posixpath.relpath(remote, root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.fs.get_file(remote, str(target))
+        except OSError as err:
+            raise StorageError(f"could not read {self.describe(name)}: {_reason(err)}") from err
+
 
 def _reason(err: OSError) -> str:
     if isinstance(err, FileNotFoundError) and not isinstance(err, StorageError):
