@@ -92,9 +92,10 @@ def build_config(overrides: List[str]) -> Config:
 
 @pytest.fixture(scope="session")
 def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
-    """A folder every xdist worker of this session sees (tests/runs.py: shared_folder)."""
+    """A folder inside pytest's temporary directory that every xdist worker of this session sees
+    (tests/runs.py: shared_folder)."""
     base = tmp_path_factory.getbasetemp()
-    return (base if worker_id == "master" else base.parent) / "shared"
+    return (base if worker_id == "master" else base.parent) / "session-runs"
 
 
 @pytest.fixture(scope="session")
