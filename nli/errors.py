@@ -41,6 +41,10 @@ class Diverged(UserError):
         self.step, self.loss = step, loss
 
 
+class OutOfMemory(UserError):
+    """The device ran out of memory where a smaller batch cannot help, or cannot be agreed on (nli.oom)."""
+
+
 class RunChanged(UserError):
     """The output folder holds a run with other settings; the message lists each change and the ways on."""
 

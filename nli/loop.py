@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, cas
 import torch
 from torch.utils.data import DataLoader
 
-from nli import xla
+from nli import oom, xla
 from nli.checkpoint import BestEvaluation, Checkpointer, Progress
 from nli.config import TrainConfig
 from nli.data import EpochSampler
@@ -113,8 +113,10 @@ class Loop:
 
     def __init__(self, opt: Optimization, loader: DataLoader, sampler: EpochSampler, plan: Plan, *,
                  evaluate: Callable[[torch.nn.Module, int], Evaluation], checkpointer: Checkpointer,
-                 hooks: Sequence[Hook]) -> None:
-        self.opt, self.loader, self.sampler, self.plan = opt, loader, sampler, plan
+                 hooks: Sequence[Hook], micro_batches: Optional[oom.MicroBatches] = None) -> None:
+        # The micro-batch size that fits (nli.oom): the configured one, or a checkpoint's smaller one.
+        self.micro_batches = micro_batches or oom.MicroBatches(loader.batch_size or 1, opt.compute, opt.world)
+        self.opt, self.loader, self.sampler, self.plan = opt, self.micro_batches.loader(loader), sampler, plan
         self.evaluate, self.checkpointer, self.hooks = evaluate, checkpointer, hooks
         self.window = _Window(opt.compute.device)
 
@@ -145,7 +147,8 @@ class Loop:
         micro, micros = 0, self._micro_batches(progress)
         for batch in self.loader:
             micro += 1
-            step_loss += self._forward_backward(batch, progress, sync=micro == micros)
+            if not self._accumulate(batch, step_loss, progress, first=micro == 1, sync=micro == micros):
+                return None  # out of memory: the step starts again, in smaller micro-batches
             if micro < micros:
                 continue  # accumulate: the optimizer steps once per global batch
             # Every rank must see the same loss, to skip or stop together, and the same signal.
@@ -163,6 +166,20 @@ class Loop:
             if reason is not None or progress.step == self.plan.total_steps:
                 return reason
         return None
+
+    def _accumulate(self, batch: Dict[str, torch.Tensor], step_loss: torch.Tensor, progress: Progress, *,
+                    first: bool, sync: bool) -> bool:
+        """Add a micro-batch's loss and gradients to the step's; False where it ran out of memory: the step
+        is undone and the loader cut into smaller micro-batches (nli.oom), to start the step again."""
+        if first:
+            self.micro_batches.begin_step()
+        try:
+            step_loss += self._forward_backward(batch, progress, sync=sync)
+            return True
+        except torch.OutOfMemoryError:
+            pass  # handled outside the except clause, whose traceback holds the step's tensors
+        self.loader = self.micro_batches.back_off(self.loader, self.opt.trained, global_batch=self.sampler.batch_size)
+        return False
 
     def _forward_backward(self, batch: Dict[str, torch.Tensor], progress: Progress, *, sync: bool) -> torch.Tensor:
         opt = self.opt

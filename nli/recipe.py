@@ -42,7 +42,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, xla
+from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, oom, xla
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -120,7 +120,7 @@ class Data:
     tokenizer: PreTrainedTokenizerBase
     train: DataLoader  # this rank's micro-batches of each global batch
     sampler: data.EpochSampler  # the order of each epoch
-    evaluate: Evaluator  # the eval splits' metrics
+    evaluate: oom.Evaluations  # the eval splits' metrics, in smaller batches where they run out of memory
     test: Dict[str, DataLoader]  # test split -> this rank's slice, when predicting
     examples_per_epoch: int
     extras: List[Evaluator]  # eval.extra's sets, scored at the end (nli.evalsets)
@@ -136,6 +136,7 @@ class Training:
     best: BestEvaluation
     early_stopping: Optional[EarlyStopping]
     trackers: Trackers
+    micro_batches: Optional[oom.MicroBatches] = None  # the size that fits, kept in checkpoints (nli.oom)
 
 
 def run(cfg: Config, context: RunContext, *, stop: Optional[StopRequest] = None,
@@ -281,7 +282,8 @@ def load_data(task: TaskConfig, source: DataConfig, model: ModelConfig, train: T
     in_order = {name: data.eval_loader(ds, collator, batch_size=train.eval_batch_size, world=world,
                                        num_workers=source.num_workers, pin_memory=pin)
                 for name, ds in {**splits.eval, **splits.test}.items()}
-    evaluator = Evaluator({name: in_order[name] for name in splits.eval}, task, compute, world, groups=splits.groups)
+    evaluator = oom.Evaluations(Evaluator({name: in_order[name] for name in splits.eval}, task, compute, world,
+                                          groups=splits.groups))
     return Data(tokenizer, loader, sampler, evaluator, {name: in_order[name] for name in splits.test},
                 examples_per_epoch=len(splits.train), extras=extras)
 
@@ -356,6 +358,8 @@ def optimization(train: TrainConfig, optimizer_cfg: OptimizerConfig, schedule: S
     state.register("trackers", trackers, optional=True)
     if early is not None:
         state.register("early_stopping", early, optional=True)
+    micro_batches = oom.MicroBatches(micro_batch_size, compute, world)
+    state.register("micro_batches", micro_batches, optional=True)  # checkpoints from before it was kept lack it
     state.register("rng", RandomState(world, progress))  # last: nothing restored after it draws from it
     if out.snapshot is not None:
         state.load_state_dict(out.snapshot.state)
@@ -365,7 +369,7 @@ def optimization(train: TrainConfig, optimizer_cfg: OptimizerConfig, schedule: S
     if train.compile:  # for training steps; evaluation runs the plain model
         trained = cast(torch.nn.Module, torch.compile(trained))  # an OptimizedModule, typed as any callable
     return Training(Optimization(model, trained, optimizer, scheduler, scaler, compute, world), plan, state,
-                    weights, progress, best, early, trackers)
+                    weights, progress, best, early, trackers, micro_batches=micro_batches)
 
 
 def fit(train: TrainConfig, training: Training, loaded: Data, out: Outputs, stop: StopRequest,
@@ -383,7 +387,7 @@ def fit(train: TrainConfig, training: Training, loaded: Data, out: Outputs, stop
     hooks.append(export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main))
     checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world, out.claim)
     loop = Loop(training.opt, loaded.train, loaded.sampler, training.plan, evaluate=loaded.evaluate,
-                checkpointer=checkpointer, hooks=hooks)
+                checkpointer=checkpointer, hooks=hooks, micro_batches=training.micro_batches)
     with stop.at_step_boundaries():
         result = loop.run(training.progress, training.best, stop)
     if xla.in_use():  # a number that grows with the steps means shapes that change: each one compiles again

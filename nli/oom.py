@@ -1,0 +1,173 @@
+"""Out of GPU memory: a training step again in micro-batches of half the size, an evaluation again in
+batches of half the size, instead of a run lost to a ``hw.per_device_batch_size`` one notch too big.
+
+A training step whose micro-batch raises ``torch.OutOfMemoryError`` (forward or backward) is undone and
+started again (:meth:`MicroBatches.back_off`): its gradients dropped, the random generators put back where
+the step found them, the freed memory handed back to the device, and the micro-batch halved, with twice
+the accumulation. Nothing else has moved: the optimizer, the schedule, the loss scaler and the progress
+change only after a step's last micro-batch, so the step is neither lost nor counted twice.
+
+The training is the same: the step takes the same global batch (``train.batch_size``), the same examples
+in the same order, and weighs each micro-batch's mean loss by its share of the global batch, so its
+gradient is the global batch's mean-loss gradient however the batch is cut. What the cut changes is the
+order in which floats add up (two micro-batches' gradients summed instead of one; matrix products over
+fewer rows; each micro-batch padded to its own longest example, which masked attention ignores up to
+rounding): the weights match a run started at the smaller size to float tolerance, not bit for bit
+in general. Dropout draws from the restored generators, so a step retried at the smaller size draws
+what it would have drawn had the run started at that size; after earlier steps at the larger size the
+stream has moved on differently, and the masks differ (in value, not in distribution).
+
+The size that fits is kept in every checkpoint, and a resumed run starts at it, on any device, as long as
+``hw.per_device_batch_size`` asks what it asked when the run backed off: a new value is taken as the
+user's new choice (a bigger GPU, say). Under data parallelism the ranks cannot cheaply agree to cut a
+step mid-way (the others wait in the gradient all-reduce), so a rank out of memory stops the run with a
+message naming the size to set; its checkpoints are kept and the same command resumes it.
+
+Evaluation (:class:`Evaluations`) halves its batches the same way, for the rest of the run; each
+example's prediction does not depend on its batch (the model is in eval mode), so the metrics are the
+same up to float rounding. That size is not kept: a resumed run finds it again in one failed batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch.utils.data import DataLoader
+
+from nli.device import Compute
+from nli.distributed import World
+from nli.errors import OutOfMemory
+from nli.evaluation import Evaluation, Evaluator
+
+log = logging.getLogger(__name__)
+
+_ADVICE = ("use a GPU with more memory, a smaller model, a shorter data.max_seq_length, train.gradient_checkpointing"
+           "=true or precision=bf16")
+
+
+class MicroBatches:
+    """The micro-batch size that fits on this device: ``hw.per_device_batch_size``'s (``configured``), or less
+    after an out-of-memory error. A part of every checkpoint (nli.checkpoint.TrainingState)."""
+
+    def __init__(self, configured: int, compute: Compute, world: World) -> None:
+        self.configured, self.size = configured, configured
+        self.compute, self.world = compute, world
+        self._rng: Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]] = None
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"configured": self.configured, "size": self.size}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        if state["size"] >= state["configured"]:  # it never ran out of memory
+            return
+        if state["configured"] != self.configured:
+            log.info("the run had backed off to micro-batches of %d (of %d asked); hw.per_device_batch_size now asks "
+                     "%d: trying that", state["size"], state["configured"], self.configured)
+            return
+        self.size = state["size"]
+        log.info("micro-batches of %d, the size that fit when the run ran out of memory in micro-batches of %d (set "
+                 "another hw.per_device_batch_size to try a size again)", self.size, self.configured)
+
+    def loader(self, loader: DataLoader) -> DataLoader:
+        """``loader`` in micro-batches of the size that fits."""
+        return loader if loader.batch_size == self.size else rebatched(loader, self.size)
+
+    def begin_step(self) -> None:
+        """Mark where the random generators stand as a step starts, to undo a failed attempt's draws. Cheap: a
+        copy of the CPU generator's state and the GPU's seed and offset; no wait for the device."""
+        cuda = torch.cuda.get_rng_state(self.compute.device) if self.compute.device.type == "cuda" else None
+        self._rng = (torch.get_rng_state(), cuda)
+
+    def back_off(self, loader: DataLoader, model: torch.nn.Module, *, global_batch: int) -> DataLoader:
+        """After out of memory in one of a step's micro-batches: the step undone (its gradients dropped, the
+        random generators as the step found them, the freed memory back to the device) and ``loader`` in
+        micro-batches of half the size (a divisor of it, so that they still add up to the global batch). Call
+        it outside the ``except`` clause: the error's traceback holds the step's tensors until then."""
+        size = loader.batch_size or 1
+        if self.world.distributed:
+            raise OutOfMemory(f"rank {self.world.rank} of {self.world.world_size} ran out of GPU memory in a micro-"
+                              f"batch of {size} examples; under data parallelism the ranks cannot agree on a smaller "
+                              "one in the middle of a step, so the run stops, its checkpoints kept. Set "
+                              f"hw.per_device_batch_size={_half(size) or 1} and start it again: it resumes from its "
+                              "newest checkpoint")
+        smaller = _half(size)
+        if smaller is None:
+            raise OutOfMemory("out of GPU memory with a single example per micro-batch: no hw.per_device_batch_size "
+                              f"fits. The run stopped, its checkpoints kept; {_ADVICE}, then start it again")
+        model.zero_grad(set_to_none=True)
+        free(self.compute)
+        if self._rng is not None:
+            torch.set_rng_state(self._rng[0])
+            if self._rng[1] is not None:
+                torch.cuda.set_rng_state(self._rng[1], self.compute.device)
+        self.size = smaller
+        per_device = global_batch // self.world.world_size
+        log.warning("out of GPU memory in a micro-batch of %d examples: going on in micro-batches of %d, %d accumulated "
+                    "per optimizer step, the same global batch of %d in the same order, so the same training "
+                    "(hw.per_device_batch_size=%d starts there; the checkpoints keep it)", size, smaller,
+                    math.ceil(per_device / smaller), global_batch, smaller)
+        return rebatched(loader, smaller)
+
+
+class Evaluations:
+    """An evaluator whose batches halve, for the rest of the run, each time one does not fit in memory."""
+
+    def __init__(self, evaluator: Evaluator) -> None:
+        self.evaluator = evaluator
+
+    def __call__(self, model: torch.nn.Module, step: int) -> Evaluation:
+        training = model.training  # a failed pass leaves the model in eval mode: training goes on with dropout
+        while True:
+            try:
+                return self.evaluator(model, step)
+            except torch.OutOfMemoryError:
+                pass  # handled outside the except clause, whose traceback holds the batch's tensors
+            finally:
+                model.train(training)
+            self.evaluator = self._halved()
+
+    def _halved(self) -> Evaluator:
+        world = self.evaluator.world
+        size = max(loader.batch_size or 1 for loader in self.evaluator.loaders.values())
+        if world.distributed:
+            raise OutOfMemory(f"rank {world.rank} of {world.world_size} ran out of GPU memory evaluating batches of "
+                              f"{size} examples; under data parallelism the ranks cannot agree on smaller ones "
+                              "mid-way, so the run stops, its checkpoints kept. Set "
+                              f"train.eval_batch_size={max(size // 2, 1)} and start it again: it resumes from its "
+                              "newest checkpoint")
+        if size == 1:
+            raise OutOfMemory("out of GPU memory evaluating a single example: no train.eval_batch_size fits. The run "
+                              f"stopped, its checkpoints kept; {_ADVICE}, then start it again")
+        free(self.evaluator.compute)
+        log.warning("out of GPU memory evaluating batches of %d examples: evaluating in batches of %d from now on, "
+                    "with the same metrics (train.eval_batch_size=%d starts there)", size, size // 2, size // 2)
+        loaders = {name: rebatched(loader, max((loader.batch_size or 1) // 2, 1))
+                   for name, loader in self.evaluator.loaders.items()}
+        return dataclasses.replace(self.evaluator, loaders=loaders)
+
+
+def free(compute: Compute) -> None:
+    """Hand what a failed attempt held back to the device: unreachable tensors collected, the CUDA cache
+    emptied, so that the smaller attempt does not find the memory fragmented."""
+    gc.collect()
+    if compute.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def rebatched(loader: DataLoader, batch_size: int) -> DataLoader:
+    """The same data in the same order (the same sampler) in batches of ``batch_size``."""
+    return DataLoader(loader.dataset, batch_size=batch_size, sampler=loader.sampler, collate_fn=loader.collate_fn,
+                      num_workers=loader.num_workers, pin_memory=loader.pin_memory, generator=loader.generator,
+                      persistent_workers=loader.persistent_workers, worker_init_fn=loader.worker_init_fn,
+                      prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
+
+
+def _half(size: int) -> Optional[int]:
+    """The largest divisor of ``size`` no bigger than half of it (a size that still divides the global
+    batch); None for 1."""
+    return next((d for d in range(size // 2, 0, -1) if size % d == 0), None)

@@ -1,0 +1,168 @@
+"""Runs that survive a micro-batch too big for the device (nli.oom): the real train.py, its model made to
+raise torch's own out-of-memory error above a chosen batch size (a forward pre-hook the tests install;
+there is no GPU here), must halve the micro-batch, train exactly as a run started at the size that fits,
+keep that size in its checkpoints for a resumed run, halve evaluation batches too, and stop clearly,
+with nothing saved lost, where not even one example fits."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from nli import recipe
+from nli.device import Compute
+from nli.distributed import World
+from nli.errors import OutOfMemory
+from nli.oom import MicroBatches
+from tests.runs import FAST, MEASURED, copy_run, read_results, run_app
+
+ARGS = [*FAST, "hw=cpu"]  # global batches of 32; evaluation in one batch of the 96 examples
+
+
+class Memory:
+    """Room on the pretend device: a training forward pass over more than ``train`` examples, once ``after``
+    passes went through, raises torch's out-of-memory error; an evaluation pass over more than ``evaluation``
+    examples too. Records each pass's size."""
+
+    def __init__(self, train: Optional[int] = None, evaluation: Optional[int] = None, after: int = 0) -> None:
+        self.train, self.evaluation, self.after = train, evaluation, after
+        self.seen: Dict[str, List[int]] = {"train": [], "eval": []}
+
+    def check(self, module: torch.nn.Module, args: Any, kwargs: Dict[str, Any]) -> None:
+        size = len(kwargs["input_ids"])
+        mode = "train" if module.training else "eval"
+        limit = self.train if module.training else self.evaluation
+        passed = len(self.seen["train"]) >= self.after or not module.training
+        self.seen[mode].append(size)
+        if limit is not None and size > limit and passed:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (pretend: {size} examples, room for {limit})")
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["Memory"]:
+        """On the model every run of this process builds (the one that trains, not the exported one)."""
+        build = recipe.build
+
+        def limited(*args: Any, **kwargs: Any) -> torch.nn.Module:
+            model = build(*args, **kwargs)
+            model.register_forward_pre_hook(self.check, with_kwargs=True)
+            return model
+
+        recipe.build = limited  # type: ignore[assignment]
+        try:
+            yield self
+        finally:
+            recipe.build = build  # type: ignore[assignment]
+
+
+def train(run_dir: Path, *args: str, memory: Optional[Memory] = None, micro_batch: int = 16) -> Any:
+    with (memory or Memory()).installed():
+        return run_app([*ARGS, f"hw.per_device_batch_size={micro_batch}", *args, f"hydra.run.dir={run_dir}"],
+                       cwd=run_dir.parent)
+
+
+@pytest.fixture(scope="module")
+def backed_off(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
+    """A run whose second micro-batch of 16 runs out of memory (the first went through: its dropout drew, its
+    gradients are there), and whose evaluation of 96 examples runs out of memory above 40: its folder, log
+    and the sizes it ran."""
+    memory = Memory(train=8, evaluation=40, after=1)
+    folder = tmp_path_factory.mktemp("oom") / "backed-off"
+    proc = train(folder, memory=memory)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"folder": folder, "log": proc.stdout + proc.stderr, "seen": memory.seen}
+
+
+@pytest.fixture(scope="module")
+def started_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same run configured from the start with the sizes that fit."""
+    folder = tmp_path_factory.mktemp("oom") / "started-small"
+    proc = train(folder, "train.eval_batch_size=32", micro_batch=8)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return folder
+
+
+def manifests(run_dir: Path) -> Dict[str, Dict[str, Any]]:
+    """Each checkpoint's manifest, less its files' sizes and digests."""
+    return {p.parent.name: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("files", "identity")}
+            for p in sorted((run_dir / "checkpoints").glob("step-*/checkpoint.json"))}
+
+
+def saved_part(run_dir: Path, step: int, part: str) -> Any:
+    state = torch.load(io.BytesIO((run_dir / "checkpoints" / f"step-{step:06d}" / "state.pt").read_bytes()),
+                       weights_only=True)
+    return state["parts"][part]
+
+
+def test_out_of_memory_halves_the_micro_batch_and_trains_as_a_run_started_at_that_size(
+        backed_off: Dict[str, Any], started_small: Path) -> None:
+    """The step that ran out of memory is undone (the first micro-batch's gradients and dropout draws with
+    it) and done again in micro-batches of 8: bit for bit the training of a run started at 8, since every
+    step then runs the same operations on the same numbers. Its evaluations, halved to batches of 32, give
+    the same metrics."""
+    folder, log = backed_off["folder"], backed_off["log"]
+    assert ("out of GPU memory in a micro-batch of 16 examples: going on in micro-batches of 8, 4 accumulated per "
+            "optimizer step, the same global batch of 32 in the same order, so the same training "
+            "(hw.per_device_batch_size=8 starts there; the checkpoints keep it)") in log
+    assert ("out of GPU memory evaluating batches of 128 examples: evaluating in batches of 64 from now on, with the "
+            "same metrics (train.eval_batch_size=64 starts there)") in log
+    assert "evaluating batches of 64 examples: evaluating in batches of 32" in log
+    assert backed_off["seen"]["train"][:3] == [16, 16, 8] and set(backed_off["seen"]["train"][3:]) == {8}
+    assert backed_off["seen"]["eval"][:2] == [96, 64] and set(backed_off["seen"]["eval"][2:]) == {32}
+    ours, theirs = read_results(folder), read_results(started_small)
+    assert {k: v for k, v in ours.items() if k not in MEASURED} == {k: v for k, v in theirs.items() if k not in MEASURED}
+    assert manifests(folder) == manifests(started_small)  # every evaluation's metrics, step by step
+    weights, expected = load_file(folder / "model" / "model.safetensors"), load_file(started_small / "model" /
+                                                                                      "model.safetensors")
+    assert weights.keys() == expected.keys()
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, expected[name]), name
+    assert saved_part(folder, 12, "micro_batches") == {"configured": 16, "size": 8}
+
+
+@pytest.mark.parametrize("asked,runs_at", [(16, 8), (32, 32)])
+def test_a_resumed_run_starts_at_the_size_that_fit_unless_the_size_asked_changed(
+        backed_off: Dict[str, Any], tmp_path: Path, asked: int, runs_at: int) -> None:
+    """Continued from its checkpoint (on a device with room to spare here), the run goes on in the micro-batches
+    that fit; asked for another hw.per_device_batch_size (a bigger GPU, say), it takes that one."""
+    run_dir = copy_run(backed_off["folder"], tmp_path / "run")
+    memory = Memory()
+    proc = train(run_dir, "train.max_steps=18", "train.accept_changes=[train.max_steps]", memory=memory,
+                 micro_batch=asked)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert set(memory.seen["train"]) == {runs_at}
+    kept = "micro-batches of 8, the size that fit when the run ran out of memory in micro-batches of 16"
+    assert (kept in proc.stdout) == (runs_at == 8)
+    assert saved_part(run_dir, 18, "micro_batches") == {"configured": asked, "size": runs_at}
+
+
+def test_not_even_one_example_fitting_stops_with_the_setting_named_and_keeps_the_checkpoints(
+        backed_off: Dict[str, Any], tmp_path: Path) -> None:
+    run_dir = copy_run(backed_off["folder"], tmp_path / "run")
+    before = manifests(run_dir)
+    proc = train(run_dir, "train.max_steps=18", "train.accept_changes=[train.max_steps]", memory=Memory(train=0))
+    assert proc.returncode == 1
+    assert ("out of GPU memory with a single example per micro-batch: no hw.per_device_batch_size fits. The run "
+            "stopped, its checkpoints kept") in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert manifests(run_dir) == before and read_results(run_dir)["train_steps"] == 12
+    again = train(run_dir, "train.max_steps=18", "train.accept_changes=[train.max_steps]")
+    assert again.returncode == 0 and read_results(run_dir)["train_steps"] == 18
+
+
+def test_under_data_parallelism_a_rank_out_of_memory_stops_with_the_size_to_set() -> None:
+    """The other ranks wait in the gradient all-reduce: a rank cannot cut its step alone, so it stops, its
+    message naming the setting (torchrun then ends the others)."""
+    sizes = MicroBatches(16, Compute(device=torch.device("cpu"), dtype=torch.float32), World(rank=1, world_size=2))
+    loader = torch.utils.data.DataLoader(list(range(64)), batch_size=16)
+    with pytest.raises(OutOfMemory, match=re.escape("rank 1 of 2 ran out of GPU memory in a micro-batch of 16 "
+                                                    "examples") + ".*Set hw.per_device_batch_size=8 and start it "
+                                                                  "again: it resumes from its newest checkpoint"):
+        sizes.back_off(loader, torch.nn.Linear(1, 1), global_batch=64)
