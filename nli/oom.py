@@ -107,9 +107,9 @@ class MicroBatches:
                 torch.cuda.set_rng_state(self._rng[1], self.compute.device)
         self.size = smaller
         per_device = global_batch // self.world.world_size
-        log.warning("out of GPU memory in a micro-batch of %d examples: going on in micro-batches of %d, %d accumulated "
-                    "per optimizer step, the same global batch of %d in the same order, so the same training "
-                    "(hw.per_device_batch_size=%d starts there; the checkpoints keep it)", size, smaller,
+        log.warning("out of GPU memory in a micro-batch of %d examples: going on in micro-batches of %d, %d "
+                    "accumulated per optimizer step, the same global batch of %d in the same order, so the same "
+                    "training (hw.per_device_batch_size=%d starts there; the checkpoints keep it)", size, smaller,
                     math.ceil(per_device / smaller), global_batch, smaller)
         return rebatched(loader, smaller)
 

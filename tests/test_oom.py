@@ -117,10 +117,11 @@ def test_out_of_memory_halves_the_micro_batch_and_trains_as_a_run_started_at_tha
     assert backed_off["seen"]["train"][:3] == [16, 16, 8] and set(backed_off["seen"]["train"][3:]) == {8}
     assert backed_off["seen"]["eval"][:2] == [96, 64] and set(backed_off["seen"]["eval"][2:]) == {32}
     ours, theirs = read_results(folder), read_results(started_small)
-    assert {k: v for k, v in ours.items() if k not in MEASURED} == {k: v for k, v in theirs.items() if k not in MEASURED}
+    assert {k: v for k, v in ours.items() if k not in MEASURED} == \
+        {k: v for k, v in theirs.items() if k not in MEASURED}
     assert manifests(folder) == manifests(started_small)  # every evaluation's metrics, step by step
-    weights, expected = load_file(folder / "model" / "model.safetensors"), load_file(started_small / "model" /
-                                                                                      "model.safetensors")
+    weights = load_file(folder / "model" / "model.safetensors")
+    expected = load_file(started_small / "model" / "model.safetensors")
     assert weights.keys() == expected.keys()
     for name, tensor in weights.items():
         assert torch.equal(tensor, expected[name]), name
