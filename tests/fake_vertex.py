@@ -13,7 +13,11 @@ the service does where the launcher can tell the difference:
 * Secret Manager's ``versions/{v}:access`` returns secrets added by the test;
 * Cloud Logging's ``entries:list`` returns each job's output as log entries, one per line, as Vertex AI
   writes a replica's stdout and stderr (resource ``ml_job``, labels ``job_id`` and ``task_name``); filters
-  on ``resource.type``, ``resource.labels.job_id`` and ``timestamp>`` are understood, and both orders;
+  on ``resource.type``, ``resource.labels.job_id`` (one, or several as ``=("1" OR "2")``) and
+  ``timestamp>`` or ``>=`` are understood, and both orders;
+* Artifact Registry's get-tag and get-version answer for the images added with ``add_image`` (the
+  registry the jobs pull from), NOT_FOUND for any other;
+* other services can be served on the same endpoint (``mount``), as tests/fake_cloudbuild.py is;
 * any call can be made to fail with a chosen HTTP error, and every request is recorded for inspection.
 
 Replies are printed by proto-plus from the real ``aiplatform_v1`` and ``secretmanager_v1`` types, so a field the
@@ -24,6 +28,7 @@ client cannot read would fail here first. Deliberate simplifications: resource n
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -53,7 +58,7 @@ Violation = Tuple[str, str]  # (field path as Vertex names it, what is wrong wit
 Reply = Tuple[int, dict]  # (HTTP status, JSON body)
 
 ENDED_STATES = frozenset({JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED})
-FAILABLE_METHODS = frozenset({"create", "get", "list", "cancel", "access", "entries"})
+FAILABLE_METHODS = frozenset({"create", "get", "list", "cancel", "access", "entries", "tag"})
 
 # The machine types Vertex AI custom training offers (a realistic subset), so that a typo fails at submission.
 MACHINE_TYPES = frozenset(
@@ -80,8 +85,13 @@ ROUTES = (
     ("POST", re.compile(r"/v1/(?P<name>projects/[^/]+/locations/[^/]+/customJobs/[^/:]+):cancel"), "cancel"),
     ("GET", re.compile(r"/v1/(?P<name>projects/[^/]+/secrets/[^/]+/versions/[^/:]+):access"), "access"),
     ("POST", re.compile(r"/v2/entries:list"), "entries"),
+    # Artifact Registry; a package's `/` comes %2F-encoded, and decoded here like the rest of the path.
+    ("GET", re.compile(r"/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)"
+                       r"/repositories/(?P<repository>[^/]+)/packages/(?P<package>.+)"
+                       r"/(?P<kind>tags|versions)/(?P<ref>[^/]+)"), "tag"),
 )
-LOG_TERM = re.compile(r'(?P<key>resource\.type|resource\.labels\.job_id|timestamp)\s*(?P<op>=|>)\s*"(?P<value>[^"]*)"')
+LOG_TERM = re.compile(r'(?P<key>resource\.type|resource\.labels\.job_id|timestamp)\s*(?P<op>>=|=|>)\s*'
+                      r'(?:"(?P<value>[^"]*)"|\((?P<values>[^)]*)\))')
 
 # A real job gets none of the submitter's variables; these few keep a local process (and its Python) working.
 INHERITED_VARIABLES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH")
@@ -189,6 +199,8 @@ class FakeVertex:
         self._pending_seconds = pending_seconds
         self._grace_seconds = cancel_grace_seconds
         self._images: Dict[str, FakeImage] = {}
+        self.registry: Dict[str, str] = {}  # image URI (REPOSITORY:TAG) -> its digest, as Artifact Registry has it
+        self._mounted: List[Callable[[str, str, bytes], Optional[Reply]]] = []
         self._secrets: Dict[str, Dict[str, str]] = {}  # secret name -> version id -> value, in the order added
         self._failures: Dict[str, List[ApiError]] = {method: [] for method in FAILABLE_METHODS}
         self._ids = itertools.count(1_000_000_000_000_000_001)  # Vertex's job IDs are 19-digit numbers
@@ -229,9 +241,15 @@ class FakeVertex:
     # ----- what tests set up and inspect -----
 
     def add_image(self, uri: str, *, entrypoint: List[str], workdir: Path,
-                  env: Optional[Dict[str, str]] = None) -> None:
-        """Make ``uri`` pullable: its jobs run ``entrypoint`` (unless the spec gives a command) in ``workdir``."""
+                  env: Optional[Dict[str, str]] = None, digest: Optional[str] = None) -> None:
+        """Make ``uri`` pullable: its jobs run ``entrypoint`` (unless the spec gives a command) in ``workdir``;
+        Artifact Registry lists it with ``digest`` (by default one made from the URI)."""
         self._images[uri] = FakeImage(list(entrypoint), Path(workdir), dict(env or {}))
+        self.registry[uri] = digest or "sha256:" + hashlib.sha256(uri.encode()).hexdigest()
+
+    def mount(self, handler: Callable[[str, str, bytes], Optional[Reply]]) -> None:
+        """Serve another service here: ``handler(method, path, body)`` answers its routes, None for others."""
+        self._mounted.append(handler)
 
     def add_secret(self, version: str, value: str) -> None:
         """Add ``projects/P/secrets/N/versions/V``; ``versions/latest`` then resolves to it."""
@@ -268,10 +286,14 @@ class FakeVertex:
         with self._lock:
             self.requests.append((method, raw_path, _json_or_none(body)))
         try:
+            for handler in self._mounted:
+                reply = handler(method, raw_path, body)
+                if reply is not None:
+                    return reply
             route, groups = _route(method, unquote(url.path))
             self._take_failure(route)
             handlers = {"create": self._create, "get": self._get, "list": self._list, "cancel": self._cancel,
-                        "access": self._access, "entries": self._entries}
+                        "access": self._access, "entries": self._entries, "tag": self._tag}
             return 200, handlers[route](groups, parse_qs(url.query), body)
         except ApiError as error:
             return error.reply()
@@ -344,18 +366,39 @@ class FakeVertex:
                                                payload={"data": data, "data_crc32c": google_crc32c.value(data)})
         return json.loads(AccessSecretVersionResponse.to_json(response))
 
+    # ----- Artifact Registry -----
+
+    def _tag(self, groups: Dict[str, str], query: Dict[str, List[str]], body: bytes) -> dict:
+        repository = "/".join([f"{groups['location']}-docker.pkg.dev", groups["project"], groups["repository"],
+                               groups["package"]])
+        package = (f"projects/{groups['project']}/locations/{groups['location']}/repositories/{groups['repository']}"
+                   f"/packages/{groups['package'].replace('/', '%2F')}")
+        with self._lock:
+            digests = {uri.rpartition(":")[2]: digest for uri, digest in self.registry.items()
+                       if uri.rpartition(":")[0] == repository}
+        if groups["kind"] == "tags" and groups["ref"] in digests:
+            return {"name": f"{package}/tags/{groups['ref']}",
+                    "version": f"{package}/versions/{digests[groups['ref']]}"}
+        if groups["kind"] == "versions" and groups["ref"] in digests.values():
+            return {"name": f"{package}/versions/{groups['ref']}"}
+        what = "Tag" if groups["kind"] == "tags" else "Version"
+        raise ApiError(404, "NOT_FOUND", f'Requested entity was not found. {what} "{groups["ref"]}" of "{repository}"')
+
     # ----- Cloud Logging -----
 
     def _entries(self, groups: Dict[str, str], query: Dict[str, List[str]], body: bytes) -> dict:
         request = json.loads(body or b"{}")
-        terms = {(match["key"], match["op"]): match["value"] for match in LOG_TERM.finditer(request.get("filter", ""))}
+        terms = {(match["key"], match["op"]): match["value"] if match["value"] is not None else
+                 re.findall(r'"([^"]*)"', match["values"]) for match in LOG_TERM.finditer(request.get("filter", ""))}
         if terms.get(("resource.type", "=")) not in (None, "ml_job"):
             return {}
+        wanted = terms.get(("resource.labels.job_id", "="))
+        wanted = [wanted] if isinstance(wanted, str) else wanted
         with self._lock:
-            jobs = [job for job in self.jobs.values()
-                    if terms.get(("resource.labels.job_id", "=")) in (None, job.job.name.rsplit("/", 1)[1])]
+            jobs = [job for job in self.jobs.values() if wanted is None or job.job.name.rsplit("/", 1)[1] in wanted]
+        after, since = terms.get(("timestamp", ">"), ""), terms.get(("timestamp", ">="), "")
         entries = [entry for job in jobs for entry in _log_entries(job)
-                   if entry["timestamp"] > terms.get(("timestamp", ">"), "")]
+                   if entry["timestamp"] > str(after) and entry["timestamp"] >= str(since)]
         entries.sort(key=lambda entry: entry["timestamp"], reverse="desc" in request.get("orderBy", ""))
         entries = entries[:int(request.get("pageSize") or 1000)]
         return {"entries": entries} if entries else {}

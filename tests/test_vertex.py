@@ -210,6 +210,24 @@ def test_stream_logs_prints_a_single_jobs_output_as_it_comes(fake: FakeVertex, t
     assert output.index("step 6: loss=") < output.index("JOB_STATE_SUCCEEDED")  # live, not after the end
 
 
+@pytest.mark.process
+def test_stream_logs_follows_every_job_of_a_sweep_each_line_once_after_its_job(fake: FakeVertex,
+                                                                              tmp_path: Path) -> None:
+    before = set(fake.jobs)
+    proc = sweep_cli([*launcher(fake), *FAST, "hydra.launcher.stream_logs=true", "seed=1,2",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    jobs = sorted((job for name, job in fake.jobs.items() if name not in before), key=lambda j: j.job.display_name)
+    assert len(jobs) == 2
+    for num, job in enumerate(jobs):
+        prefix = f" seed={num + 1} | "  # the job's label: its number and overrides
+        streamed = [line.split(prefix, 1)[1] for line in output.splitlines() if f"] #{num} experiment=" in line
+                    and prefix in line]
+        assert streamed == job.log.splitlines(), output  # every line of its output, in order, none twice
+        assert any("step 12: loss=" in line for line in streamed)
+
+
 def sweep_rows(sweep_dir: Path) -> List[Dict[str, Any]]:
     from nli import sweep
 

@@ -9,9 +9,11 @@ import re
 from dataclasses import dataclass
 from typing import FrozenSet, Iterable, Iterator, Optional, Tuple
 
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
 
 from nli.contract import job_needs
+from nli.errors import UserError
 
 from ._spec import Machine, machine
 from .config import VertexLauncherConf
@@ -22,8 +24,9 @@ _SECRET_VERSION = re.compile(r"^projects/[^/]+/secrets/[^/]+/versions/[^/]+$")
 _TENSORBOARD = re.compile(r"^projects/[^/]+/locations/(?P<region>[^/]+)/tensorboards/[^/]+$")
 
 
-class LaunchError(Exception):
-    """A sweep that cannot start as configured; the message says what to change."""
+class LaunchError(CompactHydraException, UserError):
+    """A sweep that cannot start as configured; the message says what to change (Hydra prints it alone,
+    without a traceback, and exits 1)."""
 
 
 def check_settings(settings: VertexLauncherConf) -> None:
@@ -33,10 +36,12 @@ def check_settings(settings: VertexLauncherConf) -> None:
     _require(settings.staging_bucket, "hydra.launcher.staging_bucket", "hydra.launcher.staging_bucket=gs://MY_BUCKET")
     if not str(settings.staging_bucket).startswith("gs://"):
         raise LaunchError(f"hydra.launcher.staging_bucket={settings.staging_bucket} is not a gs:// path")
-    if not settings.python_package():
+    if settings.build:
+        _check_build(settings)
+    elif not settings.python_package():
         _require(settings.image_uri, "hydra.launcher.image_uri",
                  "hydra.launcher.image_uri=REGION-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG "
-                 "(see docs/vertex.md), or hydra.launcher.packaging=python_package")
+                 "(see docs/vertex.md), hydra.launcher.build=true, or hydra.launcher.packaging=python_package")
     if settings.max_concurrent_jobs < 1 or settings.poll_interval <= 0 or settings.failed_log_lines < 0:
         raise LaunchError("hydra.launcher.max_concurrent_jobs must be >= 1, poll_interval > 0 and "
                           "failed_log_lines >= 0")
@@ -47,6 +52,26 @@ def check_settings(settings: VertexLauncherConf) -> None:
     _check_env(settings)
     if settings.tensorboard:
         _check_tensorboard(settings)
+
+
+_REPOSITORY = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/[^/:@]+/[^/:@]+/[^:@]+")
+
+
+def _check_build(settings: VertexLauncherConf) -> None:
+    """build=true builds a container image and names it itself."""
+    if settings.python_package():
+        raise LaunchError("hydra.launcher.build=true builds the container image; it needs "
+                          "hydra.launcher.packaging=container")
+    if settings.image_uri:
+        raise LaunchError(f"hydra.launcher.image_uri={settings.image_uri} and hydra.launcher.build=true: pass one. "
+                          "build=true names the image it builds (set where with hydra.launcher.build_repository)")
+    if settings.build_repository and not _REPOSITORY.fullmatch(settings.build_repository.rstrip("/")):
+        raise LaunchError(f"hydra.launcher.build_repository={settings.build_repository} is not an Artifact Registry "
+                          "image: write REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE, without a tag")
+    own = sorted(set(settings.build_substitutions) & {"_IMAGE", "_TAG"})
+    if own:
+        raise LaunchError(f"hydra.launcher.build_substitutions.{own[0]} is set by the launcher (the image's name and "
+                          "its content tag): use hydra.launcher.build_repository for where it goes")
 
 
 def _check_tensorboard(settings: VertexLauncherConf) -> None:

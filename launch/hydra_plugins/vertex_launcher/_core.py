@@ -29,8 +29,10 @@ from nli import sweep
 from nli.contract import RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
 
 from . import _spec
+from ._build import Image, check_image, image_of_source
 from ._checks import LaunchError, check_machines, check_secrets
 from ._client import Vertex
+from ._git import GitState, git_state
 from ._logs import JobLogs
 from ._package import build_sdist, upload
 from .config import VertexLauncherConf
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 ENDED = {JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED,
          JobState.JOB_STATE_EXPIRED, JobState.JOB_STATE_PARTIALLY_SUCCEEDED}
 MAX_POLL_FACTOR = 10  # polling slows down to poll_interval x this while nothing changes
+IMAGE_VARIABLE = "NLI_IMAGE_URI"  # each job's image, with its digest where known (the commit: _git)
 
 
 class JobFailed(CompactHydraException):
@@ -81,7 +84,10 @@ class Sweep:
         self.dir = Path(str(config.hydra.sweep.dir))
         self._vertex: Optional[Vertex] = None
         self._package_uri: Optional[str] = None
+        self._image: Optional[Image] = None
         self.logs = JobLogs(settings)
+        self.source = Path(str(config.hydra.runtime.cwd), settings.source_dir).resolve()
+        self.git: Optional[GitState] = git_state(self.source)
 
     @property
     def vertex(self) -> Vertex:
@@ -99,8 +105,9 @@ class Sweep:
         check_machines(self.settings, [job.config for job in jobs])
         check_secrets(self.settings, [job.config for job in jobs])
         package_uri = self._package() if self.settings.python_package() else None
+        image = self._image_to_run()
         for job in jobs:
-            job.request = self._request(job, package_uri)
+            job.request = self._request(job, package_uri, image)
         if self.settings.dry_run:
             return [self._dry_run(job) for job in jobs]
         log.info("Vertex AI sweep %s: %d jobs in %s (%s), outputs in %s/%s", self.name, len(jobs),
@@ -130,26 +137,54 @@ class Sweep:
         remote_dir = f"{str(self.settings.staging_bucket).rstrip('/')}/{self.name}/{num}"
         return Job(num, overrides, config, output_dir, remote_dir)
 
-    def _request(self, job: Job, package_uri: Optional[str]) -> Dict[str, Any]:
+    def _request(self, job: Job, package_uri: Optional[str], image: Image) -> Dict[str, Any]:
         # Relative to where the sweep started, as the image's WORKDIR stands in for it; absolute if outside.
         run_dir = os.path.relpath(job.output_dir.absolute(), str(job.config.hydra.runtime.cwd))
         if run_dir.startswith(".."):
             run_dir = str(job.output_dir.absolute())
+        job_labels = {**_provenance_labels(image, self.git), **self.settings.labels}
         return _spec.custom_job(
             settings=self.settings, cfg=job.config, name=_spec.display_name(self.name, job.num, job.overrides),
-            job_labels=_spec.labels(self.name, job.num, job.overrides, dict(self.settings.labels)),
+            job_labels=_spec.labels(self.name, job.num, job.overrides, job_labels),
             args=_spec.container_args(job.config, job.overrides, run_dir), output_dir=job.remote_dir,
-            package_uri=package_uri)
+            package_uri=package_uri, image_uri=image.uri, provenance=self._provenance(image))
+
+    def _image_to_run(self) -> Image:
+        """The image every job of the sweep runs, found (or built) once per sweep, before any job is submitted."""
+        if self._image is None:
+            if self.settings.python_package():
+                self._image = Image(self.settings.executor_image_uri, None)
+            elif self.settings.build:
+                self._image = image_of_source(self.settings, self.source, str(self.settings.staging_bucket))
+            elif self.settings.dry_run:
+                self._image = Image(str(self.settings.image_uri), None)
+            else:
+                self._image = check_image(self.settings)
+            code = self.git.text() if self.git else f"{self.source} (not a git checkout: no commit recorded)"
+            log.info("The jobs run %s, code from %s", self._image.text(), code)
+        return self._image
+
+    def _provenance(self, image: Image) -> Dict[str, str]:
+        """What each job gets told it runs (as variables) and its row records: the image and the commit."""
+        found = {IMAGE_VARIABLE: image.text()}
+        if self.git:
+            found.update(self.git.env())
+        return found
 
     def _package(self) -> str:
         """Build the sdist once per sweep (kept in the sweep directory) and upload it, unless dry run."""
         if self._package_uri is None:
-            source = Path(str(self.config.hydra.runtime.cwd), self.settings.source_dir).resolve()
-            sdist = build_sdist(source, self.dir / "code")
+            sdist = build_sdist(self.source, self.dir / "code")
             self._package_uri = f"{str(self.settings.staging_bucket).rstrip('/')}/{self.name}/code/{sdist.name}"
             if not self.settings.dry_run:
                 upload(sdist, self._package_uri)
         return self._package_uri
+
+    def _records(self) -> Dict[str, Any]:
+        """The sweep table's columns of what a job ran: its image (with the registry's digest) and commit."""
+        image = self._image.text() if self._image else None
+        return {"image": image, "git_commit": self.git.commit if self.git else None,
+                "git_dirty": self.git.dirty if self.git else None}
 
     def _dry_run(self, job: Job) -> JobReturn:
         parent = f"projects/{self.settings.project}/locations/{self.settings.region}"
@@ -174,7 +209,8 @@ class Sweep:
         model_dir = vertex_dirs(job.remote_dir)[VERTEX_MODEL_DIR]  # where the job wrote, as Vertex AI told it
         reported = sweep.read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}
         row = functools.partial(sweep.job_row, num=job.num, overrides=job.overrides, output_dir=model_dir,
-                                vertex_job=job.name, vertex_state=job.state.name, **sweep.running_sweep(self.dir))
+                                vertex_job=job.name, vertex_state=job.state.name, **self._records(),
+                                **sweep.running_sweep(self.dir))
         if job.state is JobState.JOB_STATE_SUCCEEDED:
             results = sweep.read_json(f"{model_dir}/{RESULTS_FILE}")
             value = reported.get("return_value", (results or {}).get("objective"))
@@ -208,22 +244,21 @@ class Watcher:
         waiting: Deque[Job] = deque(jobs)
         active: List[Job] = []
         interval = self.settings.poll_interval
-        follow = self._follows(jobs)
         try:
             while waiting or active:
                 while waiting and len(active) < self.settings.max_concurrent_jobs:
                     active.append(self._submit(waiting.popleft()))
                 changed = [job for job in active if self._poll(job)]
-                if follow and self._stream(jobs[0]):
-                    changed.append(jobs[0])  # new output: look again soon
+                if self.settings.stream_logs and self._stream(active):  # those that ended too: their last lines
+                    changed.extend(active)  # new output: look again soon
                 active = [job for job in active if job.state not in ENDED]
                 self._count(jobs)
                 if active or waiting:
                     interval = self.settings.poll_interval if changed else min(
                         interval * 1.5, self.settings.poll_interval * MAX_POLL_FACTOR)
                     time.sleep(interval)
-            if follow:
-                self._stream(jobs[0])  # what it wrote after the last look
+            if self.settings.stream_logs:
+                self._stream(jobs)  # what reached Cloud Logging after the last look
         except KeyboardInterrupt:
             self._cancel([job for job in jobs if job.name and job.state not in ENDED])
             raise SystemExit(130) from None
@@ -231,18 +266,14 @@ class Watcher:
             running = [job for job in jobs if job.name and job.state not in ENDED]
             raise LaunchError(f"{error}{_still_running(running, self.settings.region)}") from None
 
-    def _follows(self, jobs: List[Job]) -> bool:
-        if self.settings.stream_logs and len(jobs) > 1:
-            log.warning("hydra.launcher.stream_logs follows the launch of one job; this one has %d: their logs are "
-                        "behind each job's console link", len(jobs))
-        return self.settings.stream_logs and len(jobs) == 1
-
-    def _stream(self, job: Job) -> bool:
-        """Prints the job's output logged since the last look; whether there was any."""
-        lines = self.logs.new_lines(job.name) if job.name else []
-        for line in lines:
-            log.info("%s | %s", job.label, line)
-        return bool(lines)
+    def _stream(self, jobs: List[Job]) -> bool:
+        """Prints the jobs' output logged since the last look, each line after its job; whether there was any."""
+        by_name = {job.name: job for job in jobs if job.name}
+        found = self.logs.new_lines(list(by_name))
+        for name, lines in found.items():
+            for line in lines:
+                log.info("%s | %s", by_name[name].label, line)
+        return any(found.values())
 
     def _submit(self, job: Job) -> Job:
         created = self.vertex.create(job.request)
@@ -275,6 +306,16 @@ class Watcher:
                 job.note(f"cancelled {job.name}")
             except LaunchError as error:  # one job's cancel failing must not stop the others'
                 job.note(f"could not cancel {job.name}: {error}")
+
+
+def _provenance_labels(image: Image, git: Optional[GitState]) -> Dict[str, str]:
+    """Labels to find a sweep's jobs by code in the console and billing: the image's tag and the commit
+    (a label holds no `/` or `:`, so not the whole image; the job's NLI_IMAGE_URI has it)."""
+    tag = image.uri.rsplit("@", 1)[0].rsplit("/", 1)[-1].partition(":")[2]
+    found = {"image_tag": tag} if tag else {}
+    if git:
+        found.update(git_commit=git.commit, git_dirty=str(git.dirty).lower())
+    return found
 
 
 def _note_tensorboard(job: Job, settings: VertexLauncherConf) -> None:

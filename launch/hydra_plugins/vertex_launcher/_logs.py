@@ -1,6 +1,11 @@
 """A job's own output, read back from Cloud Logging, where Vertex AI writes every replica's stdout and
-stderr (resource ``ml_job``, label ``job_id``): the last lines of a failed job, and a single job's
-log followed live (``stream_logs``), as ``gcloud ai custom-jobs stream-logs`` does.
+stderr (resource ``ml_job``, label ``job_id``): the last lines of a failed job, and the jobs' logs
+followed live (``stream_logs``), as ``gcloud ai custom-jobs stream-logs`` does for one job.
+
+Following a sweep asks for every job's new lines in one call per poll (Cloud Logging allows a project
+60 reads a minute): entries from the earliest of the jobs' last printed timestamps on, with those
+already printed, known by their insertId, left out. Entries can share a timestamp and arrive late, so
+a strict ``timestamp>`` could lose lines; the insertIds keep any from being printed twice.
 
 Reading logs is a help, never a condition: any error here (most often a missing permission) is
 one line in the sweep's log, said once, and the sweep goes on.
@@ -9,13 +14,16 @@ one line in the sweep's log, said once, and the sweep goes on.
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional
+from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, List, Optional
 
 from .config import VertexLauncherConf
 
 log = logging.getLogger(__name__)
 
 ROLE = "roles/logging.viewer"  # reads a project's logs
+# How far before the sweep started its jobs' lines are looked for: the local clock may run ahead of Google's.
+CLOCK_SLACK = timedelta(minutes=5)
 
 
 class JobLogs:
@@ -23,21 +31,37 @@ class JobLogs:
         self.settings = settings
         self._client: Any = None
         self._failed = False  # said once why logs cannot be read; not tried again
-        self._seen: dict[str, str] = {}  # job name -> timestamp of the last entry printed (stream_logs)
+        # stream_logs: job name -> timestamp of its last entry printed, and the entries printed at or after
+        # the earliest of those (insertId -> timestamp), the only ones a later call can return again.
+        self._seen: Dict[str, str] = {}
+        self._printed: Dict[str, str] = {}
+        self._start = _format(datetime.now(timezone.utc) - CLOCK_SLACK)  # no job of the sweep logged before
 
     def last_lines(self, job_name: str, count: int) -> List[str]:
         """The job's last ``count`` lines of output, oldest first; none where they cannot be read."""
         entries = self._entries(_job_filter(job_name), descending=True, count=count)
         return [_text(entry) for entry in reversed(entries)]
 
-    def new_lines(self, job_name: str) -> List[str]:
-        """The job's lines logged since the last call (for a job being followed)."""
-        since = self._seen.get(job_name)
-        after = f' AND timestamp>"{since}"' if since else ""
-        entries = self._entries(_job_filter(job_name) + after, descending=False, count=1000)
-        if entries:
-            self._seen[job_name] = _timestamp(entries[-1])
-        return [_text(entry) for entry in entries]
+    def new_lines(self, job_names: List[str]) -> Dict[str, List[str]]:
+        """Each job's lines logged since the last call, oldest first; a line is never given twice."""
+        if not job_names:
+            return {}
+        ids = {name.rsplit("/", 1)[-1]: name for name in job_names}
+        since = min(self._seen.get(name, self._start) for name in job_names)
+        quoted = " OR ".join(f'"{job_id}"' for job_id in ids)
+        query = f'resource.type="ml_job" AND resource.labels.job_id=({quoted}) AND timestamp>="{since}"'
+        found: Dict[str, List[str]] = {name: [] for name in job_names}
+        for entry in self._entries(query, descending=False, count=1000):
+            name = ids.get(str((entry.resource.labels or {}).get("job_id", "")) if entry.resource else "")
+            if name is None or entry.insert_id in self._printed:
+                continue
+            stamp = _timestamp(entry)
+            self._printed[str(entry.insert_id)] = stamp
+            self._seen[name] = max(stamp, self._seen.get(name, ""))
+            found[name].append(_text(entry))
+        oldest = min(self._seen.get(name, self._start) for name in job_names)
+        self._printed = {key: stamp for key, stamp in self._printed.items() if stamp >= oldest}
+        return found
 
     def _entries(self, query: str, *, descending: bool, count: int) -> List[Any]:
         if self._failed:
@@ -81,7 +105,11 @@ def _text(entry: Any) -> str:
 
 
 def _timestamp(entry: Any) -> str:
-    return entry.timestamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return _format(entry.timestamp)
+
+
+def _format(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _short(error: Exception) -> str:

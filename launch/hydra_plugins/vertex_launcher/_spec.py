@@ -99,15 +99,18 @@ def display_name(sweep_name: str, job_num: int, overrides: List[str]) -> str:
 
 
 def custom_job(*, settings: VertexLauncherConf, cfg: DictConfig, name: str, job_labels: Dict[str, str],
-               args: List[str], output_dir: str, package_uri: Optional[str]) -> Dict[str, Any]:
-    """The CustomJob resource, in the API's (snake_case) field names."""
+               args: List[str], output_dir: str, package_uri: Optional[str], image_uri: Optional[str] = None,
+               provenance: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """The CustomJob resource, in the API's (snake_case) field names. ``image_uri``: the container's
+    image (settings.image_uri when None); ``provenance``: variables that say what the job runs, after
+    the user's own, which cannot change them."""
     hw = machine(cfg, settings)
     pool: Dict[str, Any] = {"machine_spec": machine_spec(hw), "replica_count": 1}
-    env = [{"name": key, "value": value} for key, value in settings.env.items()]
+    env = [{"name": key, "value": value} for key, value in {**settings.env, **(provenance or {})}.items()]
     if settings.secrets:  # references only: the job resolves them with its own service account
         env.append({"name": SECRETS_VARIABLE, "value": json.dumps(dict(settings.secrets), sort_keys=True)})
     if not settings.python_package():
-        pool["container_spec"] = {"image_uri": settings.image_uri, "args": args, "env": env}
+        pool["container_spec"] = {"image_uri": image_uri or settings.image_uri, "args": args, "env": env}
     else:
         pool["python_package_spec"] = {"executor_image_uri": settings.executor_image_uri,
                                        "package_uris": [package_uri], "python_module": settings.python_module,

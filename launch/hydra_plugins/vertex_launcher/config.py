@@ -27,10 +27,18 @@ class VertexLauncherConf:
     staging_bucket: Optional[str] = None  # gs://bucket[/prefix]: every job writes to <it>/<sweep>/<job number>
     packaging: Packaging = Packaging.container  # how the code reaches the machine
     image_uri: Optional[str] = None  # container: the training image (Artifact Registry URI)
+    # container: build the image from source_dir with Cloud Build (its Dockerfile and cloudbuild.yaml), tagged
+    # src-<digest of the Docker build context>, unless that image exists already; in place of image_uri.
+    build: bool = False
+    # build: where the image goes, REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE; null: <region>-docker.pkg.dev/
+    # <project>/nli/train (cloudbuild.yaml's default); the repository must exist (docs/vertex.md, Set-up)
+    build_repository: Optional[str] = None
+    # build: more of cloudbuild.yaml's substitutions (_TARGET: tpu, _REDUCTION_SERVER: "1"); part of the digest
+    build_substitutions: Dict[str, str] = field(default_factory=dict)
     # python_package: a prebuilt Vertex AI PyTorch image, and the module run as `python -m <module>`
     executor_image_uri: str = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
     python_module: str = "nli.node"  # one process per GPU on every node (torchrun), or the run itself
-    source_dir: str = "."  # python_package: the project whose sdist is built (relative to the launch directory)
+    source_dir: str = "."  # the project whose sdist (python_package) or image (build) is built, from the launch dir
     machine_type: str = "n1-standard-8"  # when the job's `hw` group names no machine type
     # Reduction Server (faster all-reduce for multi-node GPU jobs): replicas, their machine and image
     reduction_server_replicas: int = 0  # 0: none; enough to match the GPU machines' network bandwidth
@@ -49,7 +57,7 @@ class VertexLauncherConf:
     wait: bool = True  # true: wait and collect results; false: submit and return
     poll_interval: float = 30.0  # seconds between status polls; grows to 10x while nothing changes
     failed_log_lines: int = 20  # a failed job's last lines of output, printed from Cloud Logging; 0: none
-    stream_logs: bool = False  # a launch of one job: print its output as it comes (from Cloud Logging)
+    stream_logs: bool = False  # print the jobs' output as it comes (from Cloud Logging), each line after its job
     dry_run: bool = False  # write each CustomJob request as JSON into the sweep directory; submit nothing
     sweep_name: Optional[str] = None  # names the sweep's jobs and output folder; null: <job name>-<time>
     env: Dict[str, str] = field(default_factory=dict)  # plain variables for the jobs (readable by viewers)
