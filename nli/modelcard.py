@@ -73,6 +73,8 @@ class Card:
     def _reproduce(self) -> str:
         command = self.provenance.get("command")
         commit = self.provenance.get("commit")
+        if not self.provenance:  # a run finished before results.json recorded its provenance
+            return "## Reproduce\n\nNot recorded: the run's config is in the run folder's config.yaml."
         if not command:
             return "## Reproduce\n\nThe run was started from Python: its config is in the run folder's config.yaml."
         lines = [f"git checkout {commit}"] if commit else []

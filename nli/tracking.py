@@ -61,6 +61,8 @@ class WandbTracker:
         import wandb  # deferred: slow to import, and only needed with logger=wandb
 
         self._model_dir = run.model_dir if log_model else None
+        if log_model and run.model_dir is None:
+            log.info("logger.wandb.log_model=true: this run exports no model (an evaluation), so it logs none")
 
         # A sweep's job: its overrides as tags (W&B allows 64 characters) and under `overrides` in the
         # config, to filter and group the sweep's runs by what was swept.
