@@ -398,6 +398,7 @@ class WandbConfig(LoggerConfig):
     entity: Optional[str] = None  # W&B team or user; null: WANDB_ENTITY, else your default entity
     group: Optional[str] = None  # groups the runs of a sweep; null: the Hydra sweep directory name
     tags: List[str] = field(default_factory=list)  # free-form tags
+    log_model: bool = False  # at the end, the exported model/ as the run's W&B artifact (type model)
 
 
 @dataclass
@@ -408,6 +409,15 @@ class TensorBoardConfig(LoggerConfig):
 @dataclass
 class CsvConfig(LoggerConfig):
     file: str = "metrics.csv"  # one row per logged value (step, metric, value) in <output_dir>/<file>
+
+
+def unselected_logger(key: str, name: str, selected: Sequence[str]) -> str:
+    """The message for ``key``, a setting of logger ``name`` that the run does not select (``selected``)."""
+    chosen = f"logger={selected[0]}" if len(selected) == 1 else f"logger=[{','.join(selected)}]" if selected else \
+        "logger=none"
+    both = f"logger=[{','.join([*selected, name])}]"
+    return (f"{key} sets the {name} logger, which this run does not log to ({chosen}): select it too with {both}, "
+            f"or leave {key} out")
 
 
 # ---------------------------------------------------------------------------------- data, train
@@ -669,9 +679,14 @@ class Config:
 
     def _check_loggers(self) -> None:
         for name, logger in self.logger.items():
+            if isinstance(logger, LoggerConfig):
+                continue
+            selected = [each for each, chosen in self.logger.items() if isinstance(chosen, LoggerConfig)]
+            # `+logger.wandb.log_model=true` without logger=wandb: keys of a logger this run does not select.
+            _require(not isinstance(logger, dict), unselected_logger(f"logger.{name}", name, selected))
             # `logger.mode=offline` (before several loggers at once) lands here as a plain value.
-            _require(isinstance(logger, LoggerConfig), f"logger.{name}={logger!r} is not a logger: each logger "
-                     f"has its own key, e.g. logger=wandb logger.wandb.mode=offline")
+            _require(False, f"logger.{name}={logger!r} is not a logger: each logger has its own key, e.g. "
+                     "logger=wandb logger.wandb.mode=offline")
 
     def micro_batch_size(self, world_size: int) -> int:
         """Examples one device processes per forward pass."""

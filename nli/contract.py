@@ -5,10 +5,12 @@ platform gives it: on Vertex AI, ``AIP_MODEL_DIR``):
 
 - ``config.yaml``: the resolved config, and ``overrides.yaml``: the command's overrides, as typed (both
   written once the run is accepted into the folder, so that a refused command changes neither);
-- ``results.json``: one flat JSON object, the final metrics with ``objective`` and ``status``,
+- ``results.json``: one JSON object, the final metrics with ``objective`` and ``status`` (flat but for
+  ``provenance``, an object, and ``warnings``, a list),
   written last, so that its presence means the run finished;
-- ``model/``: the best model and its tokenizer (``save_pretrained``), and ``export.json``, the step
-  and evaluation of those weights (written as soon as a checkpoint becomes the best, and at the end);
+- ``model/``: the best model and its tokenizer (``save_pretrained``), its model card ``README.md``, and
+  ``export.json``, the step and evaluation of those weights (written as soon as a checkpoint becomes
+  the best, and at the end);
 - ``predictions/``, and ``checkpoints/`` unless the platform names another checkpoint directory.
 
 A run stopped by a signal after writing its checkpoint exits with ``PREEMPTED``; started again with

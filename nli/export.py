@@ -4,7 +4,9 @@ The export made when a checkpoint becomes the best is a second copy of its weigh
 checkpoint be damaged later, the run still ends with them. Where both copies are lost, the best
 intact evaluated checkpoint takes the place of the best, with a warning that names what was lost.
 ``model/export.json`` says which step and evaluation the exported weights are, and the size and
-SHA-256 of every file of the export. A finished run started again checks its ``model/`` against it
+SHA-256 of every file of the export, the model card (``README.md``, nli.modelcard) included: the card
+states the model's metrics as the Hub will show them, so a card changed after the export no longer
+vouches for them, and is written again with the model. A finished run started again checks its ``model/`` against it
 (:func:`check_finished`): a model that is missing or damaged is exported again from the best
 checkpoint. An export.json written before it recorded the files has nothing to check them against:
 such a model is taken as it is.
@@ -32,21 +34,25 @@ from nli.errors import CheckpointError
 from nli.evaluation import Evaluation
 from nli.hooks import Hook
 from nli.model import build_model, load_export, save_pretrained, tokenizer_from_files, unwrap
+from nli.modelcard import CARD_FILE, Card
 from nli.storage import Storage
 
 log = logging.getLogger(__name__)
 
 
 def write(storage: Storage, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, evaluation: Evaluation,
-          local: Path) -> None:
-    """``model/``: the weights and tokenizer as ``save_pretrained`` writes them into ``local``, and
-    ``export.json``; swapped in whole where the folder is local. Under LoRA, the adapters merged into
-    the weights (a plain transformers model), and the adapter itself in ``adapter/`` (nli.lora)."""
+          local: Path, card: Optional[Card] = None) -> None:
+    """``model/``: the weights and tokenizer as ``save_pretrained`` writes them into ``local``, the model
+    card (``README.md``, nli.modelcard) where ``card`` is given, and ``export.json``; swapped in whole where
+    the folder is local. Under LoRA, the adapters merged into the weights (a plain transformers model),
+    and the adapter itself in ``adapter/`` (nli.lora)."""
     if unwrap(model) is not model:  # peft's wrapper: LoRA
         lora.save_merged(cast(Any, model), local)
         tokenizer.save_pretrained(local)
     else:
         save_pretrained(model, tokenizer, local)
+    if card is not None:  # before the digests: export.json vouches for the card as for the weights
+        (local / CARD_FILE).write_text(card.render(evaluation))
     record = {**asdict(evaluation), "files": _digests(local)}
     (local / contract.EXPORT_FILE).write_text(json.dumps(record, indent=1) + "\n")
     storage.upload_dir(local, contract.MODEL_DIR)
@@ -76,8 +82,8 @@ class ExportBest(Hook):
     (rank 0 alone writes)."""
 
     def __init__(self, storage: Storage, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, *,
-                 main: bool) -> None:
-        self.storage, self.model, self.tokenizer, self.main = storage, model, tokenizer, main
+                 main: bool, card: Optional[Card] = None) -> None:
+        self.storage, self.model, self.tokenizer, self.main, self.card = storage, model, tokenizer, main, card
         self._pending: Optional[Evaluation] = None
 
     def on_evaluation(self, evaluation: Evaluation, *, improved: bool) -> None:
@@ -87,7 +93,7 @@ class ExportBest(Hook):
         if self._pending is None or self._pending.step != step or not self.main:
             return
         with tempfile.TemporaryDirectory() as folder:
-            write(self.storage, self.model, self.tokenizer, self._pending, Path(folder))
+            write(self.storage, self.model, self.tokenizer, self._pending, Path(folder), self.card)
         log.info("step %d: the best so far, exported to %s", step, self.storage.describe(contract.MODEL_DIR))
         self._pending = None
 
@@ -148,17 +154,19 @@ def best_weights(checkpoints: Checkpoints, storage: Storage, best: Evaluation, *
 
 
 def check_finished(results: Mapping[str, Any], model_cfg: ModelConfig, task: TaskConfig, *, seed: int,
-                   storage: Storage, checkpoints: Checkpoints, world: World, claim: Optional[Claim]) -> None:
+                   storage: Storage, checkpoints: Checkpoints, world: World, claim: Optional[Claim],
+                   card: Optional[Card] = None) -> None:
     """A finished run's ``model/``, checked against its export.json (rank 0 reads it; a training run's
     results name its ``best_step``, an evaluation-only run exports nothing). Where the model is missing
     or damaged, it is exported again from the best checkpoint, with a warning that names what was
-    wrong; where that checkpoint is gone too, a CheckpointError that says so, and nothing is touched."""
+    wrong (with ``card``, the run's model card, as it was: nli.modelcard); where that checkpoint is gone
+    too, a CheckpointError that says so, and nothing is touched."""
     step = results.get("best_step")
     if step is not None and world.is_main:
         problems = damage(storage, int(step))
         if problems:
             _export_again(problems, int(step), model_cfg, task, seed=seed, storage=storage, checkpoints=checkpoints,
-                          claim=claim)
+                          claim=claim, card=card)
     world.barrier()  # no rank reports the run before its model is whole again
 
 
@@ -205,7 +213,7 @@ def _file_damage(storage: Storage, name: str, expected: Any) -> Optional[str]:
 
 
 def _export_again(problems: List[str], step: int, model_cfg: ModelConfig, task: TaskConfig, *, seed: int,
-                  storage: Storage, checkpoints: Checkpoints, claim: Optional[Claim]) -> None:
+                  storage: Storage, checkpoints: Checkpoints, claim: Optional[Claim], card: Optional[Card]) -> None:
     """``model/`` written again from the checkpoint of ``step``, the best, with the evaluation it records."""
     what = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
     where = checkpoints.where(checkpoint_name(step))
@@ -223,7 +231,7 @@ def _export_again(problems: List[str], step: int, model_cfg: ModelConfig, task: 
     if claim is not None:
         claim.check()
     with tempfile.TemporaryDirectory() as folder:
-        write(storage, model, tokenizer, evaluation, Path(folder))
+        write(storage, model, tokenizer, evaluation, Path(folder), card)
     log.info("step %d, the best, exported again to %s", step, storage.describe(contract.MODEL_DIR))
 
 

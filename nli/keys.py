@@ -19,6 +19,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from nli.config import unselected_logger
 from nli.errors import ConfigError
 
 HELP = "python train.py --help describes every key"
@@ -81,7 +82,9 @@ def check_override_key(cfg: DictConfig, key: str, typed: str) -> None:
             known = [*known, *(["hydra"] if "hydra" in cfg else [])]  # Hydra's own config, beside the run's
         if known is not None and part not in known:
             raise ConfigError(not_a_key(".".join(parts[:depth + 1]), known, every_key(cfg)))
-        if part not in node:  # a free-form mapping's new key: it takes any
+        if part not in node:  # a free-form mapping's new key: it takes any, but for a logger the run does not select
+            if path == "logger" and depth + 1 < len(parts):
+                raise ConfigError(unselected_logger(typed.split("=", 1)[0].lstrip("+~"), part, list(map(str, node))))
             return
         node = node._get_node(part)
 

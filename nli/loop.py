@@ -232,15 +232,32 @@ class Loop:
         opt = self.opt
         if bool(torch.isfinite(step_loss)):
             opt.world.reduce_gradients(opt.optimizer)
-            if self.plan.max_grad_norm is not None:
-                opt.scaler.unscale_(opt.optimizer)  # clip the true gradients, not the loss-scaled ones
-                torch.nn.utils.clip_grad_norm_(opt.trained.parameters(), self.plan.max_grad_norm)
+            self.window.grad_norm(self._gradient_norm(logs=(progress.step + 1) % self.plan.log_every == 0))
             opt.scaler.step(opt.optimizer)
             opt.scaler.update()
         else:
+            self.window.grad_norm(None)  # no gradient to speak of: the step is skipped
             self._skip_nonfinite(float(step_loss), progress)
         opt.scheduler.step()  # the schedule keeps time with the steps, skipped or not
         opt.optimizer.zero_grad(set_to_none=True)
+
+    def _gradient_norm(self, *, logs: bool) -> Optional[torch.Tensor]:
+        """The gradients' total norm before clipping (a tensor on the device, read when the step is logged),
+        clipped to ``max_grad_norm`` where the plan clips. Clipping computes it every step anyway; without
+        clipping it is computed on the steps that log it alone (one more pass over the gradients every
+        ``log_every`` steps), except on XLA, where computing it every step keeps one graph for every step.
+        Under fp16 the gradients are unscaled first: GradScaler's step would unscale them the same way, so
+        the update is the same bit for bit. Reading it changes nothing of the training."""
+        opt = self.opt
+        clips = self.plan.max_grad_norm is not None
+        if not (clips or logs or opt.compute.device.type == "xla"):
+            return None
+        opt.scaler.unscale_(opt.optimizer)  # the true gradients, not the loss-scaled ones
+        if clips:
+            assert self.plan.max_grad_norm is not None
+            return torch.nn.utils.clip_grad_norm_(opt.trained.parameters(), self.plan.max_grad_norm)
+        grads = [p.grad for p in opt.trained.parameters() if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads)
 
     def _skip_nonfinite(self, loss: float, progress: Progress) -> None:
         progress.nonfinite_steps += 1
@@ -310,10 +327,12 @@ class _Window:
 
     def __init__(self, device: torch.device) -> None:
         self._loss = torch.zeros((), device=device)
+        self._grad_norm: Optional[torch.Tensor] = None  # the last step's, before clipping
         self.restart()
 
     def restart(self) -> None:
         self._loss.zero_()
+        self._grad_norm = None
         self._examples, self._tokens, self._steps = 0, 0, 0
         self._start = time.perf_counter()
 
@@ -324,6 +343,10 @@ class _Window:
 
     def step(self) -> None:
         self._steps += 1
+
+    def grad_norm(self, norm: Optional[torch.Tensor]) -> None:
+        """The step's gradient norm (None: not computed), kept unread until the window is flushed."""
+        self._grad_norm = norm
 
     def partial(self) -> Tuple[float, int]:
         """The loss summed over the steps since the last log, and their number: what a checkpoint keeps
@@ -344,6 +367,7 @@ class _Window:
         seconds = time.perf_counter() - self._start
         # Each step's loss is the mean over its global batch, averaged over the ranks.
         out = {"train/loss": self._loss.item() / max(self._steps, 1), "train/lr": lr,
+               **({"train/grad_norm": self._grad_norm.item()} if self._grad_norm is not None else {}),
                "train/examples_per_second": self._examples / max(seconds, 1e-9),
                "train/tokens_per_second": self._tokens / max(seconds, 1e-9), "train/epoch": epoch}
         if self._loss.device.type == "xla":  # so far: a count that grows after the first epoch means changing shapes

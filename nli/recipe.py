@@ -42,7 +42,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, oom, xla
+from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, oom, provenance, xla
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -87,6 +87,7 @@ from nli.model import (
     trained_model,
     unwrap,
 )
+from nli.modelcard import Card
 from nli.optim import build_optimizer, build_scheduler
 from nli.predictions import submission
 from nli.signals import Interrupted, StopRequest, interruption
@@ -109,6 +110,7 @@ class Outputs:
     snapshot: Optional[Snapshot]  # the newest intact checkpoint, when resuming
     finished: Optional[Dict[str, Any]]  # results.json, when the run already finished
     warnings: List[str] = field(default_factory=list)  # settings that cannot take effect: logged, in results.json
+    provenance: Dict[str, Any] = field(default_factory=dict)  # the code, libraries, device, command (nli.provenance)
 
     def warn(self, message: str) -> None:
         log.warning("%s", message)
@@ -164,10 +166,12 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             out = setup(cfg.train, cfg.logger, context, world, held, evaluation_only=cfg.eval.only)
             if out.finished is not None:  # its model checked, and exported again if it was lost (nli.export)
                 export.check_finished(out.finished, cfg.model, cfg.task, seed=cfg.seed, storage=out.storage,
-                                      checkpoints=out.checkpoints, world=world, claim=out.claim)
+                                      checkpoints=out.checkpoints, world=world, claim=out.claim,
+                                      card=Card(context.resolved, out.finished.get("provenance") or {}))
                 return out.finished
             compute = prepare(cfg.hw, cfg.precision, seed=cfg.seed, batch_size=cfg.train.batch_size, world=world,
                               sharing=sharing)
+            out.provenance = provenance.collect(compute, world, context.command)
             if cfg.eval.only:  # a trained model, scored: no optimizer, no checkpoints, no training set
                 stage = "evaluating"
                 return evaluate_only(cfg.model, cfg.task, cfg.data, cfg.train, cfg.eval, cfg.logger, seed=cfg.seed,
@@ -384,7 +388,8 @@ def fit(train: TrainConfig, training: Training, loaded: Data, out: Outputs, stop
                          Revisit(sharing.revisit)]
     if training.early_stopping is not None:
         hooks.append(training.early_stopping)
-    hooks.append(export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main))
+    hooks.append(export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main,
+                                   card=Card(out.context.resolved, out.provenance)))
     checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world, out.claim)
     loop = Loop(training.opt, loaded.train, loaded.sampler, training.plan, evaluate=loaded.evaluate,
                 checkpointer=checkpointer, hooks=hooks, micro_batches=training.micro_batches)
@@ -408,7 +413,8 @@ def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out:
     if out.claim is not None:
         out.claim.check()
     with tempfile.TemporaryDirectory() as folder:
-        export.write(out.storage, model, loaded.tokenizer, result.best, Path(folder))
+        export.write(out.storage, model, loaded.tokenizer, result.best, Path(folder),
+                     Card(out.context.resolved, out.provenance))
         return load_export(Path(folder)).to(training.opt.compute.device)
 
 
@@ -502,9 +508,10 @@ def _key(override: str) -> str:
 
 def _finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[str, Any]:
     """results.json, written last (its presence says the run is done), and the loggers' summary."""
-    if out.warnings:  # before the status, which stays last
-        results = {**{k: v for k, v in results.items() if k != "status"}, "warnings": out.warnings,
-                   "status": results.get("status")}
+    # Before the status, which stays last: where the numbers came from, and what could not take effect.
+    extra = {**({"provenance": out.provenance} if out.provenance else {}),
+             **({"warnings": out.warnings} if out.warnings else {})}
+    results = {**{k: v for k, v in results.items() if k != "status"}, **extra, "status": results.get("status")}
     if out.world.is_main:
         if out.claim is not None:
             out.claim.check()
@@ -533,11 +540,14 @@ def _files(out: Outputs, trackers: Trackers, *, exported: bool) -> str:
 
 
 def _start_trackers(trackers: Trackers, out: Outputs, *, resume_step: Optional[int] = None) -> None:
-    """``resume_step``: a training run's first step less one (nli.tracking.RunInfo)."""
+    """``resume_step``: a training run's first step less one (nli.tracking.RunInfo); a training run
+    (one with a ``resume_step``) exports its model to model/."""
     context = out.context
     log_dir, remote = _log_dirs(context, out.storage)
+    model_dir = out.storage.describe(contract.MODEL_DIR) if resume_step is not None else None
     trackers.start(RunInfo(name=context.run_name, group=context.group, config=context.resolved, log_dir=log_dir,
-                           resume_id=None, overrides=context.overrides, resume_step=resume_step), remote=remote)
+                           resume_id=None, overrides=context.overrides, resume_step=resume_step, model_dir=model_dir),
+                   remote=remote)
 
 
 def _weights(model_cfg: ModelConfig, model: torch.nn.Module) -> Stateful:

@@ -12,8 +12,8 @@ first run folder), or to ``--out``:
 - ``report.md``: every job (state, the overrides that vary, objective and metrics, speed, error),
   and when seeds were swept the mean ± sample standard deviation over them;
 - ``objective_vs_<key>.png``: the objective against each swept setting other than the seed;
-- ``learning_curves.png``: training loss and the evaluation metric against step, from each run's
-  ``metrics.csv`` (``logger=csv``, the default).
+- ``learning_curves.png``: training loss, the evaluation metric, the gradient norm (before clipping)
+  and the learning rate against step, from each run's ``metrics.csv`` (``logger=csv``, the default).
 
 Failed jobs are in the tables and not in the plots. The plots are drawn on matplotlib's Agg
 canvas, without pyplot: no display is needed and no global backend is switched for the caller.
@@ -49,11 +49,13 @@ OVERRIDES_FILES = (Path(OVERRIDES_FILE), Path(".hydra") / "overrides.yaml")
 # Figure sizes in inches at DPI dots per inch: the PNGs are exactly size * DPI pixels.
 DPI = 100
 OBJECTIVE_SIZE = (6.0, 4.0)
-CURVES_SIZE = (12.0, 4.5)
+CURVES_SIZE = (12.0, 8.0)
+GRAD_NORM, LR = "train/grad_norm", "train/lr"  # the training series plotted under the loss (metrics.csv's names)
 # Results that measure the run (speed, memory) rather than the model: shown apart, never averaged as metrics.
 MEASURED_PREFIXES = ("train_", "peak_")
 # How fast each job ran, by the title the job table gives it.
 SPEED = (("examples/s", "train_examples_per_second"), ("seconds", "train_seconds"))
+COMMIT_CHARS = 10  # of a commit's hash in the table: enough to tell commits apart (git's short form is 7+)
 LEGEND_MAX = 12  # lines a legend names; past that it hides the plot
 
 Row = Dict[str, Any]
@@ -164,6 +166,8 @@ def job_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str], 
     columns += [("folder", "output_dir")] if folders else []
     columns += [(key, key) for key in keys] + [(name, name) for name in metrics]
     columns += [(title, key) for title, key in SPEED if any(key in row for row in rows)]
+    if any(row.get(sweep.COMMIT) for row in rows):  # the code each job ran (nli.provenance)
+        columns.append(("commit", sweep.COMMIT))
     if any(row.get("error") for row in rows):
         columns.append(("error", "error"))
     numeric = {*metrics, *(key for _, key in SPEED)}
@@ -176,8 +180,18 @@ def _shown(row: Mapping[str, Any], key: str, numeric: Set[str]) -> Any:
     last two parts (the sweep's and the job's)."""
     if key == "output_dir":
         return _tail(str(row.get(key) or ""), 2)
+    if key == sweep.COMMIT:
+        return short_commit(row)
     value = row.get(key)
     return _number(value) if key in numeric and sweep.is_number(value) else value
+
+
+def short_commit(row: Mapping[str, Any]) -> Optional[str]:
+    """A job's commit as git abbreviates it, marked where its checkout had uncommitted changes."""
+    commit = row.get(sweep.COMMIT)
+    if not commit:
+        return None
+    return f"{str(commit)[:COMMIT_CHARS]}{' (dirty)' if row.get(sweep.DIRTY) else ''}"
 
 
 def seed_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str]) -> str:
@@ -306,15 +320,22 @@ def load_curves(rows: Sequence[Row], keys: Sequence[str]) -> Tuple[List[Tuple[st
 
 
 def plot_curves(runs: Sequence[Tuple[str, Curves, Optional[str]]], path: Path) -> None:
-    """Training loss and the evaluation metric against step, side by side, a line per run."""
+    """Training loss and the evaluation metric against step, side by side, a line per run; below them
+    the gradient norm before clipping and the learning rate (of the first parameter group)."""
     figure = _figure(CURVES_SIZE)
-    loss_axes, eval_axes = figure.subplots(1, 2)
+    (loss_axes, eval_axes), (norm_axes, lr_axes) = figure.subplots(2, 2, sharex=True)
     for label, curves, metric in runs:
         _line(loss_axes, curves.get("train/loss", {}), label)
         _line(eval_axes, curves.get(metric, {}) if metric else {}, label)
+        _line(norm_axes, curves.get(GRAD_NORM, {}), label)
+        _line(lr_axes, curves.get(LR, {}), label)
     metrics = list(dict.fromkeys(metric for _, _, metric in runs if metric))
-    loss_axes.set(title="training loss", xlabel="step", ylabel="train/loss")
-    eval_axes.set(title="evaluation", xlabel="step", ylabel=", ".join(metrics) or "no eval/ metric logged")
+    loss_axes.set(title="training loss", ylabel="train/loss")
+    eval_axes.set(title="evaluation", ylabel=", ".join(metrics) or "no eval/ metric logged")
+    logged = any(curves.get(GRAD_NORM) for _, curves, _ in runs)  # runs from before it was logged have none
+    norm_axes.set(title="gradient norm, before clipping", xlabel="step",
+                  ylabel=GRAD_NORM if logged else f"no {GRAD_NORM} logged")
+    lr_axes.set(title="learning rate", xlabel="step", ylabel=LR)
     _legend(eval_axes, len(runs))
     _save(figure, path)
 

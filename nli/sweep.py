@@ -63,6 +63,7 @@ SUMMARY_CSV = "sweep_summary.csv"
 _LOCK = ".sweep_results.lock"
 CLAIM = Use("sweep", ".sweep_claim.json", "give this sweep another hydra.sweep.dir")
 SWEEP_ID, SWEEP_STARTED = "sweep", "sweep_started"  # the columns that say which sweep a row belongs to
+PROVENANCE, COMMIT, DIRTY = "provenance", "commit", "dirty"  # a job's code: results.json's, the row's columns
 
 COMPLETED, FAILED = JobStatus.COMPLETED.name, JobStatus.FAILED.name
 SEED = "seed"
@@ -86,9 +87,19 @@ def job_row(*, num: int, state: str, overrides: Sequence[str], results: Optional
     """One job's row: its number and state, each override, the run's results, where it wrote, and
     for a failed job its error."""
     row: Dict[str, Any] = {"job": num, "state": state, "overrides": list(overrides), **override_columns(overrides)}
-    row.update({key: value for key, value in (results or {}).items() if key not in row})
+    row.update({key: value for key, value in (results or {}).items() if key not in row and key != PROVENANCE})
+    row.update(code_columns((results or {}).get(PROVENANCE)))
     row.update(output_dir=output_dir, error=error, ended=time.time(), **extra)
     return row
+
+
+def code_columns(provenance: Any) -> Dict[str, Any]:
+    """The code a job ran, from its results' provenance (nli.provenance), as the row's ``commit`` and
+    ``dirty`` columns; none where its results have no provenance. The rest of the provenance stays in
+    the job's results.json: the table keeps one flat value per column."""
+    if not isinstance(provenance, Mapping) or "commit" not in provenance:
+        return {}
+    return {COMMIT: provenance.get("commit"), DIRTY: provenance.get("dirty")}
 
 
 def read_json(url: str) -> Optional[Dict[str, Any]]:

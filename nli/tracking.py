@@ -39,6 +39,9 @@ class RunInfo(NamedTuple):
     # A training run: the step its checkpoint left off at (0: none). What an earlier attempt logged after
     # it (a run killed between checkpoints) is dropped where the logger's files allow, as this run logs it again.
     resume_step: Optional[int] = None
+    # Where the exported model is once the run ends (a local folder or a bucket URL): a training run's model/;
+    # None for an evaluation, which exports nothing.
+    model_dir: Optional[str] = None
 
 
 class Tracker(Protocol):
@@ -54,8 +57,12 @@ class WandbTracker:
     settings file, its defaults; only the keys the config sets go to ``wandb.init``, where they win."""
 
     def __init__(self, *, run: RunInfo, mode: Optional[WandbMode], project: Optional[str], entity: Optional[str],
-                 group: Optional[str], tags: List[str]) -> None:
+                 group: Optional[str], tags: List[str], log_model: bool = False) -> None:
         import wandb  # deferred: slow to import, and only needed with logger=wandb
+
+        self._model_dir = run.model_dir if log_model else None
+        if log_model and run.model_dir is None:
+            log.info("logger.wandb.log_model=true: this run exports no model (an evaluation), so it logs none")
 
         # A sweep's job: its overrides as tags (W&B allows 64 characters) and under `overrides` in the
         # config, to filter and group the sweep's runs by what was swept.
@@ -92,8 +99,26 @@ class WandbTracker:
         self._run.log(dict(metrics), step=step)
 
     def finish(self, summary: Mapping[str, Any]) -> None:
+        """The run's summary is results.json (besides the last value of each logged series, as W&B keeps
+        it); with ``log_model``, the exported model is the run's ``model`` artifact."""
         self._run.summary.update(dict(summary))
+        if self._model_dir is not None:
+            self._log_model(self._model_dir, summary)
         self._run.finish()
+
+    def _log_model(self, model_dir: str, results: Mapping[str, Any]) -> None:
+        """model/ as an artifact of type ``model``, named after the run (``model-<run id>``; a run resumed
+        or started again logs a new version of it), its metadata the best step and objective. A local
+        folder is uploaded; one in a bucket is logged as a reference to it (W&B reads it from there)."""
+        import wandb
+
+        artifact = wandb.Artifact(f"model-{self._run.id}", type="model",
+                                  metadata={key: results[key] for key in ("best_step", "objective") if key in results})
+        if "://" in model_dir:
+            artifact.add_reference(model_dir.rstrip("/"))
+        else:
+            artifact.add_dir(model_dir)
+        self._run.log_artifact(artifact, aliases=["best"])
 
 
 _WAYS_ON = ("Log in once with `wandb login`, or set WANDB_API_KEY, or log offline with logger.wandb.mode=offline "

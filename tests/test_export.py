@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Callable, Dict, Sequence
 
 import pytest
+from huggingface_hub import ModelCard
 
-from tests.runs import FAST, copy_run, read_results, run_app
+from tests.runs import FAST, GLUE_DATA, copy_run, read_results, run_app
 from tests.test_folder import files
 
 LORA = ["model/peft=lora"]
@@ -149,3 +150,51 @@ def test_in_a_bucket_a_lost_model_is_exported_again(tmp_path: Path, gcs_emulator
     fs.invalidate_cache()
     assert fs.cat_file(f"{root}/model/model.safetensors") == exported
     assert json.loads(fs.cat_file(f"{root}/model/tokenizer.json"))  # the tokenizer, whole again
+
+
+# ------------------------------------------------------------------------------- the model card
+
+
+def card_metrics(card: ModelCard) -> Dict[str, float]:
+    """The model-index's metrics as huggingface_hub's own parser reads them back, by name."""
+    return {result.metric_name: result.metric_value for result in card.data.eval_results or []}
+
+
+def test_the_model_card_gives_the_hub_the_best_checkpoints_metrics_and_the_command(finished: Path) -> None:
+    card = ModelCard.load(finished / "model" / "README.md")
+    record, results = json.loads((finished / "model" / "export.json").read_text()), read_results(finished)
+    assert card_metrics(card) == record["metrics"] == {"accuracy": results["accuracy"]}
+    assert card.data.model_name == "scratch-synthetic" and card.data.base_model is None  # model=tiny: no base
+    assert card.data.datasets is None  # task=synthetic is generated: no data set on the Hub
+    (result,) = card.data.eval_results
+    assert (result.task_type, result.dataset_type, result.dataset_split) == ("text-classification", "synthetic",
+                                                                            "validation")
+    provenance = results["provenance"]
+    assert f"git checkout {provenance['commit']}\n{provenance['command']}\n" in card.text
+    assert "| optimizer.lr | 0.001 |" in card.text  # experiment=quickstart's rate
+    assert f"| torch | {provenance['versions']['torch']} |" in card.text
+    assert "README.md" in record["files"]  # export.json vouches for the card too
+
+
+def test_a_glue_tasks_card_names_glue_on_the_hub_with_the_tasks_config(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_app(["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "data.max_seq_length=64", "train.batch_size=16",
+                    "data.max_train_samples=64", "data.max_eval_samples=32", "train.max_steps=2",
+                    "train.progress_bar=false", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    card = ModelCard.load(out / "model" / "README.md")
+    assert card.data.datasets == ["nyu-mll/glue"] and card.data.model_name == "scratch-rte"
+    (result,) = card.data.eval_results
+    assert (result.dataset_type, result.dataset_config, result.dataset_split, result.dataset_name) == (
+        "nyu-mll/glue", "rte", "validation", "GLUE RTE")
+    assert card_metrics(card) == {"accuracy": read_results(out)["accuracy"]}
+
+
+def test_an_edited_model_card_is_damage_and_the_runs_card_is_written_again(finished: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(finished, tmp_path / "run")
+    card = run_dir / "model" / "README.md"
+    card.write_text(card.read_text().replace("value: ", "value: 1"))  # metrics the run never scored
+    output = again(run_dir)
+    assert f"its model is missing or damaged: {card} has " in output
+    assert card.read_bytes() == (finished / "model" / "README.md").read_bytes()
+    assert model_files(run_dir) == model_files(finished)

@@ -70,6 +70,7 @@ class Trial:
     micro_batch: int = 32
     objectives: Sequence[float] = ()  # what each evaluation reports, in turn; empty: the loss on all the data
     hooks: List[Hook] = field(default_factory=list)
+    scaled: bool = False  # the loss scaled as under fp16 (GradScaler), the gradients unscaled before the step
     model: Classifier = field(init=False)
     progress: Progress = field(default_factory=Progress)
     best: BestEvaluation = field(default_factory=BestEvaluation)
@@ -93,7 +94,7 @@ class Trial:
         loader = DataLoader(self.data, batch_size=self.micro_batch, sampler=sampler)
         plan = Plan.make(self.train, examples_per_epoch=len(self.data), world_size=1,
                          accumulation=math.ceil(self.train.batch_size / self.micro_batch))
-        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        scaler = torch.amp.GradScaler("cpu", enabled=self.scaled)
         opt = Optimization(self.model, self.model, self.optimizer, self.scheduler, scaler, compute, world)
         checkpointer = Checkpointer(self.checkpoints, self.state, self.tokenizer, world)  # type: ignore[arg-type]
         return Loop(opt, loader, sampler, plan, evaluate=self.evaluate, checkpointer=checkpointer, hooks=self.hooks)
@@ -120,9 +121,11 @@ def config(**settings: object) -> TrainConfig:
     return TrainConfig(**{"batch_size": 32, "log_every": 1, "progress_bar": False, **settings})  # type: ignore[arg-type]
 
 
-def by_hand(data: List[Dict[str, torch.Tensor]], *, steps: int, batch_size: int) -> Dict[str, torch.Tensor]:
+def by_hand(data: List[Dict[str, torch.Tensor]], *, steps: int, batch_size: int, max_grad_norm: Optional[float] = 1.0,
+            norms: Optional[List[float]] = None) -> Dict[str, torch.Tensor]:
     """The weights plain SGD reaches with the mean loss of each global batch, in the sampler's order, at the
-    loop's learning rates: what any cut into micro-batches must reach too."""
+    loop's learning rates: what any cut into micro-batches must reach too. ``norms`` gets each step's
+    gradient norm, before clipping to ``max_grad_norm`` (None: no clipping)."""
     torch.manual_seed(0)
     model = Classifier()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -140,7 +143,10 @@ def by_hand(data: List[Dict[str, torch.Tensor]], *, steps: int, batch_size: int)
         size = min(batch_size, len(data) - start)
         batch = torch.utils.data.default_collate([data[i] for i in order[done:done + size]])
         model(**batch).loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if norms is not None:
+            norms.append(float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()]))))
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step(), scheduler.step(), optimizer.zero_grad()
         done += size
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
@@ -160,6 +166,30 @@ def test_micro_batches_add_up_to_the_global_batch_and_the_last_short_one_counts_
     for name, tensor in trial.model.state_dict().items():
         torch.testing.assert_close(tensor, expected[name], rtol=1e-6, atol=1e-7, msg=name)
     assert trial.progress.epoch == 2 and trial.progress.examples_in_epoch == 32
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["", "loss-scaled"])
+@pytest.mark.parametrize("max_grad_norm", [0.25, None], ids=["clipped", "not-clipped"])
+def test_the_gradient_norm_is_logged_before_clipping_and_logging_it_changes_no_weight(
+        max_grad_norm: Optional[float], scaled: bool, tmp_path: Path, tokenizer: object) -> None:
+    """Each logged step's gradient norm is the norm of that step's gradient before any clipping, clipped
+    or not, and under fp16's loss scaling of the unscaled gradient; a loop that logs (and so measures) it
+    every step ends with the weights, bit for bit, of one that logs it once."""
+    data, norms = examples(56), []
+    expected = by_hand(data, steps=6, batch_size=32, max_grad_norm=max_grad_norm, norms=norms)
+    logged = Logged()
+    every = Trial(data, config(max_steps=6, eval_every=100, max_grad_norm=max_grad_norm), tmp_path / "every",
+                  tokenizer, micro_batch=16, hooks=[logged], scaled=scaled)
+    every.run()
+    assert [row[0] for row in logged.rows] == [1, 2, 3, 4, 5, 6]
+    assert [row[4] for row in logged.rows] == pytest.approx(norms, rel=1e-5)
+    assert max_grad_norm is None or max(norms) > max_grad_norm  # some steps were clipped: the norm is before it
+    once = Trial(data, config(max_steps=6, eval_every=100, log_every=4, max_grad_norm=max_grad_norm),
+                 tmp_path / "once", tokenizer, micro_batch=16, scaled=scaled)
+    once.run()
+    for name, tensor in every.model.state_dict().items():
+        assert torch.equal(tensor, once.model.state_dict()[name]), name
+        torch.testing.assert_close(tensor, expected[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_a_non_finite_loss_skips_its_update_and_the_schedule_goes_on(tmp_path: Path, tokenizer: object) -> None:
@@ -280,7 +310,8 @@ class Logged(Hook):
 
     def on_step_end(self, progress: Progress, logged: Optional[Dict[str, float]]) -> None:
         if logged is not None:
-            self.rows.append((progress.step, logged["train/loss"], logged["train/lr"], logged["train/epoch"]))
+            self.rows.append((progress.step, logged["train/loss"], logged["train/lr"], logged["train/epoch"],
+                              logged.get("train/grad_norm")))
 
 
 def stopped_then_resumed(data: List[Dict[str, torch.Tensor]], settings: TrainConfig, folder: Path, tokenizer: object,

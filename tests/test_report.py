@@ -151,8 +151,9 @@ def test_failed_jobs_are_in_the_tables_and_not_in_the_plots(sweep_dir: Path, tmp
     parsed = tables(markdown)
     assert [line["state"] for line in parsed["Jobs"]] == ["COMPLETED"] * 4 + ["FAILED"]
     assert list(parsed["Jobs"][0]) == ["job", "state", "optimizer.lr", "seed", "objective", "accuracy", "examples/s",
-                                       "seconds", "error"]
+                                       "seconds", "commit", "error"]
     assert parsed["Jobs"][4]["objective"] == "" and parsed["Jobs"][4]["error"] == r"error: lr \| went wrong"
+    assert parsed["Jobs"][0]["commit"] == report.short_commit(rows[0]) and parsed["Jobs"][4]["commit"] == ""
     assert {line["optimizer.lr"]: (line["n"], line["failed"]) for line in parsed["Over seeds"]} == {
         "0.001": ("2", "0"), "0.003": ("2", "0"), "0.1": ("0", "1")}
     rows = sweep.read_rows(copy)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from nli import synthetic
-from tests.runs import FAST, MEASURED, read_results, run_app, run_process
+from tests.runs import FAST, MEASURED, copy_run, read_results, run_app, run_process
 from tests.wandb_records import records
 
 GLUE_METRIC_KEYS = {"objective", "accuracy", "train_examples_per_second", "train_seconds", "status"}
@@ -83,6 +83,41 @@ def test_wandb_offline_writes_its_run_files(tmp_path: Path, monkeypatch: pytest.
                if item.key}
     assert summary["accuracy"] == read_results(tmp_path)["accuracy"]
     assert len(by_kind["history"]) >= 4  # a row per log and per evaluation
+
+
+def test_wandb_logs_the_exported_model_when_asked_and_its_summary_is_results_json(tmp_path: Path) -> None:
+    proc = run_app([*FAST, "logger=[csv,wandb]", "logger.wandb.mode=offline", "logger.wandb.log_model=true",
+                    f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env={"WANDB_SILENT": "true"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (path,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    by_kind: Dict[str, list] = {}
+    for record in records(path):
+        by_kind.setdefault(record.WhichOneof("record_type"), []).append(record)
+    (artifact,) = [record.artifact for record in by_kind["artifact"]]
+    run_id = by_kind["run"][0].run.run_id
+    assert (artifact.name, artifact.type, set(artifact.aliases)) == (f"model-{run_id}", "model", {"best", "latest"})
+    model = tmp_path / "model"
+    exported = {str(p.relative_to(model)) for p in model.rglob("*") if p.is_file()}
+    assert {entry.path for entry in artifact.manifest.contents} == exported and "README.md" in exported
+    results = read_results(tmp_path)
+    assert json.loads(artifact.metadata) == {"best_step": results["best_step"], "objective": results["objective"]}
+    summary = {item.key: json.loads(item.value_json) for r in by_kind["summary"] for item in r.summary.update
+               if item.key}
+    assert {key: summary.get(key) for key in results} == results  # provenance and all
+
+
+def test_log_model_without_the_wandb_logger_is_one_line_before_the_run(shared_run: Callable[[str, Sequence[str]], Path],
+                                                                       tmp_path: Path) -> None:
+    """Typed with or without `+`, in a folder that holds a finished run: refused before Hydra writes a thing."""
+    run_dir = copy_run(shared_run("fast", FAST), tmp_path / "run")
+    before = {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    for typed in ("logger.wandb.log_model=true", "+logger.wandb.log_model=true"):
+        proc = run_app([*FAST, "logger=[csv,tensorboard]", typed, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        assert proc.returncode == 1 and proc.stdout == ""
+        assert proc.stderr == ("error: logger.wandb.log_model sets the wandb logger, which this run does not log to "
+                               "(logger=[csv,tensorboard]): select it too with logger=[csv,tensorboard,wandb], or "
+                               "leave logger.wandb.log_model out\n")
+    assert {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
 # What wandb reads besides the config: a test sets what it needs, so that the shell's settings do not leak in.
