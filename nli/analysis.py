@@ -25,6 +25,7 @@ lines=True)`` and ``datasets.load_dataset("json", data_files=path)`` read it as 
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
@@ -36,6 +37,8 @@ from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 from nli.config import TaskConfig
 from nli.evaluation import Evaluation, Evaluator, Predictions
 from nli.tracking import CLASS_FIGURES
+
+log = logging.getLogger(__name__)
 
 FOLDER = "eval_predictions"
 FIGURES = CLASS_FIGURES
@@ -77,6 +80,9 @@ def analyse(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> List[SplitAnal
     found: List[SplitAnalysis] = []
     for evaluator, evaluation in evaluated:
         labels = list(evaluator.task.label_names)
+        if not evaluation.predictions:  # one read back from a checkpoint or export.json keeps its metrics only
+            log.warning("the evaluation of step %d holds no predictions: no per-class figures or predictions files "
+                        "for %s", evaluation.step, evaluator.prefix.rstrip("/") or evaluator.task.name)
         if evaluator.task.is_regression:
             continue
         for split, predictions in evaluation.predictions.items():
