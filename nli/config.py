@@ -555,6 +555,9 @@ class EvalConfig:
     only: bool = False
     # a folder holding the extra sets' original downloads (snli_1.0/, anli_v1.0/, hans/); null: the Hub
     dir: Optional[str] = None
+    # write each eval example's prediction (label, prediction, each class's probability, text) of the final
+    # evaluation to eval_predictions/<split>.jsonl; false: none (a very large eval set)
+    save_predictions: bool = True
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.extra if name not in EVAL_SETS]

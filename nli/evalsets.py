@@ -27,7 +27,7 @@ from nli.config import DataConfig, EvalConfig, TaskConfig, config_dir
 from nli.device import Compute
 from nli.distributed import World
 from nli.errors import ConfigError
-from nli.evaluation import Evaluator
+from nli.evaluation import Evaluation, Evaluator
 from nli.model import GENERIC_LABEL  # transformers' names for labels nobody named
 
 log = logging.getLogger(__name__)
@@ -116,12 +116,13 @@ def prepare(task: TaskConfig, source: DataConfig, *, prefix: str, eval_batch_siz
     labels are matched before any data loads."""
     mapping = label_map(labels, task, model=model)
     splits = data.load_splits(task, source, seed=seed, predict=predict, train=False, dir_key=dir_key)
+    examples = splits.eval  # as loaded, for the predictions files (nli.analysis)
     splits = data.tokenize(splits, tokenizer, task, source.max_seq_length)
     loaders = {name: data.eval_loader(ds, collator, batch_size=eval_batch_size, world=world,
                                       num_workers=source.num_workers, pin_memory=compute.device.type == "cuda")
                for name, ds in {**splits.eval, **splits.test}.items()}
     evaluator = Evaluator({name: loaders[name] for name in splits.eval}, task, compute, world, groups=splits.groups,
-                          label_map=mapping, prefix=prefix)
+                          label_map=mapping, prefix=prefix, examples=examples)
     return EvalSet(evaluator, {name: loaders[name] for name in splits.test})
 
 
@@ -141,6 +142,11 @@ def extras(evaluation: EvalConfig, run_data: DataConfig, *, eval_batch_size: int
                     dir_key="eval.dir").evaluate for task in tasks]
 
 
-def scores(evaluators: Sequence[Evaluator], model: torch.nn.Module, step: int) -> Dict[str, float]:
-    """Every set's metrics on ``model``, keyed by set."""
-    return {name: value for evaluate in evaluators for name, value in evaluate(model, step).metrics.items()}
+def evaluations(evaluators: Sequence[Evaluator], model: torch.nn.Module, step: int) -> List[Evaluation]:
+    """Every set's evaluation of ``model``, in order."""
+    return [evaluate(model, step) for evaluate in evaluators]
+
+
+def scores(evaluated: Sequence[Evaluation]) -> Dict[str, float]:
+    """Every set's metrics, keyed by set."""
+    return {name: value for evaluation in evaluated for name, value in evaluation.metrics.items()}

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+import datasets
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
@@ -26,6 +27,12 @@ class Evaluation:
     metrics: Dict[str, float]  # GLUE names, with a suffix per extra split (accuracy_mm)
     objective: float  # the task's main metric on its main split
 
+    def __post_init__(self) -> None:
+        # Each eval split's predictions (whole and relabelled), where this evaluation made them: the run's
+        # final evaluation writes them (nli.analysis). Not a field: asdict(), which checkpoints, export.json
+        # and the best evaluation's state hold, leaves them out; an evaluation read back from those has none.
+        self.predictions: Dict[str, Predictions] = {}
+
     def better_than(self, other: "Evaluation") -> bool:
         """Higher is better; an undefined score (NaN: a correlation of constant predictions)
         is worse than any number."""
@@ -41,13 +48,20 @@ class Predictions:
     values: np.ndarray  # (examples,) label ids, or scores for a regression task
     labels: np.ndarray  # (examples,) the split's labels (-1 where it has none)
     idx: np.ndarray | None  # (examples,) the examples' numbers (or a test file's own ids, text), where kept (test)
+    # (examples, classes) each class's log-probability (log-softmax of the logits, float32); None for a regression
+    log_probs: np.ndarray | None = None
+
+    @property
+    def probabilities(self) -> np.ndarray | None:
+        """(examples, classes) each class's probability (softmax); None for a regression."""
+        return None if self.log_probs is None else np.exp(self.log_probs)
 
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, compute: Compute) -> Predictions:
     was_training = model.training
     model.eval()
-    values: List[torch.Tensor] = []
+    outputs: List[torch.Tensor] = []
     labels: List[torch.Tensor] = []
     idx: List[Any] = []
     for batch in loader:
@@ -58,11 +72,14 @@ def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, comput
         batch = {k: v.to(compute.device, non_blocking=True) for k, v in batch.items()}
         with compute.autocast():
             logits = model(**batch).logits  # (batch, num_labels)
-        values.append(logits.float().squeeze(-1) if task.is_regression else logits.argmax(-1))
+        outputs.append(logits.float())  # exact: argmax of these is that of the autocast dtype's logits
         compute.sync()  # XLA: one graph per batch shape, not one for the whole split
     model.train(was_training)
-    return Predictions(values=torch.cat(values).cpu().numpy(), labels=torch.cat(labels).numpy(),
-                       idx=np.asarray(idx) if idx else None)
+    logits = torch.cat(outputs).cpu()
+    values = logits.squeeze(-1) if task.is_regression else logits.argmax(-1)
+    log_probs = None if task.is_regression else torch.log_softmax(logits, dim=-1).numpy()
+    return Predictions(values=values.numpy(), labels=torch.cat(labels).numpy(), idx=np.asarray(idx) if idx else None,
+                       log_probs=log_probs)
 
 
 def gather(predictions: Predictions, world: World) -> Predictions:
@@ -72,14 +89,25 @@ def gather(predictions: Predictions, world: World) -> Predictions:
         return predictions
     return Predictions(values=np.concatenate([p.values for p in parts]),
                        labels=np.concatenate([p.labels for p in parts]),
-                       idx=None if parts[0].idx is None else np.concatenate([p.idx for p in parts]))
+                       idx=None if parts[0].idx is None else np.concatenate([p.idx for p in parts]),
+                       log_probs=None if parts[0].log_probs is None else np.concatenate([p.log_probs for p in parts]))
 
 
-def relabel(predictions: Predictions, label_map: Optional[np.ndarray]) -> Predictions:
-    """Predictions of a model's label ids as the ids of a task's labels (``label_map[model id]``)."""
+def relabel(predictions: Predictions, label_map: Optional[np.ndarray], classes: Optional[int] = None) -> Predictions:
+    """Predictions of a model's label ids as the ids of a task's ``classes`` labels (``label_map[model id]``;
+    default: as many as the map reaches); each task label's probability is the sum of those of the model's
+    labels that count as it (HANS's non-entailment: neutral's and contradiction's), 0 where none does. The
+    prediction stays the model's most probable label, as it counts."""
     if label_map is None:
         return predictions
-    return Predictions(values=label_map[predictions.values], labels=predictions.labels, idx=predictions.idx)
+    log_probs = None
+    if predictions.log_probs is not None:
+        model_log_probs = predictions.log_probs
+        columns = [model_log_probs[:, label_map == j] for j in range(classes or int(label_map.max()) + 1)]
+        log_probs = np.stack([np.logaddexp.reduce(column, axis=1) if column.shape[1]
+                              else np.full(len(column), -np.inf) for column in columns], axis=1).astype(np.float32)
+    return Predictions(values=label_map[predictions.values], labels=predictions.labels, idx=predictions.idx,
+                       log_probs=log_probs)
 
 
 @dataclass(frozen=True)
@@ -95,15 +123,24 @@ class Evaluator:
     groups: Mapping[str, Mapping[str, Sequence[str]]] = field(default_factory=dict)
     label_map: Optional[np.ndarray] = None  # model label id -> the task's label id; None: the same ids
     prefix: str = ""  # before every metric's name: an extra set's (hans/accuracy); "" for the run's task
+    # eval split -> its examples as loaded, before tokenizing (text fields, label, idx), in order: the rows
+    # of its predictions file (nli.analysis)
+    examples: Mapping[str, datasets.Dataset] = field(default_factory=dict)
 
     def __call__(self, model: torch.nn.Module, step: int) -> Evaluation:
         scores: Dict[str, float] = {}
+        outputs: Dict[str, Predictions] = {}
         for split, loader in self.loaders.items():
-            out = relabel(gather(predict(model, loader, self.task, self.compute), self.world), self.label_map)
+            out = relabel(gather(predict(model, loader, self.task, self.compute), self.world), self.label_map,
+                          len(self.task.label_names))
+            outputs[split] = out
             suffix = self.task.eval_splits[split]
             scores.update(metrics.compute(self.task.metrics, out.values, out.labels, suffix=suffix))
             scores.update(metrics.by_group(out.values, out.labels, self.groups.get(split, {}), self.task.label_names,
                                            suffix=suffix))
+            scores[f"loss{suffix}"] = metrics.loss(out.labels, scores=out.values, log_probs=out.log_probs)
         objective = scores[self.task.main_metric + self.task.eval_splits[self.task.main_split]]
-        return Evaluation(step=step, metrics={f"{self.prefix}{name}": value for name, value in scores.items()},
-                          objective=objective)
+        evaluation = Evaluation(step=step, metrics={f"{self.prefix}{name}": value for name, value in scores.items()},
+                                objective=objective)
+        evaluation.predictions = outputs
+        return evaluation

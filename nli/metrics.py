@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Mapping, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
@@ -30,6 +30,17 @@ def compute(names: List[str], predictions: np.ndarray, references: np.ndarray,
     if len(names) > 1:  # as run_glue.py reports tasks with two metrics
         scores[f"combined_score{suffix}"] = float(np.mean([scores[f"{n}{suffix}"] for n in names]))
     return scores
+
+
+def loss(references: np.ndarray, *, scores: np.ndarray, log_probs: Optional[np.ndarray]) -> float:
+    """The evaluation loss over the examples with a label: the mean cross-entropy of the classes'
+    ``log_probs`` (a classification), else the mean squared error of the ``scores`` (a regression), as
+    the model's loss in training counts it (without label smoothing)."""
+    if log_probs is None:
+        return float(np.mean((scores.astype(np.float64) - references) ** 2))
+    labelled = references >= 0  # -1: no gold label
+    gold = log_probs[labelled, references[labelled].astype(np.int64)]
+    return float(-np.mean(gold.astype(np.float64)))
 
 
 def by_group(predictions: np.ndarray, references: np.ndarray, groups: Mapping[str, Sequence[str]],

@@ -42,7 +42,21 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, oom, provenance, xla
+from nli import (
+    analysis,
+    contract,
+    cpu,
+    data,
+    device,
+    distributed,
+    evalsets,
+    export,
+    fastpaths,
+    lora,
+    oom,
+    provenance,
+    xla,
+)
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -192,7 +206,8 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             if stop.signal:  # it came with the last step: training is whole and checkpointed
                 raise Interrupted(stop.signal)
             best_model = finish_export(model, training, loaded, out, result)
-            return report(cfg.task, training, loaded, out, result, best_model)
+            return report(cfg.task, training, loaded, out, result, best_model,
+                          save_predictions=cfg.eval.save_predictions)
     except BaseException as error:
         stopped = interruption(error)  # the signal, or an error it caused (nli.signals.interruption)
         if stopped is None:
@@ -277,6 +292,7 @@ def load_data(task: TaskConfig, source: DataConfig, model: ModelConfig, train: T
     extras = evalsets.extras(evaluation, source, eval_batch_size=train.eval_batch_size, seed=seed,
                              labels=task.label_names, model=f"the model of task={task.name}", tokenizer=tokenizer,
                              collator=collator, compute=compute, world=world)
+    examples = splits.eval  # as loaded, for the predictions files (nli.analysis)
     splits = data.tokenize(splits, tokenizer, task, source.max_seq_length)
     assert splits.train is not None
     pin = compute.device.type == "cuda"
@@ -287,7 +303,7 @@ def load_data(task: TaskConfig, source: DataConfig, model: ModelConfig, train: T
                                        num_workers=source.num_workers, pin_memory=pin)
                 for name, ds in {**splits.eval, **splits.test}.items()}
     evaluator = oom.Evaluations(Evaluator({name: in_order[name] for name in splits.eval}, task, compute, world,
-                                          groups=splits.groups))
+                                          groups=splits.groups, examples=examples))
     return Data(tokenizer, loader, sampler, evaluator, {name: in_order[name] for name in splits.test},
                 examples_per_epoch=len(splits.train), extras=extras)
 
@@ -419,18 +435,22 @@ def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out:
 
 
 def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, result: TrainResult,
-           best_model: torch.nn.Module) -> Dict[str, Any]:
-    """The exported model's evaluation, on the task and on eval.extra's sets, its test predictions, and
+           best_model: torch.nn.Module, *, save_predictions: bool) -> Dict[str, Any]:
+    """The exported model's evaluation, on the task and on eval.extra's sets, with each class's figures
+    and (``save_predictions``) each eval split's predictions (nli.analysis), its test predictions, and
     results.json, written last."""
     final = loaded.evaluate(best_model, result.best.step)
     log.info("final evaluation of the best checkpoint by %s (step %d of %d), exported to %s: %s",
              task.main_metric, result.best.step, result.steps, out.storage.describe(contract.MODEL_DIR),
              ", ".join(f"{k}={v:.4f}" for k, v in final.metrics.items()))
-    extra = evalsets.scores(loaded.extras, best_model, result.best.step)
+    extra_evaluations = evalsets.evaluations(loaded.extras, best_model, result.best.step)
+    extra = evalsets.scores(extra_evaluations)
     if extra:
         log.info("the best checkpoint on eval.extra's sets: %s", ", ".join(f"{k}={v:.4f}" for k, v in extra.items()))
         if out.world.is_main:
             training.trackers.log({f"eval/{name}": value for name, value in extra.items()}, step=result.steps)
+    classes = _analyse([(loaded.evaluate.evaluator, final), *zip(loaded.extras, extra_evaluations)], training.trackers, out,
+                       step=result.steps, save_predictions=save_predictions)
     _predict_tests(task, loaded.test, best_model, training.opt.compute, out)
     early = training.early_stopping
     results = {"objective": final.objective, **final.metrics, **extra,
@@ -441,7 +461,7 @@ def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, res
                "trainable_parameters": sum(p.numel() for p in training.opt.model.parameters() if p.requires_grad),
                "stopped_early": early.stopped_at if early else None, "identity": digest(out.identity),
                **({"continued": out.checkpoints.continued} if out.checkpoints.continued else {}),
-               **(xla.compilations() if xla.in_use() else {}), "status": "completed"}
+               **(xla.compilations() if xla.in_use() else {}), **classes, "status": "completed"}
     return _finish(results, training.trackers, out)
 
 
@@ -479,15 +499,35 @@ def _evaluate(trained: ModelConfig, where: str, model_cfg: ModelConfig, task: Ta
     _start_trackers(trackers, out)
     final = own.evaluate(model, 0)
     stop.check()
-    extra = evalsets.scores(extras, model, 0)
+    extra_evaluations = evalsets.evaluations(extras, model, 0)
+    extra = evalsets.scores(extra_evaluations)
     log.info("evaluation of %s: %s", where,
              ", ".join(f"{k}={v:.4f}" for k, v in {**final.metrics, **extra}.items()))
     if world.is_main:
         trackers.log({f"eval/{name}": value for name, value in {**final.metrics, **extra}.items()}, step=0)
+    classes = _analyse([(own.evaluate, final), *zip(extras, extra_evaluations)], trackers, out, step=0,
+                       save_predictions=evaluation.save_predictions)
     _predict_tests(task, own.test, model, compute, out, label_map=own.evaluate.label_map)
     results = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": where,
-               "identity": digest(out.identity), "status": "completed"}
+               "identity": digest(out.identity), **classes, "status": "completed"}
     return _finish(results, trackers, out)
+
+
+def _analyse(evaluated: List[Tuple[Evaluator, Evaluation]], trackers: Trackers, out: Outputs, *, step: int,
+             save_predictions: bool) -> Dict[str, Any]:
+    """The final evaluations' per-class figures and confusion matrices, to the loggers (at ``step``) and
+    for results.json; with ``save_predictions``, each eval split's predictions under eval_predictions/."""
+    analyses = analysis.analyse(evaluated)
+    if out.world.is_main:
+        trackers.log_classes(analyses, step=step)
+        if save_predictions:
+            if out.claim is not None:
+                out.claim.check()
+            for name, text in analysis.files(evaluated):
+                out.storage.write_text(name, text)
+    if save_predictions:
+        log.info("each eval example's prediction written to %s", out.storage.describe(analysis.FOLDER))
+    return analysis.results(analyses)
 
 
 def _predict_tests(task: TaskConfig, loaders: Dict[str, DataLoader], model: torch.nn.Module, compute: device.Compute,
@@ -531,6 +571,8 @@ def _files(out: Outputs, trackers: Trackers, *, exported: bool) -> str:
         places["model"] = out.storage.describe(contract.MODEL_DIR)
     if out.storage.list(contract.PREDICTIONS_DIR):
         places["predictions"] = out.storage.describe(contract.PREDICTIONS_DIR)
+    if out.storage.list(analysis.FOLDER):
+        places["eval predictions"] = out.storage.describe(analysis.FOLDER)
     log_file = Path(out.context.local_dir, "train.log") if out.context.local_dir else None
     if log_file is not None and log_file.is_file():
         places["log"] = str(log_file)

@@ -12,6 +12,8 @@ first run folder), or to ``--out``:
 - ``report.md``: every job (state, the overrides that vary, objective and metrics, speed, error),
   and when seeds were swept the mean ± sample standard deviation over them;
 - ``objective_vs_<key>.png``: the objective against each swept setting other than the seed;
+- a per-class table: each class's precision, recall and F1 on each eval split (classification
+  tasks), mean ± sd over the seeds of each setting;
 - ``learning_curves.png``: training loss, the evaluation metric, the gradient norm (before clipping)
   and the learning rate against step, from each run's ``metrics.csv`` (``logger=csv``, the default).
 
@@ -57,6 +59,8 @@ MEASURED_PREFIXES = ("train_", "peak_")
 SPEED = (("examples/s", "train_examples_per_second"), ("seconds", "train_seconds"))
 COMMIT_CHARS = 10  # of a commit's hash in the table: enough to tell commits apart (git's short form is 7+)
 LEGEND_MAX = 12  # lines a legend names; past that it hides the plot
+PER_CLASS = "per_class"  # results.json's per-class figures (nli.analysis): split -> label -> figure -> value
+CLASS_FIGURES = ("precision", "recall", "f1")  # of each class, averaged over seeds
 
 Row = Dict[str, Any]
 Curves = Dict[str, Dict[int, float]]  # metric -> step -> value
@@ -204,6 +208,40 @@ def seed_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str])
               *(plus_minus(group.get(f"{name}_mean"), group.get(f"{name}_sd")) for name in metrics)]
              for group in groups]
     return markdown_table(header, lines)
+
+
+def class_table(rows: Sequence[Row], keys: Sequence[str]) -> Optional[str]:
+    """Each class's precision, recall and F1 on each eval split (results.json's ``per_class``, nli.analysis),
+    one line per setting x split x label: n, and mean ± sd over the setting's seeds; None where no
+    completed job has them (a regression, a run from before they were kept)."""
+    others = [key for key in keys if key != sweep.SEED]
+    groups: Dict[Tuple[Any, ...], List[Row]] = {}
+    for row in completed(rows):
+        if isinstance(row.get(PER_CLASS), dict):
+            groups.setdefault(tuple(row.get(key) for key in others), []).append(row)
+    lines: List[List[Any]] = []
+    for setting, members in groups.items():
+        tables = [row[PER_CLASS] for row in members]
+        for split in dict.fromkeys(split for table in tables for split in table):
+            found: Dict[str, List[Mapping[str, Any]]] = {}
+            for table in tables:
+                for label, figures in (table.get(split) or {}).items():
+                    found.setdefault(label, []).append(figures)
+            for label, each in found.items():
+                supports = sorted({figures.get("support") for figures in each}, key=str)
+                lines.append([*setting, split, label, len(each),
+                              *(_mean_sd([figures.get(name) for figures in each]) for name in CLASS_FIGURES),
+                              supports[0] if len(supports) == 1 else " / ".join(map(str, supports))])
+    if not lines:
+        return None
+    return markdown_table([*others, "split", "label", "n", *CLASS_FIGURES, "support"], lines)
+
+
+def _mean_sd(values: Sequence[Any]) -> str:
+    numbers = [float(value) for value in values if sweep.is_number(value)]
+    if not numbers:
+        return ""
+    return plus_minus(statistics.fmean(numbers), statistics.stdev(numbers) if len(numbers) > 1 else None)
 
 
 def plus_minus(mean: Optional[float], sd: Optional[float]) -> str:
@@ -380,6 +418,11 @@ def write_report(paths: Sequence[Path], out: Optional[Path] = None, notes: Optio
     if sweep.SEED in keys:
         sections.append("## Over seeds\n\nMean ± sample standard deviation over the seeds of each setting "
                         "(completed jobs).\n\n" + seed_table(rows, keys, metrics))
+    classes = class_table(rows, keys)
+    if classes is not None:
+        sections.append("## Per class\n\nEach class's precision, recall and F1 on each eval split of the final "
+                        "evaluation (`per_class` in results.json), mean ± sample standard deviation over the seeds "
+                        "of each setting (completed jobs); support: the split's examples of the class.\n\n" + classes)
     written: List[Path] = []
     sections += _objective_section(rows, keys, out, written) + _curves_section(rows, keys, out, written)
     report = out / REPORT

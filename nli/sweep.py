@@ -159,8 +159,15 @@ def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     stream = io.StringIO()
     writer = csv.DictWriter(stream, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
     writer.writeheader()
-    writer.writerows({**row, "overrides": " ".join(row["overrides"])} if "overrides" in row else row for row in rows)
+    writer.writerows({key: _csv_cell(key, value) for key, value in row.items()} for row in rows)
     return stream.getvalue()
+
+
+def _csv_cell(key: str, value: Any) -> Any:
+    """The overrides as typed, space-separated; a nested result (per_class, confusion_matrix) as JSON."""
+    if key == "overrides" and isinstance(value, list):
+        return " ".join(value)
+    return json.dumps(value) if isinstance(value, (dict, list)) else value
 
 
 def _replace(path: Path, text: str) -> None:

@@ -13,7 +13,7 @@ import csv
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence
 
 from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
@@ -24,7 +24,12 @@ from nli.errors import ConfigError
 if TYPE_CHECKING:
     from wandb.sdk.wandb_settings import Settings
 
+    from nli.analysis import SplitAnalysis
+
 log = logging.getLogger(__name__)
+
+CLASS_FIGURES = ("precision", "recall", "f1", "support")  # each class's, of nli.analysis
+PER_CLASS_CSV, CONFUSION_CSV = "per_class.csv", "confusion.csv"  # the csv logger's, beside its metrics' file
 
 
 class RunInfo(NamedTuple):
@@ -97,6 +102,25 @@ class WandbTracker:
 
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
         self._run.log(dict(metrics), step=step)
+
+    def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
+        """Each split's per-class figures as a table (``eval/per_class/<split>``) and its confusion matrix as
+        W&B's confusion-matrix chart (``eval/confusion_matrix/<split>``), made from the counts."""
+        import wandb
+
+        logged: Dict[str, Any] = {}
+        for each in analyses:
+            logged[f"eval/per_class/{each.split}"] = wandb.Table(
+                columns=["label", *CLASS_FIGURES],
+                data=[[label, *(figures[name] for name in CLASS_FIGURES)] for label, figures in each.per_class.items()])
+            cells = [[gold, predicted, each.matrix[i][j]] for i, gold in enumerate(each.labels)
+                     for j, predicted in enumerate(each.labels)]
+            # wandb.plot.confusion_matrix's own table and chart, from counts rather than one entry per example
+            logged[f"eval/confusion_matrix/{each.split}"] = wandb.plot_table(
+                "wandb/confusion_matrix/v1", wandb.Table(columns=["Actual", "Predicted", "nPredictions"], data=cells),
+                {"Actual": "Actual", "Predicted": "Predicted", "nPredictions": "nPredictions"},
+                {"title": f"confusion matrix: {each.split}"})
+        self._run.log(logged, step=step)
 
     def finish(self, summary: Mapping[str, Any]) -> None:
         """The run's summary is results.json (besides the last value of each logged series, as W&B keeps
@@ -184,6 +208,18 @@ class TensorBoardTracker:
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, global_step=step)
 
+    def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
+        """Each split's per-class figures and confusion matrix as Markdown tables, under the Text tab
+        (``eval/per_class/<split>``, ``eval/confusion_matrix/<split>``)."""
+        for each in analyses:
+            table = [[label, *(_figure(figures[name]) for name in CLASS_FIGURES)]
+                     for label, figures in each.per_class.items()]
+            self._writer.add_text(f"eval/per_class/{each.split}", markdown(["label", *CLASS_FIGURES], table),
+                                  global_step=step)
+            self._writer.add_text(f"eval/confusion_matrix/{each.split}", markdown(
+                ["gold \\ predicted", *each.labels], [[gold, *row] for gold, row in zip(each.labels, each.matrix)]),
+                global_step=step)
+
     def flush(self) -> None:
         self._writer.flush()
 
@@ -191,6 +227,16 @@ class TensorBoardTracker:
         metrics = {"objective": float(summary["objective"])} if "objective" in summary else {}
         self._writer.add_hparams(self._hparams, metrics, run_name=".")  # ".": this run's own folder
         self._writer.close()
+
+
+def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table, as TensorBoard's Text tab draws one."""
+    return "\n".join(["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header),
+                      *("| " + " | ".join(map(str, row)) + " |" for row in rows)])
+
+
+def _figure(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.4f}"
 
 
 def hparams(run: RunInfo) -> Dict[str, Any]:
@@ -236,8 +282,26 @@ class CsvTracker:
         with open(self._path, "a", newline="") as stream:
             csv.writer(stream).writerows((step, key, value) for key, value in metrics.items())
 
+    def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
+        """``per_class.csv`` (split, label, precision, recall, f1, support) and ``confusion.csv`` (split, gold,
+        predicted, count: every cell) beside the metrics' file, of the final evaluation: each written whole."""
+        _write_csv(self._path.with_name(PER_CLASS_CSV), ["split", "label", *CLASS_FIGURES],
+                   [[each.split, label, *(figures[name] for name in CLASS_FIGURES)]
+                    for each in analyses for label, figures in each.per_class.items()])
+        _write_csv(self._path.with_name(CONFUSION_CSV), ["split", "gold", "predicted", "count"],
+                   [[each.split, gold, predicted, each.matrix[i][j]] for each in analyses
+                    for i, gold in enumerate(each.labels) for j, predicted in enumerate(each.labels)])
+
     def finish(self, summary: Mapping[str, Any]) -> None:
         pass
+
+
+def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Replaced whole: a kill meanwhile leaves the old file."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(partial, "w", newline="") as stream:
+        csv.writer(stream).writerows([header, *rows])
+    os.replace(partial, path)
 
 
 class Trackers:
@@ -273,6 +337,16 @@ class Trackers:
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
         for tracker in self._started.values():
             tracker.log(metrics, step=step)
+
+    def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
+        """The final evaluation's per-class figures and confusion matrices (nli.analysis), to each logger that
+        takes them (a ``log_classes`` method; one without has nowhere to put them)."""
+        if not analyses:
+            return
+        for tracker in self._started.values():
+            log_classes = getattr(tracker, "log_classes", None)
+            if log_classes is not None:
+                log_classes(analyses, step=step)
 
     def sync(self) -> None:
         """Everything logged so far onto disk (for loggers that buffer it), then copied to the bucket.

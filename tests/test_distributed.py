@@ -58,8 +58,12 @@ def outcome(run_dir: Path) -> Outcome:
 def assert_same_run(ours: Outcome, theirs: Outcome) -> None:
     """The same results, and weights to float tolerance: not bit for bit, since each rank sums its
     part of the batch and the all-reduce adds the parts, in another order than one process summing
-    all 32; float addition is not associative."""
-    assert ours[0] == theirs[0]
+    all 32; float addition is not associative. The evaluation loss, a mean of the logits' log-softmax,
+    moves with the weights: to the same tolerance."""
+    losses = [key for key in theirs[0] if key.split("/")[-1].startswith("loss")]
+    assert {k: v for k, v in ours[0].items() if k not in losses} == \
+        {k: v for k, v in theirs[0].items() if k not in losses}
+    assert {k: ours[0].get(k) for k in losses} == pytest.approx({k: theirs[0][k] for k in losses}, rel=1e-4)
     assert ours[1].keys() == theirs[1].keys()
     for key, tensor in theirs[1].items():
         if key.endswith("attention.self.key.bias"):

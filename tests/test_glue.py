@@ -92,6 +92,12 @@ def test_stsb_trains_as_regression_and_submits_scores(tmp_path: Path, gcs_emulat
     assert [r["index"] for r in rows] == [str(i) for i in range(20)]
     scores = [float(r["prediction"]) for r in rows]  # scores, not arg-maxed class ids (all 0)
     assert len(set(scores)) > 1
+    # A regression has no classes: no per-class figures, said nowhere as an error. Each dev example's gold and
+    # predicted scores are in its predictions file, and their mean squared error is the evaluation loss.
+    assert "per_class" not in results and "confusion_matrix" not in results and "rror" not in proc.stdout
+    dev = [json.loads(line) for line in (out / "eval_predictions" / "validation.jsonl").read_text().splitlines()]
+    assert len(dev) == 48 and set(dev[0]) == {"idx", "sentence1", "sentence2", "label", "prediction"}
+    assert results["loss"] == pytest.approx(sum((row["prediction"] - row["label"]) ** 2 for row in dev) / 48, rel=1e-5)
 
 
 def test_mnli_reports_both_dev_sets_and_submits_both_test_sets(tmp_path: Path) -> None:

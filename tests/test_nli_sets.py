@@ -6,7 +6,9 @@ in this process, on the real datasets and Hydra."""
 from __future__ import annotations
 
 import csv
+import json
 import logging
+import math
 import re
 from pathlib import Path
 from typing import List, Sequence
@@ -291,7 +293,8 @@ def test_an_evaluation_only_run_of_a_model_with_fixed_answers_scores_by_hand(tmp
         rte = [row["label"] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
     assert results["accuracy"] == pytest.approx(rte.count("not_entailment") / len(rte))
     # HANS: 6 of 10 pairs are non-entailment; lexical overlap 2 of 3, subsequence 3 of 4, constituent 1 of 3.
-    assert {key: value for key, value in results.items() if key.startswith("hans/")} == pytest.approx({
+    assert {key: value for key, value in results.items() if key.startswith("hans/") and key != "hans/loss"} == \
+        pytest.approx({
         "hans/accuracy": 0.6, "hans/accuracy_lexical_overlap": 2 / 3, "hans/accuracy_subsequence": 3 / 4,
         "hans/accuracy_constituent": 1 / 3, **{f"hans/accuracy_{h}_entailment": 0.0 for h in
                                                ("lexical_overlap", "subsequence", "constituent")},
@@ -302,6 +305,21 @@ def test_an_evaluation_only_run_of_a_model_with_fixed_answers_scores_by_hand(tmp
         indices = [row["index"] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
     lines = (out / "predictions" / "RTE.tsv").read_text().splitlines()
     assert lines == ["index\tprediction", *(f"{index}\tnot_entailment" for index in indices)]
+    # On HANS, each label's probability is the sum of those of the model's labels that count as it: its bias of
+    # 5 on CONTRADICTION gives non-entailment (e^5 + 1) / (e^5 + 2), and the loss is their cross-entropy.
+    entailed = 1 / (math.exp(5) + 2)
+    hans_file = out / "eval_predictions" / "hans" / "validation.jsonl"
+    hans = [json.loads(line) for line in hans_file.read_text().splitlines()]
+    assert [(row["label"], row["heuristic"], row["premise"]) for row in hans] == [(g, h, p) for g, h, _, p, _ in HANS]
+    assert {row["prediction"] for row in hans} == {"non-entailment"}
+    assert [row["probability_entailment"] for row in hans] == pytest.approx([entailed] * 10)
+    assert [row["probability_non-entailment"] for row in hans] == pytest.approx([1 - entailed] * 10)
+    assert results["hans/loss"] == pytest.approx(-(4 * math.log(entailed) + 6 * math.log(1 - entailed)) / 10)
+    assert results["confusion_matrix"]["hans/validation"] == {"labels": ["entailment", "non-entailment"],
+                                                              "matrix": [[0, 4], [0, 6]]}
+    assert results["per_class"]["hans/validation"]["non-entailment"] == {"precision": 0.6, "recall": 1.0,
+                                                                         "f1": pytest.approx(0.75), "support": 6}
+    assert set(results["per_class"]) == {"validation", "hans/validation", "snli/validation", "snli/test"}
 
 
 def test_a_model_whose_labels_match_no_sets_is_refused_before_evaluating(tmp_path: Path) -> None:

@@ -105,6 +105,23 @@ def test_a_sweep_report_has_the_rows_the_seeds_means_and_the_plots(shared_sweep:
     assert "Skipped" not in markdown  # every job logged its metrics.csv
 
 
+def test_the_per_class_table_is_each_settings_mean_over_seeds(sweep_dir: Path, tmp_path: Path) -> None:
+    assert report.main([str(sweep_dir), "--out", str(tmp_path)]) == 0
+    lines = tables((tmp_path / report.REPORT).read_text())["Per class"]
+    rows = sweep.read_rows(sweep_dir)
+    assert len(lines) == len(LRS) * 3  # each setting x the synthetic task's three labels, on its one split
+    for line in lines:
+        assert line["split"] == "validation" and line["n"] == "2"
+        figures = [row["per_class"]["validation"][line["label"]] for row in rows
+                   if row["optimizer.lr"] == line["optimizer.lr"]]
+        assert line["support"] == str(figures[0]["support"])
+        for name in ("precision", "recall", "f1"):
+            values = [each[name] for each in figures]
+            mean, _, sd = line[name].partition(" ± ")
+            assert float(mean) == pytest.approx(statistics.mean(values), abs=5e-5)
+            assert float(sd or 0) == pytest.approx(statistics.stdev(values), abs=5e-5)
+
+
 def test_the_learning_curves_are_each_runs_metrics_csv(sweep_dir: Path) -> None:
     rows = sweep.read_rows(sweep_dir)
     runs, notes = report.load_curves(rows, sweep.varying(rows))
@@ -150,8 +167,8 @@ def test_failed_jobs_are_in_the_tables_and_not_in_the_plots(sweep_dir: Path, tmp
     markdown = (copy / report.REPORT).read_text()
     parsed = tables(markdown)
     assert [line["state"] for line in parsed["Jobs"]] == ["COMPLETED"] * 4 + ["FAILED"]
-    assert list(parsed["Jobs"][0]) == ["job", "state", "optimizer.lr", "seed", "objective", "accuracy", "examples/s",
-                                       "seconds", "commit", "error"]
+    assert list(parsed["Jobs"][0]) == ["job", "state", "optimizer.lr", "seed", "objective", "accuracy", "loss",
+                                       "examples/s", "seconds", "commit", "error"]
     assert parsed["Jobs"][4]["objective"] == "" and parsed["Jobs"][4]["error"] == r"error: lr \| went wrong"
     assert parsed["Jobs"][0]["commit"] == report.short_commit(rows[0]) and parsed["Jobs"][4]["commit"] == ""
     assert {line["optimizer.lr"]: (line["n"], line["failed"]) for line in parsed["Over seeds"]} == {
