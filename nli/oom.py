@@ -122,6 +122,9 @@ class Evaluations:
 
     def __call__(self, model: torch.nn.Module, step: int) -> Evaluation:
         training = model.training  # a failed pass leaves the model in eval mode: training goes on with dropout
+        # Each pass over a loader draws its iterator's seed from torch's generator: a failed pass must not
+        # leave one more draw behind it, or every later step's dropout differs from a run that fit at once.
+        rng = torch.get_rng_state()
         while True:
             try:
                 return self.evaluator(model, step)
@@ -129,6 +132,7 @@ class Evaluations:
                 pass  # handled outside the except clause, whose traceback holds the batch's tensors
             finally:
                 model.train(training)
+            torch.set_rng_state(rng)
             self.evaluator = self._halved()
 
     def _halved(self) -> Evaluator:
