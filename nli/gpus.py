@@ -155,8 +155,9 @@ def lease(sweep_dir: Path, gpus_per_node: object, *, worker: bool) -> Optional[L
         held = _take(sweep_dir, [_LEASE[0].slot], count, _LEASE[0].devices, wait=False) or _LEASE[0]
         _LEASE[0] = held
     else:
-        held = _take(sweep_dir, list(range(count)), count, seen, gpus=gpus, wait=True)
-        assert held is not None
+        taken = _take(sweep_dir, list(range(count)), count, seen, gpus=gpus, wait=True)
+        assert taken is not None  # waited for one
+        held = taken
         _LEASE.append(held)
         if worker:
             threading.Thread(target=_end_with, args=(os.getppid(),), name="gpu-slot-parent", daemon=True).start()
