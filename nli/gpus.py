@@ -108,8 +108,10 @@ def refusal(config: DictConfig) -> Optional[str]:
     if not 1 <= n_jobs <= count:
         return (f"hydra.launcher.n_jobs={n_jobs}, but hydra/launcher=local-gpus has {count} GPU slot(s) of {gpus} "
                 f"GPU(s) ({len(seen)} seen, {where}): leave n_jobs to the preset, or set it between 1 and {count}")
-    log.info("local-gpus: %d job(s) at once, each on %d of the GPUs %s (%s)", n_jobs, gpus,
-             ",".join(seen) or "(none: the jobs run on the CPU, one at a time)", where)
+    if seen:
+        log.info("local-gpus: %d job(s) at once, each on %d of the GPUs %s (%s)", n_jobs, gpus, ",".join(seen), where)
+    else:
+        log.info("local-gpus: no GPU seen (%s): the jobs run on the CPU, one at a time", where)
     return None
 
 
