@@ -50,6 +50,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from nli import gpus
 from nli.claim import Claim, Use
 from nli.contract import PREEMPTED, RESULTS_FILE
 from nli.errors import StorageError, UserError
@@ -69,7 +70,7 @@ COMPLETED, FAILED = JobStatus.COMPLETED.name, JobStatus.FAILED.name
 SEED = "seed"
 # Columns of a row that are not metrics: its place in the sweep, and counters a mean says nothing of.
 _NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early", "trainable_parameters",
-                          SWEEP_STARTED})
+                          SWEEP_STARTED, "started"})
 # What the printed table shows besides the swept values (the files have every column).
 _SHOWN = ("objective", "train_examples_per_second", "train_seconds")
 
@@ -235,9 +236,12 @@ class SweepResults(Callback):
         self.sweep_id: Optional[str] = None  # plain values only: the callback travels pickled to the jobs
         self.started = 0.0
         self.wandb: Optional[DictConfig] = None  # the sweep's W&B logger, if it has one
+        self.job: Dict[str, Any] = {}  # where a job runs: when it started, and the GPUs nli.gpus gave it
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        if (refused := gpus.refusal(config)) is not None:  # hydra/launcher=local-gpus that cannot run as asked
+            raise SystemExit(f"error: {refused}")
         # Before the sweeper, which writes multirun.yaml (and an Optuna study's file) into the directory.
         self.sweep_id = hold(sweep_dir)
         self.sweep_dir, self.started = sweep_dir, _HELD[self.sweep_id].started
@@ -248,10 +252,22 @@ class SweepResults(Callback):
         _OPEN.append(self)
         atexit.register(self._finish)
 
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Before the task function, so before anything in the job touches CUDA: under
+        hydra/launcher=local-gpus, the job's GPUs (nli.gpus)."""
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        self.job = {"started": time.time()}
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if (held := gpus.lease(sweep_dir, OmegaConf.select(config, "hw.gpus_per_node", default=0),
+                                  worker=not running_sweep(sweep_dir))) is not None:
+            self.job["gpus"] = held.visible  # as CUDA_VISIBLE_DEVICES names them
+
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:  # a single run, or a Vertex AI job (its launcher writes the row)
             return
-        record(Path(str(config.hydra.sweep.dir)), hydra_job_row(config, job_return, self.stamp()))
+        job, self.job = self.job, {}
+        record(Path(str(config.hydra.sweep.dir)), hydra_job_row(config, job_return, {**self.stamp(), **job}))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         failed = self._finish()
