@@ -449,8 +449,8 @@ def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, res
         log.info("the best checkpoint on eval.extra's sets: %s", ", ".join(f"{k}={v:.4f}" for k, v in extra.items()))
         if out.world.is_main:
             training.trackers.log({f"eval/{name}": value for name, value in extra.items()}, step=result.steps)
-    classes = _analyse([(loaded.evaluate.evaluator, final), *zip(loaded.extras, extra_evaluations)], training.trackers, out,
-                       step=result.steps, save_predictions=save_predictions)
+    classes = _analyse([(loaded.evaluate.evaluator, final), *zip(loaded.extras, extra_evaluations)],
+                       training.trackers, out, step=result.steps, save_predictions=save_predictions)
     _predict_tests(task, loaded.test, best_model, training.opt.compute, out)
     early = training.early_stopping
     results = {"objective": final.objective, **final.metrics, **extra,
