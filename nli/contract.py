@@ -47,6 +47,12 @@ VERTEX_CHECKPOINT_DIR = "AIP_CHECKPOINT_DIR"
 VERTEX_TENSORBOARD_DIR = "AIP_TENSORBOARD_LOG_DIR"
 VERTEX_CLUSTER_SPEC = "CLUSTER_SPEC"
 
+# What the Vertex launcher tells each job about its code: an image holds no .git, so a job names its
+# commit (and whether the launching checkout had uncommitted changes) and its image from these.
+JOB_IMAGE = "NLI_IMAGE_URI"
+JOB_COMMIT = "NLI_GIT_COMMIT"
+JOB_DIRTY = "NLI_GIT_DIRTY"  # "true" or "false"
+
 
 def vertex_dirs(base_output_directory: str) -> Dict[str, str]:
     """The variables Vertex AI sets for a job given ``base_output_directory`` (its documented layout)."""

@@ -5,7 +5,8 @@ The code is the git commit of the checkout the ``nli`` package was imported from
 package's own location, not the working directory: a run started from anywhere names the code it
 ran), and whether that checkout had uncommitted changes to tracked files (untracked files are left
 out: a checkout holds outputs and notes of its user's that change nothing). Code installed from a
-package, not a checkout, is named by the project's version instead. Nothing here fails a run: what
+package, not a checkout, is named by the project's version instead; a Vertex AI job, whose image holds
+no .git, by the commit and image its launcher recorded (nli.contract.JOB_COMMIT, JOB_IMAGE). Nothing here fails a run: what
 cannot be found (no git, no checkout) is recorded as null.
 """
 
@@ -22,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from nli import xla
+from nli import contract, xla
 from nli.device import Compute
 from nli.distributed import World
 
@@ -44,11 +45,20 @@ def code(root: Optional[Path] = None) -> Dict[str, Any]:
     None where the code is not a checkout's (then the project's version in :func:`versions` names it)."""
     root = root if root is not None else checkout()
     if root is None:
-        return {"commit": None, "dirty": None, "checkout": None}
+        return launched()
     commit = _git(root, "rev-parse", "HEAD")
     changes = _git(root, "status", "--porcelain", "--untracked-files=no") if commit is not None else None
     return {"commit": commit, "dirty": bool(changes) if changes is not None else None,
             "checkout": str(root) if commit is not None else None}
+
+
+def launched() -> Dict[str, Any]:
+    """The code of a job from an image (which holds no .git), as the Vertex launcher told it: the commit
+    and state of the checkout it was launched from, and the image; all None where nothing told it."""
+    dirty = os.environ.get(contract.JOB_DIRTY)
+    return {"commit": os.environ.get(contract.JOB_COMMIT) or None,
+            "dirty": None if dirty not in ("true", "false") else dirty == "true", "checkout": None,
+            "image": os.environ.get(contract.JOB_IMAGE) or None}
 
 
 def _git(where: Path, *args: str) -> Optional[str]:

@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from nli import report, sweep
-from tests.runs import FAST, ROOT, process_env, read_results
+from tests.runs import FAST, ROOT, process_env, read_results, run_app
 from tests.test_sweep import rerun_sweep
 
 
@@ -77,3 +77,18 @@ def test_a_sweeps_rows_and_report_carry_each_jobs_commit(shared_root: Path) -> N
     table = report.job_table(rows, sweep.varying(rows), report.model_metrics(rows), folders=False)
     assert table.splitlines()[0].endswith("| commit | error |")
     assert f"| {head[:report.COMMIT_CHARS]}{' (dirty)' if rows[0]['dirty'] else ''} |" in table.splitlines()[2]
+
+
+def test_a_job_from_an_image_names_the_commit_and_image_its_launcher_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Vertex AI job runs code from an image, which holds no .git: its results name the commit, the
+    checkout's state and the image that the launcher put in its environment (nli.contract.JOB_*)."""
+    from nli import provenance
+
+    monkeypatch.setattr(provenance, "checkout", lambda: None)  # the code is not a checkout's, as in an image
+    image = "us-central1-docker.pkg.dev/p/nli/train:src-0123@sha256:" + "ab" * 32
+    done = run_app([*FAST, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                   env={"NLI_GIT_COMMIT": "c" * 40, "NLI_GIT_DIRTY": "true", "NLI_IMAGE_URI": image})
+    assert done.returncode == 0, done.stderr
+    code = read_results(tmp_path / "run")["provenance"]
+    assert (code["commit"], code["dirty"], code["checkout"], code["image"]) == ("c" * 40, True, None, image)

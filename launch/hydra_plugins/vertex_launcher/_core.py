@@ -25,7 +25,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from nli import sweep
+from nli import contract, sweep
 from nli.contract import RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
 
 from . import _spec
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 ENDED = {JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED,
          JobState.JOB_STATE_EXPIRED, JobState.JOB_STATE_PARTIALLY_SUCCEEDED}
 MAX_POLL_FACTOR = 10  # polling slows down to poll_interval x this while nothing changes
-IMAGE_VARIABLE = "NLI_IMAGE_URI"  # each job's image, with its digest where known (the commit: _git)
 
 
 class JobFailed(CompactHydraException):
@@ -166,7 +165,7 @@ class Sweep:
 
     def _provenance(self, image: Image) -> Dict[str, str]:
         """What each job gets told it runs (as variables) and its row records: the image and the commit."""
-        found = {IMAGE_VARIABLE: image.text()}
+        found = {contract.JOB_IMAGE: image.text()}  # with its digest where known
         if self.git:
             found.update(self.git.env())
         return found

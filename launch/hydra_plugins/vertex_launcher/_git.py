@@ -1,25 +1,23 @@
 """The git commit a sweep was launched from, and whether the tree had changes not committed: what
-each job records beside its image, since the image holds no .git of its own."""
+each job records beside its image, since the image holds no .git of its own (nli.provenance reads
+it back in the job)."""
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-# The variables each job gets (nli reads them into its results' provenance; a person, in the console).
-COMMIT_VARIABLE = "NLI_GIT_COMMIT"
-DIRTY_VARIABLE = "NLI_GIT_DIRTY"
+from nli import contract, provenance
 
 
 @dataclass(frozen=True)
 class GitState:
     commit: str  # the full hash of HEAD
-    dirty: bool  # tracked files changed, or files git does not ignore added, since that commit
+    dirty: bool  # tracked files changed since that commit (as results.json's provenance counts it)
 
     def env(self) -> Dict[str, str]:
-        return {COMMIT_VARIABLE: self.commit, DIRTY_VARIABLE: "true" if self.dirty else "false"}
+        return {contract.JOB_COMMIT: self.commit, contract.JOB_DIRTY: "true" if self.dirty else "false"}
 
     def text(self) -> str:
         return f"{self.commit[:12]}{' with uncommitted changes' if self.dirty else ''}"
@@ -27,16 +25,7 @@ class GitState:
 
 def git_state(folder: Path) -> Optional[GitState]:
     """The state of the repository ``folder`` is in; None outside one, without git, or with no commit."""
-    commit = _git(folder, "rev-parse", "--verify", "HEAD")
-    if not commit:
+    found = provenance.code(folder)
+    if found["commit"] is None:
         return None
-    status = _git(folder, "status", "--porcelain", "--untracked-files=normal")
-    return GitState(commit=commit, dirty=status != "")  # a status that cannot be read: not known clean
-
-
-def _git(folder: Path, *args: str) -> Optional[str]:
-    try:
-        proc = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):  # no git here: nothing to record, nothing to refuse
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
+    return GitState(commit=found["commit"], dirty=found["dirty"] is not False)  # unreadable: not known clean
