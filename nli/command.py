@@ -9,6 +9,8 @@ line alone is answered here, in a fraction of a second, with one line on stderr 
 - the composed config: Hydra's own composition errors (an unknown option, a value of the wrong type),
   keys no schema knows, and, for a single run, every rule of the schema (nli.config), on the config an
   evaluation of a run folder fills from that folder (nli.runfolder), as the run will;
+- a launcher (``hydra/launcher=vertex``, ``submitit_slurm``) is chosen for a sweep (``-m``): a single run
+  ignores it and would train here, on this machine;
 - the run's (or the sweep's) directory can be made and written: for such an evaluation, the one its
   default names after the folder's task, handed to Hydra (:func:`check` returns it).
 
@@ -20,11 +22,13 @@ Anything this check cannot judge (Hydra's flags, ``--cfg``, ``--config-dir``) is
 from __future__ import annotations
 
 import re
+import shlex
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Sequence
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -38,6 +42,7 @@ from nli.errors import ConfigError, UserError
 from nli.keys import check_known, check_override_key
 
 MULTIRUN = ("-m", "--multirun")
+HYDRA_LAUNCHER = "basic"  # Hydra's own: runs a sweep's jobs here, one after another
 
 
 def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> List[str]:
@@ -60,6 +65,8 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> List[str]:
             return _check_run(config_name, overrides, groups, conf_dir)
     except UserError as err:
         raise SystemExit(f"error: {err}") from None
+    except yaml.YAMLError as err:  # a config file edited by hand (a user's conf/local/): the file, the line
+        raise SystemExit(f"error: a config file is not valid YAML: {err}") from None
 
 
 @contextmanager
@@ -76,12 +83,23 @@ def _check_run(config_name: str, overrides: List[Override], groups: set[str], co
     base = _compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)])
     _check_keys(base, overrides, groups)
     cfg = _compose(config_name, [_line(o) for o in overrides])
+    _check_launcher(cfg, overrides)
     from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
     run_dir = str(cfg.hydra.run.dir)
     _check_config(cfg, rules=True)
     _check_writable("hydra.run.dir", run_dir)
     typed = any(o.key_or_group == "hydra.run.dir" for o in overrides)
     return [f"hydra.run.dir={_quoted(run_dir)}"] if from_folder and not typed else []
+
+
+def _check_launcher(cfg: DictConfig, overrides: List[Override]) -> None:
+    """Hydra hands a single run to no launcher: it runs here. A launcher chosen without ``-m`` (typed, or by
+    an experiment) would have the run train on this machine, where its user meant a cloud's or a cluster's."""
+    launcher = OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hydra/launcher", HYDRA_LAUNCHER)
+    if launcher != HYDRA_LAUNCHER:
+        typed = shlex.join(_line(o) for o in overrides)
+        raise ConfigError(f"hydra/launcher={launcher} launches a sweep's jobs, and without -m Hydra runs this one "
+                          f"here, on this machine: add -m (python train.py -m {typed}; a sweep of one job is fine)")
 
 
 def _quoted(value: str) -> str:

@@ -71,6 +71,15 @@ class JobNeeds:
     tpu_topology: Optional[str]  # a TPU VM slice's topology, e.g. 2x4 (ct5lp-hightpu-8t); None otherwise
     nodes: int  # machines that run the job together
     secrets: FrozenSet[str]  # environment variables the job cannot run without (read from a secret store)
+    hw_option: Optional[str] = None  # the option of the HW_GROUP it chose (hw=a100); None: the app has no such group
+    cannot_train: Optional[str] = None  # why the machine it asks for cannot train it yet; None: it can
+
+
+HW_GROUP = "hw"  # the config group whose option names a job's machine (conf/hw/)
+# TPU generations a run cannot train on yet, and why (nli.xla refuses them at start, on the machine).
+UNTRAINABLE_TPUS = dict.fromkeys(
+    ("v2", "v3"), "PyTorch/XLA runs each chip's two TensorCores as threads of one process, and a run is one "
+                  "process (its config, signals and output folder are the process's)")
 
 
 def job_needs(cfg: DictConfig) -> JobNeeds:
@@ -84,7 +93,17 @@ def job_needs(cfg: DictConfig) -> JobNeeds:
                     accelerators_per_node=int(count) if accelerator else 0,
                     tpu_topology=OmegaConf.select(cfg, "hw.vertex.tpu_topology", default=None),
                     nodes=int(OmegaConf.select(cfg, "hw.nodes", default=1) or 1),
-                    secrets=frozenset({"WANDB_API_KEY"} if _wandb_online(cfg) else ()))
+                    secrets=frozenset({"WANDB_API_KEY"} if _wandb_online(cfg) else ()),
+                    hw_option=OmegaConf.select(cfg, f"hydra.runtime.choices.{HW_GROUP}", default=None),
+                    cannot_train=_cannot_train(cfg))
+
+
+def _cannot_train(cfg: DictConfig) -> Optional[str]:
+    accelerator = OmegaConf.select(cfg, "hw.accelerator", default=None)
+    if str(getattr(accelerator, "value", accelerator)) != "xla":
+        return None
+    tpu = OmegaConf.select(cfg, "hw.tpu", default=None)
+    return f"TPU {tpu}: {UNTRAINABLE_TPUS[tpu]}" if tpu in UNTRAINABLE_TPUS else None
 
 
 # The modes in which W&B logs without its server (wandb's Settings._offline and _noop); every other

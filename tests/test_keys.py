@@ -116,7 +116,7 @@ def test_a_run_dir_that_cannot_be_made_is_one_clear_line(tmp_path: Path) -> None
 @pytest.mark.parametrize("argv", [
     ["experiment=quickstart", "+data.files.train=a.csv", "+data.files.validation=b.csv", "+data.columns.label=y"],
     ["task=rte", "+task.glue.columns.extra=Extra"],
-    ["hydra/launcher=vertex", "+hydra.launcher.env.MY_VAR=1", "+hydra.job.env_set.OTHER=2"],
+    ["-m", "hydra/launcher=vertex", "+hydra.launcher.env.MY_VAR=1", "+hydra.job.env_set.OTHER=2"],  # a sweep's: -m
 ])
 def test_free_form_mappings_take_new_keys(argv: List[str]) -> None:
     check(argv, CONF, "train")  # no SystemExit: these mappings are meant to take keys of the user's

@@ -40,17 +40,22 @@ def shipped_sources() -> Dict[str, Path]:
     """Every file the installed project needs, by its path inside the wheel: nli's modules, the config as
     nli/conf, and the launcher in Hydra's plugin namespace."""
     files = {f"nli/{path.relative_to(ROOT / 'nli')}": path for path in (ROOT / "nli").rglob("*.py")}
-    files |= {f"nli/conf/{path.relative_to(CONF)}": path for path in CONF.rglob("*.yaml")}
+    files |= {f"nli/conf/{path.relative_to(CONF)}": path for path in CONF.rglob("*.yaml") if not _users(path)}
     plugins = ROOT / "launch"
     files |= {str(path.relative_to(plugins)): path for path in (plugins / "hydra_plugins").rglob("*.py")}
     return files
+
+
+def _users(path: Path) -> bool:
+    """A file of a user's own, which git ignores and no package ships: conf/local/ (docs/vertex.md)."""
+    return path.relative_to(CONF).parts[0] == "local"
 
 
 def config_groups() -> Dict[str, Set[str]]:
     """conf/'s groups (model/peft included) and their options."""
     groups: Dict[str, Set[str]] = {}
     for path in CONF.rglob("*.yaml"):
-        if path.parent != CONF:
+        if path.parent != CONF and not _users(path):
             groups.setdefault(str(path.parent.relative_to(CONF)), set()).add(path.stem)
     return groups
 

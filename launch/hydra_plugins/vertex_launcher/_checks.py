@@ -7,12 +7,12 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import FrozenSet, Iterable, Iterator, Optional, Tuple
+from typing import FrozenSet, Iterable, Iterator, Optional, Sequence, Tuple
 
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
 
-from nli.contract import job_needs
+from nli.contract import HW_GROUP, job_needs
 from nli.errors import UserError
 
 from ._spec import Machine, machine
@@ -21,6 +21,8 @@ from .config import VertexLauncherConf
 # Variables that hold credentials: never passed by value. `hydra.launcher.secrets` adds its own names.
 SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 _SECRET_VERSION = re.compile(r"^projects/[^/]+/secrets/[^/]+/versions/[^/]+$")
+# Where a user keeps the settings every sweep of theirs shares (conf/hydra/launcher/vertex.yaml reads it).
+_YOURS = "; once for every sweep: in conf/local/vertex.yaml (docs/vertex.md, Your defaults)"
 _TENSORBOARD = re.compile(r"^projects/[^/]+/locations/(?P<region>[^/]+)/tensorboards/[^/]+$")
 
 
@@ -29,11 +31,21 @@ class LaunchError(CompactHydraException, UserError):
     without a traceback, and exits 1)."""
 
 
+class Refused(SystemExit):
+    """A LaunchError as the launcher raises it to Hydra: ``error: <message>`` on stderr and exit status 1,
+    as the app's own refusals end (nli.cli). Not an Exception, which Hydra would print under a traceback,
+    or (a CompactHydraException) followed by a line offering the traceback there is no use for."""
+
+    def __init__(self, error: LaunchError) -> None:
+        super().__init__(f"error: {error}")
+
+
 def check_settings(settings: VertexLauncherConf) -> None:
     """Everything the launcher can check from its own settings, with the fix in each message."""
     _require(settings.project, "hydra.launcher.project",
-             "hydra.launcher.project=MY_PROJECT (or export GOOGLE_CLOUD_PROJECT)")
-    _require(settings.staging_bucket, "hydra.launcher.staging_bucket", "hydra.launcher.staging_bucket=gs://MY_BUCKET")
+             f"hydra.launcher.project=MY_PROJECT (or export GOOGLE_CLOUD_PROJECT){_YOURS}")
+    _require(settings.staging_bucket, "hydra.launcher.staging_bucket",
+             f"hydra.launcher.staging_bucket=gs://MY_BUCKET{_YOURS}")
     if not str(settings.staging_bucket).startswith("gs://"):
         raise LaunchError(f"hydra.launcher.staging_bucket={settings.staging_bucket} is not a gs:// path")
     if settings.build:
@@ -41,7 +53,8 @@ def check_settings(settings: VertexLauncherConf) -> None:
     elif not settings.python_package():
         _require(settings.image_uri, "hydra.launcher.image_uri",
                  "hydra.launcher.image_uri=REGION-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG "
-                 "(see docs/vertex.md), hydra.launcher.build=true, or hydra.launcher.packaging=python_package")
+                 "(see docs/vertex.md), hydra.launcher.build=true, or hydra.launcher.packaging=python_package"
+                 f"{_YOURS}")
     if settings.max_concurrent_jobs < 1 or settings.poll_interval <= 0 or settings.failed_log_lines < 0:
         raise LaunchError("hydra.launcher.max_concurrent_jobs must be >= 1, poll_interval > 0 and "
                           "failed_log_lines >= 0")
@@ -116,15 +129,32 @@ TPU_MACHINES = {
 _TOPOLOGY = re.compile(r"\d+(x\d+)+")
 
 
-def check_machines(settings: VertexLauncherConf, configs: Iterable[DictConfig]) -> None:
-    """The machine spec of every job (nli.contract.job_needs): one Vertex AI would refuse, or a TPU job
-    that could not run, stops the sweep before anything is submitted."""
+def check_machines(settings: VertexLauncherConf, configs: Iterable[DictConfig], presets: Sequence[str] = ()) -> None:
+    """The machine spec of every job (nli.contract.job_needs): a job that names no machine, one Vertex AI
+    would refuse, a TPU job that could not run, or a machine that cannot train the job yet stops the sweep
+    before anything is submitted. ``presets``: the options of the app's hw group, for the message."""
     for cfg in configs:
+        _check_chosen(cfg, presets)
         hw = machine(cfg, settings)
         tpu = TPU_MACHINES.get(hw.machine_type)
         problem = next(_not_tpu_problems(hw) if tpu is None else _tpu_problems(hw, tpu, settings), None)
         if problem:
             raise LaunchError(problem)
+        if (why := job_needs(cfg).cannot_train) is not None:  # after the spec's problems: theirs is the fix
+            raise LaunchError(f"{HW_GROUP}={job_needs(cfg).hw_option} cannot train yet: {why}. Pick a machine that "
+                              f"can ({HW_GROUP}=tpu-v5e-8, {HW_GROUP}=a100)")
+
+
+def _check_chosen(cfg: DictConfig, presets: Sequence[str]) -> None:
+    """A job of an app with a hw group runs on the machine its option names: one that names none (hw=auto:
+    whatever the machine has) would get the launcher's default machine, a CPU, and train there for hours."""
+    needs = job_needs(cfg)
+    if needs.hw_option is None or needs.machine_type is not None:
+        return
+    named = ", ".join(option for option in presets if option != needs.hw_option)
+    raise LaunchError(f"{HW_GROUP}={needs.hw_option} names no machine, and on Vertex AI a job runs on the machine its "
+                      f"{HW_GROUP} option names (else a CPU). Pick one: {HW_GROUP}=a100, say "
+                      f"({HW_GROUP} options: {named}); {HW_GROUP}=cpu asks for a CPU job on purpose")
 
 
 def _not_tpu_problems(hw: Machine) -> Iterator[str]:

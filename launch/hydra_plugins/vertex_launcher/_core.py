@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Sequence, cast
 
@@ -26,13 +26,14 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from nli import contract, sweep
-from nli.contract import RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
+from nli.contract import HW_GROUP, RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
 
 from . import _spec
 from ._build import Image, check_image, image_of_source
 from ._checks import LaunchError, check_machines, check_secrets
 from ._client import Vertex
 from ._git import GitState, git_state
+from ._images import executor_image
 from ._logs import JobLogs
 from ._package import build_sdist, upload
 from .config import VertexLauncherConf
@@ -101,8 +102,12 @@ class Sweep:
             jobs = [self._compose(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         finally:
             HydraConfig.instance().cfg = saved
-        check_machines(self.settings, [job.config for job in jobs])
+        check_machines(self.settings, [job.config for job in jobs],
+                       self.hydra_context.config_loader.get_group_options(HW_GROUP))
         check_secrets(self.settings, [job.config for job in jobs])
+        if self.settings.python_package():  # the image the sdist's pins can run on, before anything is built
+            self.settings = replace(self.settings, executor_image_uri=executor_image(
+                self.settings, Path(str(self.config.hydra.runtime.cwd), self.settings.source_dir).resolve()))
         package_uri = self._package() if self.settings.python_package() else None
         image = self._image_to_run()
         for job in jobs:
@@ -152,7 +157,7 @@ class Sweep:
         """The image every job of the sweep runs, found (or built) once per sweep, before any job is submitted."""
         if self._image is None:
             if self.settings.python_package():
-                self._image = Image(self.settings.executor_image_uri, None)
+                self._image = Image(str(self.settings.executor_image_uri), None)  # resolved at start (_images)
             elif self.settings.build:
                 self._image = image_of_source(self.settings, self.source, str(self.settings.staging_bucket))
             elif self.settings.dry_run:

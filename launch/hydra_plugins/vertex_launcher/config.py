@@ -1,4 +1,9 @@
-"""The typed settings of ``hydra/launcher=vertex`` (``hydra.launcher.*`` on the command line)."""
+"""The typed settings of the Vertex AI launcher (``hydra.launcher.*`` on the command line).
+
+Stored in Hydra's ConfigStore as ``hydra/launcher=vertex_base``: the plugin's own defaults. This project's
+``conf/hydra/launcher/vertex.yaml`` extends it with ours (and a user's ``conf/local/vertex.yaml``); a
+config file may not share a ConfigStore node's name (Hydra would match it to the node as its schema, a
+deprecated behaviour that warns on every run), so the node has a name of its own."""
 
 from dataclasses import dataclass, field
 from enum import Enum
@@ -36,10 +41,13 @@ class VertexLauncherConf:
     # build: more of cloudbuild.yaml's substitutions (_TARGET: tpu, _REDUCTION_SERVER: "1"); part of the digest
     build_substitutions: Dict[str, str] = field(default_factory=dict)
     # python_package: a prebuilt Vertex AI PyTorch image, and the module run as `python -m <module>`
-    executor_image_uri: str = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
+    # null: Vertex's prebuilt image of the torch the project pins (_images.py), where there is one
+    executor_image_uri: Optional[str] = None
+    # python_package: an executor_image_uri whose torch is not the pinned one, on purpose (pip replaces it)
+    replace_image_torch: bool = False
     python_module: str = "nli.node"  # one process per GPU on every node (torchrun), or the run itself
     source_dir: str = "."  # the project whose sdist (python_package) or image (build) is built, from the launch dir
-    machine_type: str = "n1-standard-8"  # when the job's `hw` group names no machine type
+    machine_type: str = "n1-standard-8"  # jobs of an app without an hw group (this one refuses hw=auto: _checks)
     # Reduction Server (faster all-reduce for multi-node GPU jobs): replicas, their machine and image
     reduction_server_replicas: int = 0  # 0: none; enough to match the GPU machines' network bandwidth
     reduction_server_machine_type: str = "n1-highcpu-16"
@@ -73,4 +81,5 @@ class VertexLauncherConf:
         return self.packaging.name == Packaging.python_package.name
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="vertex", node=VertexLauncherConf, provider="vertex_launcher")
+ConfigStore.instance().store(group="hydra/launcher", name="vertex_base", node=VertexLauncherConf,
+                             provider="vertex_launcher")

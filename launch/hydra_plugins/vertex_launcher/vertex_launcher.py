@@ -4,7 +4,8 @@ public and both stay light: the Vertex AI client and the rest load from ``_core`
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, cast
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence, cast
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -26,20 +27,33 @@ class VertexLauncher(Launcher):
         # The task function is not used: each job runs the app's own entry point on Vertex AI.
         from ._checks import check_settings
 
-        check_settings(self.settings)  # before Hydra saves the sweep's config, so no secret lands there
+        with _refusals():
+            check_settings(self.settings)  # before Hydra saves the sweep's config, so no secret lands there
         self.config = config
         self.hydra_context = hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from ._checks import LaunchError
 
-        try:
-            from ._core import Sweep
-        except ImportError as error:
-            raise LaunchError(f"hydra/launcher=vertex needs Google's Vertex AI client ({error}): "
-                              "pip install 'nli-glue[vertex]' (or -e '.[vertex]' in a checkout)") from None
+        with _refusals():
+            try:
+                from ._core import Sweep
+            except ImportError as error:
+                raise LaunchError(f"hydra/launcher=vertex needs Google's Vertex AI client ({error}): "
+                                  "pip install 'nli-glue[vertex]' (or -e '.[vertex]' in a checkout)") from None
 
-        assert self.config is not None and self.hydra_context is not None, "setup() comes first"
-        if self.sweep is None:
-            self.sweep = Sweep(self.settings, self.config, self.hydra_context)
-        return self.sweep.launch(job_overrides, initial_job_idx)
+            assert self.config is not None and self.hydra_context is not None, "setup() comes first"
+            if self.sweep is None:
+                self.sweep = Sweep(self.settings, self.config, self.hydra_context)
+            return self.sweep.launch(job_overrides, initial_job_idx)
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """The launcher's refusals as the app's end: ``error: <what to change>`` on stderr, exit status 1."""
+    from ._checks import LaunchError, Refused
+
+    try:
+        yield
+    except LaunchError as error:
+        raise Refused(error) from None

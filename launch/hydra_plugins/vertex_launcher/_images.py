@@ -1,0 +1,94 @@
+"""packaging=python_package: the prebuilt Vertex AI image the project's sdist is pip-installed on.
+
+pip installs the project's dependencies on the image, its torch pin included: where the image's torch
+is another version, pip replaces it with PyPI's wheel of the pinned one, built for the CUDA of its day,
+which the image's older driver may not run (the Dockerfile's comment). So the image is the one of the
+pinned torch, where Vertex AI has one; another is taken only when named, and one of Vertex's prebuilt
+images of another torch only with ``replace_image_torch=true``, on purpose."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Optional
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
+
+from ._checks import LaunchError
+from .config import VertexLauncherConf
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # build, which builds the sdist, brings it
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]  # not installed where mypy runs
+
+# Vertex AI's prebuilt PyTorch training images (GPU builds, which run CPU jobs too), by torch minor version:
+# https://cloud.google.com/vertex-ai/docs/training/pre-built-containers
+PREBUILT_PYTORCH = {
+    "2.0": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-0.py310:latest",
+    "2.1": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-1.py310:latest",
+    "2.2": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-2.py310:latest",
+    "2.3": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-3.py310:latest",
+    "2.4": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
+}
+# A prebuilt image's name says its torch: .../training/pytorch-gpu.2-4.py310 (also -cpu, -xla, gcr.io's)
+_PREBUILT_NAME = re.compile(r"/training/pytorch-[a-z]+\.(?P<major>\d+)-(?P<minor>\d+)\b")
+_CONTAINER = ("Use hydra.launcher.packaging=container with the project's Dockerfile (hydra.launcher.image_uri=IMAGE, "
+              "docs/vertex.md)")
+
+
+def executor_image(settings: VertexLauncherConf, source_dir: Path) -> str:
+    """The executor image for the sdist of ``source_dir``, or LaunchError with the fix."""
+    if not (source_dir / "pyproject.toml").is_file():
+        raise LaunchError(f"hydra.launcher.source_dir={source_dir} holds no pyproject.toml: point it at the project")
+    pinned = pinned_torch(source_dir)
+    named = settings.executor_image_uri
+    if named is None:
+        image = PREBUILT_PYTORCH.get(_minor(pinned)) if pinned else None
+        if image is None:
+            raise LaunchError(f"hydra.launcher.packaging=python_package: {_pin(pinned, source_dir)}, and Vertex AI has "
+                              f"no prebuilt PyTorch image of it (its images: torch {', '.join(PREBUILT_PYTORCH)}); on "
+                              "another, pip would replace the image's torch with PyPI's wheel, built for a newer CUDA "
+                              f"than the image's driver may run. {_CONTAINER}, or name an "
+                              "image whose torch is that one: hydra.launcher.executor_image_uri=IMAGE")
+        return image
+    found = _PREBUILT_NAME.search(named)
+    if found and pinned and f"{found['major']}.{found['minor']}" != _minor(pinned) and not settings.replace_image_torch:
+        raise LaunchError(f"hydra.launcher.executor_image_uri={named} is Vertex AI's prebuilt image of torch "
+                          f"{found['major']}.{found['minor']}, and {_pin(pinned, source_dir)}: pip would replace the "
+                          "image's torch with PyPI's wheel, which may need a newer CUDA driver than the image has. "
+                          f"{_CONTAINER}, or, knowing that, add "
+                          "hydra.launcher.replace_image_torch=true")
+    return named
+
+
+def pinned_torch(source_dir: Path) -> Optional[Version]:
+    """The version ``torch==X`` in the project's dependencies pins; None where it pins no single version."""
+    try:
+        with open(source_dir / "pyproject.toml", "rb") as stream:
+            dependencies = tomllib.load(stream).get("project", {}).get("dependencies", [])
+    except (OSError, tomllib.TOMLDecodeError):
+        return None  # building the sdist says what is wrong with the file
+    for line in dependencies:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        specs = list(requirement.specifier)
+        if requirement.name == "torch" and len(specs) == 1 and specs[0].operator in ("==", "==="):
+            try:
+                return Version(specs[0].version)
+            except InvalidVersion:
+                return None
+    return None
+
+
+def _minor(version: Version) -> str:
+    return f"{version.major}.{version.minor}"
+
+
+def _pin(pinned: Optional[Version], source_dir: Path) -> str:
+    return (f"the project pins torch=={pinned} (pyproject.toml)" if pinned else
+            f"the project in {source_dir} pins no single torch version (torch==X.Y.Z in pyproject.toml)")
