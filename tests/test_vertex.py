@@ -229,7 +229,7 @@ def test_stream_logs_follows_every_job_of_a_sweep_each_line_once_after_its_job(f
     assert len(jobs) == 2
     for num, job in enumerate(jobs):
         prefix = f" seed={num + 1} | "  # the job's label: its number and overrides
-        streamed = [line.split(prefix, 1)[1] for line in output.splitlines() if f"] #{num} experiment=" in line
+        streamed = [line.split(prefix, 1)[1] for line in output.splitlines() if f"] #{num} " in line
                     and prefix in line]
         assert streamed == job.log.splitlines(), output  # every line of its output, in order, none twice
         assert any("step 12: loss=" in line for line in streamed)

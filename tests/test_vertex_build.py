@@ -66,7 +66,7 @@ def launch(vertex: FakeVertex, checkout: Path, sweep_dir: Path, *more: str) -> L
     return ["-m", "hydra/launcher=vertex", f"hydra.launcher.project={PROJECT}",
             f"hydra.launcher.staging_bucket={BUCKET}", f"hydra.launcher.api_endpoint={vertex.endpoint}",
             "hydra.launcher.poll_interval=0.1", "hydra.launcher.build=true", f"hydra.launcher.source_dir={checkout}",
-            f"hydra.sweep.dir={sweep_dir}", *FAST, *more]
+            f"hydra.sweep.dir={sweep_dir}", "hw=cpu", *FAST, *more]
 
 
 def created_jobs(vertex: FakeVertex, since: int) -> List[dict]:
@@ -163,7 +163,7 @@ def test_an_image_uri_that_is_not_in_artifact_registry_is_refused_before_submitt
     missing = f"{REPOSITORY}:never-pushed"
     proc = run_app(["-m", "hydra/launcher=vertex", f"hydra.launcher.project={PROJECT}",
                     f"hydra.launcher.staging_bucket={BUCKET}", f"hydra.launcher.api_endpoint={vertex.endpoint}",
-                    f"hydra.launcher.image_uri={missing}", f"hydra.sweep.dir={tmp_path / 'sweep'}", *FAST],
+                    f"hydra.launcher.image_uri={missing}", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hw=cpu", *FAST],
                    cwd=tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1 and f"hydra.launcher.image_uri={missing} is not in Artifact Registry" in output
