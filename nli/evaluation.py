@@ -1,23 +1,29 @@
 """A model's predictions and GLUE metrics over a task's splits, on one process or many.
 
-Each rank predicts its contiguous slice of a split (``data.eval_loader``); the slices, gathered in
-rank order, are the split in its own order, so every rank gets the metrics one process would.
+Each rank predicts its contiguous slice of a split (``data.eval_loader``), in batches of about one
+length (far less padding), and puts its predictions back in the slice's order; the slices, gathered
+in rank order, are the split in its own order, so every rank gets the metrics one process would.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Concatenate, Dict, Iterable, List, Mapping, Optional, ParamSpec, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from nli import metrics
+from nli import data, metrics
 from nli.config import TaskConfig
 from nli.device import Compute
 from nli.distributed import World
+
+P = ParamSpec("P")
 
 
 @dataclass
@@ -43,6 +49,41 @@ class Predictions:
     idx: np.ndarray | None  # (examples,) the examples' numbers (or a test file's own ids, text), where kept (test)
 
 
+Predict = Callable[Concatenate[torch.nn.Module, DataLoader, P], "Predictions"]
+
+
+def _timed_in_split_order(predict: Predict[P]) -> Predict[P]:
+    """``predict``, its predictions put back in the split's order where the loader batched the examples
+    by length (nli.data.LengthGroups), and its speed kept for the loader (:func:`examples_per_second`)."""
+
+    @functools.wraps(predict)
+    def in_order(model: torch.nn.Module, loader: DataLoader, *args: P.args, **kwargs: P.kwargs) -> Predictions:
+        started = time.perf_counter()
+        predictions = data.in_split_order(loader, predict(model, loader, *args, **kwargs))
+        speed = _SPEED.setdefault(loader, [0, 0.0])
+        speed[0] += len(predictions.values)
+        speed[1] += time.perf_counter() - started
+        return predictions
+
+    return in_order
+
+
+# Each eval loader's examples predicted and the seconds that took, in this process, for as long as it lives.
+_SPEED: "weakref.WeakKeyDictionary[DataLoader, List[Any]]" = weakref.WeakKeyDictionary()
+
+
+def examples_per_second(loaders: Iterable[DataLoader], world: World) -> Optional[float]:
+    """How fast the model predicted the examples of ``loaders`` (this rank's slices), over every
+    prediction so far, for the whole world (a rank's slice times the ranks: slices differ by one
+    example at most); None before any."""
+    examples, seconds = 0, 0.0
+    for loader in loaders:
+        done, took = _SPEED.get(loader, (0, 0.0))
+        examples, seconds = examples + done, seconds + took
+    return examples * world.world_size / seconds if seconds > 0 else None
+
+
+@_timed_in_split_order
 @torch.no_grad()
 def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, compute: Compute) -> Predictions:
     was_training = model.training
@@ -82,6 +123,18 @@ def relabel(predictions: Predictions, label_map: Optional[np.ndarray]) -> Predic
     return Predictions(values=label_map[predictions.values], labels=predictions.labels, idx=predictions.idx)
 
 
+def _remembered(call: Callable[..., Evaluation]) -> Callable[..., Evaluation]:
+    """Evaluator.__call__, each evaluation it returns kept (weakly) as one this evaluator made."""
+
+    @functools.wraps(call)
+    def remember(evaluator: "Evaluator", *args: Any, **kwargs: Any) -> Evaluation:
+        evaluation = call(evaluator, *args, **kwargs)
+        evaluator._made[id(evaluation)] = evaluation
+        return evaluation
+
+    return remember
+
+
 @dataclass(frozen=True)
 class Evaluator:
     """A task's metrics on its eval splits, for any model: the one training, the exported one, or a
@@ -95,7 +148,11 @@ class Evaluator:
     groups: Mapping[str, Mapping[str, Sequence[str]]] = field(default_factory=dict)
     label_map: Optional[np.ndarray] = None  # model label id -> the task's label id; None: the same ids
     prefix: str = ""  # before every metric's name: an extra set's (hans/accuracy); "" for the run's task
+    # The evaluations it made in this process, while something holds them (:meth:`made`).
+    _made: "weakref.WeakValueDictionary[int, Evaluation]" = field(
+        default_factory=weakref.WeakValueDictionary, init=False, repr=False, compare=False)
 
+    @_remembered
     def __call__(self, model: torch.nn.Module, step: int) -> Evaluation:
         scores: Dict[str, float] = {}
         for split, loader in self.loaders.items():
@@ -107,3 +164,12 @@ class Evaluator:
         objective = scores[self.task.main_metric + self.task.eval_splits[self.task.main_split]]
         return Evaluation(step=step, metrics={f"{self.prefix}{name}": value for name, value in scores.items()},
                           objective=objective)
+
+    def made(self, evaluation: Optional[Evaluation]) -> bool:
+        """Whether ``evaluation`` is one this evaluator made in this process (an earlier attempt's,
+        read from a checkpoint, is not)."""
+        return evaluation is not None and self._made.get(id(evaluation)) is evaluation
+
+    def examples_per_second(self) -> Optional[float]:
+        """How fast its evaluations so far predicted (:func:`examples_per_second`); None before any."""
+        return examples_per_second(self.loaders.values(), self.world)
