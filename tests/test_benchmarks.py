@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,7 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
         assert 15 < figures["tokens_per_second"] / figures["examples_per_second"] < 80
         assert 0 <= figures["dev_accuracy"] <= 1 and 0 <= figures["test_accuracy"] <= 1
         assert "mfu" not in figures  # no GPU here
+        assert figures["eval_examples_per_second"] > 0 and figures["wall_seconds"] > 0
         for key in ("dev_accuracy", "test_accuracy"):  # the mean over the seeds, and their spread
             by_seed = figures[f"{key}_by_seed"]
             assert list(by_seed) == ["1", "2"]
@@ -76,6 +78,17 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
     gap = 100 * (systems["ours"]["test_accuracy"] - systems["hf-tuned"]["test_accuracy"])
     assert "test accuracy, ours minus the Trainer over 2 seeds: " in table and f"{gap:+.1f} ± " in table
     assert table.split("\n\n", 1)[1] in proc.stdout  # the same table, after the machine's line
+    assert "| system | examples/s | tokens/s | eval examples/s |" in table
+    # Evaluation against training, whole runs against each other, the training floors: there, whatever their values.
+    assert re.search(r"ours: evaluation at [\d.]+ examples/s, [\d.]+x training's [\d.]+ \(aim: at least 2.5x\)",
+                     table)
+    assert re.search(r"whole run, start to results: \d+ s for ours, \d+ s for hf-defaults \([\d.]+x\), "
+                     r"\d+ s for hf-tuned \([\d.]+x\)", table)
+    for name, floor in (("hf-defaults", "1.8"), ("hf-tuned", "1.15")):
+        assert re.search(rf"training floor against {name}: [\d.]+x, floor {floor}x: (met|NOT met)", table)
+    # The CPU's bf16 capability: its model, the flags that bear on it, and what precision=auto makes of them.
+    assert re.search(r"flags [+-]avx512f [+-]avx512_bf16 [+-]amx_tile [+-]amx_bf16; .* kernels, .*; precision=auto: "
+                     r"(bf16|fp32) \(", report["machine"])
 
 
 @pytest.mark.process
