@@ -87,6 +87,7 @@ def run_ours(args: argparse.Namespace, task: Task, model: Path, out: Path, seed:
     test = score_predictions(out / "predictions" / task.files["submission"], task) if args.test else None
     return {"examples_per_second": results["train_examples_per_second"],
             "tokens_per_second": results["train_tokens_per_second"], "train_seconds": results["train_seconds"],
+            "eval_examples_per_second": results.get("eval_examples_per_second"),
             "peak_memory_bytes": results["peak_memory_bytes"], "dev_accuracy": results["accuracy"],
             "test_accuracy": test}
 
@@ -226,7 +227,31 @@ def machine() -> str:
 
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
-    return f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), torch {torch.__version__}"
+    return (f"{os.cpu_count()} CPU cores ({cpu_model() or platform.processor() or platform.machine()}; "
+            f"{cpu_bf16()}), torch {torch.__version__}")
+
+
+BF16_FLAGS = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")  # /proc/cpuinfo's names
+
+
+def cpu_model() -> Optional[str]:
+    """The CPU's model name, from /proc/cpuinfo (Linux); None elsewhere."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+
+
+def cpu_bf16() -> str:
+    """The CPU's bf16 capability: /proc/cpuinfo's flags that bear on it, and what torch and
+    precision=auto make of them (nli.device)."""
+    from nli.device import cpu_kernels, cpu_native_bf16
+
+    info = Path("/proc/cpuinfo")
+    flags = next((set(line.split(":", 1)[1].split()) for line in
+                  (info.read_text().splitlines() if info.exists() else []) if line.startswith("flags")), set())
+    shown = " ".join(f"{'+' if flag in flags else '-'}{flag}" for flag in BF16_FLAGS)
+    native, why = cpu_native_bf16(os.environ)
+    return f"flags {shown}; {cpu_kernels()}; precision=auto: {'bf16' if native else 'fp32'} ({why})"
 
 
 def settings(args: argparse.Namespace, task: Task) -> Dict:
@@ -237,6 +262,7 @@ def settings(args: argparse.Namespace, task: Task) -> Dict:
 
 
 COLUMNS = [("examples_per_second", "examples/s", "{:.1f}"), ("tokens_per_second", "tokens/s", "{:.0f}"),
+           ("eval_examples_per_second", "eval examples/s", "{:.1f}"),
            ("peak_memory_bytes", "peak memory (GiB)", "{:.2f}"), ("wall_seconds", "wall (s)", "{:.0f}"),
            ("dev_accuracy", "dev accuracy", "{:.4f}"), ("test_accuracy", "test accuracy", "{:.4f}"),
            ("mfu", "MFU", "{:.1%}")]
@@ -267,7 +293,39 @@ def markdown(report: Dict) -> str:
     speedups = [f"{ours['examples_per_second'] / figures['examples_per_second']:.2f}x the examples/s of {name}"
                 for name, figures in systems.items() if name != "ours" and ours]
     summary = [f"ours: {', '.join(speedups)}"] if speedups else []
-    return "\n".join(lines + [""] + summary + accuracy_gaps(report)) + "\n"
+    return "\n".join(lines + [""] + summary + whole_run(systems) + floors(systems) + accuracy_gaps(report)) + "\n"
+
+
+# Training examples/s ours must reach against each Trainer set-up; evaluation's against training's own.
+FLOORS = {"hf-defaults": 1.8, "hf-tuned": 1.15}
+EVAL_AIM = 2.5
+
+
+def whole_run(systems: Dict) -> List[str]:
+    """Ours' evaluation speed against its training speed, and each system's whole-run wall time
+    (start to results: start-up, tokenising, training, evaluation and saving) against ours."""
+    ours = systems.get("ours")
+    if not ours:
+        return []
+    lines = []
+    if ours.get("eval_examples_per_second"):
+        ratio = ours["eval_examples_per_second"] / ours["examples_per_second"]
+        lines.append(f"ours: evaluation at {ours['eval_examples_per_second']:.1f} examples/s, {ratio:.2f}x "
+                     f"training's {ours['examples_per_second']:.1f} (aim: at least {EVAL_AIM}x)")
+    walls = [f"{figures['wall_seconds']:.0f} s for {name} ({figures['wall_seconds'] / ours['wall_seconds']:.2f}x)"
+             for name, figures in systems.items() if name != "ours"]
+    if walls:
+        lines.append(f"whole run, start to results: {ours['wall_seconds']:.0f} s for ours, " + ", ".join(walls))
+    return lines
+
+
+def floors(systems: Dict) -> List[str]:
+    """Ours' training examples/s against each Trainer set-up's floor: met or not."""
+    ours = systems.get("ours")
+    checks = [(name, ours["examples_per_second"] / systems[name]["examples_per_second"], floor)
+              for name, floor in FLOORS.items() if ours and name in systems]
+    return [f"training floor against {name}: {ratio:.2f}x, floor {floor}x: {'met' if ratio >= floor else 'NOT met'}"
+            for name, ratio, floor in checks]
 
 
 def accuracy_gaps(report: Dict) -> List[str]:

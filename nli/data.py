@@ -3,12 +3,15 @@ few fixed lengths: :class:`BucketPadding`)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import datasets
+import numpy as np
 import pyarrow.compute
 import torch
 from torch.utils.data import DataLoader, Sampler, SequentialSampler
@@ -238,15 +241,67 @@ def train_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, m
 
 
 def eval_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, world: World,
-                num_workers: int, pin_memory: bool) -> DataLoader:
-    """This rank's contiguous slice of ``ds``, in order: the ranks' predictions, gathered in rank
-    order, are the split's in its own order, each example once."""
+                num_workers: int, pin_memory: bool, grouped: bool = True) -> DataLoader:
+    """This rank's contiguous slice of ``ds``: the ranks' predictions, each put back in the slice's
+    order (:func:`in_split_order`) and gathered in rank order, are the split's in its own order, each
+    example once. ``grouped``: in batches of about one length (:class:`LengthGroups`), which pad far
+    less than batches in the split's order; else in that order."""
     lo, hi = world.shard(len(ds))
     ds = ds.select(range(lo, hi)) if (lo, hi) != (0, len(ds)) else ds
     if ds.features.get("idx") == datasets.Value("string"):  # a test file's own ids, as text
         collator = TextIds(collator)
+    if grouped and len(ds):
+        return DataLoader(ds, batch_sampler=LengthGroups(_lengths(ds), batch_size), collate_fn=collator,
+                          num_workers=num_workers, pin_memory=pin_memory)
     return DataLoader(ds, batch_size=batch_size, sampler=SequentialSampler(ds),
                       collate_fn=collator, num_workers=num_workers, pin_memory=pin_memory)
+
+
+def _lengths(ds: datasets.Dataset) -> List[int]:
+    """Tokens per example, read from the Arrow column without decoding the examples."""
+    return pyarrow.compute.list_value_length(ds.with_format("arrow")[:]["input_ids"]).to_pylist()
+
+
+class LengthGroups(Sampler[List[int]]):
+    """Batches of examples of about one length, longest first: an evaluation's batches, padded each to
+    its longest example, then compute on little padding (the split's order mixes short and long).
+    ``restore`` puts predictions made in this order back in the examples' own order."""
+
+    def __init__(self, lengths: Sequence[int], batch_size: int) -> None:
+        # Stable: examples of one length keep their order. Longest first: a batch too large for the
+        # device's memory fails at once, not at the end of the split.
+        self.order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        self.batch_size = batch_size
+        self.restore = [0] * len(self.order)  # restore[i]: where example i comes in the batches' order
+        for position, example in enumerate(self.order):
+            self.restore[example] = position
+
+    def rebatched(self, batch_size: int) -> "LengthGroups":
+        """The same order in batches of ``batch_size`` (an evaluation out of memory: nli.oom)."""
+        groups = copy.copy(self)
+        groups.batch_size = batch_size
+        return groups
+
+    def __iter__(self) -> Iterator[List[int]]:
+        for begin in range(0, len(self.order), self.batch_size):
+            yield self.order[begin:begin + self.batch_size]
+
+    def __len__(self) -> int:
+        return -(-len(self.order) // self.batch_size)
+
+
+def in_split_order(loader: DataLoader, values: Any) -> Any:
+    """``values`` (a dataclass of arrays, one row per example, such as nli.evaluation.Predictions)
+    made in ``loader``'s order, in its examples' own order: each array whose first dimension counts
+    the examples reordered, every other field as it is. Unchanged where the loader kept that order."""
+    groups = loader.batch_sampler
+    if not isinstance(groups, LengthGroups):
+        return values
+    restore = np.asarray(groups.restore, dtype=np.int64)
+    changes = {f.name: value[restore] for f in dataclasses.fields(values)
+               if isinstance(value := getattr(values, f.name), np.ndarray) and value.ndim
+               and len(value) == len(restore)}
+    return dataclasses.replace(values, **changes)
 
 
 class TextIds:

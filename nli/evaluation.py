@@ -1,21 +1,24 @@
 """A model's predictions and GLUE metrics over a task's splits, on one process or many.
 
-Each rank predicts its contiguous slice of a split (``data.eval_loader``); the slices, gathered in
-rank order, are the split in its own order, so every rank gets the metrics one process would.
+Each rank predicts its contiguous slice of a split (``data.eval_loader``), in batches of about one
+length (far less padding), and puts its predictions back in the slice's order; the slices, gathered
+in rank order, are the split in its own order, so every rank gets the metrics one process would.
 """
 
 from __future__ import annotations
 
 import math
+import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import datasets
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from nli import metrics
+from nli import data, metrics
 from nli.config import TaskConfig
 from nli.device import Compute
 from nli.distributed import World
@@ -57,8 +60,26 @@ class Predictions:
         return None if self.log_probs is None else np.exp(self.log_probs)
 
 
+# Each eval loader's examples predicted and the seconds that took, in this process, for as long as it lives.
+_SPEED: "weakref.WeakKeyDictionary[DataLoader, List[Any]]" = weakref.WeakKeyDictionary()
+
+
+def examples_per_second(loaders: Iterable[DataLoader], world: World) -> Optional[float]:
+    """How fast the model predicted the examples of ``loaders`` (this rank's slices), over every
+    prediction so far, for the whole world (a rank's slice times the ranks: slices differ by one
+    example at most); None before any."""
+    examples, seconds = 0, 0.0
+    for loader in loaders:
+        done, took = _SPEED.get(loader, (0, 0.0))
+        examples, seconds = examples + done, seconds + took
+    return examples * world.world_size / seconds if seconds > 0 else None
+
+
 @torch.no_grad()
 def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, compute: Compute) -> Predictions:
+    """The model's predictions on ``loader``'s examples, in their own order (a loader that batches them by
+    length, nli.data.LengthGroups, has them put back), its speed kept for :func:`examples_per_second`."""
+    started = time.perf_counter()
     was_training = model.training
     model.eval()
     outputs: List[torch.Tensor] = []
@@ -78,8 +99,12 @@ def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, comput
     logits = torch.cat(outputs).cpu()
     values = logits.squeeze(-1) if task.is_regression else logits.argmax(-1)
     log_probs = None if task.is_regression else torch.log_softmax(logits, dim=-1).numpy()
-    return Predictions(values=values.numpy(), labels=torch.cat(labels).numpy(), idx=np.asarray(idx) if idx else None,
-                       log_probs=log_probs)
+    predictions = data.in_split_order(loader, Predictions(values=values.numpy(), labels=torch.cat(labels).numpy(),
+                                                          idx=np.asarray(idx) if idx else None, log_probs=log_probs))
+    speed = _SPEED.setdefault(loader, [0, 0.0])
+    speed[0] += len(predictions.values)
+    speed[1] += time.perf_counter() - started
+    return predictions
 
 
 def gather(predictions: Predictions, world: World) -> Predictions:
@@ -126,6 +151,9 @@ class Evaluator:
     # eval split -> its examples as loaded, before tokenizing (text fields, label, idx), in order: the rows
     # of its predictions file (nli.analysis)
     examples: Mapping[str, datasets.Dataset] = field(default_factory=dict)
+    # The evaluations it made in this process, while something holds them (:meth:`made`).
+    _made: "weakref.WeakValueDictionary[int, Evaluation]" = field(
+        default_factory=weakref.WeakValueDictionary, init=False, repr=False, compare=False)
 
     def __call__(self, model: torch.nn.Module, step: int) -> Evaluation:
         scores: Dict[str, float] = {}
@@ -143,4 +171,14 @@ class Evaluator:
         evaluation = Evaluation(step=step, metrics={f"{self.prefix}{name}": value for name, value in scores.items()},
                                 objective=objective)
         evaluation.predictions = outputs
+        self._made[id(evaluation)] = evaluation
         return evaluation
+
+    def made(self, evaluation: Optional[Evaluation]) -> bool:
+        """Whether ``evaluation`` is one this evaluator made in this process (an earlier attempt's,
+        read from a checkpoint, is not)."""
+        return evaluation is not None and self._made.get(id(evaluation)) is evaluation
+
+    def examples_per_second(self) -> Optional[float]:
+        """How fast its evaluations so far predicted (:func:`examples_per_second`); None before any."""
+        return examples_per_second(self.loaders.values(), self.world)

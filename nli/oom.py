@@ -34,11 +34,12 @@ import dataclasses
 import gc
 import logging
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader
 
+from nli.data import LengthGroups
 from nli.device import Compute
 from nli.distributed import World
 from nli.errors import OutOfMemory
@@ -119,6 +120,15 @@ class Evaluations:
 
     def __init__(self, evaluator: Evaluator) -> None:
         self.evaluator = evaluator
+        self._earlier: List[Evaluator] = []  # the evaluators of larger batches it replaced
+
+    def made(self, evaluation: Optional[Evaluation]) -> bool:
+        """Whether ``evaluation`` is one made in this process, in batches of any size (Evaluator.made)."""
+        return any(each.made(evaluation) for each in (self.evaluator, *self._earlier))
+
+    def examples_per_second(self) -> Optional[float]:
+        """How fast its evaluations predicted, in the batches that fit (Evaluator.examples_per_second)."""
+        return self.evaluator.examples_per_second()
 
     def __call__(self, model: torch.nn.Module, step: int) -> Evaluation:
         training = model.training  # a failed pass leaves the model in eval mode: training goes on with dropout
@@ -133,11 +143,12 @@ class Evaluations:
             finally:
                 model.train(training)
             torch.set_rng_state(rng)
+            self._earlier.append(self.evaluator)
             self.evaluator = self._halved()
 
     def _halved(self) -> Evaluator:
         world = self.evaluator.world
-        size = max(loader.batch_size or 1 for loader in self.evaluator.loaders.values())
+        size = max(batch_size(loader) for loader in self.evaluator.loaders.values())
         if world.distributed:
             raise OutOfMemory(f"rank {world.rank} of {world.world_size} ran out of GPU memory evaluating batches of "
                               f"{size} examples; under data parallelism the ranks cannot agree on smaller ones "
@@ -150,7 +161,7 @@ class Evaluations:
         free(self.evaluator.compute)
         log.warning("out of GPU memory evaluating batches of %d examples: evaluating in batches of %d from now on, "
                     "with the same metrics (train.eval_batch_size=%d starts there)", size, size // 2, size // 2)
-        loaders = {name: rebatched(loader, max((loader.batch_size or 1) // 2, 1))
+        loaders = {name: rebatched(loader, max(batch_size(loader) // 2, 1))
                    for name, loader in self.evaluator.loaders.items()}
         return dataclasses.replace(self.evaluator, loaders=loaders)
 
@@ -163,8 +174,20 @@ def free(compute: Compute) -> None:
         torch.cuda.empty_cache()
 
 
+def batch_size(loader: DataLoader) -> int:
+    """Examples per batch: the loader's, or its length groups' (an evaluation's: nli.data.LengthGroups)."""
+    groups = loader.batch_sampler
+    return groups.batch_size if isinstance(groups, LengthGroups) else loader.batch_size or 1
+
+
 def rebatched(loader: DataLoader, batch_size: int) -> DataLoader:
-    """The same data in the same order (the same sampler) in batches of ``batch_size``."""
+    """The same data in the same order (the same sampler, or the same length groups) in batches of
+    ``batch_size``."""
+    groups = loader.batch_sampler
+    if isinstance(groups, LengthGroups):
+        return DataLoader(loader.dataset, batch_sampler=groups.rebatched(batch_size), collate_fn=loader.collate_fn,
+                          num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+                          worker_init_fn=loader.worker_init_fn)
     return DataLoader(loader.dataset, batch_size=batch_size, sampler=loader.sampler, collate_fn=loader.collate_fn,
                       num_workers=loader.num_workers, pin_memory=loader.pin_memory, generator=loader.generator,
                       persistent_workers=loader.persistent_workers, worker_init_fn=loader.worker_init_fn,

@@ -188,8 +188,9 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             out.provenance = provenance.collect(compute, world, context.command)
             if cfg.eval.only:  # a trained model, scored: no optimizer, no checkpoints, no training set
                 stage = "evaluating"
-                return evaluate_only(cfg.model, cfg.task, cfg.data, cfg.train, cfg.eval, cfg.logger, seed=cfg.seed,
-                                     out=out, compute=compute, stop=stop)
+                with compute.inference():  # the model trains no more
+                    return evaluate_only(cfg.model, cfg.task, cfg.data, cfg.train, cfg.eval, cfg.logger,
+                                         seed=cfg.seed, out=out, compute=compute, stop=stop)
             loaded = load_data(cfg.task, cfg.data, cfg.model, cfg.train, cfg.eval, seed=cfg.seed,
                                micro_batch_size=cfg.micro_batch_size(world.world_size), out=out, compute=compute)
             stop.check()  # a signal some library swallowed (nli.signals) stops the run between phases
@@ -205,9 +206,10 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             stage = "finishing"
             if stop.signal:  # it came with the last step: training is whole and checkpointed
                 raise Interrupted(stop.signal)
-            best_model = finish_export(model, training, loaded, out, result)
-            return report(cfg.task, training, loaded, out, result, best_model,
-                          save_predictions=cfg.eval.save_predictions)
+            best_model = finish_export(model, training, loaded, out, result, fast_paths=cfg.model.fast_paths)
+            with compute.inference():  # the model trains no more
+                return report(cfg.task, training, loaded, out, result, best_model,
+                              save_predictions=cfg.eval.save_predictions)
     except BaseException as error:
         stopped = interruption(error)  # the signal, or an error it caused (nli.signals.interruption)
         if stopped is None:
@@ -417,10 +419,11 @@ def fit(train: TrainConfig, training: Training, loaded: Data, out: Outputs, stop
 
 
 def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out: Outputs,
-                  result: TrainResult) -> torch.nn.Module:
+                  result: TrainResult, *, fast_paths: bool = True) -> torch.nn.Module:
     """The best checkpoint's weights (nli.export.best_weights), saved with their tokenizer as
-    ``model/``; the model to evaluate is what was exported, read back (transformers' save_pretrained
-    writes on rank 0 alone; the other ranks evaluate the same weights in memory)."""
+    ``model/``; the model to evaluate is what was exported, read back, with the fast paths that apply
+    (``fast_paths``: model.fast_paths) as training evaluated (transformers' save_pretrained writes on
+    rank 0 alone; the other ranks evaluate the same weights in memory)."""
     exported = lora.exported_adapters if isinstance(training.weights, lora.Adapters) else export.exported_weights
     result.best, weights = export.best_weights(out.checkpoints, out.storage, result.best, exported=exported)
     training.weights.load_state_dict(weights)
@@ -431,7 +434,9 @@ def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out:
     with tempfile.TemporaryDirectory() as folder:
         export.write(out.storage, model, loaded.tokenizer, result.best, Path(folder),
                      Card(out.context.resolved, out.provenance))
-        return load_export(Path(folder)).to(training.opt.compute.device)
+        exported = load_export(Path(folder)).to(training.opt.compute.device)
+    fastpaths.install(exported, device=training.opt.compute.device, enabled=fast_paths)
+    return exported
 
 
 def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, result: TrainResult,
@@ -439,7 +444,7 @@ def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, res
     """The exported model's evaluation, on the task and on eval.extra's sets, with each class's figures
     and (``save_predictions``) each eval split's predictions (nli.analysis), its test predictions, and
     results.json, written last."""
-    final = loaded.evaluate(best_model, result.best.step)
+    final = _final_evaluation(training, loaded, result, best_model)
     log.info("final evaluation of the best checkpoint by %s (step %d of %d), exported to %s: %s",
              task.main_metric, result.best.step, result.steps, out.storage.describe(contract.MODEL_DIR),
              ", ".join(f"{k}={v:.4f}" for k, v in final.metrics.items()))
@@ -456,6 +461,7 @@ def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, res
     results = {"objective": final.objective, **final.metrics, **extra,
                "train_examples_per_second": result.examples_per_second,
                "train_tokens_per_second": result.tokens_per_second,
+               "eval_examples_per_second": loaded.evaluate.examples_per_second(),
                "peak_memory_bytes": device.peak_memory_bytes(training.opt.compute.device),
                "train_seconds": result.seconds, "train_steps": result.steps, "best_step": result.best.step,
                "trainable_parameters": sum(p.numel() for p in training.opt.model.parameters() if p.requires_grad),
@@ -463,6 +469,21 @@ def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, res
                **({"continued": out.checkpoints.continued} if out.checkpoints.continued else {}),
                **(xla.compilations() if xla.in_use() else {}), **classes, "status": "completed"}
     return _finish(results, training.trackers, out)
+
+
+def _final_evaluation(training: Training, loaded: Data, result: TrainResult,
+                      best_model: torch.nn.Module) -> Evaluation:
+    """The exported model's evaluation: the best checkpoint's own, whole, where this process made it
+    (the exported weights are the ones it evaluated, with the same fast paths, batches and precision:
+    evaluating them again gives the same figures); else evaluated now: the best came from an earlier
+    attempt of the run (read from a checkpoint), or from a damaged checkpoint's stand-in, or under
+    LoRA, where the exported model merges the adapters the evaluation ran beside the weights."""
+    best = result.best
+    if loaded.evaluate.made(best) and not isinstance(training.weights, lora.Adapters):
+        log.info("the best checkpoint (step %d) was evaluated at its step; that evaluation is its final one",
+                 best.step)
+        return best
+    return loaded.evaluate(best_model, best.step)
 
 
 def evaluate_only(model_cfg: ModelConfig, task: TaskConfig, source: DataConfig, train: TrainConfig,
@@ -484,6 +505,7 @@ def _evaluate(trained: ModelConfig, where: str, model_cfg: ModelConfig, task: Ta
     world = out.world
     tokenizer = share_tokenizer(build_tokenizer(trained, [], max_seq_length=source.max_seq_length), world)
     model = load_trained(trained).to(compute.device)
+    fastpaths.install(model, device=compute.device, enabled=model_cfg.fast_paths)  # as training evaluated
     labels = head_labels(model.config) if model.config.num_labels > 1 else []  # one output: a regression
     collator = _collator(source.max_seq_length, tokenizer, compute, compiled=train.compile)
     named = f"model.name_or_path={model_cfg.name_or_path}"
@@ -509,6 +531,7 @@ def _evaluate(trained: ModelConfig, where: str, model_cfg: ModelConfig, task: Ta
                        save_predictions=evaluation.save_predictions)
     _predict_tests(task, own.test, model, compute, out, label_map=own.evaluate.label_map)
     results = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": where,
+               "eval_examples_per_second": own.evaluate.examples_per_second(),
                "identity": digest(out.identity), **classes, "status": "completed"}
     return _finish(results, trackers, out)
 

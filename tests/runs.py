@@ -39,7 +39,7 @@ GLUE_DATA = ROOT / "tests" / "data" / "glue_data"  # real RTE and WNLI, in GLUE'
 # What a run measures rather than computes, and where it ran (its command, threads, code: nli.provenance):
 # the only results that differ between equal runs.
 MEASURED = {"train_examples_per_second", "train_tokens_per_second", "train_seconds", "peak_memory_bytes",
-            "provenance"}
+            "eval_examples_per_second", "provenance"}
 # A few hundred synthetic examples and a handful of steps: about a second per run on one CPU core.
 FAST = ["experiment=quickstart", "data.synthetic_train_size=320", "data.synthetic_eval_size=96",
         "train.max_steps=12", "train.eval_every=6", "train.log_every=3", "train.progress_bar=false"]

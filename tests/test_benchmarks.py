@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,7 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
         assert 15 < figures["tokens_per_second"] / figures["examples_per_second"] < 80
         assert 0 <= figures["dev_accuracy"] <= 1 and 0 <= figures["test_accuracy"] <= 1
         assert "mfu" not in figures  # no GPU here
+        assert figures["eval_examples_per_second"] > 0 and figures["wall_seconds"] > 0
         for key in ("dev_accuracy", "test_accuracy"):  # the mean over the seeds, and their spread
             by_seed = figures[f"{key}_by_seed"]
             assert list(by_seed) == ["1", "2"]
@@ -70,12 +72,22 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
     assert settings["steps"] == 3 and settings["task"].startswith("MNLI-like") and settings["seeds"] == [1, 2]
     assert proc.stdout.count(" seed 1 ") == 3 and proc.stdout.count(" seed 2 ") == 3
     table = out.with_suffix(".md").read_text()
-    assert "| system | examples/s | tokens/s | peak memory (GiB) |" in table
+    assert "| system | examples/s | tokens/s | eval examples/s | peak memory (GiB) |" in table
     ratio = systems["ours"]["examples_per_second"] / systems["hf-defaults"]["examples_per_second"]
     assert f"ours: {ratio:.2f}x the examples/s of hf-defaults" in table
     gap = 100 * (systems["ours"]["test_accuracy"] - systems["hf-tuned"]["test_accuracy"])
     assert "test accuracy, ours minus the Trainer over 2 seeds: " in table and f"{gap:+.1f} ± " in table
     assert table.split("\n\n", 1)[1] in proc.stdout  # the same table, after the machine's line
+    # Evaluation against training, whole runs against each other, the training floors: there, whatever their values.
+    assert re.search(r"ours: evaluation at [\d.]+ examples/s, [\d.]+x training's [\d.]+ \(aim: at least 2.5x\)",
+                     table)
+    assert re.search(r"whole run, start to results: \d+ s for ours, \d+ s for hf-defaults \([\d.]+x\), "
+                     r"\d+ s for hf-tuned \([\d.]+x\)", table)
+    for name, floor in (("hf-defaults", "1.8"), ("hf-tuned", "1.15")):
+        assert re.search(rf"training floor against {name}: [\d.]+x, floor {floor}x: (met|NOT met)", table)
+    # The CPU's bf16 capability: its model, the flags that bear on it, and what precision=auto makes of them.
+    assert re.search(r"flags [+-]avx512f [+-]avx512_bf16 [+-]amx_tile [+-]amx_bf16; .* kernels, .*; precision=auto: "
+                     r"(bf16|fp32) \(", report["machine"])
 
 
 @pytest.mark.process

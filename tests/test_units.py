@@ -427,12 +427,39 @@ print(json.dumps({"imported": imported, "installed": installed, "after": registe
     assert report == {"imported": [False, False], "installed": list(fastpaths.PATHS), "after": [True, True]}
 
 
-@pytest.mark.parametrize("asked,computed", [("auto", torch.float32), ("fp32", torch.float32), ("bf16", torch.bfloat16)])
-def test_on_the_cpu_precision_is_what_was_asked_and_auto_is_fp32(asked: str, computed: torch.dtype) -> None:
+@pytest.mark.parametrize("asked,computed", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_on_the_cpu_precision_is_what_was_asked(asked: str, computed: torch.dtype) -> None:
     from nli.config import Precision, PrecisionConfig
     from nli.device import resolve_precision
 
     assert resolve_precision(PrecisionConfig(dtype=Precision(asked)), torch.device("cpu")) == computed
+
+
+@pytest.mark.parametrize("bf16, amx, capability, env, computed, why", [
+    (True, False, "AVX512", {}, torch.bfloat16, "the CPU computes bf16 natively; precision=fp32 keeps fp32"),
+    (False, True, "AVX512", {}, torch.bfloat16, "the CPU computes bf16 natively"),  # AMX alone
+    (False, False, "AVX2", {}, torch.float32, "no native bf16 (AVX512-BF16 or AMX) on this CPU"),
+    # The reference runs' pins (tests/reference.py) take the bf16 instructions away: they stay fp32.
+    (True, False, "AVX512", {"ONEDNN_MAX_CPU_ISA": "SSE41"}, torch.float32,
+     "ONEDNN_MAX_CPU_ISA=SSE41 keeps oneDNN from its bf16 instructions"),
+    (True, False, "AVX512", {"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"}, torch.bfloat16, "natively"),
+    (True, False, "DEFAULT", {}, torch.float32, "torch's kernels are its DEFAULT ones (ATEN_CPU_CAPABILITY)"),
+])
+def test_on_the_cpu_auto_is_bf16_where_the_cpu_computes_it_natively(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, bf16: bool, amx: bool, capability: str,
+        env: Dict[str, str], computed: torch.dtype, why: str) -> None:
+    from nli.config import Precision, PrecisionConfig
+    from nli.device import resolve_precision
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with caplog.at_level(logging.INFO, logger="nli.device"):
+        assert resolve_precision(PrecisionConfig(dtype=Precision.auto), torch.device("cpu")) == computed
+    name = "bf16" if computed == torch.bfloat16 else "fp32"
+    assert f"precision {name} (precision=auto: " in caplog.text and why in caplog.text
 
 
 def test_on_the_cpu_fp16_is_refused_with_what_runs() -> None:
