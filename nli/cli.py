@@ -183,7 +183,8 @@ def _off_console(level: int, message: str) -> None:
 
 def _preflight(cfg: Config, site: platform.Site) -> None:
     """A Cloud Storage output folder's bucket and credentials, and a model in a bucket (copied to its
-    local cache), checked on rank 0 before torch loads: a wrong one is answered in seconds, not after the import (the run's setup checks all the rest).
+    local cache), checked on rank 0 before torch loads: a wrong one is answered in seconds, not after
+    the import (the run's setup checks all the rest).
     On XLA, the TPU asked of PyTorch/XLA before datasets and transformers import it: on its own it
     falls back to the CPU where it finds none, and the run would train there, slowly, unsaid."""
     if cfg.hw.accelerator == Accelerator.xla:
