@@ -69,7 +69,7 @@ def local_copy(url: str, *, key: str = "model.name_or_path") -> Path:
     target = cache_dir() / _digest([url])[:16] / _digest(f"{o.name} {o.size} {o.version}" for o in objects)[:16]
     model = target / contract.MODEL_DIR
     if model.is_dir():
-        log.info("%s=%s: unchanged since it was copied to %s", key, url, model)
+        log.info("%s=%s: read from its copy in %s (the folder is unchanged since it was copied)", key, url, model)
         return model
     _copy(storage, objects, target)
     log.info("%s=%s: copied to %s (%d files, %.1f MB)", key, url, model, len(objects),
