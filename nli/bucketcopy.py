@@ -96,24 +96,10 @@ def _listing(storage: Storage) -> List[Remote]:
         blobs = list(storage._client.list_blobs(bucket, prefix=f"{prefix}/" if prefix else None, timeout=TIMEOUT,
                                                  retry=None))
     except Exception as err:  # google-api-core's, google-auth's and requests' errors: storage tells them apart
-        raise _read_failure(storage, err) from err
+        raise storage.read_failure(err) from err
     start = len(prefix) + 1 if prefix else 0
     return [Remote(blob.name[start:], int(blob.size or 0), str(blob.generation or blob.etag))
             for blob in blobs if not blob.name.endswith("/")]
-
-
-def _read_failure(storage: Storage, err: BaseException) -> StorageError:
-    from google.api_core import exceptions as api
-
-    bucket = storage.root.partition("/")[0]
-    # storage's own messages are about an output folder, which is written and whose bucket one may create
-    if isinstance(err, api.NotFound):
-        return StorageError(f"{storage.key}={storage.url}: bucket {bucket} does not exist: check the URL "
-                            "(gcloud storage ls lists your buckets)")
-    if isinstance(err, api.Forbidden):
-        return StorageError(f"{storage.key}={storage.url}: reading gs://{bucket} is not allowed: grant "
-                            "roles/storage.objectViewer on the bucket, or use other credentials")
-    return storage.cloud_failure(err)
 
 
 def _version(info: Dict[str, object]) -> str:
@@ -156,7 +142,7 @@ def _fetch(storage: Storage, remote: Remote, local: Path) -> None:
         if isinstance(err, api.PreconditionFailed):
             raise StorageError(f"{storage.describe(remote.name)} was rewritten while it was copied (a run is writing "
                                "the folder): run the command again once it is done") from None
-        raise (_read_failure(storage, err) if storage.cloud else
+        raise (storage.read_failure(err) if storage.cloud else
                StorageError(f"could not read {storage.describe(remote.name)}: {err}")) from err
 
 

@@ -128,9 +128,11 @@ def _read(where: str, read: Any, jobs_file: str) -> Dict[str, Any]:
     if "://" not in where and not Path(where).is_dir():
         raise NotASweep(f"{where}: no such folder; {give}")
     try:
+        if "://" in where:
+            Storage(where, key="SWEEP").check_readable()  # a wrong bucket or no network: at once, with the fix
         record = read(where)
-    except StorageError as error:
-        raise NotASweep(f"{where} cannot be read ({error}); {give}") from None
+    except StorageError as error:  # the bucket, the credentials or the network: its own message has the fix
+        raise NotASweep(str(error)) from None
     except OSError as error:
         raise NotASweep(f"{where} cannot be read ({error}); check the URL and your credentials "
                         "(gcloud auth application-default login)") from None

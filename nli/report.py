@@ -7,9 +7,9 @@ Each argument is a sweep directory (one with ``sweep_results.jsonl``, written by
 nli/sweep.py), a single run folder (one with ``results.json``), or a Vertex AI sweep's folder in a
 bucket (``gs://<staging_bucket>/<sweep name>``: its jobs' folders, or the table ``python -m nli.cloud
 attach`` wrote there). Of a directory that several sweeps ran in (one after another: a sweep run
-again), the report is of the newest sweep's jobs, and says how many older sweeps' rows it left out. The report goes to the first sweep directory given (else the
-first run folder; for a sweep in a bucket, ``reports/<sweep name>`` in the current directory), or to
-``--out``:
+again), the report is of the newest sweep's jobs, and says how many older sweeps' rows it left out.
+The report goes to the first sweep directory given (else the first run folder; for a sweep in a
+bucket, ``reports/<sweep name>`` in the current directory), or to ``--out``:
 
 - ``report.md``: every job (state, the overrides that vary, objective and metrics, speed, error),
   and when seeds were swept the mean ± sample standard deviation over them;
@@ -144,6 +144,9 @@ def bucket_rows(url: str, notes: List[str]) -> List[Row]:
     overrides the sweep recorded as it submitted it (vertex_jobs.json), else the run's own."""
     folder = Storage(url.rstrip("/"), key="DIR")
     try:
+        if not folder.check_readable():
+            raise ReportError(f"{url}: nothing there; expected the folder of a Vertex AI sweep, <staging_bucket>/"
+                              "<sweep name> (gcloud storage ls lists it)")
         if folder.exists(sweep.RESULTS_JSONL):
             lines = folder.read_bytes(sweep.RESULTS_JSONL).decode().splitlines()
             return _newest(folder.url, [json.loads(line) for line in lines if line.strip()], notes)
@@ -152,8 +155,8 @@ def bucket_rows(url: str, notes: List[str]) -> List[Row]:
         rows = [_job_folder_row(folder, num, recorded.get(num)) for num in numbers]
     except json.JSONDecodeError as err:
         raise ReportError(f"{url}: a file of the sweep is not JSON ({err})") from None
-    except UserError:
-        raise
+    except UserError as err:  # a StorageError: the bucket, the credentials or the network, with the fix
+        raise err if isinstance(err, ReportError) else ReportError(str(err)) from None
     except OSError as err:  # gcsfs' errors: no credentials, no network, no permission
         raise ReportError(f"{url} cannot be read: {err}") from None
     if not rows:

@@ -145,5 +145,8 @@ def test_a_bucket_folder_that_is_no_sweep_is_one_line(gcs_emulator: Dict[str, st
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main(["gs://test-bucket/no-such-sweep"]) == 2
     err = capsys.readouterr().err
-    assert err == ("error: gs://test-bucket/no-such-sweep: holds neither sweep_results.jsonl nor job folders (0/, 1/, "
-                   "...): expected the folder of a Vertex AI sweep, <staging_bucket>/<sweep name>\n")
+    assert err == ("error: gs://test-bucket/no-such-sweep: nothing there; expected the folder of a Vertex AI sweep, "
+                   "<staging_bucket>/<sweep name> (gcloud storage ls lists it)\n")
+    assert report.main(["gs://no-such-bucket/sweep"]) == 2
+    assert capsys.readouterr().err == ("error: DIR=gs://no-such-bucket/sweep: bucket no-such-bucket does not exist: "
+                                       "check the URL (gcloud storage ls lists your buckets)\n")

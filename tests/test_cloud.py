@@ -168,6 +168,7 @@ def test_a_folder_that_is_not_a_sweep_is_one_line_with_the_fix(tmp_path: Path, g
         str(tmp_path / "slurm"): "(its jobs ran with another launcher, whose results are already in its table)",
         str(tmp_path / "none"): f"{tmp_path / 'none'}: no such folder; {give}",
         "gs://test-bucket/no-sweep": "gs://test-bucket/no-sweep is not a Vertex AI sweep's folder",
+        "gs://no-such-bucket/sweep": "SWEEP=gs://no-such-bucket/sweep: bucket no-such-bucket does not exist",
     }
     for command in (["attach"], ["cancel"], ["logs", "--job", "0"]):
         for where, message in expected.items():
