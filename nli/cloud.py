@@ -19,6 +19,9 @@ closed while it waited).
 - ``cancel`` cancels the jobs that have not ended, and names each one.
 - ``logs`` prints job N's output (its first 1000 lines, from Cloud Logging).
 
+A folder that is not a sweep's is one line and exit status 2; a call Vertex AI or Cloud Storage refuses
+(or that cannot reach them) is one line with the fix, and exit status 1.
+
 The calls are the launcher's own (hydra_plugins.vertex_launcher: its client, with its retries and its
 messages; its rows; its log reader), imported when a command runs: it needs the ``vertex`` extra.
 """
@@ -260,12 +263,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except Exception as error:
+        import requests
+
         from hydra_plugins.vertex_launcher._checks import LaunchError
 
+        if isinstance(error, requests.ConnectionError):  # no network, or an endpoint nothing answers at
+            print(f"error: cannot reach Vertex AI ({_said(error)}); check the network", file=sys.stderr)
+            return 1
         if not isinstance(error, (LaunchError, OSError)):
             raise
         print(f"error: {error}", file=sys.stderr)  # Vertex AI's or Cloud Storage's message, with the fix
         return 1
+
+
+def _said(error: BaseException) -> str:
+    return " ".join(str(error).split())
 
 
 if __name__ == "__main__":
