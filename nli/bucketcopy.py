@@ -16,6 +16,7 @@ are left in the cache; delete the folder to reclaim the space.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List
 
 from nli import contract
+from nli.config import ModelConfig
 from nli.errors import ConfigError, StorageError
 from nli.storage import TIMEOUT, Storage
 
@@ -50,6 +52,14 @@ def cache_dir() -> Path:
     from huggingface_hub import constants
 
     return Path(constants.HF_HOME) / CACHE_NAME
+
+
+def from_bucket(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with a model folder in a bucket (model.name_or_path=gs://.../model) read from its local copy;
+    any other as it is."""
+    if cfg.name_or_path is None or "://" not in cfg.name_or_path:
+        return cfg
+    return dataclasses.replace(cfg, name_or_path=str(local_copy(cfg.name_or_path)))
 
 
 def local_copy(url: str, *, key: str = "model.name_or_path") -> Path:

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
@@ -82,6 +84,8 @@ class Table:
     def __init__(self, where: str) -> None:
         self.remote = Storage(where, key="SWEEP") if "://" in where else None
         self.dir = Path(tempfile.mkdtemp(prefix="nli-cloud-")) if self.remote else Path(where)
+        if self.remote is not None:
+            weakref.finalize(self, shutil.rmtree, self.dir, ignore_errors=True)
         if self.remote is not None and self.remote.exists(sweep.RESULTS_JSONL):
             (self.dir / sweep.RESULTS_JSONL).write_bytes(self.remote.read_bytes(sweep.RESULTS_JSONL))
 
@@ -181,10 +185,18 @@ def attach(found: Attached, *, follow: Optional[int], interval: Optional[float])
               f"python -m nli.cloud attach {found.where}, or cancel them with python -m nli.cloud cancel "
               f"{found.where}", flush=True)
         return DETACHED
-    failed = sweep.report(found.table.dir, stamp.get(sweep.SWEEP_ID))
-    if found.table.remote is not None:
-        print(f"The sweep's table: {found.table.where()}/{sweep.RESULTS_CSV}", flush=True)
-    return 1 if failed else 0
+    return 1 if _report(found, stamp.get(sweep.SWEEP_ID)) else 0
+
+
+def _report(found: Attached, sweep_id: Optional[str]) -> List[Dict[str, Any]]:
+    """The sweep's table at its end, as the sweep prints it (of a local sweep, with its summary over seeds);
+    the failed jobs."""
+    if found.table.remote is None:
+        return sweep.report(found.table.dir, sweep_id)
+    rows = found.table.rows(sweep_id)  # its working copy's folder is no place to send a reader
+    print(f"Sweep results ({found.table.where()}/{sweep.RESULTS_CSV}):\n{sweep.format_rows(rows)}\n"
+          f"The report: python -m nli.report {found.table.where()}", flush=True)
+    return [row for row in rows if row["state"] != sweep.COMPLETED]
 
 
 def _poll(found: Attached, job: "Job") -> bool:

@@ -27,7 +27,7 @@ from transformers import (
     RobertaTokenizerFast,
 )
 
-from nli import bucketcopy, contract, runfolder
+from nli import contract, runfolder
 from nli.config import Attention, ModelConfig, ScratchArchitecture, TaskConfig
 from nli.distributed import World
 from nli.errors import ConfigError
@@ -384,11 +384,12 @@ def share_tokenizer(tokenizer: PreTrainedTokenizerBase, world: World) -> PreTrai
 def trained_model(cfg: ModelConfig) -> Tuple[ModelConfig, str]:
     """``cfg`` with model.name_or_path as an evaluation loads it, and where that model is, as the user
     would write it: a run folder (nli.contract: config.yaml and model/) stands for the model it exported,
-    model/; one in a bucket (or its model/) is read from its local copy (nli.bucketcopy); a checkpoint
+    model/; one in a bucket (or its model/) stands for its model/ there (read from its local copy,
+    nli.bucketcopy.from_bucket); a checkpoint
     directory or a Hub id stands for itself."""
     assert cfg.name_or_path is not None
     if "://" in cfg.name_or_path:
-        return _copied(cfg)
+        return _in_bucket(cfg)
     folder = Path(cfg.name_or_path).expanduser()
     if not folder.is_dir() or (folder / "config.json").is_file() or not (folder / contract.CONFIG_FILE).is_file():
         return cfg, cfg.name_or_path
@@ -401,8 +402,9 @@ def trained_model(cfg: ModelConfig) -> Tuple[ModelConfig, str]:
     return dataclasses.replace(cfg, name_or_path=str(exported)), str(exported)
 
 
-def _copied(cfg: ModelConfig) -> Tuple[ModelConfig, str]:
-    """A run folder's model in a bucket, read from its local copy: transformers reads a local folder or the Hub."""
+def _in_bucket(cfg: ModelConfig) -> Tuple[ModelConfig, str]:
+    """A run folder's model in a bucket, by its URL: the run reads it from its local copy (nli.bucketcopy),
+    as transformers reads a local folder or the Hub."""
     assert cfg.name_or_path is not None
     folder = runfolder.locate(cfg.name_or_path)
     if folder is None:
@@ -410,18 +412,8 @@ def _copied(cfg: ModelConfig) -> Tuple[ModelConfig, str]:
                           "its model/: a model in a bucket is read from a run folder this project wrote. For "
                           "another, copy it to a local folder (gcloud storage cp -r) and give that folder")
     where = folder.describe(contract.MODEL_DIR)
-    copy = bucketcopy.local_copy(where)  # once per version of the folder (nli.bucketcopy)
-    log.info("model.name_or_path=%s is a run folder: evaluating the model it exported, %s (its copy in %s)",
-             cfg.name_or_path, where, copy)
-    return dataclasses.replace(cfg, name_or_path=str(copy)), where
-
-
-def from_bucket(cfg: ModelConfig) -> ModelConfig:
-    """``cfg`` with a model folder in a bucket (model.name_or_path=gs://.../model) read from its local copy
-    (nli.bucketcopy); any other as it is."""
-    if cfg.name_or_path is None or "://" not in cfg.name_or_path:
-        return cfg
-    return dataclasses.replace(cfg, name_or_path=str(bucketcopy.local_copy(cfg.name_or_path)))
+    log.info("model.name_or_path=%s is a run folder: evaluating the model it exported, %s", cfg.name_or_path, where)
+    return dataclasses.replace(cfg, name_or_path=where), where
 
 
 def load_trained(cfg: ModelConfig) -> PreTrainedModel:

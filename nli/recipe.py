@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
 from nli import contract, cpu, data, device, distributed, evalsets, export, fastpaths, lora, xla
+from nli.bucketcopy import from_bucket
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -80,7 +81,6 @@ from nli.loop import Loop, Optimization, Plan, TrainResult
 from nli.model import (
     build_model,
     build_tokenizer,
-    from_bucket,
     head_labels,
     load_export,
     load_trained,
@@ -446,6 +446,7 @@ def evaluate_only(model_cfg: ModelConfig, task: TaskConfig, source: DataConfig, 
     predictions where train.predict asks; results.json has their metrics, the model evaluated and no
     training figures. The model's labels are matched to each set's by name (nli.evalsets)."""
     trained, where = trained_model(model_cfg)
+    trained = from_bucket(trained)  # a model in a bucket: its local copy (nli.bucketcopy)
     return _evaluate(trained, where, model_cfg, task, source, train, evaluation, loggers, seed=seed, out=out,
                      compute=compute, stop=stop)
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Protocol
+
+from omegaconf import DictConfig
 
 from nli import sweep
 from nli.contract import VERTEX_JOBS_FILE
@@ -22,18 +24,26 @@ from nli.storage import Storage
 
 from .config import VertexLauncherConf
 
-if TYPE_CHECKING:
-    from ._core import Job
-
 log = logging.getLogger(__name__)
 
 JOBS_FILE = VERTEX_JOBS_FILE
 VERSION = 1
 
+class Submitted(Protocol):
+    """What the record takes of a job (``_core.Job``, which imports this module)."""
+
+    num: int
+    overrides: List[str]
+    config: DictConfig
+    output_dir: Path
+    remote_dir: str
+    name: str
+
+
 _SWEEPS: Dict[str, Dict[str, Any]] = {}  # sweep directory and sweep id -> its record, as written last
 
 
-def submitted(job: "Job", settings: VertexLauncherConf) -> None:
+def submitted(job: Submitted, settings: VertexLauncherConf) -> None:
     """Adds the job, just submitted, to its sweep's record, and writes the record in both places."""
     sweep_dir = Path(str(job.config.hydra.sweep.dir)).absolute()
     stamp = sweep.running_sweep(sweep_dir)
