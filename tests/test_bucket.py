@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
 import pytest
+import yaml
 
 from nli import bucketcopy, report
 from nli.errors import ConfigError, StorageError
@@ -128,7 +129,11 @@ def test_a_vertex_sweeps_folder_in_a_bucket_is_reported_as_the_sweep(shared_root
         bucket.upload_dir(shared_sweep / str(job), f"{job}/model")
         bucket.write_text(f"{job}/model/job_return.json", json.dumps(
             {"status": "COMPLETED", "return_value": read_results(shared_sweep / str(job))["objective"]}))
+    # A job that failed before its run wrote anything: its overrides are those the launcher recorded.
     bucket.write_text("4/model/job_return.json", json.dumps({"status": "FAILED", "error": "DataError: no data"}))
+    overrides = [each.replace("seed=1", "seed=3") for each in yaml.safe_load((shared_sweep / "0" / "overrides.yaml")
+                                                                              .read_text())]
+    bucket.write_text("vertex_jobs.json", json.dumps({"jobs": [{"num": 4, "overrides": overrides}]}))
     monkeypatch.chdir(tmp_path)
     assert report.main([url]) == 0
     assert report.main([str(shared_sweep), "--out", str(tmp_path / "local")]) == 0
@@ -137,7 +142,7 @@ def test_a_vertex_sweeps_folder_in_a_bucket_is_reported_as_the_sweep(shared_root
     shown = ("job", "state", "optimizer.lr", "seed", "objective", "accuracy")
     assert [{key: row[key] for key in shown} for row in remote[:4]] == [{key: row[key] for key in shown}
                                                                          for row in local]
-    assert (remote[4]["job"], remote[4]["state"], remote[4]["error"]) == ("4", "FAILED", "DataError: no data")
+    assert [remote[4][key] for key in ("job", "state", "seed", "error")] == ["4", "FAILED", "3", "DataError: no data"]
     assert (tmp_path / "reports" / "sweep" / report.LEARNING_CURVES).is_file()  # the jobs' metrics.csv, read there
 
 
