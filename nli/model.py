@@ -32,6 +32,7 @@ from nli.config import Attention, ModelConfig, ScratchArchitecture, TaskConfig
 from nli.distributed import World
 from nli.errors import ConfigError
 from nli.hub import hub_download
+from nli.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -403,14 +404,15 @@ def trained_model(cfg: ModelConfig) -> Tuple[ModelConfig, str]:
 
 
 def _in_bucket(cfg: ModelConfig) -> Tuple[ModelConfig, str]:
-    """A run folder's model in a bucket, by its URL: the run reads it from its local copy (nli.bucketcopy),
-    as transformers reads a local folder or the Hub."""
+    """A run folder's model in a bucket, by its URL, or a model folder there: the run reads it from its local
+    copy (nli.bucketcopy), as transformers reads a local folder or the Hub."""
     assert cfg.name_or_path is not None
     folder = runfolder.locate(cfg.name_or_path)
-    if folder is None:
-        raise ConfigError(f"model.name_or_path={cfg.name_or_path} is not a run folder (config.yaml and model/) or "
-                          "its model/: a model in a bucket is read from a run folder this project wrote. For "
-                          "another, copy it to a local folder (gcloud storage cp -r) and give that folder")
+    if folder is None:  # a model folder (nli.bucketcopy checks it has config.json), or nothing there
+        if not Storage(cfg.name_or_path, key="model.name_or_path").check_readable():  # the bucket, or the fix
+            raise ConfigError(f"model.name_or_path={cfg.name_or_path} holds no files: check the path (gcloud storage "
+                              "ls), or give a local folder or a Hub id")
+        return cfg, cfg.name_or_path
     where = folder.describe(contract.MODEL_DIR)
     log.info("model.name_or_path=%s is a run folder: evaluating the model it exported, %s", cfg.name_or_path, where)
     return dataclasses.replace(cfg, name_or_path=where), where

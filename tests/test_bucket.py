@@ -90,16 +90,22 @@ def test_a_rewritten_model_is_copied_again_and_a_damaged_one_refused(run_in_buck
     assert len(copies(model)) == 2  # the damaged copy was not kept
 
 
-@pytest.mark.parametrize("given, message", [
-    ("gs://no-such-bucket/run/model", "model.name_or_path=gs://no-such-bucket/run/model: bucket no-such-bucket does "
-                                      "not exist: check the URL"),
-    ("gs://test-bucket/no/such/run/model", "model.name_or_path=gs://test-bucket/no/such/run/model holds no files: "
-                                           "check the path (gcloud storage ls gs://test-bucket/no/such/run/)"),
-])
-def test_a_missing_bucket_or_path_is_one_line_with_the_fix(given: str, message: str, tmp_path: Path,
+TRAIN, EVAL = [*FAST, "model.scratch=null"], ["eval.only=true"]
+
+
+@pytest.mark.parametrize("args, given, message", [
+    (TRAIN, "gs://no-such-bucket/run/model", "model.name_or_path=gs://no-such-bucket/run/model: bucket no-such-bucket "
+                                             "does not exist: check the URL"),
+    (TRAIN, "gs://test-bucket/no/such/run/model", "model.name_or_path=gs://test-bucket/no/such/run/model holds no "
+                                                  "files: check the path (gcloud storage ls gs://test-bucket/no/such/"
+                                                  "run/)"),
+    (EVAL, "gs://no-such-bucket/run", "model.name_or_path=gs://no-such-bucket/run: bucket no-such-bucket does not "
+                                      "exist: check the URL"),
+], ids=["train-bucket", "train-path", "eval-bucket"])
+def test_a_missing_bucket_or_path_is_one_line_with_the_fix(args: List[str], given: str, message: str, tmp_path: Path,
                                                            gcs_emulator: Dict[str, str]) -> None:
-    proc = run_app([*FAST, f"model.name_or_path={given}", "model.scratch=null", f"hydra.run.dir={tmp_path / 'run'}"],
-                   cwd=tmp_path, env=gcs_emulator)
+    proc = run_app([*args, f"model.name_or_path={given}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                   env=gcs_emulator)
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith(f"error: {message}")
     assert "\n" not in proc.stderr.strip() and "Traceback" not in proc.stdout + proc.stderr
