@@ -182,8 +182,9 @@ def _off_console(level: int, message: str) -> None:
 
 
 def _preflight(cfg: Config, site: platform.Site) -> None:
-    """A Cloud Storage output folder's bucket and credentials, checked on rank 0 before torch loads: a
-    wrong one is answered in seconds, not after the import (the run's setup checks all the rest).
+    """A Cloud Storage output folder's bucket and credentials, and a model in a bucket (copied to its
+    local cache), checked on rank 0 before torch loads: a wrong one is answered in seconds, not after
+    the import (the run's setup checks all the rest).
     On XLA, the TPU asked of PyTorch/XLA before datasets and transformers import it: on its own it
     falls back to the CPU where it finds none, and the run would train there, slowly, unsaid."""
     if cfg.hw.accelerator == Accelerator.xla:
@@ -191,3 +192,8 @@ def _preflight(cfg: Config, site: platform.Site) -> None:
     url = cfg.output_dir or site.output_dir
     if url and "://" in url and int(site.process_env.get("RANK", "0")) == 0:
         Storage(url).check_writable()
+    model = cfg.model.name_or_path
+    if model and "://" in model and not cfg.eval.only and int(site.process_env.get("RANK", "0")) == 0:
+        from nli.bucketcopy import local_copy
+
+        local_copy(model)  # a wrong bucket or path answered now; the run reads the copy (nli.model.from_bucket)

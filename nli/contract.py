@@ -46,6 +46,10 @@ VERTEX_MODEL_DIR = "AIP_MODEL_DIR"
 VERTEX_CHECKPOINT_DIR = "AIP_CHECKPOINT_DIR"
 VERTEX_TENSORBOARD_DIR = "AIP_TENSORBOARD_LOG_DIR"
 VERTEX_CLUSTER_SPEC = "CLUSTER_SPEC"
+# What the launcher's jobs and the launcher write into a sweep's folders in the bucket: each job's
+# return value or error (in its model directory), and the record of the sweep's jobs (nli.cloud).
+VERTEX_JOB_RETURN_FILE = "job_return.json"
+VERTEX_JOBS_FILE = "vertex_jobs.json"
 
 # What the Vertex launcher tells each job about its code: an image holds no .git, so a job names its
 # commit (and whether the launching checkout had uncommitted changes) and its image from these.

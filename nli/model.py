@@ -32,6 +32,7 @@ from nli.config import Attention, ModelConfig, ScratchArchitecture, TaskConfig
 from nli.distributed import World
 from nli.errors import ConfigError
 from nli.hub import hub_download
+from nli.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -381,14 +382,15 @@ def share_tokenizer(tokenizer: PreTrainedTokenizerBase, world: World) -> PreTrai
 # ------------------------------------------------------------------------- a trained model, as it is
 
 
-def trained_model(cfg: ModelConfig, copy: Path) -> Tuple[ModelConfig, str]:
+def trained_model(cfg: ModelConfig) -> Tuple[ModelConfig, str]:
     """``cfg`` with model.name_or_path as an evaluation loads it, and where that model is, as the user
     would write it: a run folder (nli.contract: config.yaml and model/) stands for the model it exported,
-    model/; one in a bucket (or its model/) is copied into the local folder ``copy`` first; a checkpoint
+    model/; one in a bucket (or its model/) stands for its model/ there (read from its local copy,
+    nli.bucketcopy.from_bucket); a checkpoint
     directory or a Hub id stands for itself."""
     assert cfg.name_or_path is not None
     if "://" in cfg.name_or_path:
-        return _copied(cfg, copy)
+        return _in_bucket(cfg)
     folder = Path(cfg.name_or_path).expanduser()
     if not folder.is_dir() or (folder / "config.json").is_file() or not (folder / contract.CONFIG_FILE).is_file():
         return cfg, cfg.name_or_path
@@ -401,19 +403,19 @@ def trained_model(cfg: ModelConfig, copy: Path) -> Tuple[ModelConfig, str]:
     return dataclasses.replace(cfg, name_or_path=str(exported)), str(exported)
 
 
-def _copied(cfg: ModelConfig, copy: Path) -> Tuple[ModelConfig, str]:
-    """A run folder's model in a bucket, copied into ``copy``: transformers reads a local folder or the Hub."""
+def _in_bucket(cfg: ModelConfig) -> Tuple[ModelConfig, str]:
+    """A run folder's model in a bucket, by its URL, or a model folder there: the run reads it from its local
+    copy (nli.bucketcopy), as transformers reads a local folder or the Hub."""
     assert cfg.name_or_path is not None
     folder = runfolder.locate(cfg.name_or_path)
-    if folder is None:
-        raise ConfigError(f"model.name_or_path={cfg.name_or_path} is not a run folder (config.yaml and model/) or "
-                          "its model/: a model in a bucket is read from a run folder this project wrote. For "
-                          "another, copy it to a local folder (gcloud storage cp -r) and give that folder")
+    if folder is None:  # a model folder (nli.bucketcopy checks it has config.json), or nothing there
+        if not Storage(cfg.name_or_path, key="model.name_or_path").check_readable():  # the bucket, or the fix
+            raise ConfigError(f"model.name_or_path={cfg.name_or_path} holds no files: check the path (gcloud storage "
+                              "ls), or give a local folder or a Hub id")
+        return cfg, cfg.name_or_path
     where = folder.describe(contract.MODEL_DIR)
-    folder.download_dir(contract.MODEL_DIR, copy)
-    log.info("model.name_or_path=%s is a run folder: evaluating the model it exported, %s (copied to %s)",
-             cfg.name_or_path, where, copy)
-    return dataclasses.replace(cfg, name_or_path=str(copy)), where
+    log.info("model.name_or_path=%s is a run folder: evaluating the model it exported, %s", cfg.name_or_path, where)
+    return dataclasses.replace(cfg, name_or_path=where), where
 
 
 def load_trained(cfg: ModelConfig) -> PreTrainedModel:

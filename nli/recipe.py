@@ -25,6 +25,7 @@ uninterrupted run would. A run that already finished reports its results again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -57,6 +58,7 @@ from nli import (
     provenance,
     xla,
 )
+from nli.bucketcopy import from_bucket
 from nli.checkpoint import (
     BestEvaluation,
     Checkpointer,
@@ -191,6 +193,7 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
                 with compute.inference():  # the model trains no more
                     return evaluate_only(cfg.model, cfg.task, cfg.data, cfg.train, cfg.eval, cfg.logger,
                                          seed=cfg.seed, out=out, compute=compute, stop=stop)
+            cfg = dataclasses.replace(cfg, model=from_bucket(cfg.model))  # a model in a bucket: its local copy
             loaded = load_data(cfg.task, cfg.data, cfg.model, cfg.train, cfg.eval, seed=cfg.seed,
                                micro_batch_size=cfg.micro_batch_size(world.world_size), out=out, compute=compute)
             stop.check()  # a signal some library swallowed (nli.signals) stops the run between phases
@@ -493,10 +496,10 @@ def evaluate_only(model_cfg: ModelConfig, task: TaskConfig, source: DataConfig, 
     exported model/) as it was trained, on the task's eval splits and eval.extra's sets, with test
     predictions where train.predict asks; results.json has their metrics, the model evaluated and no
     training figures. The model's labels are matched to each set's by name (nli.evalsets)."""
-    with tempfile.TemporaryDirectory() as copy:  # a model in a bucket, copied here for transformers
-        trained, where = trained_model(model_cfg, Path(copy))
-        return _evaluate(trained, where, model_cfg, task, source, train, evaluation, loggers, seed=seed, out=out,
-                         compute=compute, stop=stop)
+    trained, where = trained_model(model_cfg)
+    trained = from_bucket(trained)  # a model in a bucket: its local copy (nli.bucketcopy)
+    return _evaluate(trained, where, model_cfg, task, source, train, evaluation, loggers, seed=seed, out=out,
+                     compute=compute, stop=stop)
 
 
 def _evaluate(trained: ModelConfig, where: str, model_cfg: ModelConfig, task: TaskConfig, source: DataConfig,

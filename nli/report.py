@@ -4,10 +4,12 @@
     python -m nli.report SWEEP_A SWEEP_B outputs/rte/RUN --out reports/lr
 
 Each argument is a sweep directory (one with ``sweep_results.jsonl``, written by ``train.py -m``,
-nli/sweep.py) or a single run folder (one with ``results.json``). Of a directory that several sweeps
-ran in (one after another: a sweep run again), the report is of the newest sweep's jobs, and says how
-many older sweeps' rows it left out. The report goes to the first sweep directory given (else the
-first run folder), or to ``--out``:
+nli/sweep.py), a single run folder (one with ``results.json``), or a Vertex AI sweep's folder in a
+bucket (``gs://<staging_bucket>/<sweep name>``: its jobs' folders, or the table ``python -m nli.cloud
+attach`` wrote there). Of a directory that several sweeps ran in (one after another: a sweep run
+again), the report is of the newest sweep's jobs, and says how many older sweeps' rows it left out.
+The report goes to the first sweep directory given (else the first run folder; for a sweep in a
+bucket, ``reports/<sweep name>`` in the current directory), or to ``--out``:
 
 - ``report.md``: every job (state, the overrides that vary, objective and metrics, speed, error),
   and when seeds were swept the mean ± sample standard deviation over them;
@@ -25,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import fsspec
 import yaml
@@ -40,8 +43,16 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from nli import sweep
-from nli.contract import OVERRIDES_FILE, RESULTS_FILE
+from nli.contract import (
+    OVERRIDES_FILE,
+    RESULTS_FILE,
+    VERTEX_JOB_RETURN_FILE,
+    VERTEX_JOBS_FILE,
+    VERTEX_MODEL_DIR,
+    vertex_dirs,
+)
 from nli.errors import UserError
+from nli.storage import Storage
 
 REPORT = "report.md"
 METRICS_CSV = "metrics.csv"
@@ -63,6 +74,8 @@ PER_CLASS = "per_class"  # results.json's per-class figures (nli.analysis): spli
 CLASS_FIGURES = ("precision", "recall", "f1")  # of each class, averaged over seeds
 
 Row = Dict[str, Any]
+Source = Union[Path, str]  # a local folder, or a sweep's folder in a bucket (gs://...)
+UNFINISHED = "UNFINISHED"  # a job of a sweep in a bucket that has written no result yet
 Curves = Dict[str, Dict[int, float]]  # metric -> step -> value
 
 
@@ -73,12 +86,15 @@ class ReportError(UserError):
 # ------------------------------------------------------------------------------- the rows
 
 
-def load_rows(paths: Sequence[Path], notes: Optional[List[str]] = None) -> List[Row]:
+def load_rows(paths: Sequence[Source], notes: Optional[List[str]] = None) -> List[Row]:
     """Every job of every sweep directory (its newest sweep's) and run folder given, in order; a line
-    in ``notes`` for each directory whose older sweeps' rows were left out."""
+    in ``notes`` for each directory whose older sweeps' rows were left out. A ``gs://`` URL is a Vertex
+    AI sweep's folder in a bucket (:func:`bucket_rows`)."""
     rows: List[Row] = []
     for path in paths:
-        if (path / sweep.RESULTS_JSONL).is_file():
+        if isinstance(path, str):
+            rows.extend(bucket_rows(path, notes if notes is not None else []))
+        elif (path / sweep.RESULTS_JSONL).is_file():
             rows.extend(_sweep_rows(path, notes if notes is not None else []))
         elif (path / RESULTS_FILE).is_file():
             rows.append(_run_row(path, num=len(rows)))
@@ -103,13 +119,7 @@ def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
         every = sweep.read_rows(sweep_dir)
     except json.JSONDecodeError as err:
         raise ReportError(f"{sweep_dir / sweep.RESULTS_JSONL}: not JSON lines ({err})") from None
-    if not every:
-        raise ReportError(f"{sweep_dir / sweep.RESULTS_JSONL} holds no jobs yet")
-    rows, older = sweep.newest_sweep(every)
-    if older:
-        notes.append(f"{sweep_dir} holds the rows of {len(older) + 1} sweeps: the report is of the newest "
-                     f"({_sweep_name(rows[0])}); the {len(every) - len(rows)} rows of the older ones are left out "
-                     f"(they stay in {sweep.RESULTS_JSONL})")
+    rows = _newest(str(sweep_dir), every, notes)
     for row in rows:
         # A sweep copied from elsewhere (a cluster, a bucket) names job folders that are not here:
         # its metrics.csv files are then read from the same subfolder of the copy.
@@ -117,6 +127,74 @@ def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
         if named and not _exists(named) and (sweep_dir / _tail(named, 1)).is_dir():
             row["output_dir"] = str(sweep_dir / _tail(named, 1))
     return rows
+
+
+def _newest(where: str, every: List[Row], notes: List[str]) -> List[Row]:
+    if not every:
+        raise ReportError(f"{where}/{sweep.RESULTS_JSONL} holds no jobs yet")
+    rows, older = sweep.newest_sweep(every)
+    if older:
+        notes.append(f"{where} holds the rows of {len(older) + 1} sweeps: the report is of the newest "
+                     f"({_sweep_name(rows[0])}); the {len(every) - len(rows)} rows of the older ones are left out "
+                     f"(they stay in {sweep.RESULTS_JSONL})")
+    return rows
+
+
+# ------------------------------------------------------------------------- a sweep in a bucket
+
+
+def bucket_rows(url: str, notes: List[str]) -> List[Row]:
+    """The jobs of a Vertex AI sweep's folder in a bucket (``<staging_bucket>/<sweep>``): its table where
+    ``python -m nli.cloud attach`` wrote one there, else a row per job folder (``0/``, ``1/``, ...) from
+    what each job wrote into its ``model/`` (results.json, the job's return or error), with the
+    overrides the sweep recorded as it submitted it (vertex_jobs.json), else the run's own."""
+    folder = Storage(url.rstrip("/"), key="DIR")
+    try:
+        if not folder.check_readable():
+            raise ReportError(f"{url}: nothing there; expected the folder of a Vertex AI sweep, <staging_bucket>/"
+                              "<sweep name> (gcloud storage ls lists it)")
+        if folder.exists(sweep.RESULTS_JSONL):
+            lines = folder.read_bytes(sweep.RESULTS_JSONL).decode().splitlines()
+            return _newest(folder.url, [json.loads(line) for line in lines if line.strip()], notes)
+        recorded = {int(job["num"]): job for job in (_json(folder, VERTEX_JOBS_FILE) or {}).get("jobs", [])}
+        numbers = sorted(int(name) for name in folder.list("") if name.isdigit())
+        rows = [_job_folder_row(folder, num, recorded.get(num)) for num in numbers]
+    except json.JSONDecodeError as err:
+        raise ReportError(f"{url}: a file of the sweep is not JSON ({err})") from None
+    except UserError as err:  # a StorageError: the bucket, the credentials or the network, with the fix
+        raise err if isinstance(err, ReportError) else ReportError(str(err)) from None
+    except OSError as err:  # gcsfs' errors: no credentials, no network, no permission
+        raise ReportError(f"{url} cannot be read: {err}") from None
+    if not rows:
+        raise ReportError(f"{url}: holds neither {sweep.RESULTS_JSONL} nor job folders (0/, 1/, ...): expected the "
+                          "folder of a Vertex AI sweep, <staging_bucket>/<sweep name>")
+    return rows
+
+
+def _job_folder_row(folder: Storage, num: int, recorded: Optional[Mapping[str, Any]]) -> Row:
+    model = vertex_dirs(str(num))[VERTEX_MODEL_DIR]  # where the job's run wrote (AIP_MODEL_DIR)
+    results = _json(folder, f"{model}/{RESULTS_FILE}")
+    reported = _json(folder, f"{model}/{VERTEX_JOB_RETURN_FILE}") or {}
+    if recorded is not None:
+        overrides = [str(each) for each in recorded.get("overrides", [])]
+    else:
+        written = folder.read_bytes(f"{model}/{OVERRIDES_FILE}") if folder.exists(f"{model}/{OVERRIDES_FILE}") else b""
+        overrides = [str(each) for each in yaml.safe_load(written) or []]
+    row = functools.partial(sweep.job_row, num=num, overrides=overrides, output_dir=folder.describe(model))
+    if reported.get("status", sweep.COMPLETED if results else None) == sweep.COMPLETED and results is not None:
+        return row(state=sweep.COMPLETED, results=sweep.own_results(results, reported.get("return_value"),
+                                                                    folder.describe(model)))
+    if "error" in reported or reported.get("status") == sweep.FAILED:
+        return row(state=sweep.FAILED, results=None, error=str(reported.get("error") or "the job failed"))
+    return row(state=UNFINISHED, results=None,
+               error=f"no {RESULTS_FILE} yet: running, or ended without reporting (python -m nli.cloud attach says)")
+
+
+def _json(folder: Storage, name: str) -> Optional[Dict[str, Any]]:
+    try:
+        return json.loads(folder.read_bytes(name))
+    except FileNotFoundError:
+        return None
 
 
 def _run_row(run_dir: Path, *, num: int) -> Row:
@@ -402,12 +480,13 @@ def _save(figure: Figure, path: Path) -> None:
 # ------------------------------------------------------------------------------ the report
 
 
-def write_report(paths: Sequence[Path], out: Optional[Path] = None, notes: Optional[List[str]] = None) -> List[Path]:
+def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Optional[List[str]] = None
+                 ) -> List[Path]:
     """Writes report.md and its plots; the files written, report.md first. ``notes`` gets a line for
     each directory whose older sweeps were left out (report.md says it too)."""
     notes = [] if notes is None else notes
     rows = load_rows(paths, notes)
-    out = out or next((path for path in paths if (path / sweep.RESULTS_JSONL).is_file()), paths[0])
+    out = out or _default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
     keys, metrics = sweep.varying(rows), model_metrics(rows)
     done = completed(rows)
@@ -428,6 +507,14 @@ def write_report(paths: Sequence[Path], out: Optional[Path] = None, notes: Optio
     report = out / REPORT
     report.write_text("\n\n".join(sections) + "\n")
     return [report, *written]
+
+
+def _default_out(paths: Sequence[Source]) -> Path:
+    """The first sweep directory given, else the first run folder; for a sweep in a bucket, which a
+    report is not written into, reports/<its name> here."""
+    first = next((path for path in paths if isinstance(path, str) or (path / sweep.RESULTS_JSONL).is_file()),
+                 paths[0])
+    return Path("reports", first.rstrip("/").rpartition("/")[2]) if isinstance(first, str) else first
 
 
 def _objective_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written: List[Path]) -> List[str]:
@@ -460,10 +547,16 @@ def _curves_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written
     return [text] if runs or notes else []
 
 
+def source(argument: str) -> Source:
+    """A folder as given: a URL stays text (Path would make gs://b of gs:/b)."""
+    return argument if "://" in argument else Path(argument)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nli.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, metavar="DIR", help="sweep directories and run folders")
+    parser.add_argument("paths", nargs="+", type=source, metavar="DIR",
+                        help="sweep directories and run folders; gs://: a Vertex AI sweep's folder in a bucket")
     parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: the first sweep)")
     args = parser.parse_args(argv)
     notes: List[str] = []

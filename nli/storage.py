@@ -109,6 +109,34 @@ class Storage:
         except Exception as err:  # google-api-core's, google-auth's and requests' errors, told apart below
             raise self.cloud_failure(err) from err
 
+    def check_readable(self) -> bool:
+        """Whether anything is under the directory. On Cloud Storage one listing, without retries: a wrong
+        bucket, credentials that may not read or no network are a StorageError at once, with the fix (gcsfs
+        would retry for a minute, logging each try's traceback)."""
+        if not self.cloud:
+            return bool(self.fs.exists(self.root))
+        bucket, _, prefix = self.root.partition("/")
+        try:
+            found = self._client.list_blobs(bucket, prefix=f"{prefix}/" if prefix else None, max_results=1,
+                                            timeout=TIMEOUT, retry=None)
+            return any(True for _ in found)
+        except Exception as err:  # google-api-core's, google-auth's and requests' errors, told apart below
+            raise self.read_failure(err) from err
+
+    def read_failure(self, err: BaseException) -> StorageError:
+        """What a Cloud Storage error met while reading this directory means, and its fix (cloud_failure's
+        are about a directory written to, whose bucket one may create)."""
+        from google.api_core import exceptions as api
+
+        bucket = self.root.partition("/")[0]
+        if isinstance(err, api.NotFound):
+            return StorageError(f"{self.key}={self.url}: bucket {bucket} does not exist: check the URL "
+                                "(gcloud storage ls lists your buckets)")
+        if isinstance(err, api.Forbidden):
+            return StorageError(f"{self.key}={self.url}: reading gs://{bucket} is not allowed: grant "
+                                "roles/storage.objectViewer on the bucket, or use other credentials")
+        return self.cloud_failure(err)
+
     def cloud_failure(self, err: BaseException) -> StorageError:
         """What a Cloud Storage error means for this directory, and its fix."""
         return _cloud_failure(err, f"{self.key}={self.url}", self.root.partition("/")[0], self._google[0])

@@ -316,6 +316,14 @@ class SweepResults(Callback):
         return failed
 
 
+def report(sweep_dir: Path, sweep_id: Optional[str]) -> List[Dict[str, Any]]:
+    """The end of a sweep whose jobs ended after its process did (``python -m nli.cloud attach``): its table,
+    seeds' summary and failed jobs, printed and written as its callback would have; the failed jobs."""
+    callback = SweepResults()
+    callback.sweep_id = sweep_id
+    return callback._report(sweep_dir)
+
+
 _OPEN: List[SweepResults] = []  # the sweeps of this process whose table is still to be printed
 
 

@@ -15,7 +15,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Optional, Sequence, cast
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple, cast
 
 from google.cloud.aiplatform_v1 import CreateCustomJobRequest, JobState
 from hydra import version
@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from nli import contract, sweep
 from nli.contract import HW_GROUP, RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
 
-from . import _spec
+from . import _record, _spec
 from ._build import Image, check_image, image_of_source
 from ._checks import LaunchError, check_machines, check_secrets
 from ._client import Vertex
@@ -117,7 +117,11 @@ class Sweep:
         log.info("Vertex AI sweep %s: %d jobs in %s (%s), outputs in %s/%s", self.name, len(jobs),
                  self.settings.project, self.settings.region, self.settings.staging_bucket, self.name)
         if not self.settings.wait:
-            return [self._submitted(job) for job in jobs]
+            returns = [self._submitted(job) for job in jobs]
+            log.info("Not waiting for them: python -m nli.cloud attach %s follows them and fills the sweep's table "
+                     "(from anywhere: %s/%s); python -m nli.cloud cancel %s cancels them", self.dir,
+                     str(self.settings.staging_bucket).rstrip("/"), self.name, self.dir)
+            return returns
         Watcher(self.vertex, self.settings, self.logs).run(jobs)
         return [self._collect(job) for job in jobs]
 
@@ -203,6 +207,7 @@ class Sweep:
 
     def _submitted(self, job: Job) -> JobReturn:
         job.name = self.vertex.create(job.request).name
+        _record.submitted(job, self.settings)  # for python -m nli.cloud attach, cancel and logs
         job.note(f"submitted {job.name} (not waiting): {self.vertex.console_url(job.name)}")
         _note_tensorboard(job, self.settings)
         return _job_return(job, JobStatus.COMPLETED, None)  # no result yet: the job has only started
@@ -210,29 +215,38 @@ class Sweep:
     def _collect(self, job: Job) -> JobReturn:
         """Hydra's JobReturn from what the job left in its output directory, and the job's row in the
         sweep's table (nli.sweep: the same table as under every launcher)."""
-        model_dir = vertex_dirs(job.remote_dir)[VERTEX_MODEL_DIR]  # where the job wrote, as Vertex AI told it
-        reported = sweep.read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}
-        row = functools.partial(sweep.job_row, num=job.num, overrides=job.overrides, output_dir=model_dir,
-                                vertex_job=job.name, vertex_state=job.state.name, **self._records(),
-                                **sweep.running_sweep(self.dir))
-        if job.state is JobState.JOB_STATE_SUCCEEDED:
-            results = sweep.read_json(f"{model_dir}/{RESULTS_FILE}")
-            value = reported.get("return_value", (results or {}).get("objective"))
+        # The row's stamp: the sweep's, and what the jobs ran (image, commit), which attach cannot know.
+        row, value, error = ended(job, {**sweep.running_sweep(self.dir), **self._records()})
+        if error is None:
             job.note(f"return value {value!r}")
-            sweep.record(self.dir, row(state=JobStatus.COMPLETED.name, results=sweep.own_results(
-                results, value, model_dir)))
+            sweep.record(self.dir, row)
             return _job_return(job, JobStatus.COMPLETED, value)
-        reason = f"; the job reported {reported['error']}" if "error" in reported else ""
-        error = JobFailed(f"Vertex AI job {job.label} ({job.name}) ended {job.state.name}: {job.error}{reason}")
         job.note(str(error))
         if job.name and self.settings.failed_log_lines > 0:
             lines = self.logs.last_lines(job.name, self.settings.failed_log_lines)
             if lines:
                 job.note(f"the last {len(lines)} lines of its output (Cloud Logging):\n" +
                          "\n".join(f"    {line}" for line in lines))
-        # No results: a job refused its folder (another run's) must not be shown with that run's results.
-        sweep.record(self.dir, row(state=JobStatus.FAILED.name, results=None, error=str(error)))
+        sweep.record(self.dir, row)
         return _job_return(job, JobStatus.FAILED, error)
+
+
+def ended(job: Job, stamp: Dict[str, Any]) -> Tuple[Dict[str, Any], Any, Optional[JobFailed]]:
+    """An ended job's row in the sweep's table (nli.sweep, stamped with ``stamp``), from what it left in its
+    output directory; its return value; and, where it did not succeed, its error. The launcher that waits
+    and ``python -m nli.cloud attach`` both fill the table with it."""
+    model_dir = vertex_dirs(job.remote_dir)[VERTEX_MODEL_DIR]  # where the job wrote, as Vertex AI told it
+    reported = sweep.read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}
+    row = functools.partial(sweep.job_row, num=job.num, overrides=job.overrides, output_dir=model_dir,
+                            vertex_job=job.name, vertex_state=job.state.name, **stamp)
+    if job.state is JobState.JOB_STATE_SUCCEEDED:
+        results = sweep.read_json(f"{model_dir}/{RESULTS_FILE}")
+        value = reported.get("return_value", (results or {}).get("objective"))
+        return row(state=JobStatus.COMPLETED.name, results=sweep.own_results(results, value, model_dir)), value, None
+    reason = f"; the job reported {reported['error']}" if "error" in reported else ""
+    error = JobFailed(f"Vertex AI job {job.label} ({job.name}) ended {job.state.name}: {job.error}{reason}")
+    # No results: a job refused its folder (another run's) must not be shown with that run's results.
+    return row(state=JobStatus.FAILED.name, results=None, error=str(error)), None, error
 
 
 class Watcher:
@@ -282,6 +296,7 @@ class Watcher:
     def _submit(self, job: Job) -> Job:
         created = self.vertex.create(job.request)
         job.name, job.state = created.name, JobState(created.state)
+        _record.submitted(job, self.settings)  # for python -m nli.cloud attach, cancel and logs
         job.note(f"submitted {job.name}: {self.vertex.console_url(job.name)}")
         _note_tensorboard(job, self.settings)
         return job

@@ -14,13 +14,13 @@ from typing import Any, Dict, List, Optional, cast
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from nli.contract import job_needs
+from nli.contract import VERTEX_JOB_RETURN_FILE, job_needs
 
 from .config import VertexLauncherConf
 
 CALLBACK = "hydra_plugins.vertex_launcher._callback.VertexJobCallback"
 SECRETS_VARIABLE = "VERTEX_LAUNCHER_SECRETS"  # NAME -> secret version, as JSON; read by the callback
-JOB_RETURN_FILE = "job_return.json"  # written by the callback into the job's output directory
+JOB_RETURN_FILE = VERTEX_JOB_RETURN_FILE  # written by the callback into the job's output directory
 MAX_LABELS = 64
 _LABEL_CHARS = re.compile(r"[^a-z0-9_-]")
 # Hydra settings of the sweep that mean nothing inside a single remote run.

@@ -1,0 +1,74 @@
+"""What a sweep submitted, written as it submits each job: ``vertex_jobs.json`` in the sweep directory and
+in the sweep's folder in the bucket (``<staging_bucket>/<sweep>``), so that the sweep can be found again
+after its terminal is gone, from this machine or another: ``python -m nli.cloud attach|cancel|logs``.
+
+It holds the sweep's Vertex AI project, region and endpoint (no secret: the jobs' secrets stay
+references in their specs), the columns that tie a row to the sweep's table (nli.sweep), and each
+submitted job's number, overrides, resource name and folders. Writing it is a help: a failure is one
+warning, and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Protocol
+
+from omegaconf import DictConfig
+
+from nli import sweep
+from nli.contract import VERTEX_JOBS_FILE
+from nli.errors import StorageError
+from nli.storage import Storage
+
+from .config import VertexLauncherConf
+
+log = logging.getLogger(__name__)
+
+JOBS_FILE = VERTEX_JOBS_FILE
+VERSION = 1
+
+class Submitted(Protocol):
+    """What the record takes of a job (``_core.Job``, which imports this module)."""
+
+    num: int
+    overrides: List[str]
+    config: DictConfig
+    output_dir: Path
+    remote_dir: str
+    name: str
+
+
+_SWEEPS: Dict[str, Dict[str, Any]] = {}  # sweep directory and sweep id -> its record, as written last
+
+
+def submitted(job: Submitted, settings: VertexLauncherConf) -> None:
+    """Adds the job, just submitted, to its sweep's record, and writes the record in both places."""
+    sweep_dir = Path(str(job.config.hydra.sweep.dir)).absolute()
+    stamp = sweep.running_sweep(sweep_dir)
+    remote = job.remote_dir.rstrip("/").rpartition("/")[0]
+    key = f"{sweep_dir} {stamp.get(sweep.SWEEP_ID)} {remote}"
+    record = _SWEEPS.setdefault(key, {
+        "version": VERSION, "sweep_name": remote.rpartition("/")[2], "project": settings.project,
+        "region": settings.region, "api_endpoint": settings.api_endpoint, "poll_interval": settings.poll_interval,
+        "sweep_dir": str(sweep_dir), "remote_dir": remote, "stamp": stamp, "jobs": []})
+    record["jobs"] = [each for each in record["jobs"] if each["num"] != job.num]
+    record["jobs"].append({"num": job.num, "overrides": list(job.overrides), "name": job.name,
+                           "remote_dir": job.remote_dir, "output_dir": str(job.output_dir.absolute())})
+    record["jobs"].sort(key=lambda each: each["num"])
+    text = json.dumps(record, indent=1) + "\n"
+    for where in (str(sweep_dir), remote):
+        try:
+            Storage(where, key="the sweep's record").write_text(JOBS_FILE, text)
+        except (StorageError, OSError) as error:
+            log.warning("%s/%s could not be written (%s): `python -m nli.cloud` cannot find the sweep's jobs "
+                        "there", where, JOBS_FILE, error)
+
+
+def read(where: str) -> Optional[Dict[str, Any]]:
+    """The record in the folder ``where`` (local or gs://); None where it has none."""
+    try:
+        return json.loads(Storage(where, key="SWEEP").read_bytes(JOBS_FILE))
+    except FileNotFoundError:
+        return None
