@@ -35,8 +35,8 @@ import numpy as np
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
 from nli.config import TaskConfig
+from nli.contract import CLASS_FIGURES
 from nli.evaluation import Evaluation, Evaluator, Predictions
-from nli.tracking import CLASS_FIGURES
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from omegaconf import MISSING
 
 from nli.errors import ConfigError
 from nli.identity import check_accepted
+from nli.keys import unselected_logger
 
 
 def _require(ok: bool, message: str) -> None:
@@ -409,15 +410,6 @@ class TensorBoardConfig(LoggerConfig):
 @dataclass
 class CsvConfig(LoggerConfig):
     file: str = "metrics.csv"  # one row per logged value (step, metric, value) in <output_dir>/<file>
-
-
-def unselected_logger(key: str, name: str, selected: Sequence[str]) -> str:
-    """The message for ``key``, a setting of logger ``name`` that the run does not select (``selected``)."""
-    chosen = f"logger={selected[0]}" if len(selected) == 1 else f"logger=[{','.join(selected)}]" if selected else \
-        "logger=none"
-    both = f"logger=[{','.join([*selected, name])}]"
-    return (f"{key} sets the {name} logger, which this run does not log to ({chosen}): select it too with {both}, "
-            f"or leave {key} out")
 
 
 # ---------------------------------------------------------------------------------- data, train

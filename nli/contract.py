@@ -39,6 +39,7 @@ MODEL_DIR = "model"
 EXPORT_FILE = "export.json"  # in model/: the step and evaluation of the exported weights
 CHECKPOINTS_DIR = "checkpoints"
 PREDICTIONS_DIR = "predictions"
+CLASS_FIGURES = ("precision", "recall", "f1", "support")  # each class's, under results.json's per_class
 PREEMPTED = 75  # exit status of a run stopped by a signal after its checkpoint (EX_TEMPFAIL: retry)
 
 # What Vertex AI sets in a CustomJob's environment, from the job's base output directory.

@@ -219,9 +219,11 @@ def described_yaml(cfg: DictConfig, width: Optional[int] = None) -> str:
 
 
 def config_groups(conf_dir: Path) -> Dict[str, List[str]]:
-    """Every folder of ``conf_dir`` that holds configs, with its options (the file names)."""
+    """Every folder of ``conf_dir`` that holds configs, with its options (the file names), but Hydra's own
+    groups (``hydra/launcher``'s presets), which Hydra lists under ``--hydra-help``, as it does."""
     groups = {}
-    for folder in sorted(path for path in conf_dir.rglob("*") if path.is_dir()):
+    for folder in sorted(path for path in conf_dir.rglob("*") if path.is_dir() and path.parts[len(conf_dir.parts)]
+                         != "hydra"):
         options = sorted(path.stem for path in folder.glob("*.yaml"))
         if options:
             groups[folder.relative_to(conf_dir).as_posix()] = options

@@ -19,7 +19,6 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from nli.config import unselected_logger
 from nli.errors import ConfigError
 
 HELP = "python train.py --help describes every key"
@@ -117,3 +116,11 @@ def every_key(cfg: DictConfig) -> List[str]:
     walk(cfg, "")
     return keys
 
+
+def unselected_logger(key: str, name: str, selected: Sequence[str]) -> str:
+    """The message for ``key``, a setting of logger ``name`` that the run does not select (``selected``)."""
+    chosen = f"logger={selected[0]}" if len(selected) == 1 else f"logger=[{','.join(selected)}]" if selected else \
+        "logger=none"
+    both = f"logger=[{','.join([*selected, name])}]"
+    return (f"{key} sets the {name} logger, which this run does not log to ({chosen}): select it too with {both}, "
+            f"or leave {key} out")

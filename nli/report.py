@@ -65,7 +65,7 @@ OBJECTIVE_SIZE = (6.0, 4.0)
 CURVES_SIZE = (12.0, 8.0)
 GRAD_NORM, LR = "train/grad_norm", "train/lr"  # the training series plotted under the loss (metrics.csv's names)
 # Results that measure the run (speed, memory) rather than the model: shown apart, never averaged as metrics.
-MEASURED_PREFIXES = ("train_", "peak_")
+MEASURED_PREFIXES = ("train_", "peak_", "eval_examples")
 # How fast each job ran, by the title the job table gives it.
 SPEED = (("examples/s", "train_examples_per_second"), ("seconds", "train_seconds"))
 COMMIT_CHARS = 10  # of a commit's hash in the table: enough to tell commits apart (git's short form is 7+)

@@ -19,6 +19,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
 from nli.config import LoggerConfig, WandbConfig, WandbMode
+from nli.contract import CLASS_FIGURES
 from nli.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CLASS_FIGURES = ("precision", "recall", "f1", "support")  # each class's, of nli.analysis
 PER_CLASS_CSV, CONFUSION_CSV = "per_class.csv", "confusion.csv"  # the csv logger's, beside its metrics' file
 
 

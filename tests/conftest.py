@@ -25,6 +25,10 @@ for _name in [name for name in os.environ if name.startswith(_FOREIGN_PREFIXES) 
 # thread per core, OpenMP's spinning threads fight over the cores (two quickstarts side by side: 8
 # minutes instead of 1).
 os.environ["OMP_NUM_THREADS"] = "1"
+# precision=auto computes in bf16 on a CPU with native bf16 and in fp32 elsewhere (nli.device): the suite
+# holds oneDNN to AVX2's instructions, below bf16's, so that auto is fp32 on every CPU and no test's
+# figures depend on the machine it runs on. Tests of the bf16 choice give it the CPU's flags themselves.
+os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
 # One Hugging Face cache (datasets' tokenized splits, downloads) for the whole session, its workers and
 # the processes they start: made by the first process (pytest's, or xdist's controller) and inherited.
 # Tests of the cache itself use a fresh one (the datasets_cache fixture).

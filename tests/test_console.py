@@ -53,10 +53,11 @@ def test_a_refusal_in_a_folder_that_holds_a_run_keeps_it_and_logs_there(shared_r
 def test_the_end_of_a_run_says_where_its_files_are(tmp_path: Path) -> None:
     proc = run_app([*FAST, f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    block = proc.stdout.split("The run's files:\n")[1].splitlines()[:4]
-    assert [line.split()[0] for line in block] == ["results", "model", "log", "csv"]
-    assert [line.split()[1] for line in block] == [str(tmp_path / name) for name in
-                                                   ("results.json", "model", "train.log", "metrics.csv")]
+    block = [line.strip().split("  ") for line in proc.stdout.split("The run's files:\n")[1].splitlines()[:5]]
+    assert [(line[0], line[-1].strip()) for line in block] == [
+        (name, str(tmp_path / file)) for name, file in (("results", "results.json"), ("model", "model"),
+                                                        ("eval predictions", "eval_predictions"),
+                                                        ("log", "train.log"), ("csv", "metrics.csv"))]
 
 
 def test_no_progress_bar_where_the_output_is_not_a_terminal(tmp_path: Path) -> None:

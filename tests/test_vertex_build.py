@@ -228,7 +228,7 @@ def test_the_context_is_what_docker_leaves_after_dockerignore() -> None:
     (["a/**/b"], "a/x/y/b", True),
     (["a/**/b"], "a/b/c", True),  # a folder that matches leaves out what is in it
     (["*.md", "!README.md"], "README.md", False),
-    (["docs", "!docs/keep.md"], "docs/keep.md", False),
+    (["notes", "!notes/keep.md"], "notes/keep.md", False),
     (["/build"], "build/x", True),
     (["[a-c]*.py"], "b.py", True),
     (["[^a]*.py"], "a.py", False),
