@@ -190,3 +190,13 @@ def test_recipes_lists_every_command_without_running_and_refuses_unknown_recipes
     assert "python train.py experiment=electra-large-small-tasks task=stsb hw=auto" in proc.stdout
     proc = benchmark("recipes", ["--run", "deberta-v4-mnli"])
     assert proc.returncode != 0 and "no published figures for ['deberta-v4-mnli']" in proc.stderr
+
+
+@pytest.mark.bench
+@pytest.mark.process
+def test_analysis_cost_times_each_part_on_mnli_sized_dev_sets() -> None:
+    proc = benchmark("analysis_cost", [])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MNLI's two dev sets, 19,647 pairs:" in proc.stdout
+    for part in ("probabilities and loss", "per-class figures", "confusion matrix", "predictions file", "all of it"):
+        assert re.search(rf"^  {part} +\d+\.\d{{3}} s +\d+\.\d µs per example$", proc.stdout, re.M), proc.stdout

@@ -306,7 +306,8 @@ def test_the_lora_export_is_merged_and_loads_and_predicts_without_peft(lora_run:
     results = read_results(lora_run)
     best = lora_run / "checkpoints" / f"step-{results['best_step']:06d}"
     manifest = json.loads((best / "checkpoint.json").read_text())
-    assert manifest["metrics"] == {k: results[k] for k in manifest["metrics"]}
+    # To float rounding: the merge adds the adapters into the weights (the loss shows it in its 9th digit).
+    assert manifest["metrics"] == pytest.approx({k: results[k] for k in manifest["metrics"]}, rel=1e-6)
     assert json.loads((lora_run / "model" / lora.ADAPTER_DIR / "adapter_config.json").read_text())["r"] == 8
 
 

@@ -454,6 +454,7 @@ def test_on_the_cpu_auto_is_bf16_where_the_cpu_computes_it_natively(
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)  # the suite's pin (tests/conftest.py): the case's own
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     with caplog.at_level(logging.INFO, logger="nli.device"):
