@@ -9,6 +9,7 @@ those rows: text fields and label ids in the Hub's order, written out by hand.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -153,4 +154,26 @@ def write_tsv(path: Path, rows: List[List[str]]) -> None:
 def write_layout(root: Path, task: str) -> Path:
     for name, rows in LAYOUTS[FOLDERS[task]].items():
         write_tsv(root / FOLDERS[task] / name, rows)
+    return root
+
+
+def stsb_dir(root: Path, *, words: Tuple[int, int] = (6, 6), sizes: Tuple[int, int, int] = (128, 48, 20),
+             seed: int = 0) -> Path:
+    """STS-B in GLUE's layout: each second sentence is the first with k words swapped, scored 5 - k; a first
+    sentence of ``words`` (fewest, most) words; ``sizes``: the train, dev and test files' rows."""
+    rng = random.Random(seed)
+    vocabulary = "the a man woman dog cat plays runs eats sees big small red green".split()
+
+    def rows(n: int, labelled: bool) -> List[List[str]]:
+        out = []
+        for i in range(n):
+            length = words[0] if words[0] == words[1] else rng.randint(*words)
+            a = [rng.choice(vocabulary) for _ in range(length)]
+            k = rng.randint(0, 5)
+            b = [rng.choice(vocabulary) if j < k else w for j, w in enumerate(a)]
+            out.append(stsb_row(i, " ".join(a), " ".join(b), *([f"{5 - k:.3f}"] if labelled else [])))
+        return out
+
+    for name, n, labelled in zip(("train", "dev", "test"), sizes, (True, True, False)):
+        write_tsv(root / "STS-B" / f"{name}.tsv", [STSB_HEAD + (["score"] if labelled else []), *rows(n, labelled)])
     return root

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import random
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, Sequence
 
 import datasets
 import numpy as np
@@ -22,7 +22,7 @@ from nli import data
 from nli.distributed import World
 from nli.evaluation import Predictions, gather, predict
 from tests.conftest import build_config
-from tests.glue_layouts import STSB_HEAD, stsb_row, write_tsv
+from tests.glue_layouts import stsb_dir
 from tests.runs import FAST, copy_run, read_results, run_app
 from tests.test_folder import STILL
 
@@ -106,21 +106,7 @@ def test_a_model_predicts_the_same_in_length_groups_as_in_the_splits_order(tmp_p
 
 def stsb_varied(root: Path) -> Path:
     """STS-B in GLUE's layout with sentences of 2 to 20 words, so that length groups reorder them."""
-    rng = random.Random(3)
-    words = "the a man woman dog cat plays runs eats sees big small red green".split()
-
-    def rows(n: int, labelled: bool) -> List[List[str]]:
-        out = []
-        for i in range(n):
-            a = [rng.choice(words) for _ in range(rng.randint(2, 20))]
-            k = rng.randint(0, 5)
-            b = [rng.choice(words) if j < k else w for j, w in enumerate(a)]
-            out.append(stsb_row(i, " ".join(a), " ".join(b), *([f"{5 - k:.3f}"] if labelled else [])))
-        return out
-
-    for name, n, labelled in [("train", 96, True), ("dev", 40, True), ("test", 30, False)]:
-        write_tsv(root / "STS-B" / f"{name}.tsv", [STSB_HEAD + (["score"] if labelled else []), *rows(n, labelled)])
-    return root
+    return stsb_dir(root, words=(2, 20), sizes=(96, 40, 30), seed=3)
 
 
 def submitted(path: Path) -> Dict[str, float]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import random
 import re
 import shutil
 from pathlib import Path
@@ -22,7 +21,7 @@ from nli.data import load_splits
 from nli.errors import ConfigError, DataError
 from nli.model import build_model
 from tests.conftest import build_config
-from tests.glue_layouts import MNLI_HEAD, STSB_HEAD, mnli_row, stsb_row, write_tsv
+from tests.glue_layouts import MNLI_HEAD, mnli_row, stsb_dir, write_tsv
 from tests.runs import GLUE_DATA, MEASURED, read_results, run_app
 
 TINY = ["model=tiny", "data.max_seq_length=64", "train.batch_size=16", "train.progress_bar=false", "hw=cpu"]
@@ -33,25 +32,6 @@ def read_submission(path: Path) -> List[Dict[str, str]]:
         lines = list(csv.reader(f, delimiter="\t"))
     assert lines[0] == ["index", "prediction"], path
     return [dict(zip(lines[0], line)) for line in lines[1:]]
-
-
-def stsb_dir(root: Path) -> Path:
-    """STS-B in GLUE's layout: each second sentence is the first with k words swapped, scored 5 - k."""
-    rng = random.Random(0)
-    words = "the a man woman dog cat plays runs eats sees big small red green".split()
-
-    def rows(n: int, labelled: bool) -> List[List[str]]:
-        out = []
-        for i in range(n):
-            a = [rng.choice(words) for _ in range(6)]
-            k = rng.randint(0, 5)
-            b = [rng.choice(words) if j < k else w for j, w in enumerate(a)]
-            out.append(stsb_row(i, " ".join(a), " ".join(b), *([f"{5 - k:.3f}"] if labelled else [])))
-        return out
-
-    for name, n, labelled in [("train", 128, True), ("dev", 48, True), ("test", 20, False)]:
-        write_tsv(root / "STS-B" / f"{name}.tsv", [STSB_HEAD + (["score"] if labelled else []), *rows(n, labelled)])
-    return root
 
 
 def mnli_dir(root: Path) -> Path:
