@@ -215,10 +215,10 @@ def test_the_context_is_what_docker_leaves_after_dockerignore() -> None:
     docker = PatternMatcher(lines)
     patterns = _context.read_dockerignore((ROOT / ".dockerignore").read_text())
     sample = [path for path in [*files, "outputs/run/model.bin", "a/__pycache__/x.pyc", "nli/x.pyc", "wandb/run/x",
-                                "train.log"] if path not in _context.ALWAYS_SENT]
+                                "train.log", "conf/local/vertex.yaml"] if path not in _context.ALWAYS_SENT]
     ignored = {path for path in sample if _context.ignored(path, patterns)}
     assert ignored == {path for path in sample if docker.matches(path)}
-    assert {"tests/conftest.py", "outputs/run/model.bin", "docs/vertex.md"} <= ignored
+    assert {"tests/conftest.py", "outputs/run/model.bin", "docs/vertex.md", "conf/local/vertex.yaml"} <= ignored
     context = _context.context_files(ROOT)
     assert "Dockerfile" in context and "nli/__init__.py" in context and "train.py" in context
     assert not any(path.startswith(("tests/", ".git/", "docs/")) for path in context)
