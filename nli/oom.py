@@ -87,16 +87,18 @@ class MicroBatches:
     def back_off(self, loader: DataLoader, model: torch.nn.Module, *, global_batch: int) -> DataLoader:
         """After out of memory in one of a step's micro-batches: the step undone (its gradients dropped, the
         random generators as the step found them, the freed memory back to the device) and ``loader`` in
-        micro-batches of half the size (a divisor of it, so that they still add up to the global batch). Call
-        it outside the ``except`` clause: the error's traceback holds the step's tensors until then."""
+        micro-batches of about half the size (a divisor of this device's share of the global batch, so that
+        they still add up to it). Call it outside the ``except`` clause: the error's traceback holds the
+        step's tensors until then."""
         size = loader.batch_size or 1
+        per_device = global_batch // self.world.world_size
+        smaller = _half(size, per_device)
         if self.world.distributed:
             raise OutOfMemory(f"rank {self.world.rank} of {self.world.world_size} ran out of GPU memory in a micro-"
                               f"batch of {size} examples; under data parallelism the ranks cannot agree on a smaller "
                               "one in the middle of a step, so the run stops, its checkpoints kept. Set "
-                              f"hw.per_device_batch_size={_half(size) or 1} and start it again: it resumes from its "
+                              f"hw.per_device_batch_size={smaller or 1} and start it again: it resumes from its "
                               "newest checkpoint")
-        smaller = _half(size)
         if smaller is None:
             raise OutOfMemory("out of GPU memory with a single example per micro-batch: no hw.per_device_batch_size "
                               f"fits. The run stopped, its checkpoints kept; {_ADVICE}, then start it again")
@@ -107,7 +109,6 @@ class MicroBatches:
             if self._rng[1] is not None:
                 torch.cuda.set_rng_state(self._rng[1], self.compute.device)
         self.size = smaller
-        per_device = global_batch // self.world.world_size
         log.warning("out of GPU memory in a micro-batch of %d examples: going on in micro-batches of %d, %d "
                     "accumulated per optimizer step, the same global batch of %d in the same order, so the same "
                     "training (hw.per_device_batch_size=%d starts there; the checkpoints keep it)", size, smaller,
@@ -194,7 +195,8 @@ def rebatched(loader: DataLoader, batch_size: int) -> DataLoader:
                       prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
 
 
-def _half(size: int) -> Optional[int]:
-    """The largest divisor of ``size`` no bigger than half of it (a size that still divides the global
-    batch); None for 1."""
-    return next((d for d in range(size // 2, 0, -1) if size % d == 0), None)
+def _half(size: int, per_device: int) -> Optional[int]:
+    """About half of ``size``: the largest divisor of ``per_device`` (this device's share of the global
+    batch, which the micro-batches must add up to) no bigger than half of it; None for 1. An odd size
+    does not fall to 1 (7 of 28: 2; of 14: 2, not 1)."""
+    return next((d for d in range(size // 2, 0, -1) if per_device % d == 0), None)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nli import recipe
+from nli import oom, recipe
 from nli.device import Compute
 from nli.distributed import World
 from nli.errors import OutOfMemory
@@ -167,3 +167,12 @@ def test_under_data_parallelism_a_rank_out_of_memory_stops_with_the_size_to_set(
                                                     "examples") + ".*Set hw.per_device_batch_size=8 and start it "
                                                                   "again: it resumes from its newest checkpoint"):
         sizes.back_off(loader, torch.nn.Linear(1, 1), global_batch=64)
+
+
+@pytest.mark.parametrize("size, per_device, smaller", [(16, 32, 8), (12, 24, 6), (7, 28, 2), (9, 36, 4), (3, 24, 1),
+                                                       (6, 6, 3), (1, 24, None)])
+def test_a_micro_batch_backs_off_to_about_half_a_size_that_still_divides_the_devices_batch(
+        size: int, per_device: int, smaller: int | None) -> None:
+    """An odd micro-batch does not fall to one example (7 of 28: 2, not 1); every size divides the device's
+    share of the global batch, so that the micro-batches add up to it."""
+    assert oom._half(size, per_device) == smaller

@@ -184,7 +184,7 @@ def test_build_settings_are_checked_before_anything_runs(
     builds, requests = len(cloud_build.builds), len(vertex.requests)
     proc = run_app(launch(vertex, checkout, tmp_path / "sweep", *settings), cwd=tmp_path)
     assert proc.returncode == 1 and message in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-    assert len(cloud_build.builds) == builds and len(vertex.requests) == requests
+    assert len(cloud_build.builds) == builds and created_jobs(vertex, requests) == []  # asked the registry only
 
 
 @pytest.mark.process
@@ -199,7 +199,7 @@ def test_dry_run_names_the_image_and_the_commit_and_builds_nothing(
     env = {variable["name"]: variable["value"] for variable in container(job)["env"]}
     assert container(job)["imageUri"] == env["NLI_IMAGE_URI"] == f"{REPOSITORY}:{tag}"
     assert env["NLI_GIT_COMMIT"] == job["labels"]["git_commit"] == head(checkout)
-    assert len(cloud_build.builds) == builds and len(vertex.requests) == requests
+    assert len(cloud_build.builds) == builds and created_jobs(vertex, requests) == []  # asked the registry only
 
 
 # ------------------------------------------------------------------------------ the build context
@@ -284,3 +284,23 @@ def test_the_fake_cloud_build_speaks_the_clients_protocol(services: tuple[FakeVe
     with pytest.raises(exceptions.GoogleAPICallError, match="Build failed"):
         failed.result(timeout=30)
     assert cloud_build.log_of(failed.metadata.build).splitlines()[-1].startswith("ERROR: build step 0")
+
+
+def test_a_staging_bucket_that_does_not_exist_is_one_line_and_nothing_is_built(
+        services: tuple[FakeVertex, FakeCloudBuild], checkout: Path, tmp_path: Path) -> None:
+    """The build context goes to the staging bucket first: a bucket that is not there stops the sweep with the
+    setting named, before any build or job."""
+    vertex, cloud_build = services
+    builds, requests = len(cloud_build.builds), len(vertex.requests)
+    with open(checkout / "nli" / "__init__.py", "a") as stream:  # content no earlier build had: it must upload
+        stream.write("# a content of its own\n")
+    missing = "gs://no-such-bucket/sweeps"
+    args = [f"hydra.launcher.staging_bucket={missing}" if arg.startswith("hydra.launcher.staging_bucket=") else arg
+            for arg in launch(vertex, checkout, tmp_path / "sweep")]
+    proc = run_app(args, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert "hydra.launcher.staging_bucket=gs://no-such-bucket/sweeps" in line, proc.stderr
+    assert "gcloud storage buckets create" in line and line.endswith("nothing was built or submitted")
+    assert "Traceback" not in proc.stderr
+    assert len(cloud_build.builds) == builds and created_jobs(vertex, requests) == []  # asked the registry only

@@ -25,6 +25,9 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.auth.exceptions import DefaultCredentialsError
 
+from nli.errors import UserError
+from nli.storage import Storage
+
 from . import _context
 from ._checks import LaunchError
 from ._client import RETRY
@@ -125,7 +128,7 @@ def image_of_source(settings: VertexLauncherConf, source: Path, staging: str) ->
         log.info("Image %s@%s was built from this content before: using it, nothing to build", uri, found)
         return Image(uri, found)
     source_url = f"{staging.rstrip('/')}/source/{tag}.tar.gz"
-    _upload(_context.tarball(source, files), source_url)
+    _upload(_context.tarball(source, files), staging, f"source/{tag}.tar.gz")
     build = CloudBuild(settings).run(config, substitutions={**substitutions, "_IMAGE": repository(settings),
                                                             "_TAG": tag}, source_url=source_url, tag=tag)
     built = [image.digest for image in build.results.images if image.name == uri]
@@ -147,10 +150,14 @@ def _substitutions(settings: VertexLauncherConf) -> Dict[str, str]:
     return {name: str(value) for name, value in sorted(settings.build_substitutions.items())}
 
 
-def _upload(data: bytes, url: str) -> None:
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.pipe_file(path, data)
-    log.info("Uploaded the build context (%.1f MB) to %s", len(data) / 1e6, url)
+def _upload(data: bytes, staging: str, name: str) -> None:
+    """The build context into the staging bucket, through the project's storage (its errors, one line each)."""
+    try:
+        Storage(staging, key="hydra.launcher.staging_bucket").write_bytes(name, data)
+    except UserError as error:  # a missing bucket, no permission, no credentials
+        raise LaunchError(f"hydra.launcher.staging_bucket={staging}: {error}. Create the bucket (gcloud storage "
+                          "buckets create) or name one you can write to; nothing was built or submitted") from None
+    log.info("Uploaded the build context (%.1f MB) to %s/%s", len(data) / 1e6, staging.rstrip("/"), name)
 
 
 class CloudBuild:
