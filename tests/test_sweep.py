@@ -129,14 +129,22 @@ def test_submitit_local_rows_from_each_job_and_seeds_summed_up(tmp_path: Path) -
 
 
 def start_sweep(args: List[str], *, cwd: Path, sweep_dir: Path) -> subprocess.Popen:
-    """`python train.py -m ARGS` in its own process, returned once it holds ``sweep_dir``."""
+    """`python train.py -m ARGS` in its own process, returned once it holds ``sweep_dir``: its claim written
+    whole (the file is created first, then filled: a process stopped in between holds a claim that names no one)."""
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", *args, f"hydra.sweep.dir={sweep_dir}"],
                             cwd=cwd, env=process_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
-    while not (sweep_dir / SWEEP_CLAIM).exists():
+    while not _claim_written(sweep_dir / SWEEP_CLAIM):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.02)
     return proc
+
+
+def _claim_written(path: Path) -> bool:
+    try:
+        return "pid" in json.loads(path.read_text())
+    except (OSError, ValueError):  # not there yet, or created and not yet filled
+        return False
 
 
 @pytest.mark.process
