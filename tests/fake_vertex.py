@@ -94,9 +94,7 @@ LOG_TERM = re.compile(r'(?P<key>resource\.type|resource\.labels\.job_id|timestam
                       r'(?:"(?P<value>[^"]*)"|\((?P<values>[^)]*)\))')
 
 # A real job gets none of the submitter's variables; these few keep a local process (and its Python) working.
-# What a replica keeps of the test's environment: the machine's basics, and the suite's kernel pin
-# (tests/conftest.py: precision=auto is fp32 on every CPU), which a real machine of a job's would not have.
-INHERITED_VARIABLES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH", "ONEDNN_MAX_CPU_ISA")
+INHERITED_VARIABLES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH")
 CLUSTER_SPEC = json.dumps({"cluster": {"workerpool0": ["workerpool0-0:2222"]}, "environment": "cloud",
                            "task": {"type": "workerpool0", "index": 0}})
 CANCELLED_ERROR = (1, "CANCELED")  # google.rpc.Code.CANCELLED, with the message Vertex gives
