@@ -12,9 +12,9 @@ the service does where the launcher can tell the difference:
 * it ends SUCCEEDED, FAILED (with Vertex's wording) or, after a cancel, CANCELLING then CANCELLED;
 * Secret Manager's ``versions/{v}:access`` returns secrets added by the test;
 * Cloud Logging's ``entries:list`` returns each job's output as log entries, one per line, as Vertex AI
-  writes a replica's stdout and stderr (resource ``ml_job``, labels ``job_id`` and ``task_name``); filters
-  on ``resource.type``, ``resource.labels.job_id`` (one, or several as ``=("1" OR "2")``) and
-  ``timestamp>`` or ``>=`` are understood, and both orders;
+  writes a replica's stdout and stderr (resource ``ml_job``, labels ``job_id`` and ``task_name``), whole
+  lines only, as they are written; filters in Cloud Logging's query language (tests/logging_filter.py:
+  comparisons on any field, AND, OR, NOT and parentheses) and both orders are understood;
 * Artifact Registry's get-tag and get-version answer for the images added with ``add_image`` (the
   registry the jobs pull from), NOT_FOUND for any other;
 * other services can be served on the same endpoint (``mount``), as tests/fake_cloudbuild.py is;
@@ -54,6 +54,8 @@ from google.cloud.aiplatform_v1 import CustomJob, EnvVar, JobState, WorkerPoolSp
 from google.cloud.secretmanager_v1 import AccessSecretVersionResponse
 from google.protobuf.json_format import ParseError
 
+from tests import logging_filter
+
 Violation = Tuple[str, str]  # (field path as Vertex names it, what is wrong with it)
 Reply = Tuple[int, dict]  # (HTTP status, JSON body)
 
@@ -90,11 +92,11 @@ ROUTES = (
                        r"/repositories/(?P<repository>[^/]+)/packages/(?P<package>.+)"
                        r"/(?P<kind>tags|versions)/(?P<ref>[^/]+)"), "tag"),
 )
-LOG_TERM = re.compile(r'(?P<key>resource\.type|resource\.labels\.job_id|timestamp)\s*(?P<op>>=|=|>)\s*'
-                      r'(?:"(?P<value>[^"]*)"|\((?P<values>[^)]*)\))')
 
 # A real job gets none of the submitter's variables; these few keep a local process (and its Python) working.
-INHERITED_VARIABLES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH")
+# What a replica keeps of the test's environment: the machine's basics, and the suite's kernel pin
+# (tests/conftest.py: precision=auto is fp32 on every CPU), which a real machine of a job's would not have.
+INHERITED_VARIABLES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH", "ONEDNN_MAX_CPU_ISA")
 CLUSTER_SPEC = json.dumps({"cluster": {"workerpool0": ["workerpool0-0:2222"]}, "environment": "cloud",
                            "task": {"type": "workerpool0", "index": 0}})
 CANCELLED_ERROR = (1, "CANCELED")  # google.rpc.Code.CANCELLED, with the message Vertex gives
@@ -388,17 +390,13 @@ class FakeVertex:
 
     def _entries(self, groups: Dict[str, str], query: Dict[str, List[str]], body: bytes) -> dict:
         request = json.loads(body or b"{}")
-        terms = {(match["key"], match["op"]): match["value"] if match["value"] is not None else
-                 re.findall(r'"([^"]*)"', match["values"]) for match in LOG_TERM.finditer(request.get("filter", ""))}
-        if terms.get(("resource.type", "=")) not in (None, "ml_job"):
-            return {}
-        wanted = terms.get(("resource.labels.job_id", "="))
-        wanted = [wanted] if isinstance(wanted, str) else wanted
+        try:
+            wanted = logging_filter.parse(request.get("filter", ""))
+        except ValueError as error:
+            raise ApiError(400, "INVALID_ARGUMENT", f"Unparseable filter: {error}") from error
         with self._lock:
-            jobs = [job for job in self.jobs.values() if wanted is None or job.job.name.rsplit("/", 1)[1] in wanted]
-        after, since = terms.get(("timestamp", ">"), ""), terms.get(("timestamp", ">="), "")
-        entries = [entry for job in jobs for entry in _log_entries(job)
-                   if entry["timestamp"] > str(after) and entry["timestamp"] >= str(since)]
+            jobs = list(self.jobs.values())
+        entries = [entry for job in jobs for entry in _log_entries(job) if wanted(entry)]
         entries.sort(key=lambda entry: entry["timestamp"], reverse="desc" in request.get("orderBy", ""))
         entries = entries[:int(request.get("pageSize") or 1000)]
         return {"entries": entries} if entries else {}
@@ -670,17 +668,20 @@ def _vertex_variables(job: CustomJob) -> Dict[str, str]:
 
 
 def _log_entries(job: FakeJob) -> List[dict]:
-    """The job's output so far as Cloud Logging's entries: a line each, a microsecond apart from its start."""
+    """The job's output so far as Cloud Logging's entries: a whole line each, a microsecond apart from its start."""
     if not job.job.start_time:
         return []
     _, project, _, _, _, job_id = job.job.name.split("/")
     start = job.job.start_time.timestamp()
+    lines = job.log.split("\n")
+    if lines[-1] == "" or job.state not in ENDED_STATES:  # a line still being written waits for its newline
+        lines.pop()
     return [{"logName": f"projects/{project}/logs/workerpool0-0", "insertId": f"{job_id}-{i}",
              "resource": {"type": "ml_job", "labels": {"job_id": job_id, "project_id": project,
                                                         "task_name": "workerpool0-0"}},
              "timestamp": datetime.fromtimestamp(start + i / 1e6, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
              "severity": "ERROR" if line.startswith(("Traceback", "error:")) else "INFO", "textPayload": line}
-            for i, line in enumerate(job.log.splitlines())]
+            for i, line in enumerate(lines)]
 
 
 def _download(uris: Sequence[str], folder: Path) -> Iterator[Path]:

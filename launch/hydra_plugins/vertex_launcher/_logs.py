@@ -3,9 +3,13 @@ stderr (resource ``ml_job``, label ``job_id``): the last lines of a failed job, 
 followed live (``stream_logs``), as ``gcloud ai custom-jobs stream-logs`` does for one job.
 
 Following a sweep asks for every job's new lines in one call per poll (Cloud Logging allows a project
-60 reads a minute): entries from the earliest of the jobs' last printed timestamps on, with those
-already printed, known by their insertId, left out. Entries can share a timestamp and arrive late, so
-a strict ``timestamp>`` could lose lines; the insertIds keep any from being printed twice.
+60 reads a minute), each job from its own last printed timestamp on: ``(job_id="1" AND timestamp>="t1")
+OR (job_id="2" AND timestamp>="t2")``. A job's position never depends on which other jobs are asked
+about (a job that ended drops out of the question), and a quiet job cannot hold a chatty one back
+behind a page of lines already printed. Entries can share a timestamp, so a strict ``timestamp>``
+could lose lines; the insertIds of those printed at a job's last timestamp keep any from being printed
+twice. A line Cloud Logging receives after later lines of its job were printed is not shown (as with
+``gcloud ai custom-jobs stream-logs``); the job's console link has it.
 
 Reading logs is a help, never a condition: any error here (most often a missing permission) is
 one line in the sweep's log, said once, and the sweep goes on.
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from .config import VertexLauncherConf
 
@@ -24,6 +28,8 @@ log = logging.getLogger(__name__)
 ROLE = "roles/logging.viewer"  # reads a project's logs
 # How far before the sweep started its jobs' lines are looked for: the local clock may run ahead of Google's.
 CLOCK_SLACK = timedelta(minutes=5)
+# Jobs asked about in one query: Cloud Logging takes filters of up to 20,000 characters, about 110 per job here.
+JOBS_PER_QUERY = 100
 
 
 class JobLogs:
@@ -31,10 +37,10 @@ class JobLogs:
         self.settings = settings
         self._client: Any = None
         self._failed = False  # said once why logs cannot be read; not tried again
-        # stream_logs: job name -> timestamp of its last entry printed, and the entries printed at or after
-        # the earliest of those (insertId -> timestamp), the only ones a later call can return again.
+        # stream_logs, per job name: the timestamp of its last entry printed, and the insertIds printed at that
+        # timestamp, the only ones of its entries a later call can return again.
         self._seen: Dict[str, str] = {}
-        self._printed: Dict[str, str] = {}
+        self._printed: Dict[str, Set[str]] = {}
         self._start = _format(datetime.now(timezone.utc) - CLOCK_SLACK)  # no job of the sweep logged before
 
     def last_lines(self, job_name: str, count: int) -> List[str]:
@@ -44,24 +50,29 @@ class JobLogs:
 
     def new_lines(self, job_names: List[str]) -> Dict[str, List[str]]:
         """Each job's lines logged since the last call, oldest first; a line is never given twice."""
-        if not job_names:
-            return {}
-        ids = {name.rsplit("/", 1)[-1]: name for name in job_names}
-        since = min(self._seen.get(name, self._start) for name in job_names)
-        quoted = " OR ".join(f'"{job_id}"' for job_id in ids)
-        query = f'resource.type="ml_job" AND resource.labels.job_id=({quoted}) AND timestamp>="{since}"'
         found: Dict[str, List[str]] = {name: [] for name in job_names}
-        for entry in self._entries(query, descending=False, count=1000):
-            name = ids.get(str((entry.resource.labels or {}).get("job_id", "")) if entry.resource else "")
-            if name is None or entry.insert_id in self._printed:
-                continue
-            stamp = _timestamp(entry)
-            self._printed[str(entry.insert_id)] = stamp
-            self._seen[name] = max(stamp, self._seen.get(name, ""))
-            found[name].append(_text(entry))
-        oldest = min(self._seen.get(name, self._start) for name in job_names)
-        self._printed = {key: stamp for key, stamp in self._printed.items() if stamp >= oldest}
+        for start in range(0, len(job_names), JOBS_PER_QUERY):
+            ids = {name.rsplit("/", 1)[-1]: name for name in job_names[start:start + JOBS_PER_QUERY]}
+            each = " OR ".join(f'(resource.labels.job_id="{job_id}" AND timestamp>="{self._since(name)}")'
+                               for job_id, name in ids.items())
+            for entry in self._entries(f'resource.type="ml_job" AND ({each})', descending=False, count=1000):
+                name = ids.get(str((entry.resource.labels or {}).get("job_id", "")) if entry.resource else "")
+                if name is not None and self._first_time(name, str(entry.insert_id), _timestamp(entry)):
+                    found[name].append(_text(entry))
         return found
+
+    def _since(self, name: str) -> str:
+        return self._seen.get(name, self._start)
+
+    def _first_time(self, name: str, insert_id: str, stamp: str) -> bool:
+        """Whether this entry of the job is new, noting it as printed if so."""
+        last = self._seen.get(name, "")
+        if stamp < last or (stamp == last and insert_id in self._printed[name]):
+            return False
+        if stamp > last:
+            self._seen[name], self._printed[name] = stamp, set()
+        self._printed[name].add(insert_id)
+        return True
 
     def _entries(self, query: str, *, descending: bool, count: int) -> List[Any]:
         if self._failed:
