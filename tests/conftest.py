@@ -39,6 +39,9 @@ if "NLI_TEST_HF_HOME" not in os.environ:
 else:
     _OWNS_CACHE = False
 os.environ["HF_HOME"] = os.environ["NLI_TEST_HF_HOME"]
+# gcloud's configuration (its project and region are the Vertex launcher's defaults): none, whatever the
+# machine's user told gcloud. Tests of reading it make one of their own.
+os.environ["CLOUDSDK_CONFIG"] = os.path.join(os.environ["NLI_TEST_HF_HOME"], "no-gcloud-config")
 
 import socket  # noqa: E402  (the environment above first)
 from pathlib import Path  # noqa: E402

@@ -188,6 +188,32 @@ def test_without_a_local_config_googles_variables_are_read(fake: FakeVertex, tmp
     assert request(tmp_path)["parent"] == "projects/env-project/locations/europe-west4"
 
 
+def test_what_the_user_told_gcloud_is_read(fake: FakeVertex, tmp_path: Path) -> None:
+    """``gcloud config set project ...`` and ``gcloud config set ai/region ...`` in the active configuration
+    are the launcher's project and region; a property's variable and GOOGLE_CLOUD_PROJECT come first."""
+    gcloud = tmp_path / "gcloud"
+    (gcloud / "configurations").mkdir(parents=True)
+    (gcloud / "active_config").write_text("work")
+    (gcloud / "configurations" / "config_default").write_text("[core]\nproject = not-the-active-one\n")
+    (gcloud / "configurations" / "config_work").write_text(
+        "[core]\naccount = me@example.com\nproject = gcloud-project\n\n[compute]\nregion = europe-west1\n\n"
+        "[ai]\nregion = asia-northeast1\n")
+    settings = [*no_settings(fake), f"hydra.launcher.staging_bucket={BUCKET}", f"hydra.launcher.image_uri={IMAGE}"]
+    for env, parent in [
+        ({}, "projects/gcloud-project/locations/asia-northeast1"),
+        ({"CLOUDSDK_CORE_PROJECT": "variable-project", "CLOUDSDK_AI_REGION": "us-east1"},
+         "projects/variable-project/locations/us-east1"),
+        ({"GOOGLE_CLOUD_PROJECT": "env-project", "CLOUDSDK_ACTIVE_CONFIG_NAME": "default"},
+         "projects/env-project/locations/us-central1"),  # the default configuration sets no region
+    ]:
+        proc = sweep(fake, tmp_path, *settings, env={"CLOUDSDK_CONFIG": str(gcloud), **env})
+        assert proc.returncode == 0, proc.stderr
+        assert request(tmp_path)["parent"] == parent, env
+    (gcloud / "configurations" / "config_work").write_text("[ai]\nregion = asia-northeast1\n")  # no project
+    proc = sweep(fake, tmp_path, *settings, env={"CLOUDSDK_CONFIG": str(gcloud)})
+    refused(proc, "hydra.launcher.project is not set")
+
+
 def test_vertex_spot_is_vertex_on_spot_vms(fake: FakeVertex, tmp_path: Path) -> None:
     proc = sweep(fake, tmp_path, "hydra/launcher=vertex-spot", *launcher(fake)[1:], "hydra.launcher.dry_run=true",
                  "seed=1,2")

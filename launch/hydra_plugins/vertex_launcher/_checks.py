@@ -43,7 +43,7 @@ class Refused(SystemExit):
 def check_settings(settings: VertexLauncherConf) -> None:
     """Everything the launcher can check from its own settings, with the fix in each message."""
     _require(settings.project, "hydra.launcher.project",
-             f"hydra.launcher.project=MY_PROJECT (or export GOOGLE_CLOUD_PROJECT){_YOURS}")
+             f"hydra.launcher.project=MY_PROJECT (or gcloud config set project MY_PROJECT){_YOURS}")
     _require(settings.staging_bucket, "hydra.launcher.staging_bucket",
              f"hydra.launcher.staging_bucket=gs://MY_BUCKET{_YOURS}")
     if not str(settings.staging_bucket).startswith("gs://"):

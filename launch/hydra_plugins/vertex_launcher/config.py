@@ -10,6 +10,9 @@ from enum import Enum
 from typing import Dict, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from . import _gcloud
 
 
 class Packaging(Enum):
@@ -83,3 +86,6 @@ class VertexLauncherConf:
 
 ConfigStore.instance().store(group="hydra/launcher", name="vertex_base", node=VertexLauncherConf,
                              provider="vertex_launcher")
+# ${gcloud:core/project,null}: what the user told gcloud (conf/hydra/launcher/vertex.yaml). Replaced, not
+# added: plugin discovery may execute this module a second time in one process.
+OmegaConf.register_new_resolver("gcloud", _gcloud.resolve, replace=True)
