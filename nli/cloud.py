@@ -14,8 +14,9 @@ closed while it waited).
   ``sweep_results.jsonl`` and ``.csv``, that a launcher that waits writes (of a local SWEEP, in that
   folder; of a gs:// SWEEP, in the bucket's). At the end it prints the table, as the sweep would have.
   ``--logs N`` prints job N's output as it comes (from Cloud Logging). Ctrl-C detaches: the jobs go
-  on, and ``attach`` can be run again. Exit status: 0 when every job succeeded, 1 when one did not,
-  130 after Ctrl-C (the jobs still running).
+  on, and ``attach`` can be run again. Jobs the sweep's launcher stopped before submitting (it runs at
+  most max_concurrent_jobs at once) are named, with the command that runs them. Exit status: 0 when
+  every job succeeded, 1 when one did not or was never submitted, 130 after Ctrl-C (the jobs still running).
 - ``cancel`` cancels the jobs that have not ended, and names each one.
 - ``logs`` prints job N's output (its first 1000 lines, from Cloud Logging).
 
@@ -37,7 +38,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from nli import sweep
 from nli.errors import StorageError, UserError
@@ -68,6 +69,7 @@ class Attached:
     table: "Table"
     vertex: "Vertex"
     logs: "JobLogs"
+    never_submitted: List[Dict[str, Any]]  # jobs of the sweep its launcher stopped before submitting
 
     def job(self, num: int) -> "Job":
         for job in self.jobs:
@@ -122,10 +124,28 @@ def find(where: str) -> Attached:
     record = _read(where, read, JOBS_FILE)
     settings = VertexLauncherConf(project=record["project"], region=record["region"],
                                   api_endpoint=record.get("api_endpoint"))
+    vertex = Vertex(settings)
+    found, never_submitted = _submitted(record, vertex)
     jobs = [Job(int(each["num"]), list(each["overrides"]), OmegaConf.create({}), Path(each["output_dir"]),
-                each["remote_dir"], name=each["name"]) for each in record["jobs"]]
-    table = Table(where)
-    return Attached(where, record, jobs, table, Vertex(settings), JobLogs(settings))
+                each["remote_dir"], name=each["name"]) for each in found]
+    return Attached(where, record, jobs, Table(where), vertex, JobLogs(settings), never_submitted)
+
+
+def _submitted(record: Dict[str, Any], vertex: "Vertex") -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """The record's jobs, with those its launcher submitted but stopped before noting (found on Vertex AI
+    by the sweep's label), and the jobs it planned and never submitted."""
+    from hydra_plugins.vertex_launcher._record import SWEEP_LABEL, unsubmitted
+    from hydra_plugins.vertex_launcher._spec import label_value
+
+    jobs, never = list(record["jobs"]), []
+    sweep_id = (record.get("stamp") or {}).get(sweep.SWEEP_ID)
+    for each in unsubmitted(record):
+        names = vertex.named({SWEEP_LABEL: label_value(sweep_id), "hydra_job": str(each["num"])}) if sweep_id else []
+        if names:
+            jobs.append({**each, "name": names[0]})
+        else:
+            never.append(each)
+    return sorted(jobs, key=lambda each: each["num"]), never
 
 
 def _read(where: str, read: Any, jobs_file: str) -> Dict[str, Any]:
@@ -185,7 +205,21 @@ def attach(found: Attached, *, follow: Optional[int], interval: Optional[float])
               f"python -m nli.cloud attach {found.where}, or cancel them with python -m nli.cloud cancel "
               f"{found.where}", flush=True)
         return DETACHED
-    return 1 if _report(found, stamp.get(sweep.SWEEP_ID)) else 0
+    failed = _report(found, stamp.get(sweep.SWEEP_ID))
+    _name_never_submitted(found)
+    return 1 if failed or found.never_submitted else 0
+
+
+def _name_never_submitted(found: Attached) -> None:
+    """The jobs missing from the table because nothing ever submitted them, and how to run them."""
+    if not found.never_submitted:
+        return
+    nums = ", ".join(f"#{each['num']}" for each in found.never_submitted)
+    commands = "\n".join(f"  python train.py -m hydra/launcher=vertex {' '.join(each['overrides'])}"
+                          for each in found.never_submitted)
+    print(f"{len(found.never_submitted)} of the sweep's jobs were never submitted ({nums}): its launcher stopped "
+          f"before their turn, so they are not in the table. Run them with your launcher settings:\n{commands}",
+          flush=True)
 
 
 def _report(found: Attached, sweep_id: Optional[str]) -> List[Dict[str, Any]]:

@@ -134,9 +134,11 @@ def gcs_emulator() -> Iterator[Dict[str, str]]:
     with socket.socket() as probe:  # a free port
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    # The server answers from threads of this process: its request lines would land in whatever train.log an
-    # in-process run has open (or fail to, where a refused run's folder was never made).
-    logging.getLogger("gcp_storage_emulator").propagate = False
+    # The server answers from threads of this process: its lines (each request, each object not found) would
+    # land in whatever train.log or stderr an in-process run has open. The clients see its answers.
+    emulator_log = logging.getLogger("gcp_storage_emulator")
+    emulator_log.propagate = False
+    emulator_log.addHandler(logging.NullHandler())
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket="test-bucket")
     server.start()
     # Without the last variable, recent gcsfs waits about a minute per bucket on an emulator.

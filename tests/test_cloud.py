@@ -23,7 +23,7 @@ from nli.storage import Storage
 from tests.fake_vertex import FakeVertex
 from tests.runs import FAST, ROOT, process_env
 from tests.test_report import tables
-from tests.test_vertex import BUCKET, IMAGE, gcs_json, launcher, read_rows
+from tests.test_vertex import BUCKET, IMAGE, gcs_json, launcher, read_rows, sweep_cli
 
 NOT_WAITING = ["hydra.launcher.wait=false", "seed=1,2"]
 Submit = Callable[[List[str], Path], ContextManager[List[str]]]
@@ -150,6 +150,55 @@ def detach_and_cancel(vertex: FakeVertex, names: List[str], sweep_dir: Path, tmp
     assert cloud.main(["attach", str(sweep_dir)]) == 1  # the cancelled jobs' rows, failed
     assert [(row["state"], row["vertex_state"]) for row in read_rows(sweep_dir)] == [
         ("FAILED", "JOB_STATE_CANCELLED")] * 2
+
+
+@pytest.mark.process
+def test_attach_names_the_jobs_a_stopped_launcher_never_submitted(vertex: FakeVertex, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A waiting sweep runs at most max_concurrent_jobs at once: its launcher killed while the first job runs
+    never submits the second. attach fills the table with the first and names the second, with its command,
+    rather than show one row as the whole sweep."""
+    sweep_dir = tmp_path / "sweep"
+    before = set(vertex.jobs)
+    launcher_process = sweep_cli([*launcher(vertex), *FAST, "seed=1,2", "hydra.launcher.max_concurrent_jobs=1",
+                                  "hydra.launcher.sweep_name=stopped", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    try:  # killed as soon as Vertex AI has the first job: whether or not the launcher had noted it
+        vertex.wait_for(lambda: len(set(vertex.jobs) - before) == 1, timeout=120)
+        launcher_process.kill()  # the terminal closed: SIGKILL, nothing of the launcher's own runs after it
+    finally:
+        launcher_process.kill()
+        launcher_process.communicate()
+    record = json.loads((sweep_dir / "vertex_jobs.json").read_text())
+    assert [job["num"] for job in record["jobs"]] in ([], [0])
+    assert [(job["num"], job["overrides"][-1]) for job in record["planned"]] == [(0, "seed=1"), (1, "seed=2")]
+    capsys.readouterr()
+
+    assert cloud.main(["attach", str(sweep_dir)]) == 1  # not the whole sweep
+    out = capsys.readouterr().out
+    assert [(row["job"], row["state"], row["seed"]) for row in read_rows(sweep_dir)] == [("0", "COMPLETED", "1")]
+    assert "1 of the sweep's jobs were never submitted (#1): its launcher stopped before their turn" in out
+    assert re.search(r"^  python train.py -m hydra/launcher=vertex .*seed=2$", out, re.MULTILINE), out
+    assert len(set(vertex.jobs) - before) == 1  # attach follows; it submits nothing
+
+
+@pytest.mark.process
+def test_attach_finds_a_job_submitted_after_the_record_was_last_written(
+        vertex: FakeVertex, submit: Submit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A launcher killed between Vertex AI's answer and its record's next write: the job runs, unnoted. attach
+    finds it by the sweep's label, follows it and fills its row, instead of calling it never submitted."""
+    sweep_dir = tmp_path / "sweep"
+    with submit([*FAST, "hydra.launcher.sweep_name=unnoted"], sweep_dir) as names:
+        record = json.loads((sweep_dir / "vertex_jobs.json").read_text())
+        record["jobs"] = record["jobs"][:1]  # as written before the second job's line
+        (sweep_dir / "vertex_jobs.json").write_text(json.dumps(record))
+        labels = vertex.jobs[names[1]].job.labels
+        assert labels["hydra_sweep_id"] == record["stamp"]["sweep"] and labels["hydra_job"] == "1"
+        capsys.readouterr()
+        assert cloud.main(["attach", str(sweep_dir)]) == 0
+        assert "never submitted" not in capsys.readouterr().out
+        rows = sorted(read_rows(sweep_dir), key=lambda row: int(row["job"]))
+        assert [(row["job"], row["state"], row["vertex_job"]) for row in rows] == [
+            ("0", "COMPLETED", names[0]), ("1", "COMPLETED", names[1])]
 
 
 # ------------------------------------------------------------------------------ not a sweep

@@ -3,7 +3,7 @@ one message that says what the API said and, where it is known, how to fix it.""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, TypeVar
+from typing import Any, Callable, Dict, List, TypeVar
 
 from google.api_core import exceptions as gexc
 from google.api_core import retry as gretry
@@ -54,6 +54,12 @@ class Vertex:
 
     def get(self, name: str) -> CustomJob:
         return self._call(lambda: self.client.get_custom_job(name=name, retry=RETRY))
+
+    def named(self, labels: Dict[str, str]) -> List[str]:
+        """The resource names of the jobs in this region that carry every one of ``labels``."""
+        query = " AND ".join(f'labels.{key}="{value}"' for key, value in labels.items())
+        return self._call(lambda: [job.name for job in self.client.list_custom_jobs(
+            request={"parent": self.parent, "filter": query}, retry=RETRY)])
 
     def cancel(self, name: str) -> None:
         self._call(lambda: self.client.cancel_custom_job(name=name, retry=RETRY))

@@ -116,6 +116,7 @@ class Sweep:
             return [self._dry_run(job) for job in jobs]
         log.info("Vertex AI sweep %s: %d jobs in %s (%s), outputs in %s/%s", self.name, len(jobs),
                  self.settings.project, self.settings.region, self.settings.staging_bucket, self.name)
+        _record.planned(jobs, self.settings)
         if not self.settings.wait:
             returns = [self._submitted(job) for job in jobs]
             log.info("Not waiting for them: python -m nli.cloud attach %s follows them and fills the sweep's table "
@@ -150,7 +151,9 @@ class Sweep:
         run_dir = os.path.relpath(job.output_dir.absolute(), str(job.config.hydra.runtime.cwd))
         if run_dir.startswith(".."):
             run_dir = str(job.output_dir.absolute())
-        job_labels = {**_provenance_labels(image, self.git), **self.settings.labels}
+        sweep_id = sweep.running_sweep(self.dir).get(sweep.SWEEP_ID)
+        own = {_record.SWEEP_LABEL: str(sweep_id)} if sweep_id else {}  # attach finds a job the record lacks by it
+        job_labels = {**own, **_provenance_labels(image, self.git), **self.settings.labels}
         return _spec.custom_job(
             settings=self.settings, cfg=job.config, name=_spec.display_name(self.name, job.num, job.overrides),
             job_labels=_spec.labels(self.name, job.num, job.overrides, job_labels),

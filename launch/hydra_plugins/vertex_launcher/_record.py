@@ -4,7 +4,8 @@ after its terminal is gone, from this machine or another: ``python -m nli.cloud 
 
 It holds the sweep's Vertex AI project, region and endpoint (no secret: the jobs' secrets stay
 references in their specs), the columns that tie a row to the sweep's table (nli.sweep), and each
-submitted job's number, overrides, resource name and folders. Writing it is a help: a failure is one
+submitted job's number, overrides, resource name and folders, and every job the launch was to submit.
+Writing it is a help: a failure is one
 warning, and the sweep goes on.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Any, Dict, List, Optional, Protocol, Sequence
 
 from omegaconf import DictConfig
 
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 JOBS_FILE = VERTEX_JOBS_FILE
 VERSION = 1
+SWEEP_LABEL = "hydra_sweep_id"  # each job's label: the id of the sweep that submitted it (nli.sweep)
+
 
 class Submitted(Protocol):
     """What the record takes of a job (``_core.Job``, which imports this module)."""
@@ -43,22 +46,55 @@ class Submitted(Protocol):
 _SWEEPS: Dict[str, Dict[str, Any]] = {}  # sweep directory and sweep id -> its record, as written last
 
 
+def planned(jobs: Sequence[Submitted], settings: VertexLauncherConf) -> None:
+    """Records the jobs a launch is about to submit, before the first: a sweep whose launcher stopped before
+    it submitted them all (at most max_concurrent_jobs run at once), or between a job's submission and its
+    line here, is then seen to lack some, and ``attach`` looks for them rather than report the others as
+    the whole sweep."""
+    for job in jobs:  # of one launch: one sweep, one record
+        _add(_record(job, settings), "planned", _entry(job))
+    if jobs:
+        _write(_record(jobs[0], settings))
+
+
 def submitted(job: Submitted, settings: VertexLauncherConf) -> None:
     """Adds the job, just submitted, to its sweep's record, and writes the record in both places."""
+    record = _record(job, settings)
+    _add(record, "jobs", {**_entry(job), "name": job.name})
+    _write(record)
+
+
+def unsubmitted(record: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The jobs the sweep planned that its record does not name as submitted (Vertex AI may still have one:
+    ``SWEEP_LABEL`` finds it)."""
+    submitted_nums = {each["num"] for each in record["jobs"]}
+    return [each for each in record.get("planned", []) if each["num"] not in submitted_nums]
+
+
+def _record(job: Submitted, settings: VertexLauncherConf) -> Dict[str, Any]:
+    """The record of the job's sweep, as this process keeps it."""
     sweep_dir = Path(str(job.config.hydra.sweep.dir)).absolute()
     stamp = sweep.running_sweep(sweep_dir)
     remote = job.remote_dir.rstrip("/").rpartition("/")[0]
-    key = f"{sweep_dir} {stamp.get(sweep.SWEEP_ID)} {remote}"
-    record = _SWEEPS.setdefault(key, {
+    return _SWEEPS.setdefault(f"{sweep_dir} {stamp.get(sweep.SWEEP_ID)} {remote}", {
         "version": VERSION, "sweep_name": remote.rpartition("/")[2], "project": settings.project,
         "region": settings.region, "api_endpoint": settings.api_endpoint, "poll_interval": settings.poll_interval,
-        "sweep_dir": str(sweep_dir), "remote_dir": remote, "stamp": stamp, "jobs": []})
-    record["jobs"] = [each for each in record["jobs"] if each["num"] != job.num]
-    record["jobs"].append({"num": job.num, "overrides": list(job.overrides), "name": job.name,
-                           "remote_dir": job.remote_dir, "output_dir": str(job.output_dir.absolute())})
-    record["jobs"].sort(key=lambda each: each["num"])
+        "sweep_dir": str(sweep_dir), "remote_dir": remote, "stamp": stamp, "jobs": [], "planned": []})
+
+
+def _entry(job: Submitted) -> Dict[str, Any]:
+    return {"num": job.num, "overrides": list(job.overrides), "remote_dir": job.remote_dir,
+            "output_dir": str(job.output_dir.absolute())}
+
+
+def _add(record: Dict[str, Any], key: str, entry: Dict[str, Any]) -> None:
+    record[key] = sorted([each for each in record[key] if each["num"] != entry["num"]] + [entry],
+                         key=lambda each: each["num"])
+
+
+def _write(record: Dict[str, Any]) -> None:
     text = json.dumps(record, indent=1) + "\n"
-    for where in (str(sweep_dir), remote):
+    for where in (record["sweep_dir"], record["remote_dir"]):
         try:
             Storage(where, key="the sweep's record").write_text(JOBS_FILE, text)
         except (StorageError, OSError) as error:
