@@ -75,7 +75,8 @@ class FakeCloudBuild:
         self.project_number = project_number
         self.builds: Dict[str, FakeBuild] = {}
         self.logs_bucket = f"{project_number}-cloudbuild-logs"
-        self._queued, self._working = queued_seconds, working_seconds
+        self._queued = queued_seconds
+        self.working_seconds = working_seconds  # how long a build created from now on works
         self._failures: List[List[str]] = []
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
@@ -222,7 +223,7 @@ class FakeCloudBuild:
         log += ["BUILD", "Starting Step #0", f"Step #0: Already have image (with digest): {step.name}"]
         output = self._step(fake.context, list(step.args))
         log += [f"Step #0: {line}" for line in output[0]]
-        if fake.stop.wait(self._working):
+        if fake.stop.wait(self.working_seconds):
             return
         if not output[1]:
             log += ["Finished Step #0", "ERROR", STEP_ERROR.format(name=step.name)]

@@ -9,7 +9,9 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Dict, Iterator, List
 
@@ -21,9 +23,12 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud.devtools.cloudbuild_v1 import Build, CloudBuildClient
 
 from hydra_plugins.vertex_launcher import _context
+from hydra_plugins.vertex_launcher._build import Image, image_of_source
+from hydra_plugins.vertex_launcher.config import VertexLauncherConf
 from tests.fake_cloudbuild import FakeCloudBuild
 from tests.fake_vertex import FakeVertex
 from tests.runs import FAST, ROOT, run_app
+from tests.test_vertex import sweep_cli
 
 PROJECT = "test-project"
 BUCKET = "gs://test-bucket/sweeps"
@@ -153,6 +158,66 @@ def test_a_failed_build_submits_nothing_and_shows_its_logs_last_lines(
     assert shown[-1].strip().startswith('ERROR: build step 0 "gcr.io/cloud-builders/docker" failed')
     assert any("stat README.md: file does not exist" in text for text in shown)
     assert "vertex_launcher/" not in output  # no traceback of the launcher's (the emulator's threads may print theirs)
+
+
+def changed(checkout: Path, why: str) -> None:
+    """A content of the test's own: no earlier test's image has its tag."""
+    with open(checkout / "nli" / "__init__.py", "a") as stream:
+        stream.write(f"# {why}\n")
+
+
+def working_build(cloud_build: FakeCloudBuild, builds: int) -> Build:
+    """The build created after the first ``builds``, once it is working."""
+    cloud_build.vertex.wait_for(lambda: len(cloud_build.builds) > builds and list(cloud_build.builds.values())[
+        builds].build.status == Build.Status.WORKING, timeout=60)
+    return list(cloud_build.builds.values())[builds].build
+
+
+@pytest.mark.process
+def test_a_launch_of_content_that_is_being_built_waits_for_that_build(
+        services: tuple[FakeVertex, FakeCloudBuild], checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sweeps of one checkout started together: the second joins the first one's build."""
+    vertex, cloud_build = services
+    changed(checkout, "built by two launches at once")
+    monkeypatch.setattr(cloud_build, "working_seconds", 2.0)
+    settings = VertexLauncherConf(project=PROJECT, staging_bucket=BUCKET, api_endpoint=vertex.endpoint, build=True,
+                                  source_dir=str(checkout), poll_interval=0.1)
+    builds = len(cloud_build.builds)
+    first: List[Image] = []
+    thread = threading.Thread(target=lambda: first.append(image_of_source(settings, checkout, BUCKET)))
+    thread.start()
+    try:
+        working_build(cloud_build, builds)
+        second = image_of_source(settings, checkout, BUCKET)
+    finally:
+        thread.join(timeout=60)
+    assert len(cloud_build.builds) == builds + 1  # one build, for both
+    (build,) = [fake.build for fake in list(cloud_build.builds.values())[builds:]]
+    assert build.status == Build.Status.SUCCESS
+    assert first == [second] and second.digest == build.results.images[0].digest
+
+
+@pytest.mark.process
+def test_ctrl_c_while_building_leaves_the_build_running_says_how_to_stop_it_and_submits_nothing(
+        services: tuple[FakeVertex, FakeCloudBuild], checkout: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    vertex, cloud_build = services
+    changed(checkout, "interrupted while building")
+    monkeypatch.setattr(cloud_build, "working_seconds", 60.0)
+    builds, requests = len(cloud_build.builds), len(vertex.requests)
+    proc = sweep_cli(launch(vertex, checkout, tmp_path / "sweep")[1:], cwd=tmp_path)
+    try:
+        build = working_build(cloud_build, builds)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output
+    assert (f"Stopped waiting; nothing was submitted. Cloud Build {build.id} goes on, and the next launch of this "
+            f"content uses its image (or waits for it); to stop it: gcloud builds cancel {build.id} "
+            "--region=us-central1") in output
+    assert "Traceback" not in output and created_jobs(vertex, requests) == []
+    assert cloud_build.builds[build.id].build.status == Build.Status.WORKING  # not cancelled
 
 
 @pytest.mark.process

@@ -175,6 +175,11 @@ class CloudBuild:
         with the last lines of its log."""
         from google.cloud.devtools.cloudbuild_v1 import Build
 
+        running = self._building(tag)
+        if running is not None:  # another sweep of the same content started it: its image is this one
+            log.info("Cloud Build %s is building this content already (%s): waiting for it, not building again",
+                     running.id, running.log_url)
+            return self._wait(f"{self.parent}/builds/{running.id}", running)
         build = Build.from_json(json.dumps(config), ignore_unknown_fields=False)
         bucket, _, blob = source_url.removeprefix("gs://").partition("/")
         build.source = {"storage_source": {"bucket": bucket, "object_": blob}}
@@ -186,17 +191,30 @@ class CloudBuild:
         log.info("Cloud Build %s: building %s:%s, log at %s", build.id, substitutions["_IMAGE"], tag, build.log_url)
         return self._wait(f"{self.parent}/builds/{build.id}", build)
 
+    def _building(self, tag: str) -> Any:
+        """The build of this content (its tag) that is queued or working, if any."""
+        builds = self._call(lambda: self.client.list_builds(
+            request={"parent": self.parent, "filter": f'tags="{tag}"', "page_size": 10}, retry=RETRY))
+        return next((build for build in builds.builds if build.status.name not in ENDED), None)
+
     def _wait(self, name: str, build: Any) -> Any:
         status, interval = "", self.settings.poll_interval
-        while True:
-            if build.status.name != status:
-                status, interval = build.status.name, self.settings.poll_interval
-                log.info("Cloud Build %s: %s", build.id, status)
-            if status in ENDED:
-                break
-            time.sleep(interval)
-            interval = min(interval * 1.5, self.settings.poll_interval * 10)
-            build = self._call(lambda: self.client.get_build(request={"name": name}, retry=RETRY))
+        try:
+            while True:
+                if build.status.name != status:
+                    status, interval = build.status.name, self.settings.poll_interval
+                    log.info("Cloud Build %s: %s", build.id, status)
+                if status in ENDED:
+                    break
+                time.sleep(interval)
+                interval = min(interval * 1.5, self.settings.poll_interval * 10)
+                build = self._call(lambda: self.client.get_build(request={"name": name}, retry=RETRY))
+        except KeyboardInterrupt:
+            # The build is left to finish: the next launch of this content uses its image, or waits for it.
+            log.warning("Stopped waiting; nothing was submitted. Cloud Build %s goes on, and the next launch of this "
+                        "content uses its image (or waits for it); to stop it: gcloud builds cancel %s --region=%s",
+                        build.id, build.id, self.settings.region)
+            raise SystemExit(130) from None
         if status != "SUCCESS":
             raise LaunchError(_failed(build, self.settings))
         return build
