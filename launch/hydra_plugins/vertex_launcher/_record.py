@@ -5,8 +5,7 @@ after its terminal is gone, from this machine or another: ``python -m nli.cloud 
 It holds the sweep's Vertex AI project, region and endpoint (no secret: the jobs' secrets stay
 references in their specs), the columns that tie a row to the sweep's table (nli.sweep), and each
 submitted job's number, overrides, resource name and folders, and every job the launch was to submit.
-Writing it is a help: a failure is one
-warning, and the sweep goes on.
+Writing it is a help: a failure is one warning, and the sweep goes on.
 """
 
 from __future__ import annotations
