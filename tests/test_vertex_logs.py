@@ -10,10 +10,10 @@ from typing import Dict, Iterator, List
 
 import pytest
 from google.cloud.aiplatform_v1 import JobState
-from hydra_plugins.vertex_launcher._core import Vertex
+
+from hydra_plugins.vertex_launcher._client import Vertex
 from hydra_plugins.vertex_launcher._logs import JobLogs
 from hydra_plugins.vertex_launcher.config import VertexLauncherConf
-
 from tests.fake_vertex import FakeVertex
 
 PROJECT = "test-project"
