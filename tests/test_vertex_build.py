@@ -24,6 +24,7 @@ from google.cloud.devtools.cloudbuild_v1 import Build, CloudBuildClient
 
 from hydra_plugins.vertex_launcher import _context
 from hydra_plugins.vertex_launcher._build import Image, image_of_source
+from hydra_plugins.vertex_launcher._client import Vertex
 from hydra_plugins.vertex_launcher.config import VertexLauncherConf
 from tests.fake_cloudbuild import FakeCloudBuild
 from tests.fake_vertex import FakeVertex
@@ -93,6 +94,16 @@ def head(checkout: Path) -> str:
                           check=True).stdout.strip()
 
 
+def submit_only(vertex: FakeVertex, args: List[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The sweep submitted without waiting for its jobs, which are then cancelled through the client."""
+    before = set(vertex.jobs)
+    proc = run_app([*args, "hydra.launcher.wait=false"], cwd=cwd)
+    client = Vertex(VertexLauncherConf(project=PROJECT, api_endpoint=vertex.endpoint))
+    for name in set(vertex.jobs) - before:
+        client.cancel(name)
+    return proc
+
+
 @pytest.mark.process
 def test_build_submits_the_built_image_builds_once_per_content_and_records_what_ran(
         services: tuple[FakeVertex, FakeCloudBuild], checkout: Path, tmp_path: Path) -> None:
@@ -120,8 +131,9 @@ def test_build_submits_the_built_image_builds_once_per_content_and_records_what_
     assert row["state"] == "COMPLETED" and row["image"] == f"{image}@{digest}" and row["git_commit"] == commit
     assert row["git_dirty"] == "False"
 
-    # The same content again: the image is in the registry, nothing is built.
-    again = run_app(launch(vertex, checkout, tmp_path / "again"), cwd=tmp_path)
+    # The same content again: the image is in the registry, nothing is built. (This sweep and the next are
+    # looked at in their requests only: submitted without waiting, and their jobs cancelled.)
+    again = submit_only(vertex, launch(vertex, checkout, tmp_path / "again"), tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(cloud_build.builds) == builds + 1
     assert "was built from this content before" in again.stdout + again.stderr
@@ -130,7 +142,7 @@ def test_build_submits_the_built_image_builds_once_per_content_and_records_what_
     # A changed file is another content: built again, under another tag, and the tree is dirty.
     with open(checkout / "nli" / "__init__.py", "a") as stream:
         stream.write("# changed\n")
-    changed = run_app(launch(vertex, checkout, tmp_path / "changed"), cwd=tmp_path)
+    changed = submit_only(vertex, launch(vertex, checkout, tmp_path / "changed"), tmp_path)
     assert changed.returncode == 0, changed.stdout + changed.stderr
     assert len(cloud_build.builds) == builds + 2
     last = created_jobs(vertex, requests)[-1]
