@@ -156,7 +156,7 @@ def bucket_rows(url: str, notes: List[str]) -> List[Row]:
         if folder.exists(sweep.RESULTS_JSONL):
             lines = folder.read_bytes(sweep.RESULTS_JSONL).decode().splitlines()
             return _newest(folder.url, [json.loads(line) for line in lines if line.strip()], notes)
-        recorded = {int(job["num"]): job for job in (_json(folder, VERTEX_JOBS_FILE) or {}).get("jobs", [])}
+        recorded = {int(job["num"]): job for job in (folder.read_json(VERTEX_JOBS_FILE) or {}).get("jobs", [])}
         numbers = sorted(int(name) for name in folder.list("") if name.isdigit())
         rows = [_job_folder_row(folder, num, recorded.get(num)) for num in numbers]
     except json.JSONDecodeError as err:
@@ -173,8 +173,8 @@ def bucket_rows(url: str, notes: List[str]) -> List[Row]:
 
 def _job_folder_row(folder: Storage, num: int, recorded: Optional[Mapping[str, Any]]) -> Row:
     model = vertex_dirs(str(num))[VERTEX_MODEL_DIR]  # where the job's run wrote (AIP_MODEL_DIR)
-    results = _json(folder, f"{model}/{RESULTS_FILE}")
-    reported = _json(folder, f"{model}/{VERTEX_JOB_RETURN_FILE}") or {}
+    results = folder.read_json(f"{model}/{RESULTS_FILE}")
+    reported = folder.read_json(f"{model}/{VERTEX_JOB_RETURN_FILE}") or {}
     if recorded is not None:
         overrides = [str(each) for each in recorded.get("overrides", [])]
     else:
@@ -188,13 +188,6 @@ def _job_folder_row(folder: Storage, num: int, recorded: Optional[Mapping[str, A
         return row(state=sweep.FAILED, results=None, error=str(reported.get("error") or "the job failed"))
     return row(state=UNFINISHED, results=None,
                error=f"no {RESULTS_FILE} yet: running, or ended without reporting (python -m nli.cloud attach says)")
-
-
-def _json(folder: Storage, name: str) -> Optional[Dict[str, Any]]:
-    try:
-        return json.loads(folder.read_bytes(name))
-    except FileNotFoundError:
-        return None
 
 
 def _run_row(run_dir: Path, *, num: int) -> Row:

@@ -15,6 +15,7 @@ after about a minute with a traceback about DNS. What fails is said in one line,
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import posixpath
 import secrets
@@ -156,6 +157,13 @@ class Storage:
 
     def read_bytes(self, name: str) -> bytes:
         return self.fs.cat_file(self.path(name))
+
+    def read_json(self, name: str) -> Optional[Any]:
+        """The JSON file's content; None where there is no such file."""
+        try:
+            return json.loads(self.read_bytes(name))
+        except FileNotFoundError:
+            return None
 
     def exists(self, name: str) -> bool:
         return self.fs.exists(self.path(name))

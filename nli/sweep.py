@@ -43,7 +43,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-import fsspec
 from filelock import FileLock
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
@@ -105,11 +104,8 @@ def code_columns(provenance: Any) -> Dict[str, Any]:
 
 def read_json(url: str) -> Optional[Dict[str, Any]]:
     """A JSON file (local or gs://); None when there is none."""
-    fs, path = fsspec.core.url_to_fs(url)
-    try:
-        return json.loads(fs.cat_file(path))
-    except FileNotFoundError:
-        return None
+    folder, _, name = url.rpartition("/")
+    return Storage(folder or ".").read_json(name)
 
 
 # --------------------------------------------------------------------------------- the files

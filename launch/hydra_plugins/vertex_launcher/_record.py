@@ -103,7 +103,4 @@ def _write(record: Dict[str, Any]) -> None:
 
 def read(where: str) -> Optional[Dict[str, Any]]:
     """The record in the folder ``where`` (local or gs://); None where it has none."""
-    try:
-        return json.loads(Storage(where, key="SWEEP").read_bytes(JOBS_FILE))
-    except FileNotFoundError:
-        return None
+    return Storage(where, key="SWEEP").read_json(JOBS_FILE)
