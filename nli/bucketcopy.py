@@ -101,15 +101,10 @@ def _listing(storage: Storage) -> List[Remote]:
             raise StorageError(f"{storage.key}={storage.url} cannot be read: {err}") from None
         return [Remote(posixpath.relpath(path, storage.root), int(info.get("size") or 0), _version(info))
                 for path, info in sorted(found.items()) if info.get("type") != "directory"]
-    bucket, _, prefix = storage.root.partition("/")
-    try:
-        blobs = list(storage._client.list_blobs(bucket, prefix=f"{prefix}/" if prefix else None, timeout=TIMEOUT,
-                                                 retry=None))
-    except Exception as err:  # google-api-core's, google-auth's and requests' errors: storage tells them apart
-        raise storage.read_failure(err) from err
+    prefix = storage.root.partition("/")[2]
     start = len(prefix) + 1 if prefix else 0
     return [Remote(blob.name[start:], int(blob.size or 0), str(blob.generation or blob.etag))
-            for blob in blobs if not blob.name.endswith("/")]
+            for blob in storage.blobs() if not blob.name.endswith("/")]
 
 
 def _version(info: Dict[str, object]) -> str:

@@ -116,11 +116,17 @@ class Storage:
         would retry for a minute, logging each try's traceback)."""
         if not self.cloud:
             return bool(self.fs.exists(self.root))
+        return bool(self.blobs(limit=1))
+
+    def blobs(self, *, limit: Optional[int] = None) -> List[Any]:
+        """The ``google.cloud.storage.Blob`` of every object under the directory (Cloud Storage only), with
+        its size and generation, in one listing without retries: a wrong bucket, credentials that may not
+        read or no network are a StorageError at once, with the fix."""
+        assert self.cloud, f"{self.url} is not on Cloud Storage"
         bucket, _, prefix = self.root.partition("/")
         try:
-            found = self._client.list_blobs(bucket, prefix=f"{prefix}/" if prefix else None, max_results=1,
-                                            timeout=TIMEOUT, retry=None)
-            return any(True for _ in found)
+            return list(self._client.list_blobs(bucket, prefix=f"{prefix}/" if prefix else None, max_results=limit,
+                                                timeout=TIMEOUT, retry=None))
         except Exception as err:  # google-api-core's, google-auth's and requests' errors, told apart below
             raise self.read_failure(err) from err
 
