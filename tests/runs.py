@@ -22,8 +22,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from filelock import FileLock
 from hydra.core.global_hydra import GlobalHydra
@@ -68,6 +69,18 @@ def run_process(args: Sequence[str], *, cwd: Path, module: bool = False, timeout
     entry = ["-m", "nli"] if module else [str(ROOT / "train.py")]
     return subprocess.run([sys.executable, *entry, *args], cwd=cwd, env=process_env(env), capture_output=True,
                           text=True, timeout=timeout)
+
+
+def read_line(stream: Optional[IO[str]], timeout: float = 60.0) -> str:
+    """The next line a process writes on ``stream`` (its stdout, a pipe); a failure after ``timeout`` seconds
+    rather than a suite that waits for ever on a process that never writes it."""
+    assert stream is not None, "the process's output is not a pipe"
+    line: List[str] = []
+    reader = threading.Thread(target=lambda: line.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)  # a reader left waiting ends when the test kills the process: readline sees the end
+    assert line, f"no line from the process within {timeout:g} s"
+    return line[0]
 
 
 def process_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:

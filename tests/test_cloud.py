@@ -21,7 +21,7 @@ from hydra.core.global_hydra import GlobalHydra
 from nli import cloud, report, sweep
 from nli.storage import Storage
 from tests.fake_vertex import FakeVertex
-from tests.runs import FAST, ROOT, process_env
+from tests.runs import FAST, ROOT, process_env, read_line
 from tests.test_report import tables
 from tests.test_vertex import BUCKET, IMAGE, gcs_json, launcher, read_rows, sweep_cli
 
@@ -132,7 +132,7 @@ def detach_and_cancel(vertex: FakeVertex, names: List[str], sweep_dir: Path, tmp
     attached = subprocess.Popen([sys.executable, "-m", "nli.cloud", "attach", str(sweep_dir)], cwd=tmp_path,
                                 env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        seen = [attached.stdout.readline() for _ in range(3)]  # attached, then both jobs' states
+        seen = [read_line(attached.stdout) for _ in range(3)]  # attached, then both jobs' states
         attached.send_signal(signal.SIGINT)
         output, _ = attached.communicate(timeout=60)
     finally:

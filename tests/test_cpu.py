@@ -14,7 +14,7 @@ from typing import Dict, List
 import pytest
 
 from nli import cpu, platform
-from tests.runs import FAST, ROOT, process_env
+from tests.runs import FAST, ROOT, process_env, read_line
 
 
 @pytest.mark.parametrize("usable, runs, foreign, threads", [
@@ -173,7 +173,7 @@ def test_a_live_process_in_the_registry_is_a_run_until_it_ends(tmp_path: Path) -
     other = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     try:
-        assert other.stdout is not None and other.stdout.readline() == "joined\n"
+        assert read_line(other.stdout) == "joined\n"
         registry = cpu.Registry(folder)
         assert registry.others() == [other.pid]
         write(folder / "1", "12345")  # pid 1 lives, but started at another time: a stale file

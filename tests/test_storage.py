@@ -28,7 +28,7 @@ import pytest
 from nli.claim import CLAIM_FILE, HOST, Claim, ClaimedError, ClaimLostError, Owner
 from nli.errors import StorageError
 from nli.storage import Storage, umask
-from tests.runs import ROOT
+from tests.runs import ROOT, read_line
 
 # Claims that beat fast, so that a test sees several heartbeats in a fraction of a second.
 FAST = {"heartbeat": 0.05, "stale_after": 0.5}
@@ -146,7 +146,7 @@ def test_a_second_run_is_refused_at_once_naming_the_first(folder: Storage) -> No
     with Claim.take(folder, **FAST) as claim:
         started = time.monotonic()
         proc = child(folder)
-        answer = proc.stdout.readline() if proc.stdout else ""
+        answer = read_line(proc.stdout)
         proc.communicate(timeout=30)
         assert answer.startswith("refused ")
         assert f"{folder.describe()} is in use by another run: host {HOST}, pid {os.getpid()}, started " in answer
@@ -172,7 +172,7 @@ def test_the_claim_of_a_process_that_no_longer_runs_is_taken_over(folder: Storag
 def test_a_sigkilled_run_leaves_a_claim_the_next_run_takes_over(folder: Storage,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     proc = child(folder, heartbeat=30)
-    assert proc.stdout and proc.stdout.readline().startswith("won ")
+    assert read_line(proc.stdout).startswith("won ")
     proc.kill()
     proc.wait()
     assert current(folder).pid == proc.pid  # what a killed run leaves behind
@@ -198,7 +198,7 @@ def test_of_runs_claiming_at_once_exactly_one_wins(folder: Storage, before: str)
         if before == "stale":
             plant(folder, other(host="elsewhere", age=100))
         procs = [child(folder, heartbeat=1) for _ in range(4)]  # stale_after 10 s: the stale claim is 100 s old
-        answers = [proc.stdout.readline() if proc.stdout else "" for proc in procs]
+        answers = [read_line(proc.stdout) for proc in procs]
         holder = current(folder)
         for proc in procs:
             proc.communicate(timeout=30)
@@ -218,7 +218,7 @@ def test_the_claim_is_released_at_the_end_on_an_error_and_on_sigterm(folder: Sto
         raise RuntimeError("the run failed")
     assert current(folder) is None
     proc = child(folder)
-    assert proc.stdout and proc.stdout.readline().startswith("won ")
+    assert read_line(proc.stdout).startswith("won ")
     proc.send_signal(signal.SIGTERM)
     assert proc.communicate(timeout=30)[0].strip() == "stopped"
     assert current(folder) is None
