@@ -29,6 +29,7 @@ from nli.distributed import World
 from nli.errors import ConfigError
 from nli.evaluation import Evaluation, Evaluator
 from nli.model import GENERIC_LABEL  # transformers' names for labels nobody named
+from nli.oom import Evaluations
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ NOT_ENTAILED = frozenset({"neutral", "contradiction"})
 class EvalSet:
     """One set, ready to score a model: its metrics, and its test splits' loaders where it predicts."""
 
-    evaluate: Evaluator
+    evaluate: Evaluations  # in smaller batches where they run out of memory (nli.oom)
     test: Dict[str, DataLoader]  # test split -> this rank's slice of it, in order (only when predicting)
 
 
@@ -123,12 +124,12 @@ def prepare(task: TaskConfig, source: DataConfig, *, prefix: str, eval_batch_siz
                for name, ds in {**splits.eval, **splits.test}.items()}
     evaluator = Evaluator({name: loaders[name] for name in splits.eval}, task, compute, world, groups=splits.groups,
                           label_map=mapping, prefix=prefix, examples=examples)
-    return EvalSet(evaluator, {name: loaders[name] for name in splits.test})
+    return EvalSet(Evaluations(evaluator), {name: loaders[name] for name in splits.test})
 
 
 def extras(evaluation: EvalConfig, run_data: DataConfig, *, eval_batch_size: int, seed: int, labels: Sequence[str],
            model: str, tokenizer: PreTrainedTokenizerBase, collator: data.Collator, compute: Compute,
-           world: World) -> List[Evaluator]:
+           world: World) -> List[Evaluations]:
     """The sets of eval.extra, from ``eval.dir`` (their original downloads) or the Hub, each keyed
     ``<task>/<metric>`` (hans/accuracy, anli_r1/accuracy_test), cut and tokenized as the run's own data
     (``run_data``). Every set's labels are matched to the model's first: a mismatch stops the run before
@@ -142,7 +143,7 @@ def extras(evaluation: EvalConfig, run_data: DataConfig, *, eval_batch_size: int
                     dir_key="eval.dir").evaluate for task in tasks]
 
 
-def evaluations(evaluators: Sequence[Evaluator], model: torch.nn.Module, step: int) -> List[Evaluation]:
+def evaluations(evaluators: Sequence[Evaluations], model: torch.nn.Module, step: int) -> List[Evaluation]:
     """Every set's evaluation of ``model``, in order."""
     return [evaluate(model, step) for evaluate in evaluators]
 

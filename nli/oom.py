@@ -23,9 +23,11 @@ user's new choice (a bigger GPU, say). Under data parallelism the ranks cannot c
 step mid-way (the others wait in the gradient all-reduce), so a rank out of memory stops the run with a
 message naming the size to set; its checkpoints are kept and the same command resumes it.
 
-Evaluation (:class:`Evaluations`) halves its batches the same way, for the rest of the run; each
-example's prediction does not depend on its batch (the model is in eval mode), so the metrics are the
-same up to float rounding. That size is not kept: a resumed run finds it again in one failed batch.
+Evaluation (:class:`Evaluations`: the run's eval splits, eval.extra's sets, an evaluation-only run's)
+halves its batches the same way, for the rest of the run, and so do the test splits' predictions
+(:func:`fitting`); each example's prediction does not depend on its batch (the model is in eval mode),
+so the metrics and predictions are the same up to float rounding. That size is not kept: a resumed run
+finds it again in one failed batch.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import dataclasses
 import gc
 import logging
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 from torch.utils.data import DataLoader
@@ -46,6 +48,7 @@ from nli.errors import OutOfMemory
 from nli.evaluation import Evaluation, Evaluator
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _ADVICE = ("use a GPU with more memory, a smaller model, a shorter data.max_seq_length, train.gradient_checkpointing"
            "=true or precision=bf16")
@@ -148,23 +151,44 @@ class Evaluations:
             self.evaluator = self._halved()
 
     def _halved(self) -> Evaluator:
-        world = self.evaluator.world
         size = max(batch_size(loader) for loader in self.evaluator.loaders.values())
-        if world.distributed:
-            raise OutOfMemory(f"rank {world.rank} of {world.world_size} ran out of GPU memory evaluating batches of "
-                              f"{size} examples; under data parallelism the ranks cannot agree on smaller ones "
-                              "mid-way, so the run stops, its checkpoints kept. Set "
-                              f"train.eval_batch_size={max(size // 2, 1)} and start it again: it resumes from its "
-                              "newest checkpoint")
-        if size == 1:
-            raise OutOfMemory("out of GPU memory evaluating a single example: no train.eval_batch_size fits. The run "
-                              f"stopped, its checkpoints kept; {_ADVICE}, then start it again")
-        free(self.evaluator.compute)
+        _make_room(size, self.evaluator.compute, self.evaluator.world, doing="evaluating")
         log.warning("out of GPU memory evaluating batches of %d examples: evaluating in batches of %d from now on, "
                     "with the same metrics (train.eval_batch_size=%d starts there)", size, size // 2, size // 2)
         loaders = {name: rebatched(loader, max(batch_size(loader) // 2, 1))
                    for name, loader in self.evaluator.loaders.items()}
         return dataclasses.replace(self.evaluator, loaders=loaders)
+
+
+def fitting(run: Callable[[DataLoader], T], loader: DataLoader, compute: Compute, world: World) -> T:
+    """``run(loader)`` (a forward-only pass: the test splits' predictions), again in batches of half the size
+    each time one does not fit in memory; each example's prediction does not depend on its batch."""
+    rng = torch.get_rng_state()  # a failed pass's loader iterator drew its seed: the next one draws the same
+    while True:
+        try:
+            return run(loader)
+        except torch.OutOfMemoryError:
+            pass  # handled outside the except clause, whose traceback holds the batch's tensors
+        torch.set_rng_state(rng)
+        size = batch_size(loader)
+        _make_room(size, compute, world, doing="predicting")
+        log.warning("out of GPU memory predicting in batches of %d examples: predicting in batches of %d "
+                    "(train.eval_batch_size=%d starts there)", size, size // 2, size // 2)
+        loader = rebatched(loader, max(size // 2, 1))
+
+
+def _make_room(size: int, compute: Compute, world: World, *, doing: str) -> None:
+    """Ready for batches half of ``size`` after an out-of-memory error, or an OutOfMemory that says why not
+    and what to set."""
+    if world.distributed:
+        raise OutOfMemory(f"rank {world.rank} of {world.world_size} ran out of GPU memory {doing} batches of {size} "
+                          "examples; under data parallelism the ranks cannot agree on smaller ones mid-way, so the "
+                          f"run stops, its checkpoints kept. Set train.eval_batch_size={max(size // 2, 1)} and start "
+                          "it again: it resumes from its newest checkpoint")
+    if size == 1:
+        raise OutOfMemory(f"out of GPU memory {doing} a single example: no train.eval_batch_size fits. The run "
+                          f"stopped, its checkpoints kept; {_ADVICE}, then start it again")
+    free(compute)
 
 
 def free(compute: Compute) -> None:

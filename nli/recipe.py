@@ -141,7 +141,7 @@ class Data:
     evaluate: oom.Evaluations  # the eval splits' metrics, in smaller batches where they run out of memory
     test: Dict[str, DataLoader]  # test split -> this rank's slice, when predicting
     examples_per_epoch: int
-    extras: List[Evaluator]  # eval.extra's sets, scored at the end (nli.evalsets)
+    extras: List[oom.Evaluations]  # eval.extra's sets, scored at the end (nli.evalsets)
 
 
 @dataclass
@@ -457,7 +457,7 @@ def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, res
         log.info("the best checkpoint on eval.extra's sets: %s", ", ".join(f"{k}={v:.4f}" for k, v in extra.items()))
         if out.world.is_main:
             training.trackers.log({f"eval/{name}": value for name, value in extra.items()}, step=result.steps)
-    classes = _analyse([(loaded.evaluate.evaluator, final), *zip(loaded.extras, extra_evaluations)],
+    classes = _analyse([(loaded.evaluate, final), *zip(loaded.extras, extra_evaluations)],
                        training.trackers, out, step=result.steps, save_predictions=save_predictions)
     _predict_tests(task, loaded.test, best_model, training.opt.compute, out)
     early = training.early_stopping
@@ -532,24 +532,25 @@ def _evaluate(trained: ModelConfig, where: str, model_cfg: ModelConfig, task: Ta
         trackers.log({f"eval/{name}": value for name, value in {**final.metrics, **extra}.items()}, step=0)
     classes = _analyse([(own.evaluate, final), *zip(extras, extra_evaluations)], trackers, out, step=0,
                        save_predictions=evaluation.save_predictions)
-    _predict_tests(task, own.test, model, compute, out, label_map=own.evaluate.label_map)
+    _predict_tests(task, own.test, model, compute, out, label_map=own.evaluate.evaluator.label_map)
     results = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": where,
                "eval_examples_per_second": own.evaluate.examples_per_second(),
                "identity": digest(out.identity), **classes, "status": "completed"}
     return _finish(results, trackers, out)
 
 
-def _analyse(evaluated: List[Tuple[Evaluator, Evaluation]], trackers: Trackers, out: Outputs, *, step: int,
+def _analyse(evaluated: List[Tuple[oom.Evaluations, Evaluation]], trackers: Trackers, out: Outputs, *, step: int,
              save_predictions: bool) -> Dict[str, Any]:
     """The final evaluations' per-class figures and confusion matrices, to the loggers (at ``step``) and
     for results.json; with ``save_predictions``, each eval split's predictions under eval_predictions/."""
-    analyses = analysis.analyse(evaluated)
+    scored = [(evaluations.evaluator, evaluation) for evaluations, evaluation in evaluated]  # the batches that fit
+    analyses = analysis.analyse(scored)
     if out.world.is_main:
         trackers.log_classes(analyses, step=step)
         if save_predictions:
             if out.claim is not None:
                 out.claim.check()
-            for name, text in analysis.files(evaluated):
+            for name, text in analysis.files(scored):
                 out.storage.write_text(name, text)
     if save_predictions:
         log.info("each eval example's prediction written to %s", out.storage.describe(analysis.FOLDER))
@@ -560,7 +561,8 @@ def _predict_tests(task: TaskConfig, loaders: Dict[str, DataLoader], model: torc
                    out: Outputs, *, label_map: Optional[np.ndarray] = None) -> None:
     """Each test split's predictions in GLUE's submission format, under predictions/."""
     for split, loader in loaders.items():
-        predicted = relabel(gather(predict(model, loader, task, compute), out.world), label_map)
+        predicted = oom.fitting(lambda each: relabel(gather(predict(model, each, task, compute), out.world), label_map),
+                                loader, compute, out.world)
         name, text = submission(task, split, predicted)
         if out.world.is_main:
             out.storage.write_text(f"{contract.PREDICTIONS_DIR}/{name}", text)

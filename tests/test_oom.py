@@ -22,7 +22,7 @@ from nli.device import Compute
 from nli.distributed import World
 from nli.errors import OutOfMemory
 from nli.oom import MicroBatches
-from tests.runs import FAST, MEASURED, copy_run, read_results, run_app
+from tests.runs import FAST, GLUE_DATA, MEASURED, copy_run, read_results, run_app
 
 ARGS = [*FAST, "hw=cpu"]  # global batches of 32; evaluation in one batch of the 96 examples
 
@@ -47,19 +47,25 @@ class Memory:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["Memory"]:
-        """On the model every run of this process builds (the one that trains, not the exported one)."""
-        build = recipe.build
+        """On the model every run of this process builds or, evaluating a trained one, loads (not the model
+        a training run exports and reloads at its end)."""
+        build, load_trained = recipe.build, recipe.load_trained
 
         def limited(*args: Any, **kwargs: Any) -> torch.nn.Module:
             model = build(*args, **kwargs)
             model.register_forward_pre_hook(self.check, with_kwargs=True)
             return model
 
-        recipe.build = limited  # type: ignore[assignment]
+        def loaded(*args: Any, **kwargs: Any) -> torch.nn.Module:
+            model = load_trained(*args, **kwargs)
+            model.register_forward_pre_hook(self.check, with_kwargs=True)
+            return model
+
+        recipe.build, recipe.load_trained = limited, loaded  # type: ignore[assignment]
         try:
             yield self
         finally:
-            recipe.build = build  # type: ignore[assignment]
+            recipe.build, recipe.load_trained = build, load_trained  # type: ignore[assignment]
 
 
 def train(run_dir: Path, *args: str, memory: Optional[Memory] = None, micro_batch: int = 16) -> Any:
@@ -126,6 +132,38 @@ def test_out_of_memory_halves_the_micro_batch_and_trains_as_a_run_started_at_tha
     for name, tensor in weights.items():
         assert torch.equal(tensor, expected[name]), name
     assert saved_part(folder, 12, "micro_batches") == {"configured": 16, "size": 8}
+
+
+RTE = ["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "data.max_seq_length=64", "train.batch_size=16",
+       "train.max_steps=2", "train.eval_every=2", "train.progress_bar=false", "hw=cpu", "train.predict=true"]
+
+
+def test_an_evaluation_only_run_and_its_test_predictions_back_off_too(tmp_path: Path) -> None:
+    """eval.only of a run folder, in batches of 128 where only 40 examples fit: its evaluation and its test
+    split's predictions (1,384 pairs) halve to 32, with the metrics, the dev predictions and the submission
+    file of the same evaluation asked in batches of 32."""
+    trained = tmp_path / "trained"
+    proc = run_app([*RTE, f"hydra.run.dir={trained}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    evaluate = ["eval.only=true", f"model.name_or_path={trained}", "train.predict=true", "train.progress_bar=false",
+                "hw=cpu"]
+    memory = Memory(evaluation=40)
+    with memory.installed():
+        backed = run_app([*evaluate, f"hydra.run.dir={tmp_path / 'backed-off'}"], cwd=tmp_path)
+    assert backed.returncode == 0, backed.stdout + backed.stderr
+    small = run_app([*evaluate, "train.eval_batch_size=32", f"hydra.run.dir={tmp_path / 'small'}"], cwd=tmp_path)
+    assert small.returncode == 0, small.stdout + small.stderr
+    log = backed.stdout + backed.stderr
+    assert "out of GPU memory evaluating batches of 128 examples: evaluating in batches of 64 from now on" in log
+    assert ("out of GPU memory predicting in batches of 128 examples: predicting in batches of 64 "
+            "(train.eval_batch_size=64 starts there)") in log
+    assert "predicting in batches of 64 examples: predicting in batches of 32" in log
+    assert max(memory.seen["eval"][-10:]) == 32  # the test split, at the size that fits
+    ours, theirs = (read_results(tmp_path / name) for name in ("backed-off", "small"))
+    assert {k: v for k, v in ours.items() if k not in {*MEASURED, "identity"}} == \
+        {k: v for k, v in theirs.items() if k not in {*MEASURED, "identity"}}
+    for name in ("predictions/RTE.tsv", "eval_predictions/validation.jsonl"):
+        assert (tmp_path / "backed-off" / name).read_text() == (tmp_path / "small" / name).read_text(), name
 
 
 @pytest.mark.parametrize("asked,runs_at", [(16, 8), (32, 32)])
