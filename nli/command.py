@@ -14,8 +14,9 @@ line alone is answered here, in a fraction of a second, with one line on stderr 
 - the run's (or the sweep's) directory can be made and written: for such an evaluation, the one its
   default names after the folder's task, handed to Hydra (:func:`check` returns it).
 
-A sweep's values are its jobs' business: each job checks its own config and fails alone (nli.cli), so
-a sweep is checked here by its keys, with each group's first option, and its directory.
+A sweep is checked here by its keys (with each group's first option), each value of a list or range
+against its key's type or its group's options, and its directory; the schema's rules, which may depend
+on how values combine, are each job's own to check (it fails alone, nli.cli).
 Anything this check cannot judge (Hydra's flags, ``--cfg``, ``--config-dir``) is left to Hydra.
 """
 
@@ -116,8 +117,31 @@ def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) 
     except (HydraException, OmegaConfBaseException, AssertionError):
         return  # each job composes its own, and Hydra names what is wrong
     _check_keys(base, overrides, groups)
+    _check_values(config_name, overrides, groups, choices, base)
     plain = [_line(o) for o in overrides if o.key_or_group.startswith("hydra.") and not o.is_sweep_override()]
     _check_writable("hydra.sweep.dir", str(_compose(config_name, [*choices, *plain]).hydra.sweep.dir))
+
+
+def _check_values(config_name: str, overrides: List[Override], groups: set[str], choices: List[str],
+                  base: DictConfig) -> None:
+    """Each value of a sweep over a list or a range, as its job will take it: an option its group lacks, or a
+    value its key's type refuses (``optimizer.lr=5e-4,abc``), stops the sweep here, named, before any job
+    runs. A value is set on the composed config (no composition per value: a sweep of a hundred seeds
+    stays instant); an option is composed, with the other groups at their first options."""
+    for override in overrides:
+        if not override.is_discrete_sweep() or override.key_or_group.startswith("hydra."):
+            continue
+        key = _line(override).split("=", 1)[0]
+        for value, text in zip(override.sweep_iterator(), override.sweep_string_iterator()):
+            try:
+                if _chooses(override, groups):
+                    _compose(config_name, [*(c for c in choices if c.split("=", 1)[0] != key), f"{key}={text}"])
+                else:
+                    with open_dict(base):
+                        OmegaConf.update(base, override.key_or_group, value, merge=True)
+            except (UserError, OmegaConfBaseException) as err:
+                reason = str(err).split("\n")[0] if isinstance(err, OmegaConfBaseException) else str(err)
+                raise ConfigError(f"{key}={text}, one job of the sweep {_line(override)}: {reason}") from None
 
 
 def _compose(config_name: str, overrides: List[str]) -> DictConfig:

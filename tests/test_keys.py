@@ -66,6 +66,31 @@ def test_a_sweep_with_an_unknown_key_is_refused_before_any_job(tmp_path: Path) -
     assert not sweep.exists()
 
 
+@pytest.mark.parametrize("typed, refused", [
+    ("optimizer.lr=5e-4,abc", "optimizer.lr=abc, one job of the sweep optimizer.lr=5e-4,abc: Value 'abc' of type "
+                              "'str' could not be converted to Float"),
+    ("+optimizer.lr=5e-4,abc", "+optimizer.lr=abc, one job of the sweep +optimizer.lr=5e-4,abc: Value 'abc'"),
+    ("seed=1,2,x", "seed=x, one job of the sweep seed=1,2,x: Value 'x' of type 'str' could not be converted to "
+                   "Integer"),
+    ("optimizer=adamw,adamm", "optimizer=adamm, one job of the sweep optimizer=adamw,adamm: In 'train': Could not "
+                              "find 'optimizer/adamm'"),
+])
+def test_a_typo_in_one_value_of_a_sweep_is_named_before_any_job_runs(tmp_path: Path, typed: str,
+                                                                      refused: str) -> None:
+    sweep = tmp_path / "sweep"
+    proc = run_app(["-m", *FAST, typed, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert proc.returncode == 1 and not sweep.exists(), proc.stderr  # refused before Hydra made the folder
+    assert proc.stderr.startswith(f"error: {refused}") and "HYDRA_FULL_ERROR" not in proc.stderr, proc.stderr
+
+
+def test_a_sweeps_values_are_set_not_composed_one_by_one(tmp_path: Path) -> None:
+    """Valid values of every kind pass, a hundred seeds among them; no rule of the schema is judged here
+    (a value may be valid only beside another group's option): each job checks its own."""
+    assert check(["-m", "experiment=quickstart", "seed=range(1,101)", "optimizer.lr=1e-3,2e-3",
+                  "model=tiny,roberta-base", "train.max_steps=5,-3", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                 CONF, "train") == []
+
+
 def test_a_job_checks_its_own_keys_where_the_command_line_is_left_to_hydra(tmp_path: Path) -> None:
     # With Hydra's own flags (here --config-dir) the command line is Hydra's alone; the job refuses the key.
     proc = run_app(["--config-dir", str(CONF), *FAST, "+optimizer.lrr=1e-3", f"hydra.run.dir={tmp_path / 'run'}"],
