@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import shutil
 import sys
 import tempfile
 import time
 import weakref
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -128,7 +130,9 @@ def find(where: str) -> Attached:
     found, never_submitted = _submitted(record, vertex)
     jobs = [Job(int(each["num"]), list(each["overrides"]), OmegaConf.create({}), Path(each["output_dir"]),
                 each["remote_dir"], name=each["name"]) for each in found]
-    return Attached(where, record, jobs, Table(where), vertex, JobLogs(settings), never_submitted)
+    started = (record.get("stamp") or {}).get(sweep.SWEEP_STARTED)  # its jobs' output is from then on
+    since = datetime.fromtimestamp(float(started), timezone.utc) if started else None
+    return Attached(where, record, jobs, Table(where), vertex, JobLogs(settings, since=since), never_submitted)
 
 
 def _submitted(record: Dict[str, Any], vertex: "Vertex") -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -170,7 +174,25 @@ def _read(where: str, read: Any, jobs_file: str) -> Dict[str, Any]:
                  if "://" not in where and (Path(where) / sweep.RESULTS_JSONL).is_file() else "")
         raise NotASweep(f"{where} is not a Vertex AI sweep's folder: it holds no {jobs_file}, which the launcher "
                         f"writes as it submits each job{other}; {give}")
+    missing = _missing(record)
+    if missing:
+        raise NotASweep(f"{where}/{jobs_file} is not the record a sweep writes (no {missing}): it was edited or "
+                        f"damaged; {give}")
     return dict(record)
+
+
+def _missing(record: Any) -> Optional[str]:
+    """The first field a sweep's record lacks, named; None for a whole record."""
+    if not isinstance(record, dict):
+        return "object at its top"
+    for key in ("project", "region", "sweep_name", "jobs"):
+        if key not in record:
+            return repr(key)
+    for job in [*record["jobs"], *record.get("planned", [])]:
+        for key in ("num", "overrides", "remote_dir", "output_dir"):
+            if not isinstance(job, dict) or key not in job:
+                return f"{key!r} of a job"
+    return next((repr("name") + " of a job" for job in record["jobs"] if "name" not in job), None)
 
 
 # ---------------------------------------------------------------------------------- the commands
@@ -215,7 +237,7 @@ def _name_never_submitted(found: Attached) -> None:
     if not found.never_submitted:
         return
     nums = ", ".join(f"#{each['num']}" for each in found.never_submitted)
-    commands = "\n".join(f"  python train.py -m hydra/launcher=vertex {' '.join(each['overrides'])}"
+    commands = "\n".join(f"  python train.py -m hydra/launcher=vertex {shlex.join(each['overrides'])}"
                           for each in found.never_submitted)
     print(f"{len(found.never_submitted)} of the sweep's jobs were never submitted ({nums}): its launcher stopped "
           f"before their turn, so they are not in the table. Run them with your launcher settings:\n{commands}",
@@ -253,6 +275,7 @@ def _print_lines(found: Attached, job: "Job") -> None:
 
 def cancel(found: Attached) -> int:
     """Cancels the jobs that have not ended; names each job cancelled, and those that had ended."""
+    from hydra_plugins.vertex_launcher._checks import LaunchError
     from hydra_plugins.vertex_launcher._core import ENDED
 
     cancelled = 0
@@ -260,7 +283,11 @@ def cancel(found: Attached) -> int:
         _poll(found, job)
         if job.state in ENDED:
             continue
-        found.vertex.cancel(job.name)
+        try:
+            found.vertex.cancel(job.name)
+        except LaunchError as error:  # one job's cancel refused (it ended meanwhile): the others are still cancelled
+            print(f"could not cancel {job.label} ({job.name}): {error}", flush=True)
+            continue
         cancelled += 1
         print(f"cancelled {job.label} ({job.name})", flush=True)
     print(f"{cancelled} of the sweep's {len(found.jobs)} jobs cancelled" if cancelled else

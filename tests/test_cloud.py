@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Dict, Iterator, List
 
@@ -105,6 +106,14 @@ def attach_and_report(vertex: FakeVertex, names: List[str], sweep_dir: Path, tmp
     assert len(sweep.read_rows(sweep_dir)) == 2
     assert cloud.main(["logs", str(sweep_dir), "--job", "1"]) == 0
     assert "step 12: loss=" in capsys.readouterr().out
+    # An hour later: the sweep and its jobs' output are as old, and the log is read from the sweep's start.
+    aged = json.loads((sweep_dir / "vertex_jobs.json").read_text())
+    aged["stamp"]["sweep_started"] -= 3600
+    (sweep_dir / "vertex_jobs.json").write_text(json.dumps(aged))
+    for name in names:
+        vertex.jobs[name].job.start_time = vertex.jobs[name].job.start_time - timedelta(hours=1)
+    assert cloud.main(["logs", str(sweep_dir), "--job", "1"]) == 0
+    assert "step 12: loss=" in capsys.readouterr().out
 
     # From the bucket alone: the table goes there, and the report reads it.
     assert cloud.main(["attach", f"{BUCKET}/attached"]) == 0
@@ -197,11 +206,18 @@ def test_a_folder_that_is_not_a_sweep_is_one_line_with_the_fix(tmp_path: Path, g
     (tmp_path / "local").mkdir()
     (tmp_path / "slurm").mkdir()
     (tmp_path / "slurm" / "sweep_results.jsonl").write_text("")
+    for name, record in {"emptied": {}, "cut": {"project": "p", "region": "r", "sweep_name": "s",
+                                                "jobs": [{"num": 0, "overrides": []}]}}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vertex_jobs.json").write_text(json.dumps(record))
     expected = {
         str(tmp_path / "local"): f"{tmp_path / 'local'} is not a Vertex AI sweep's folder: it holds no "
                                  f"vertex_jobs.json, which the launcher writes as it submits each job; {give}",
         str(tmp_path / "slurm"): "(its jobs ran with another launcher, whose results are already in its table)",
         str(tmp_path / "none"): f"{tmp_path / 'none'}: no such folder; {give}",
+        str(tmp_path / "emptied"): f"{tmp_path / 'emptied'}/vertex_jobs.json is not the record a sweep writes (no "
+                                   "'project'): it was edited or damaged",
+        str(tmp_path / "cut"): "vertex_jobs.json is not the record a sweep writes (no 'remote_dir' of a job)",
         "gs://test-bucket/no-sweep": "gs://test-bucket/no-sweep is not a Vertex AI sweep's folder",
         "gs://no-such-bucket/sweep": "SWEEP=gs://no-such-bucket/sweep: bucket no-such-bucket does not exist",
     }

@@ -33,7 +33,9 @@ JOBS_PER_QUERY = 100
 
 
 class JobLogs:
-    def __init__(self, settings: VertexLauncherConf) -> None:
+    def __init__(self, settings: VertexLauncherConf, *, since: Optional[datetime] = None) -> None:
+        """``since``: when the sweep started (attached to later, its jobs logged before this process began);
+        by default now."""
         self.settings = settings
         self._client: Any = None
         self._failed = False  # said once why logs cannot be read; not tried again
@@ -41,7 +43,7 @@ class JobLogs:
         # timestamp, the only ones of its entries a later call can return again.
         self._seen: Dict[str, str] = {}
         self._printed: Dict[str, Set[str]] = {}
-        self._start = _format(datetime.now(timezone.utc) - CLOCK_SLACK)  # no job of the sweep logged before
+        self._start = _format((since or datetime.now(timezone.utc)) - CLOCK_SLACK)  # no job of the sweep logged before
 
     def last_lines(self, job_name: str, count: int) -> List[str]:
         """The job's last ``count`` lines of output, oldest first; none where they cannot be read."""
@@ -55,7 +57,9 @@ class JobLogs:
             ids = {name.rsplit("/", 1)[-1]: name for name in job_names[start:start + JOBS_PER_QUERY]}
             each = " OR ".join(f'(resource.labels.job_id="{job_id}" AND timestamp>="{self._since(name)}")'
                                for job_id, name in ids.items())
-            for entry in self._entries(f'resource.type="ml_job" AND ({each})', descending=False, count=1000):
+            oldest = min(self._since(name) for name in ids.values())  # bounds the scan, as each clause does its job
+            query = f'resource.type="ml_job" AND timestamp>="{oldest}" AND ({each})'
+            for entry in self._entries(query, descending=False, count=1000):
                 name = ids.get(str((entry.resource.labels or {}).get("job_id", "")) if entry.resource else "")
                 if name is not None and self._first_time(name, str(entry.insert_id), _timestamp(entry)):
                     found[name].append(_text(entry))

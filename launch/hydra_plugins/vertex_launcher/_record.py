@@ -19,7 +19,6 @@ from omegaconf import DictConfig
 
 from nli import sweep
 from nli.contract import VERTEX_JOBS_FILE
-from nli.errors import StorageError
 from nli.storage import Storage
 
 from .config import VertexLauncherConf
@@ -96,7 +95,7 @@ def _write(record: Dict[str, Any]) -> None:
     for where in (record["sweep_dir"], record["remote_dir"]):
         try:
             Storage(where, key="the sweep's record").write_text(JOBS_FILE, text)
-        except (StorageError, OSError) as error:
+        except Exception as error:  # gcsfs's HttpError, google-auth's RefreshError...: the sweep must go on
             log.warning("%s/%s could not be written (%s): `python -m nli.cloud` cannot find the sweep's jobs "
                         "there", where, JOBS_FILE, error)
 
