@@ -7,6 +7,7 @@ Cloud Storage emulator."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import shutil
 import signal
@@ -188,25 +189,31 @@ def working_build(cloud_build: FakeCloudBuild, builds: int) -> Build:
 @pytest.mark.process
 def test_a_launch_of_content_that_is_being_built_waits_for_that_build(
         services: tuple[FakeVertex, FakeCloudBuild], checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two sweeps of one checkout started together: the second joins the first one's build."""
+    """Two sweeps of one checkout started together: the second joins the first one's build. A third, into
+    another repository, builds its own image of the same content."""
     vertex, cloud_build = services
     changed(checkout, "built by two launches at once")
     monkeypatch.setattr(cloud_build, "working_seconds", 2.0)
     settings = VertexLauncherConf(project=PROJECT, staging_bucket=BUCKET, api_endpoint=vertex.endpoint, build=True,
                                   source_dir=str(checkout), poll_interval=0.1)
+    elsewhere = dataclasses.replace(settings, build_repository=f"{REPOSITORY.rsplit('/', 2)[0]}/other/train")
     builds = len(cloud_build.builds)
     first: List[Image] = []
-    thread = threading.Thread(target=lambda: first.append(image_of_source(settings, checkout, BUCKET)))
-    thread.start()
+    other: List[Image] = []
+    threads = [threading.Thread(target=lambda: first.append(image_of_source(settings, checkout, BUCKET))),
+               threading.Thread(target=lambda: other.append(image_of_source(elsewhere, checkout, BUCKET)))]
+    threads[0].start()
     try:
         working_build(cloud_build, builds)
+        threads[1].start()
         second = image_of_source(settings, checkout, BUCKET)
     finally:
-        thread.join(timeout=60)
-    assert len(cloud_build.builds) == builds + 1  # one build, for both
-    (build,) = [fake.build for fake in list(cloud_build.builds.values())[builds:]]
-    assert build.status == Build.Status.SUCCESS
-    assert first == [second] and second.digest == build.results.images[0].digest
+        for thread in threads:
+            thread.join(timeout=60)
+    ours, theirs = [fake.build for fake in list(cloud_build.builds.values())[builds:]]  # two builds for three
+    assert ours.status == theirs.status == Build.Status.SUCCESS
+    assert first == [second] and second.digest == ours.results.images[0].digest
+    assert other[0].uri.startswith(elsewhere.build_repository) and other[0].digest == theirs.results.images[0].digest
 
 
 @pytest.mark.process

@@ -127,12 +127,19 @@ def image_of_source(settings: VertexLauncherConf, source: Path, staging: str) ->
     if found:
         log.info("Image %s@%s was built from this content before: using it, nothing to build", uri, found)
         return Image(uri, found)
-    source_url = f"{staging.rstrip('/')}/source/{tag}.tar.gz"
-    _upload(_context.tarball(source, files), staging, f"source/{tag}.tar.gz")
-    build = CloudBuild(settings).run(config, substitutions={**substitutions, "_IMAGE": repository(settings),
-                                                            "_TAG": tag}, source_url=source_url, tag=tag)
-    built = [image.digest for image in build.results.images if image.name == uri]
-    return Image(uri, built[0] if built else registry.digest(uri))
+    cloud_build = CloudBuild(settings)
+    build = cloud_build.running(uri, tag)  # before the upload: a queued build still reads its tarball
+    if build is None:
+        source_url = f"{staging.rstrip('/')}/source/{tag}.tar.gz"
+        _upload(_context.tarball(source, files), staging, f"source/{tag}.tar.gz")
+        build = cloud_build.run(config, substitutions={**substitutions, "_IMAGE": repository(settings), "_TAG": tag},
+                                source_url=source_url, tag=tag)
+    built = [image.digest for image in build.results.images if image.name == uri] or [registry.digest(uri)]
+    if not built[0]:
+        raise LaunchError(f"Cloud Build {build.id} succeeded but pushed no {uri} (its images: "
+                          f"{', '.join(image.name for image in build.results.images) or 'none'}): check "
+                          f"{BUILD_CONFIG}'s images against hydra.launcher.build_repository; nothing was submitted")
+    return Image(uri, built[0])
 
 
 def _build_config(source: Path) -> Dict[str, Any]:
@@ -175,11 +182,6 @@ class CloudBuild:
         with the last lines of its log."""
         from google.cloud.devtools.cloudbuild_v1 import Build
 
-        running = self._building(tag)
-        if running is not None:  # another sweep of the same content started it: its image is this one
-            log.info("Cloud Build %s is building this content already (%s): waiting for it, not building again",
-                     running.id, running.log_url)
-            return self._wait(f"{self.parent}/builds/{running.id}", running)
         build = Build.from_json(json.dumps(config), ignore_unknown_fields=False)
         bucket, _, blob = source_url.removeprefix("gs://").partition("/")
         build.source = {"storage_source": {"bucket": bucket, "object_": blob}}
@@ -191,11 +193,19 @@ class CloudBuild:
         log.info("Cloud Build %s: building %s:%s, log at %s", build.id, substitutions["_IMAGE"], tag, build.log_url)
         return self._wait(f"{self.parent}/builds/{build.id}", build)
 
-    def _building(self, tag: str) -> Any:
-        """The build of this content (its tag) that is queued or working, if any."""
+    def running(self, uri: str, tag: str) -> Any:
+        """Another launch's build of this image (this content, into this repository), waited for to its end;
+        None where none is queued or working."""
         builds = self._call(lambda: self.client.list_builds(
             request={"parent": self.parent, "filter": f'tags="{tag}"', "page_size": 10}, retry=RETRY))
-        return next((build for build in builds.builds if build.status.name not in ENDED), None)
+        image, _, _ = uri.rpartition(":")
+        found = next((build for build in builds.builds if build.status.name not in ENDED
+                      and build.substitutions.get("_IMAGE") == image), None)
+        if found is None:
+            return None
+        log.info("Cloud Build %s is building this content already (%s): waiting for it, not building again",
+                 found.id, found.log_url)
+        return self._wait(f"{self.parent}/builds/{found.id}", found)
 
     def _wait(self, name: str, build: Any) -> Any:
         status, interval = "", self.settings.poll_interval
