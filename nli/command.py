@@ -67,7 +67,15 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> List[str]:
     except UserError as err:
         raise SystemExit(f"error: {err}") from None
     except yaml.YAMLError as err:  # a config file edited by hand (a user's conf/local/): the file, the line
-        raise SystemExit(f"error: a config file is not valid YAML: {err}") from None
+        raise SystemExit(f"error: a config file is not valid YAML: {_yaml_problem(err)}") from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """The parser's complaint on one line: the file, the line and column, what is wrong there."""
+    mark = getattr(err, "problem_mark", None)
+    if mark is None:
+        return " ".join(str(err).split())
+    return f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: {getattr(err, 'problem', err)}"
 
 
 @contextmanager

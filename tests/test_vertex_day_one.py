@@ -176,8 +176,9 @@ def test_a_broken_local_config_is_named_with_its_line(fake: FakeVertex, tmp_path
     local.mkdir(parents=True)
     (local / "vertex.yaml").write_text("project: [my-project\n")  # edited by hand
     proc = sweep(fake, tmp_path, *no_settings(fake), f"hydra.searchpath=[file://{tmp_path / 'user-conf'}]")
-    message = refused(proc, "a config file is not valid YAML: while parsing a flow sequence")
-    assert f'in "{local / "vertex.yaml"}", line 1' in message
+    message = refused(proc, f"a config file is not valid YAML: {local / 'vertex.yaml'}, line 2, column 1: "
+                            "expected ',' or ']', but got '<stream end>'")
+    assert message.count("\n") == 1  # one line
 
 
 def test_without_a_local_config_googles_variables_are_read(fake: FakeVertex, tmp_path: Path) -> None:
@@ -212,6 +213,11 @@ def test_what_the_user_told_gcloud_is_read(fake: FakeVertex, tmp_path: Path) -> 
     (gcloud / "configurations" / "config_work").write_text("[ai]\nregion = asia-northeast1\n")  # no project
     proc = sweep(fake, tmp_path, *settings, env={"CLOUDSDK_CONFIG": str(gcloud)})
     refused(proc, "hydra.launcher.project is not set")
+    (gcloud / "configurations" / "config_work").write_text("project = before-any-section\n")  # edited by hand
+    proc = sweep(fake, tmp_path, *settings, env={"CLOUDSDK_CONFIG": str(gcloud)})
+    refused(proc, "hydra.launcher.project is not set")
+    assert (f"gcloud's configuration {gcloud / 'configurations' / 'config_work'} cannot be read (File contains no "
+            "section headers.") in proc.stdout + proc.stderr
 
 
 def test_vertex_spot_is_vertex_on_spot_vms(fake: FakeVertex, tmp_path: Path) -> None:

@@ -11,9 +11,13 @@ it never runs gcloud, and a machine without gcloud simply has no properties.
 from __future__ import annotations
 
 import configparser
+import logging
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Set
+
+log = logging.getLogger(__name__)
+_WARNED: Set[Path] = set()  # configuration files said to be unreadable, once each
 
 
 def config_folder() -> Path:
@@ -41,10 +45,15 @@ def gcloud_property(name: str) -> Optional[str]:
     if variable:
         return variable
     folder = config_folder()
+    path = folder / "configurations" / f"config_{active_configuration(folder)}"
     parser = configparser.ConfigParser(interpolation=None)
     try:
-        parser.read(folder / "configurations" / f"config_{active_configuration(folder)}")
-    except configparser.Error:  # a file gcloud would refuse too: as if unset, gcloud says what is wrong with it
+        parser.read(path, encoding="utf-8")
+    except (configparser.Error, UnicodeDecodeError) as error:  # as if unset, said once: the file and its fault
+        if path not in _WARNED:
+            _WARNED.add(path)
+            log.warning("gcloud's configuration %s cannot be read (%s): none of its properties is used here; "
+                        "`gcloud config list` shows what is wrong with it", path, " ".join(str(error).split()))
         return None
     return parser.get(section, key, fallback=None) or None
 
