@@ -198,6 +198,7 @@ class FakeVertex:
         self.secret_accesses: List[str] = []
         self._log_dir = log_dir
         self.job_env = dict(job_env or {})
+        self.lines_per_timestamp = 1  # Cloud Logging stamps in microseconds: lines written at once share one
         self._pending_seconds = pending_seconds
         self._grace_seconds = cancel_grace_seconds
         self._images: Dict[str, FakeImage] = {}
@@ -396,7 +397,8 @@ class FakeVertex:
             raise ApiError(400, "INVALID_ARGUMENT", f"Unparseable filter: {error}") from error
         with self._lock:
             jobs = list(self.jobs.values())
-        entries = [entry for job in jobs for entry in _log_entries(job) if wanted(entry)]
+        entries = [entry for job in jobs for entry in _log_entries(job, self.lines_per_timestamp)
+                   if wanted(entry)]
         entries.sort(key=lambda entry: entry["timestamp"], reverse="desc" in request.get("orderBy", ""))
         entries = entries[:int(request.get("pageSize") or 1000)]
         return {"entries": entries} if entries else {}
@@ -667,8 +669,9 @@ def _vertex_variables(job: CustomJob) -> Dict[str, str]:
     return variables
 
 
-def _log_entries(job: FakeJob) -> List[dict]:
-    """The job's output so far as Cloud Logging's entries: a whole line each, a microsecond apart from its start."""
+def _log_entries(job: FakeJob, per_timestamp: int = 1) -> List[dict]:
+    """The job's output so far as Cloud Logging's entries: a whole line each, ``per_timestamp`` lines to each
+    microsecond from its start."""
     if not job.job.start_time:
         return []
     _, project, _, _, _, job_id = job.job.name.split("/")
@@ -679,7 +682,8 @@ def _log_entries(job: FakeJob) -> List[dict]:
     return [{"logName": f"projects/{project}/logs/workerpool0-0", "insertId": f"{job_id}-{i}",
              "resource": {"type": "ml_job", "labels": {"job_id": job_id, "project_id": project,
                                                         "task_name": "workerpool0-0"}},
-             "timestamp": datetime.fromtimestamp(start + i / 1e6, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+             "timestamp": datetime.fromtimestamp(start + i // per_timestamp / 1e6,
+                                                 timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
              "severity": "ERROR" if line.startswith(("Traceback", "error:")) else "INFO", "textPayload": line}
             for i, line in enumerate(lines)]
 

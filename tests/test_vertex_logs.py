@@ -65,10 +65,13 @@ def ended(fake: FakeVertex, name: str) -> None:
     fake.wait_for(lambda: fake.jobs[name].state is JobState.JOB_STATE_SUCCEEDED, timeout=30)
 
 
+@pytest.mark.parametrize("per_timestamp", [1, 4])
 def test_a_job_left_out_of_a_poll_keeps_its_place_and_the_others_theirs(fake: FakeVertex,
                                                                         settings: VertexLauncherConf,
-                                                                        tmp_path: Path) -> None:
-    """As a sweep polls: all jobs, then the running ones once one has ended, then all again at the end."""
+                                                                        tmp_path: Path, per_timestamp: int) -> None:
+    """As a sweep polls: all jobs, then the running ones once one has ended, then all again at the end; also
+    where lines share a timestamp (a poll between two of them must not lose or repeat one)."""
+    fake.lines_per_timestamp = per_timestamp
     first = start(fake, settings, 3, NAME="a")
     ended(fake, first)
     second = start(fake, settings, 3, NAME="b", GATE=str(tmp_path / "gate"), MORE="2")
