@@ -154,8 +154,11 @@ def lease(sweep_dir: Path, gpus_per_node: object, *, worker: bool) -> Optional[L
     if _LEASE and _LEASE[0].directory == sweep_dir.absolute():
         held = _LEASE[0]
     elif _LEASE:  # a worker that ran another sweep's jobs: its devices are fixed, it takes the same slot here
-        held = _take(sweep_dir, [_LEASE[0].slot], count, _LEASE[0].devices, wait=False) or _LEASE[0]
-        _LEASE[0] = held
+        taken = _take(sweep_dir, [_LEASE[0].slot], count, _LEASE[0].devices, wait=False)
+        if taken is not None:
+            os.close(_LEASE[0].fd)  # the earlier sweep's slot, let go: a sweep there again must not wait on it
+            _LEASE[0] = taken
+        held = _LEASE[0]
     else:
         taken = _take(sweep_dir, list(range(count)), count, seen, gpus=gpus, wait=True)
         assert taken is not None  # waited for one

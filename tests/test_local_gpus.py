@@ -42,6 +42,22 @@ def test_each_job_has_a_gpu_of_its_own_and_the_third_waits_for_a_free_one(tmp_pa
         assert f"CUDA_VISIBLE_DEVICES={row['gpus']} (process" in log and "device: cpu" in log
 
 
+def test_a_worker_that_moves_to_another_sweep_lets_the_first_ones_slot_go(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool's worker (joblib keeps its workers between sweeps of one process) takes the same slot in the
+    next sweep's directory and frees the one it held in the last: a sweep into that directory again takes it."""
+    monkeypatch.setenv(gpus.MARKER, "1")
+    monkeypatch.setenv(gpus.VISIBLE, "0,1")
+    monkeypatch.setattr(gpus, "_LEASE", [])
+    monkeypatch.setattr(gpus, "_SEEN", [])
+    first = gpus.lease(tmp_path / "a", 1, worker=False)
+    second = gpus.lease(tmp_path / "b", 1, worker=False)
+    assert first is not None and second is not None and (first.slot, second.slot) == (0, 0)
+    with open(tmp_path / "a" / gpus.SLOTS_DIR / "0.lock") as other:  # another process's attempt, as flock sees it
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raised BlockingIOError while the worker held it
+    os.close(second.fd)
+
+
 def test_more_jobs_at_once_than_gpu_slots_is_refused_before_any_job(tmp_path: Path) -> None:
     """A worker beyond the slots would wait for ever for a GPU the others hold."""
     sweep_dir = tmp_path / "sweep"
