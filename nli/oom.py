@@ -130,6 +130,10 @@ class Evaluations:
         """Whether ``evaluation`` is one made in this process, in batches of any size (Evaluator.made)."""
         return any(each.made(evaluation) for each in (self.evaluator, *self._earlier))
 
+    def batch_size(self) -> int:
+        """The largest batch its evaluations now take: the size that fitted, where one did not."""
+        return max((batch_size(loader) for loader in self.evaluator.loaders.values()), default=1)
+
     def examples_per_second(self) -> Optional[float]:
         """How fast its evaluations predicted, in the batches that fit (Evaluator.examples_per_second)."""
         return self.evaluator.examples_per_second()
@@ -151,7 +155,7 @@ class Evaluations:
             self.evaluator = self._halved()
 
     def _halved(self) -> Evaluator:
-        size = max(batch_size(loader) for loader in self.evaluator.loaders.values())
+        size = self.batch_size()
         _make_room(size, self.evaluator.compute, self.evaluator.world, doing="evaluating")
         log.warning("out of GPU memory evaluating batches of %d examples: evaluating in batches of %d from now on, "
                     "with the same metrics (train.eval_batch_size=%d starts there)", size, size // 2, size // 2)
@@ -160,21 +164,25 @@ class Evaluations:
         return dataclasses.replace(self.evaluator, loaders=loaders)
 
 
-def fitting(run: Callable[[DataLoader], T], loader: DataLoader, compute: Compute, world: World) -> T:
+def fitting(run: Callable[[DataLoader], T], loader: DataLoader, compute: Compute, world: World) -> Tuple[T, int]:
     """``run(loader)`` (a forward-only pass: the test splits' predictions), again in batches of half the size
-    each time one does not fit in memory; each example's prediction does not depend on its batch."""
-    rng = torch.get_rng_state()  # a failed pass's loader iterator drew its seed: the next one draws the same
+    each time one does not fit in memory; with the batch size that fitted. Each example's prediction does
+    not depend on its batch, and nothing random is drawn after it."""
     while True:
         try:
-            return run(loader)
+            return run(loader), batch_size(loader)
         except torch.OutOfMemoryError:
             pass  # handled outside the except clause, whose traceback holds the batch's tensors
-        torch.set_rng_state(rng)
         size = batch_size(loader)
         _make_room(size, compute, world, doing="predicting")
         log.warning("out of GPU memory predicting in batches of %d examples: predicting in batches of %d "
                     "(train.eval_batch_size=%d starts there)", size, size // 2, size // 2)
         loader = rebatched(loader, max(size // 2, 1))
+
+
+def at_most(loader: DataLoader, size: int) -> DataLoader:
+    """``loader``, in batches of at most ``size`` examples."""
+    return rebatched(loader, size) if batch_size(loader) > size else loader
 
 
 def _make_room(size: int, compute: Compute, world: World, *, doing: str) -> None:

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 import datasets
-import numpy as np
 import torch
 import transformers
 from omegaconf import OmegaConf
@@ -459,7 +458,7 @@ def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, res
             training.trackers.log({f"eval/{name}": value for name, value in extra.items()}, step=result.steps)
     classes = _analyse([(loaded.evaluate, final), *zip(loaded.extras, extra_evaluations)],
                        training.trackers, out, step=result.steps, save_predictions=save_predictions)
-    _predict_tests(task, loaded.test, best_model, training.opt.compute, out)
+    _predict_tests(task, loaded.test, best_model, out, evaluations=loaded.evaluate)
     early = training.early_stopping
     results = {"objective": final.objective, **final.metrics, **extra,
                "train_examples_per_second": result.examples_per_second,
@@ -532,7 +531,7 @@ def _evaluate(trained: ModelConfig, where: str, model_cfg: ModelConfig, task: Ta
         trackers.log({f"eval/{name}": value for name, value in {**final.metrics, **extra}.items()}, step=0)
     classes = _analyse([(own.evaluate, final), *zip(extras, extra_evaluations)], trackers, out, step=0,
                        save_predictions=evaluation.save_predictions)
-    _predict_tests(task, own.test, model, compute, out, label_map=own.evaluate.evaluator.label_map)
+    _predict_tests(task, own.test, model, out, evaluations=own.evaluate)
     results = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": where,
                "eval_examples_per_second": own.evaluate.examples_per_second(),
                "identity": digest(out.identity), **classes, "status": "completed"}
@@ -557,12 +556,15 @@ def _analyse(evaluated: List[Tuple[oom.Evaluations, Evaluation]], trackers: Trac
     return analysis.results(analyses)
 
 
-def _predict_tests(task: TaskConfig, loaders: Dict[str, DataLoader], model: torch.nn.Module, compute: device.Compute,
-                   out: Outputs, *, label_map: Optional[np.ndarray] = None) -> None:
-    """Each test split's predictions in GLUE's submission format, under predictions/."""
+def _predict_tests(task: TaskConfig, loaders: Dict[str, DataLoader], model: torch.nn.Module, out: Outputs, *,
+                   evaluations: oom.Evaluations) -> None:
+    """Each test split's predictions in GLUE's submission format, under predictions/: in the batches the
+    evaluations found to fit (or smaller, where these do not), with their labels' map."""
+    evaluator, size = evaluations.evaluator, evaluations.batch_size()
     for split, loader in loaders.items():
-        predicted = oom.fitting(lambda each: relabel(gather(predict(model, each, task, compute), out.world), label_map),
-                                loader, compute, out.world)
+        predicted, size = oom.fitting(lambda each: relabel(gather(predict(model, each, task, evaluator.compute),
+                                                                  out.world), evaluator.label_map),
+                                      oom.at_most(loader, size), evaluator.compute, out.world)
         name, text = submission(task, split, predicted)
         if out.world.is_main:
             out.storage.write_text(f"{contract.PREDICTIONS_DIR}/{name}", text)

@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.utils.data import DataLoader
 
 from nli import oom, recipe
 from nli.device import Compute
@@ -139,9 +140,9 @@ RTE = ["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "data.max_seq_length=6
 
 
 def test_an_evaluation_only_run_and_its_test_predictions_back_off_too(tmp_path: Path) -> None:
-    """eval.only of a run folder, in batches of 128 where only 40 examples fit: its evaluation and its test
-    split's predictions (1,384 pairs) halve to 32, with the metrics, the dev predictions and the submission
-    file of the same evaluation asked in batches of 32."""
+    """eval.only of a run folder, in batches of 128 where only 40 examples fit: its evaluation halves to 32,
+    its test split's predictions (1,384 pairs) start there, and the metrics, the dev predictions and the
+    submission file are those of the same evaluation asked in batches of 32."""
     trained = tmp_path / "trained"
     proc = run_app([*RTE, f"hydra.run.dir={trained}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -155,15 +156,36 @@ def test_an_evaluation_only_run_and_its_test_predictions_back_off_too(tmp_path: 
     assert small.returncode == 0, small.stdout + small.stderr
     log = backed.stdout + backed.stderr
     assert "out of GPU memory evaluating batches of 128 examples: evaluating in batches of 64 from now on" in log
-    assert ("out of GPU memory predicting in batches of 128 examples: predicting in batches of 64 "
-            "(train.eval_batch_size=64 starts there)") in log
-    assert "predicting in batches of 64 examples: predicting in batches of 32" in log
-    assert max(memory.seen["eval"][-10:]) == 32  # the test split, at the size that fits
+    assert "predicting in batches" not in log  # no batch too big tried again
+    assert max(memory.seen["eval"][-40:]) == 32  # the test split, at the size that fits
     ours, theirs = (read_results(tmp_path / name) for name in ("backed-off", "small"))
     assert {k: v for k, v in ours.items() if k not in {*MEASURED, "identity"}} == \
         {k: v for k, v in theirs.items() if k not in {*MEASURED, "identity"}}
     for name in ("predictions/RTE.tsv", "eval_predictions/validation.jsonl"):
         assert (tmp_path / "backed-off" / name).read_text() == (tmp_path / "small" / name).read_text(), name
+
+
+def test_predictions_out_of_memory_go_on_in_halved_batches_and_say_the_size_that_fit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """oom.fitting, on a real loader: a pass over batches above 20 examples runs out of memory."""
+    seen: List[int] = []
+
+    def predict(loader: DataLoader) -> List[int]:
+        predicted: List[int] = []
+        for batch in loader:
+            seen.append(len(batch))
+            if len(batch) > 20:
+                raise torch.OutOfMemoryError("CUDA out of memory (pretend)")
+            predicted += batch.tolist()
+        return predicted
+
+    cpu = Compute(device=torch.device("cpu"), dtype=torch.float32)
+    predicted, size = oom.fitting(predict, oom.at_most(DataLoader(list(range(100)), batch_size=128), 64), cpu,
+                                  World())
+    assert predicted == list(range(100)) and size == 16 and seen[:3] == [64, 32, 16]
+    assert "out of GPU memory predicting in batches of 64 examples: predicting in batches of 32" in caplog.text
+    with pytest.raises(OutOfMemory, match="rank 1 of 2 ran out of GPU memory predicting batches of 64 examples"):
+        oom.fitting(predict, DataLoader(list(range(100)), batch_size=64), cpu, World(rank=1, world_size=2))
 
 
 @pytest.mark.parametrize("asked,runs_at", [(16, 8), (32, 32)])
