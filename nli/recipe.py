@@ -476,8 +476,9 @@ def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, res
 def _final_evaluation(training: Training, loaded: Data, result: TrainResult,
                       best_model: torch.nn.Module) -> Evaluation:
     """The exported model's evaluation: the best checkpoint's own, whole, where this process made it
-    (the exported weights are the ones it evaluated, with the same fast paths, batches and precision:
-    evaluating them again gives the same figures); else evaluated now: the best came from an earlier
+    (the exported weights are the ones it evaluated, in the same batches and precision: evaluating them
+    again gives the same figures, to rounding where a compiled model ran fewer fast paths than the
+    reloaded export does); else evaluated now: the best came from an earlier
     attempt of the run (read from a checkpoint), or from a damaged checkpoint's stand-in, or under
     LoRA, where the exported model merges the adapters the evaluation ran beside the weights."""
     best = result.best
