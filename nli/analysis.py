@@ -41,7 +41,6 @@ from nli.evaluation import Evaluation, Evaluator, Predictions
 log = logging.getLogger(__name__)
 
 FOLDER = "eval_predictions"
-FIGURES = CLASS_FIGURES
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ def per_class(predictions: Predictions, labels: Sequence[str]) -> Dict[str, Dict
         warnings.simplefilter("ignore")
         figures = precision_recall_fscore_support(gold, predicted, labels=list(range(len(labels))), zero_division=0)
     return {label: {name: (int(values[i]) if name == "support" else float(values[i]))
-                    for name, values in zip(FIGURES, figures)} for i, label in enumerate(labels)}
+                    for name, values in zip(CLASS_FIGURES, figures)} for i, label in enumerate(labels)}
 
 
 def confusion(predictions: Predictions, labels: Sequence[str]) -> List[List[int]]:

@@ -71,7 +71,7 @@ SPEED = (("examples/s", "train_examples_per_second"), ("seconds", "train_seconds
 COMMIT_CHARS = 10  # of a commit's hash in the table: enough to tell commits apart (git's short form is 7+)
 LEGEND_MAX = 12  # lines a legend names; past that it hides the plot
 PER_CLASS = "per_class"  # results.json's per-class figures (nli.analysis): split -> label -> figure -> value
-CLASS_FIGURES = ("precision", "recall", "f1")  # of each class, averaged over seeds
+AVERAGED_FIGURES = ("precision", "recall", "f1")  # of each class, averaged over seeds (support is the split's)
 
 Row = Dict[str, Any]
 Source = Union[Path, str]  # a local folder, or a sweep's folder in a bucket (gs://...)
@@ -301,11 +301,11 @@ def class_table(rows: Sequence[Row], keys: Sequence[str]) -> Optional[str]:
             for label, each in found.items():
                 supports = sorted({figures.get("support") for figures in each}, key=str)
                 lines.append([*setting, split, label, len(each),
-                              *(_mean_sd([figures.get(name) for figures in each]) for name in CLASS_FIGURES),
+                              *(_mean_sd([figures.get(name) for figures in each]) for name in AVERAGED_FIGURES),
                               supports[0] if len(supports) == 1 else " / ".join(map(str, supports))])
     if not lines:
         return None
-    return markdown_table([*others, "split", "label", "n", *CLASS_FIGURES, "support"], lines)
+    return markdown_table([*others, "split", "label", "n", *AVERAGED_FIGURES, "support"], lines)
 
 
 def _mean_sd(values: Sequence[Any]) -> str:
