@@ -97,6 +97,7 @@ def attach_and_report(vertex: FakeVertex, names: List[str], sweep_dir: Path, tmp
     for num, row in enumerate(rows):  # the launcher's own rows: the jobs' results, read back from the bucket
         assert float(row["objective"]) == gcs_json(f"{BUCKET}/attached/{num}/model/results.json")["objective"]
         assert row["sweep"] == record["stamp"]["sweep"] and row["vertex_job"] == names[num]
+        assert row["image"].startswith(f"{IMAGE}@sha256:")  # what it ran, as a waiting sweep's row says
         assert re.search(f"^#{num} .*seed={num + 1}: JOB_STATE_SUCCEEDED https://console.cloud.google.com/vertex-ai/",
                          out, re.MULTILINE)
     assert any(line.startswith("#0 | ") and "step 12: loss=" in line for line in out.splitlines())

@@ -116,7 +116,7 @@ class Sweep:
             return [self._dry_run(job) for job in jobs]
         log.info("Vertex AI sweep %s: %d jobs in %s (%s), outputs in %s/%s", self.name, len(jobs),
                  self.settings.project, self.settings.region, self.settings.staging_bucket, self.name)
-        _record.planned(jobs, self.settings)
+        _record.planned(jobs, self.settings, ran=self._records())
         if not self.settings.wait:
             returns = [self._submitted(job) for job in jobs]
             log.info("Not waiting for them: python -m nli.cloud attach %s follows them and fills the sweep's table "
@@ -218,7 +218,7 @@ class Sweep:
     def _collect(self, job: Job) -> JobReturn:
         """Hydra's JobReturn from what the job left in its output directory, and the job's row in the
         sweep's table (nli.sweep: the same table as under every launcher)."""
-        # The row's stamp: the sweep's, and what the jobs ran (image, commit), which attach cannot know.
+        # The row's stamp: the sweep's, and what the jobs ran (image, commit; attach reads them from the record).
         row, value, error = ended(job, {**sweep.running_sweep(self.dir), **self._records()})
         if error is None:
             job.note(f"return value {value!r}")

@@ -44,7 +44,7 @@ class Submitted(Protocol):
 _SWEEPS: Dict[str, Dict[str, Any]] = {}  # sweep directory and sweep id -> its record, as written last
 
 
-def planned(jobs: Sequence[Submitted], settings: VertexLauncherConf) -> None:
+def planned(jobs: Sequence[Submitted], settings: VertexLauncherConf, *, ran: Dict[str, Any]) -> None:
     """Records the jobs a launch is about to submit, before the first: a sweep whose launcher stopped before
     it submitted them all (at most max_concurrent_jobs run at once), or between a job's submission and its
     line here, is then seen to lack some, and ``attach`` looks for them rather than report the others as
@@ -52,7 +52,9 @@ def planned(jobs: Sequence[Submitted], settings: VertexLauncherConf) -> None:
     for job in jobs:  # of one launch: one sweep, one record
         _add(_record(job, settings), "planned", _entry(job))
     if jobs:
-        _write(_record(jobs[0], settings))
+        record = _record(jobs[0], settings)
+        record["stamp"].update(ran)  # what the jobs run (image, commit): the columns of their rows, for attach
+        _write(record)
 
 
 def submitted(job: Submitted, settings: VertexLauncherConf) -> None:
