@@ -50,6 +50,9 @@ REPLACE = "replace"
 HeadPlan = Union[None, List[int], str]
 # The names transformers gives labels nobody named: they say nothing of the order.
 GENERIC_LABEL = re.compile(r"LABEL_\d+")
+# The dtype of every weight a run holds, trains, checkpoints and exports (as the Trainer's exports are):
+# master weights and optimizer states in float32; autocast computes in the run's precision (nli.device).
+WEIGHTS_DTYPE = torch.float32
 # What transformers' tokenizers give as model_max_length when the checkpoint sets none (int(1e30)).
 UNBOUNDED_LENGTH = 10**29
 
@@ -224,17 +227,28 @@ def _build(cfg: ModelConfig, task: TaskConfig, tokenizer: PreTrainedTokenizerBas
     config = pretrained_config(cfg)
     plan = _head_plan(config, cfg, task)  # from the checkpoint's own labels, before they are renamed
     _configure(config, cfg, task)
-    kwargs = {"config": config, "ignore_mismatched_sizes": cfg.ignore_mismatched_sizes,
-              "attn_implementation": cfg.attention.value}
-    with _attention_supported(cfg, config):
-        if _local_dir(cfg.name_or_path):
-            model = AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
-        else:
-            with hub_download(f"model '{cfg.name_or_path}'"):
-                model = AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,
-                                                                           **kwargs)
+    model = _from_pretrained(cfg, config, pass_config=True, ignore_mismatched_sizes=cfg.ignore_mismatched_sizes)
     _fit_head(model, plan, cfg)
     return model
+
+
+def _from_pretrained(cfg: ModelConfig, config: PretrainedConfig, *, pass_config: bool = False,
+                     **kwargs: Any) -> PreTrainedModel:
+    """The checkpoint's sequence classifier, its weights in float32 whatever dtype they were stored in:
+    transformers 5 loads in the stored dtype when none is given (``dtype="auto"``), and a checkpoint stored
+    in fp16 (microsoft/deberta-v3-large's is) would then train fp16 master weights and Adam moments, whose
+    small updates round away, and crash GradScaler, which refuses fp16 gradients. The forward pass computes
+    in the run's precision under autocast (nli.device). ``pass_config``: build it with ``config`` (the task's
+    labels set on it), not the checkpoint's own."""
+    assert cfg.name_or_path is not None
+    kwargs.update(dtype=WEIGHTS_DTYPE, attn_implementation=cfg.attention.value, **({"config": config} if pass_config
+                                                                                     else {}))
+    with _attention_supported(cfg, config):
+        if _local_dir(cfg.name_or_path):
+            return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
+        with hub_download(f"model '{cfg.name_or_path}'"):
+            return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,
+                                                                       **kwargs)
 
 
 def _head_plan(config: PretrainedConfig, cfg: ModelConfig, task: TaskConfig) -> HeadPlan:
@@ -322,7 +336,7 @@ def _scratch_model(arch: ScratchArchitecture, task: TaskConfig, tokenizer: PreTr
         **({} if classifier_dropout is None else {"classifier_dropout": classifier_dropout}),
         **_label_kwargs(task),
     )
-    model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention)
+    model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention, dtype=WEIGHTS_DTYPE)
     log.info("model: %s from scratch, %.1fM parameters", arch.model_type,
              sum(p.numel() for p in model.parameters()) / 1e6)
     return model
@@ -338,8 +352,8 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def load_export(directory: Path) -> PreTrainedModel:
-    """The model :func:`save_pretrained` wrote."""
-    return AutoModelForSequenceClassification.from_pretrained(directory)
+    """The model :func:`save_pretrained` wrote, in float32 as it was written."""
+    return AutoModelForSequenceClassification.from_pretrained(directory, dtype=WEIGHTS_DTYPE)
 
 
 def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
@@ -428,13 +442,7 @@ def load_trained(cfg: ModelConfig) -> PreTrainedModel:
         raise ConfigError(f"model.name_or_path={cfg.name_or_path} is not a trained sequence classifier (its "
                           f"architectures: {config.architectures}): an evaluation needs a fine-tuned model with "
                           "its classification head, such as a run folder or FacebookAI/roberta-large-mnli")
-    kwargs = {"attn_implementation": cfg.attention.value}
-    with _attention_supported(cfg, config):
-        if _local_dir(cfg.name_or_path):
-            return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
-        with hub_download(f"model '{cfg.name_or_path}'"):
-            return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,
-                                                                       **kwargs)
+    return _from_pretrained(cfg, config)
 
 
 def head_labels(config: PretrainedConfig) -> List[str]:
