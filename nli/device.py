@@ -7,7 +7,7 @@ import os
 import resource
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -33,35 +33,104 @@ def resolve_device(hw: HardwareConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_precision(cfg: PrecisionConfig, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 where the GPU has it, fp16 on older GPUs, bf16 on XLA (a TPU's own); on the CPU,
-    bf16 where it computes bf16 natively (AVX512-BF16 or AMX: MiniLM trained 1.3-1.6x faster at the
-    same dev accuracy, benchmarks/RESULTS.md), else fp32 (emulated bf16 is slower than fp32). The log
-    line says which, and why."""
+@dataclass(frozen=True)
+class Native:
+    """What a device computes at full speed: bf16 and fp16 (tensor cores), with its name for messages."""
+
+    kind: str  # the device's type: cuda, cpu, xla
+    name: str
+    bf16: bool
+    fp16: bool
+    runs_fp16: bool = True  # whether fp16 runs at all (bf16 always does: emulated where it is not native)
+
+
+def gpu_native(name: str, capability: Tuple[int, int]) -> Native:
+    """A CUDA GPU by its compute capability: bf16 natively from 8.0 (Ampere: A100, A10, L4; Hopper: H100),
+    fp16 tensor cores from 7.0 (Volta: V100; Turing: T4). torch.cuda.is_bf16_supported() answers True on
+    7.x too (its default counts emulation), where bf16 runs without tensor cores, slower than fp32."""
+    described = f"{name} (compute capability {capability[0]}.{capability[1]})"
+    tensor_cores = capability >= (7, 0)
+    return Native("cuda", described, bf16=capability >= (8, 0), fp16=tensor_cores, runs_fp16=tensor_cores)
+
+
+def choose_precision(asked: Precision, native: Native, *, preset_bf16: bool = True,
+                     preset_fp16: bool = True) -> Tuple[Precision, str]:
+    """The precision a run computes in, and why (for the log). ``auto``: bf16 where the device has it natively
+    and the hw preset allows it (``preset_bf16``: a GPU preset's ``hw.bf16``), else fp16 where it has tensor
+    cores and the preset allows them, else fp32. An explicit precision is taken where it runs (slowly where
+    emulated: the reason says so) and refused where it cannot."""
+    if asked == Precision.auto:
+        bf16, fp16 = native.bf16 and preset_bf16, native.fp16 and preset_fp16
+        chosen = Precision.bf16 if bf16 else Precision.fp16 if fp16 else Precision.fp32
+        why = {Precision.bf16: f"precision=auto: {native.name} computes bf16 natively",
+               Precision.fp16: f"precision=auto: {native.name} has fp16 tensor cores"
+                               + ("" if native.bf16 else " and no native bf16"),
+               Precision.fp32: f"precision=auto: {native.name} has neither native bf16 nor fp16 tensor cores"}[chosen]
+        if chosen != Precision.bf16 and native.bf16:
+            why = f"precision=auto: the hw preset has hw.bf16=false ({native.name} has native bf16)"
+        return chosen, why
+    if asked == Precision.fp16 and not native.runs_fp16:
+        raise ConfigError(f"precision={asked.value} cannot run on {native.name}; use precision=auto (picks what "
+                          f"{native.name} supports) or precision=fp32")
+    if asked == Precision.bf16 and not native.bf16:
+        return asked, (f"precision=bf16 asked: {native.name} has no native bf16, so it is emulated, slower than "
+                       f"fp32{' and several times slower than precision=fp16' if native.fp16 else ''}")
+    return asked, f"precision={asked.value} asked"
+
+
+def continued_precision(started: Precision, chosen: Precision, asked: Precision,
+                        native: Native) -> Tuple[Precision, str]:
+    """The precision a resumed run computes in: the one it ``started`` in, so that a run never changes precision
+    part-way (``auto`` may pick another on another machine: preempted on an A100, requeued on a V100). A CPU
+    without native bf16 goes on in emulated bf16 (slower, the same arithmetic); a GPU goes on only in a precision
+    it computes natively, and a device that cannot compute the started one at all stops the run: a ConfigError
+    that says why, its checkpoints kept."""
+    if started == chosen or asked != Precision.auto:
+        return chosen, ""
+    if started == Precision.fp32 or (started == Precision.bf16 and native.bf16) or \
+            (started == Precision.fp16 and native.fp16):
+        return started, (f"the run started in {started.value} and goes on in it; precision=auto picks "
+                         f"{chosen.value} here")
+    if started == Precision.bf16 and native.kind == "cpu":  # emulated: slower, the same arithmetic
+        return started, (f"the run started in bf16 and goes on in it, emulated (slower) on {native.name}; "
+                         f"precision=auto picks {chosen.value} here")
+    able = "at full speed" if started == Precision.bf16 or native.runs_fp16 else "at all"
+    raise ConfigError(f"this run started in {started.value} (precision=auto on another device) and {native.name} "
+                      f"cannot compute {started.value} {able}; a run does not change precision part-way. Continue it "
+                      f"on a device that computes {started.value}, its checkpoints kept, or start afresh in another "
+                      "output_dir")
+
+
+def native_of(device: torch.device) -> Native:
+    """What ``device`` computes natively. The CPU: bf16 where AVX512-BF16 or AMX serve it (:func:`cpu_native_bf16`;
+    emulated bf16 is slower than fp32), never fp16 (CPU autocast here is bf16's); XLA: bf16, a TPU's own."""
+    if device.type == "cuda":
+        return gpu_native(torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+    if device.type == "xla":
+        return Native("xla", xla.describe(), bf16=True, fp16=False, runs_fp16=False)  # XLA's autocast has no fp16
+    return Native("cpu", f"the CPU ({cpu_kernels()})", bf16=cpu_native_bf16(os.environ)[0], fp16=False, runs_fp16=False)
+
+
+def resolve_precision(cfg: PrecisionConfig, device: torch.device, hw: Optional[HardwareConfig] = None,
+                      started: Optional[Precision] = None) -> torch.dtype:
+    """The dtype the run computes in (:func:`choose_precision`, bounded by a GPU preset's ``hw.bf16`` and
+    ``hw.fp16``; on a resumed run, :func:`continued_precision` of the one it ``started`` in). The log line says
+    which, and why."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
         torch.backends.cudnn.allow_tf32 = cfg.tf32
-        bf16_ok = torch.cuda.is_bf16_supported()
-        fp16_ok = torch.cuda.get_device_capability(device) >= (7, 0)
-        name = torch.cuda.get_device_name(device)
-    elif device.type == "xla":
-        bf16_ok, fp16_ok, name = True, False, xla.describe()  # TPUs compute in bf16; XLA's autocast has no fp16
-    else:
-        bf16_ok, fp16_ok, name = True, False, f"the CPU ({cpu_kernels()})"  # CPU autocast has bf16, not fp16
-    why = ""
-    if cfg.dtype == Precision.auto and device.type == "cpu":
-        native, reason = cpu_native_bf16(os.environ)
-        dtype = Precision.bf16 if native else Precision.fp32
-        why = f" (precision=auto: {reason})"
-    elif cfg.dtype == Precision.auto:
-        dtype = Precision.bf16 if bf16_ok else Precision.fp16 if fp16_ok else Precision.fp32
-    else:
-        dtype = cfg.dtype
-    if (dtype == Precision.bf16 and not bf16_ok) or (dtype == Precision.fp16 and not fp16_ok):
-        raise ConfigError(f"precision={dtype.value} cannot run on {name}; use precision=auto "
-                          f"(picks what {name} supports) or precision=fp32")
-    log.info("device: %s (%s), precision %s%s", device, name, dtype.value, why)
-    return DTYPES[dtype]
+    native = native_of(device)
+    preset = hw is not None and hw.accelerator == Accelerator.cuda and device.type == "cuda"
+    chosen, why = choose_precision(cfg.dtype, native, preset_bf16=not preset or bool(hw and hw.bf16),
+                                   preset_fp16=not preset or bool(hw and hw.fp16))
+    if device.type == "cpu" and cfg.dtype == Precision.auto:
+        why = f"precision=auto: {cpu_native_bf16(os.environ)[1]}"
+    if started is not None:
+        chosen, kept = continued_precision(started, chosen, cfg.dtype, native)
+        why = kept or why
+    log_line = log.warning if "emulated" in why else log.info
+    log_line("device: %s (%s), precision %s (%s)", device, native.name, chosen.value, why)
+    return DTYPES[chosen]
 
 
 def cpu_kernels() -> str:
@@ -118,10 +187,30 @@ class Compute:
         if self.device.type == "xla":
             xla.sync()
 
+    @property
+    def precision(self) -> Precision:
+        return next(name for name, dtype in DTYPES.items() if dtype == self.dtype)
 
-def resolve(hw: HardwareConfig, precision: PrecisionConfig) -> Compute:
+    def state_dict(self) -> Dict[str, Any]:
+        """The precision the run computes in: kept in every checkpoint, so that a resumed run goes on in it
+        (:func:`started_precision`, :func:`continued_precision`)."""
+        return {"precision": self.precision.value}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Read before the run resolved its precision (:func:`started_precision`): nothing is left to restore."""
+
+
+def started_precision(parts: Optional[Mapping[str, Any]]) -> Optional[Precision]:
+    """The precision a checkpoint's run computed in (its ``compute`` part); None for a new run, or a checkpoint
+    from before it was kept."""
+    state = (parts or {}).get("compute")
+    return Precision(state["precision"]) if state else None
+
+
+def resolve(hw: HardwareConfig, precision: PrecisionConfig, *, started: Optional[Precision] = None) -> Compute:
+    """The device and precision; ``started``: the precision a resumed run started in (its checkpoint's)."""
     device = resolve_device(hw)
-    return Compute(device=device, dtype=resolve_precision(precision, device))
+    return Compute(device=device, dtype=resolve_precision(precision, device, hw, started))
 
 
 def peak_memory_bytes(device: torch.device) -> int:

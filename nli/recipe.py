@@ -79,6 +79,7 @@ from nli.config import (
     LoggerConfig,
     ModelConfig,
     OptimizerConfig,
+    Precision,
     PrecisionConfig,
     ScheduleConfig,
     TaskConfig,
@@ -184,8 +185,9 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
                                       checkpoints=out.checkpoints, world=world, claim=out.claim,
                                       card=Card(context.resolved, out.finished.get("provenance") or {}))
                 return out.finished
+            started = device.started_precision(out.snapshot.state if out.snapshot else None)  # kept on resume
             compute = prepare(cfg.hw, cfg.precision, seed=cfg.seed, batch_size=cfg.train.batch_size, world=world,
-                              sharing=sharing)
+                              sharing=sharing, started=started)
             out.provenance = provenance.collect(compute, world, context.command)
             if cfg.eval.only:  # a trained model, scored: no optimizer, no checkpoints, no training set
                 stage = "evaluating"
@@ -265,12 +267,13 @@ def _as_run(context: RunContext, output_dir: str) -> Dict[str, Any]:
 
 
 def prepare(hw: HardwareConfig, precision: PrecisionConfig, *, seed: int, batch_size: int, world: World,
-            sharing: cpu.Sharing) -> device.Compute:
+            sharing: cpu.Sharing, started: Optional[Precision] = None) -> device.Compute:
     """The seed (the same on every rank: the same initial weights), the CPU threads, the device and
-    the precision; on the CPU, glibc's heap threshold where the config fixes it (nli.cpu)."""
+    the precision (``started``: a resumed run's, which it keeps); on the CPU, glibc's heap threshold where
+    the config fixes it (nli.cpu)."""
     set_seed(seed)
     sharing.start()
-    compute = device.resolve(hw, precision)
+    compute = device.resolve(hw, precision, started=started)
     if compute.device.type == "cpu" and (done := cpu.limit_heap(hw.cpu_mmap_threshold, os.environ)):
         log.info("%s", done)
     if hw.data_parallel_size > world.world_size and world.is_main:
@@ -380,6 +383,7 @@ def optimization(train: TrainConfig, optimizer_cfg: OptimizerConfig, schedule: S
     if model_cfg.peft is not None:  # the frozen weights are built again on resume: they must be the same
         state.register("frozen", lora.FrozenWeights(model, export.frozen_source(model_cfg)))
     state.register("trackers", trackers, optional=True)
+    state.register("compute", compute, optional=True)  # the precision, kept on resume (nli.device)
     if early is not None:
         state.register("early_stopping", early, optional=True)
     micro_batches = oom.MicroBatches(micro_batch_size, compute, world)
