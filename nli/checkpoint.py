@@ -21,7 +21,7 @@ import random
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol, Set, Tuple, cast
+from typing import Any, Dict, List, Optional, Protocol, Set, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -141,7 +141,10 @@ def rng_state() -> Dict[str, Any]:
     return {"python": random.getstate(),
             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
             "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            # This process's own GPU's generator: each rank saves its own (RandomState gathers them), so that a
+            # checkpoint resumes on any number of GPUs. Not every visible GPU's: restored on fewer, those index
+            # GPUs that are not there.
+            "cuda": torch.cuda.get_rng_state(torch.cuda.current_device()) if torch.cuda.is_available() else None,
             "xla": xla.rng_state()}
 
 
@@ -150,9 +153,21 @@ def restore_rng(state: Dict[str, Any]) -> None:
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
+    _restore_cuda_rng(state["cuda"])
     xla.set_rng_state(state.get("xla"))  # checkpoints from before XLA have none
+
+
+def _restore_cuda_rng(saved: Union[None, torch.Tensor, List[torch.Tensor]]) -> None:
+    """This process's GPU generator, from its own saved state. Checkpoints of earlier versions hold a list, one
+    state per GPU the saving process saw: this GPU's is the entry at its index, where there is one. A checkpoint
+    of the CPU holds none, and a GPU's resumed on the CPU has no generator to go to."""
+    if not torch.cuda.is_available():
+        return
+    device = torch.cuda.current_device()
+    if isinstance(saved, list):
+        saved = saved[device] if device < len(saved) else None
+    if saved is not None:
+        torch.cuda.set_rng_state(saved, device)
 
 
 def seed_rank(seed: int, world: World) -> None:

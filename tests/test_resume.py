@@ -472,3 +472,68 @@ def scalars(folder: Path) -> Dict[str, List[Tuple[int, float]]]:
     events.Reload()
     return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]
             if not tag.endswith("_per_second")}
+
+
+# ------------------------------------------------------------------- random generators, any GPU count
+
+
+class VisibleGpus:
+    """The generators of the GPUs a process sees, as torch.cuda keeps them: one per GPU, indexed by its number
+    (torch.cuda.default_generators[i]), which fails past the last. The CPU has none to test with."""
+
+    def __init__(self, count: int, current: int = 0) -> None:
+        self.states = {i: torch.tensor([i], dtype=torch.uint8) for i in range(count)}
+        self.current = current
+
+    def set_rng_state(self, state: torch.Tensor, device: Any = "cuda") -> None:
+        index = self.current if device == "cuda" else int(device)
+        if index not in self.states:
+            raise IndexError(f"tuple index out of range (no GPU {index} among {len(self.states)})")
+        self.states[index] = state
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.states))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": self.states[int(device)])
+        for module in (torch.cuda, torch.cuda.random):  # set_rng_state_all calls the module's own name
+            monkeypatch.setattr(module, "set_rng_state", self.set_rng_state)
+
+
+def test_each_rank_saves_its_own_gpus_generator_and_one_gpu_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nli.checkpoint import restore_rng, rng_state
+
+    rank3 = VisibleGpus(count=8, current=3)  # rank 3 of a node whose 8 GPUs every rank sees
+    rank3.install(monkeypatch)
+    saved = rng_state()
+    assert torch.equal(saved["cuda"], torch.tensor([3], dtype=torch.uint8))  # its own GPU's, not all eight
+    alone = VisibleGpus(count=1)
+    alone.install(monkeypatch)
+    restore_rng(saved)
+    assert torch.equal(alone.states[0], saved["cuda"])
+
+
+def test_a_checkpoint_written_seeing_eight_gpus_resumes_on_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints of earlier versions hold every visible GPU's state; restored where fewer are seen, each GPU
+    takes its own (set_rng_state_all indexed GPUs that are not there: IndexError on the first step)."""
+    from nli.checkpoint import restore_rng, rng_state
+
+    VisibleGpus(count=1).install(monkeypatch)
+    state = rng_state()
+    state["cuda"] = [torch.tensor([10 + i], dtype=torch.uint8) for i in range(8)]
+    alone = VisibleGpus(count=1)
+    alone.install(monkeypatch)
+    restore_rng(state)
+    assert torch.equal(alone.states[0], torch.tensor([10], dtype=torch.uint8))
+
+
+def test_a_gpu_checkpoint_resumes_on_the_cpu_with_its_cpu_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nli.checkpoint import restore_rng, rng_state
+
+    state = rng_state()  # this machine's: no GPU
+    expected = torch.rand(4)
+    torch.set_rng_state(state["torch"])
+    state["cuda"] = torch.tensor([7], dtype=torch.uint8)  # as a GPU run saved it
+    torch.rand(3)
+    restore_rng(state)
+    assert torch.equal(torch.rand(4), expected)
