@@ -348,6 +348,7 @@ class HardwareConfig:
     per_device_batch_size: Optional[int] = None  # examples per device per micro-step; null: whole batch
     cpu_threads: Optional[int] = None  # torch threads per process; null: this run's share of the free cores (nli.cpu)
     cpu_mmap_threshold: Optional[int] = None  # CPU: glibc's mmap threshold, bytes (less memory, slower); null: glibc's
+    collective_timeout_minutes: int = 60  # how long a process waits for the others (rank 0 saving, say), minutes
     vertex: VertexMachine = field(default_factory=VertexMachine)  # the machine on Vertex AI
 
     def __post_init__(self) -> None:
@@ -358,6 +359,9 @@ class HardwareConfig:
         _require(self.accelerator != Accelerator.xla or self.tpu_devices > 0,
                  "hw.tpu_devices must be at least 1 when hw.accelerator=xla")
         _require(self.nodes >= 1, f"hw.nodes={self.nodes} must be at least 1")
+        minutes = self.collective_timeout_minutes
+        _require(minutes >= 1, f"hw.collective_timeout_minutes={minutes} must be at least 1 (minutes a process "
+                 "waits for the others before the run fails)")
         _require(self.cpu_threads is None or self.cpu_threads >= 1,
                  f"hw.cpu_threads={self.cpu_threads} must be at least 1, or null for this run's share of the cores")
         _require(self.cpu_mmap_threshold is None or 0 <= self.cpu_mmap_threshold <= 32 * 2**20,

@@ -32,6 +32,7 @@ import os
 import tempfile
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
@@ -174,7 +175,8 @@ def run(cfg: Config, context: RunContext, *, stop: Optional[StopRequest] = None,
 def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sharing) -> Dict[str, Any]:
     """setup -> data -> model -> optimization -> fit -> export -> report; ``Interrupted.stage`` says how
     far a run stopped by a signal had come."""
-    world = xla.setup() if cfg.hw.accelerator == Accelerator.xla else distributed.setup(context.process_env)
+    world = xla.setup() if cfg.hw.accelerator == Accelerator.xla else distributed.setup(
+        context.process_env, timeout=timedelta(minutes=cfg.hw.collective_timeout_minutes))
     stage = "starting"
     try:
         with ExitStack() as held:  # the output folder's claim, released however the run ends

@@ -356,3 +356,99 @@ def test_stopped_at_two_processes_resumes_at_one(tmp_path: Path) -> None:
     single = run_app([*args, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
     assert single.returncode == 0, single.stderr
     assert_same_run(outcome(run), outcome(one))
+
+
+# ----------------------------------------------------------------------- DDP's all-reduce, and waiting
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Any:
+    """A gloo process group of this process alone: DDP's reducer and its hooks run as with more."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def counted_ddp(reduced: List[int]) -> torch.nn.Module:
+    """A model in DDP as the run wraps it, each bucket's all-reduce counted in ``reduced``."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from nli.distributed import World, wrap
+
+    torch.manual_seed(0)
+    ddp = wrap(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)), World(world_size=2),
+               torch.device("cpu"))
+
+    def counting(state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses a bucket annotated otherwise
+        reduced.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, counting)
+    return ddp
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_only_the_last_micro_batch_of_a_step_all_reduces_compiled_or_not(process_group: Any, compiled: bool) -> None:
+    """train.compile=true compiles the DDP wrapper: its no_sync must still be the wrapper's, or every micro-batch
+    all-reduces (the compiled module is no DDP)."""
+    from nli.distributed import no_sync
+
+    reduced: List[int] = []
+    ddp = counted_ddp(reduced)
+    trained = torch.compile(ddp, backend="eager") if compiled else ddp
+    for micro in range(4):  # one optimizer step of four micro-batches
+        with no_sync(trained, sync=micro == 3):
+            trained(torch.randn(4, 8)).sum().backward()
+    assert reduced == [0]  # one bucket, once
+
+
+def test_gradients_are_views_into_ddps_buckets(process_group: Any) -> None:
+    """No second copy of the gradients beside DDP's buckets (gradient_as_bucket_view)."""
+    ddp = counted_ddp([])
+    ddp(torch.randn(4, 8)).sum().backward()
+    storages = {p.grad.untyped_storage().data_ptr() for p in ddp.parameters() if p.grad is not None}
+    assert len(storages) == 1  # every gradient in the one bucket's flat buffer
+
+
+WAITER = """
+import sys, time
+from datetime import timedelta
+from nli.distributed import setup
+rank, port = int(sys.argv[1]), sys.argv[2]
+world = setup({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port}, timeout=timedelta(seconds=3))
+if rank == 0:
+    time.sleep(12)  # rank 0 writing a checkpoint for longer than the others may wait
+try:
+    world.barrier()
+    print("through")
+except Exception as error:
+    print("gave up:", type(error).__name__, str(error).splitlines()[0][:200])
+"""
+
+
+@pytest.mark.process
+def test_the_collective_timeout_is_how_long_ranks_wait_for_each_other(tmp_path: Path) -> None:
+    """hw.collective_timeout_minutes reaches the process group: with 3 s, the rank waiting at the barrier while
+    rank 0 takes 12 s gives up (torch's default would wait 30 minutes under gloo, 10 under NCCL)."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    ranks = [subprocess.Popen([sys.executable, "-c", WAITER, str(rank), port], cwd=ROOT, env=process_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    assert outputs[1].startswith("gave up:"), outputs
+
+
+def test_the_collective_timeout_must_be_positive() -> None:
+    from nli.errors import ConfigError
+    from tests.conftest import build_config
+
+    with pytest.raises(ConfigError, match=r"hw.collective_timeout_minutes=0 must be at least 1"):
+        build_config(["hw.collective_timeout_minutes=0"])
