@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import resource
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
 
@@ -211,6 +211,39 @@ def resolve(hw: HardwareConfig, precision: PrecisionConfig, *, started: Optional
     """The device and precision; ``started``: the precision a resumed run started in (its checkpoint's)."""
     device = resolve_device(hw)
     return Compute(device=device, dtype=resolve_precision(precision, device, hw, started))
+
+
+class PeakMemory:
+    """The most GPU memory the training steps held, as the Trainer's figure is: evaluations, checkpoints and an
+    attempt that ran out of memory (nli.oom) left out. torch's own peak is reset at the start, after each pause
+    and after a failed attempt, and what the steps held before is kept (:meth:`keep`, at each step's start:
+    a read of the allocator's counter, no wait for the GPU). Elsewhere it is :func:`peak_memory_bytes`, which
+    cannot be reset (the CPU's is the process's whole resident peak)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.held = device, 0
+
+    def reset(self) -> None:
+        """Forget what was held since the last :meth:`keep` (a failed attempt's allocations)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def keep(self) -> None:
+        """What the steps since the last reset held counts."""
+        self.held = max(self.held, peak_memory_bytes(self.device))
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Around what is not a training step: an evaluation, a checkpoint."""
+        self.keep()
+        try:
+            yield
+        finally:
+            self.reset()
+
+    def training_peak(self) -> int:
+        self.keep()
+        return self.held
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -23,7 +23,7 @@ from nli import oom, xla
 from nli.checkpoint import BestEvaluation, Checkpointer, Progress
 from nli.config import TrainConfig
 from nli.data import EpochSampler
-from nli.device import Compute
+from nli.device import Compute, PeakMemory
 from nli.distributed import World, no_sync
 from nli.errors import ConfigError, Diverged
 from nli.evaluation import Evaluation
@@ -95,6 +95,7 @@ class TrainResult:
     examples: int  # training examples processed
     tokens: int  # their real (non-pad) tokens
     seconds: float  # wall time in training steps, evaluation and saving excluded
+    peak_memory_bytes: int = 0  # held by the training steps (nli.device.PeakMemory)
 
     @property
     def examples_per_second(self) -> float:
@@ -119,6 +120,7 @@ class Loop:
         self.opt, self.loader, self.sampler, self.plan = opt, self.micro_batches.loader(loader), sampler, plan
         self.evaluate, self.checkpointer, self.hooks = evaluate, checkpointer, hooks
         self.window = _Window(opt.compute.device)
+        self.memory = PeakMemory(opt.compute.device)
 
     def run(self, progress: Progress, best: BestEvaluation, stop: StopRequest) -> TrainResult:
         self.opt.trained.train()
@@ -130,6 +132,7 @@ class Loop:
         # A resumed run logs the loss over the same steps as an unbroken one: the checkpoint kept the partial window.
         self.window.resume(progress.window_loss, progress.window_steps)
         self._call("on_start", progress, best)
+        self.memory.reset()  # the model's loading and an earlier evaluation are not the steps'
         reason = self._stop_reason()  # a resumed run that had already stopped early
         while progress.step < self.plan.total_steps and reason is None:
             # The same order for the same seed and epoch; after a resume, from where it stopped.
@@ -139,7 +142,8 @@ class Loop:
         self._call("on_stop", progress, reason or "completed")
         assert best.evaluation is not None  # the last step, and an early stop, always evaluate
         return TrainResult(best=best.evaluation, steps=progress.step, examples=progress.examples,
-                           tokens=progress.tokens, seconds=progress.seconds)
+                           tokens=progress.tokens, seconds=progress.seconds,
+                           peak_memory_bytes=self.memory.training_peak())
 
     def _epoch(self, progress: Progress, best: BestEvaluation, stop: StopRequest, clock: "_Clock") -> Optional[str]:
         """Train to the end of the epoch, or of the plan; the reason training ended, if it did."""
@@ -158,7 +162,7 @@ class Loop:
             step_loss.zero_()
             micro, micros = 0, self._micro_batches(progress)
             progress.seconds = clock.training_seconds()
-            with clock.paused(self.window):
+            with clock.paused(self.window), self.memory.paused():
                 reason = self._after_step(progress, best, stopping)
             if stopping:
                 self._call("on_stop", progress, stopping)
@@ -173,12 +177,14 @@ class Loop:
         is undone and the loader cut into smaller micro-batches (nli.oom), to start the step again."""
         if first:
             self.micro_batches.begin_step()
+            self.memory.keep()  # the steps before this one fit
         try:
             step_loss += self._forward_backward(batch, progress, sync=sync)
             return True
         except torch.OutOfMemoryError:
             pass  # handled outside the except clause, whose traceback holds the step's tensors
         self.loader = self.micro_batches.back_off(self.loader, self.opt.trained, global_batch=self.sampler.batch_size)
+        self.memory.reset()  # the failed attempt's peak is no step's
         return False
 
     def _forward_backward(self, batch: Dict[str, torch.Tensor], progress: Progress, *, sync: bool) -> torch.Tensor:
@@ -233,7 +239,7 @@ class Loop:
         if bool(torch.isfinite(step_loss)):
             opt.world.reduce_gradients(opt.optimizer)
             self.window.grad_norm(self._gradient_norm(logs=(progress.step + 1) % self.plan.log_every == 0))
-            opt.scaler.step(opt.optimizer)
+            oom.optimizer_step(opt.optimizer, opt.scaler, opt.compute)  # scaler.step, backed off on its first
             opt.scaler.update()
         else:
             self.window.grad_norm(None)  # no gradient to speak of: the step is skipped

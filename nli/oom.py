@@ -23,6 +23,9 @@ user's new choice (a bigger GPU, say). Under data parallelism the ranks cannot c
 step mid-way (the others wait in the gradient all-reduce), so a rank out of memory stops the run with a
 message naming the size to set; its checkpoints are kept and the same command resumes it.
 
+The optimizer's first step allocates its state (Adam's moments: 8 bytes a parameter): out of memory there, it
+is tried once more with the memory freed (:func:`optimizer_step`); a micro-batch of another size would not help.
+
 Evaluation (:class:`Evaluations`: the run's eval splits, eval.extra's sets, an evaluation-only run's)
 halves its batches the same way, for the rest of the run, and so do the test splits' predictions
 (:func:`fitting`); each example's prediction does not depend on its batch (the model is in eval mode),
@@ -178,6 +181,37 @@ def fitting(run: Callable[[DataLoader], T], loader: DataLoader, compute: Compute
         log.warning("out of GPU memory predicting in batches of %d examples: predicting in batches of %d "
                     "(train.eval_batch_size=%d starts there)", size, size // 2, size // 2)
         loader = rebatched(loader, max(size // 2, 1))
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, compute: Compute) -> None:
+    """``scaler.step(optimizer)``; where its first step runs out of memory allocating the optimizer's state (Adam's
+    two moments, 8 bytes a parameter, beside the weights and gradients), once more with that state dropped and the
+    memory freed: what failed there is often a cache the backward pass left fragmented. A fused optimizer (the
+    default) allocates its state before it moves any weight, so the step is the one it would have been. Any other
+    out-of-memory error in the optimizer (a later step, one not fused, which may have moved some tensors) stops
+    the run in one line, its checkpoints kept."""
+    first = not optimizer.state
+    try:
+        scaler.step(optimizer)
+        return
+    except torch.OutOfMemoryError:
+        pass  # handled outside the except clause, whose traceback holds the tensors it allocated
+    fused = all(group.get("fused") for group in optimizer.param_groups)
+    if first and fused:
+        optimizer.state.clear()  # as it was before the step: none
+        free(compute)
+        log.warning("out of GPU memory allocating the optimizer's state in its first step: trying once more with "
+                    "the freed memory")
+        try:
+            scaler.step(optimizer)
+            return
+        except torch.OutOfMemoryError:
+            pass
+    size = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
+    raise OutOfMemory(f"out of GPU memory in the optimizer's step: its state ({size:,} parameters' worth of "
+                      f"{type(optimizer).__name__} moments) does not fit beside the model and its gradients"
+                      f"{'' if fused else ' (optimizer.fused=true takes less: no temporary copies)'}. The run stopped, "
+                      f"its checkpoints kept; {_ADVICE} or model/peft=lora, then start it again")
 
 
 def at_most(loader: DataLoader, size: int) -> DataLoader:

@@ -470,7 +470,7 @@ def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, res
                "train_examples_per_second": result.examples_per_second,
                "train_tokens_per_second": result.tokens_per_second,
                "eval_examples_per_second": loaded.evaluate.examples_per_second(),
-               "peak_memory_bytes": device.peak_memory_bytes(training.opt.compute.device),
+               "peak_memory_bytes": result.peak_memory_bytes,
                "train_seconds": result.seconds, "train_steps": result.steps, "best_step": result.best.step,
                "trainable_parameters": sum(p.numel() for p in training.opt.model.parameters() if p.requires_grad),
                "stopped_early": early.stopped_at if early else None, "identity": digest(out.identity),

@@ -236,3 +236,55 @@ def test_a_micro_batch_backs_off_to_about_half_a_size_that_still_divides_the_dev
     """An odd micro-batch does not fall to one example (7 of 28: 2, not 1); every size divides the device's
     share of the global batch, so that the micro-batches add up to it."""
     assert oom._half(size, per_device) == smaller
+
+
+class OptimizerMemory:
+    """The optimizer's first ``failures`` steps raise torch's out-of-memory error before they allocate anything,
+    as a fused optimizer's step does when its state does not fit (a step pre-hook on the run's optimizer)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.steps = failures, 0
+
+    def check(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.steps += 1
+        if self.steps <= self.failures:
+            raise torch.OutOfMemoryError("CUDA out of memory (pretend: the optimizer's moments)")
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["OptimizerMemory"]:
+        build = recipe.build_optimizer
+
+        def limited(*args: Any, **kwargs: Any) -> torch.optim.Optimizer:
+            optimizer = build(*args, **kwargs)
+            optimizer.register_step_pre_hook(self.check)
+            return optimizer
+
+        recipe.build_optimizer = limited  # type: ignore[assignment]
+        try:
+            yield self
+        finally:
+            recipe.build_optimizer = build  # type: ignore[assignment]
+
+
+def test_out_of_memory_in_the_optimizers_first_step_tries_again_and_trains_as_if_it_fit(
+        tmp_path: Path, shared_run: Any) -> None:
+    """Adam's moments are allocated in the first step, after the backward pass: an out-of-memory error there
+    escaped the back-off. The step is tried again once, its state dropped and the memory freed, and the run ends
+    as one that fit at once."""
+    with OptimizerMemory(failures=1).installed() as memory:
+        proc = train(tmp_path / "run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "out of GPU memory allocating the optimizer's state in its first step: trying once more" in proc.stdout
+    assert memory.steps == 13  # the 12 steps, the first twice
+    expected = read_results(shared_run("oom-reference", [*ARGS, "hw.per_device_batch_size=16"]))
+    assert {k: v for k, v in read_results(tmp_path / "run").items() if k not in MEASURED} == \
+        {k: v for k, v in expected.items() if k not in MEASURED}
+
+
+def test_an_optimizer_that_does_not_fit_stops_in_one_line(tmp_path: Path) -> None:
+    with OptimizerMemory(failures=2).installed():
+        proc = train(tmp_path / "run")
+    assert proc.returncode == 1
+    assert ("out of GPU memory in the optimizer's step: its state" in proc.stderr and
+            "The run stopped, its checkpoints kept" in proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr
