@@ -1,9 +1,11 @@
 """The training loop: mixed precision, gradient accumulation and clipping, evaluation and checkpoints
 on schedule, and a clean stop on a signal, a non-finite loss or a hook's request.
 
-Plain PyTorch, top to bottom. The loss is summed on the device and read once per optimizer step,
-to catch a non-finite loss before it reaches the weights; nothing else waits for the GPU. What
-happens around the steps (logging, the progress bar, early stopping) is in hooks (nli.hooks).
+Plain PyTorch, top to bottom. The loss is summed on the device. A step with a non-finite loss is
+skipped before it reaches the weights: on a GPU by the loss scaler on the device (its found_inf, which
+the fused optimizer takes), counted when the loss is next read, so that the host never waits for the
+GPU at a step; elsewhere by reading the loss each step. What happens around the steps (logging, the
+progress bar, early stopping) is in hooks (nli.hooks).
 """
 
 from __future__ import annotations
@@ -86,6 +88,37 @@ class Optimization:
     scaler: torch.amp.GradScaler
     compute: Compute
     world: World
+    # A non-finite step is skipped on the device (the scaler's found_inf, :func:`grad_scaler`) and counted when
+    # the loss is next read (a log, an evaluation, a checkpoint); else the loss is read every step to skip it.
+    skips_on_device: bool = False
+
+
+class Scaler:
+    """The loss scaler's part of a checkpoint. A checkpoint of a scaler that was off (the CPU's, outside fp16) holds
+    none, which a scaler that is on (a GPU's) would refuse: resumed there, it starts afresh."""
+
+    def __init__(self, scaler: torch.amp.GradScaler) -> None:
+        self.scaler = scaler
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if state:
+            self.scaler.load_state_dict(state)
+
+
+def grad_scaler(compute: Compute) -> Tuple[torch.amp.GradScaler, bool]:
+    """The loss scaler, and whether it skips non-finite steps on the device. fp16's dynamic loss scaling; on a
+    GPU in any precision, for that skip: a step whose gradients are not finite leaves the weights as they were
+    (its found_inf goes to the fused optimizer's kernel), where reading the loss to skip it would make the host
+    wait for the GPU every step. Outside fp16 the scale stays 1 (halved only at a skipped step: a power of two,
+    exact), so the gradients are the plain loss's. On the CPU the loss is read every step (no GPU to wait for),
+    and on XLA too (its step is one graph)."""
+    on_device = compute.device.type == "cuda"
+    if compute.dtype == torch.float16 or not on_device:
+        return torch.amp.GradScaler(compute.device.type, enabled=compute.dtype == torch.float16), on_device
+    return torch.amp.GradScaler(compute.device.type, init_scale=1.0, growth_interval=2**30), True
 
 
 @dataclass
@@ -120,6 +153,7 @@ class Loop:
         self.opt, self.loader, self.sampler, self.plan = opt, self.micro_batches.loader(loader), sampler, plan
         self.evaluate, self.checkpointer, self.hooks = evaluate, checkpointer, hooks
         self.window = _Window(opt.compute.device)
+        self._nonfinite = torch.zeros((), dtype=torch.int64, device=opt.compute.device)  # skipped, not yet counted
         self.memory = PeakMemory(opt.compute.device)
 
     def run(self, progress: Progress, best: BestEvaluation, stop: StopRequest) -> TrainResult:
@@ -216,14 +250,18 @@ class Loop:
 
     def _after_step(self, progress: Progress, best: BestEvaluation, stopping: Optional[str]) -> Optional[str]:
         """Log, evaluate and checkpoint on schedule; the reason a hook gives to end training, if any."""
+        logs = progress.step % self.plan.log_every == 0
+        evaluates = progress.step % self.plan.eval_every == 0 or progress.step == self.plan.total_steps
+        if logs or evaluates or progress.step % self.plan.checkpoint_every == 0 or stopping:
+            self._count_nonfinite(progress)  # where the host reads from the device anyway
         logged = None
-        if progress.step % self.plan.log_every == 0:
+        if logs:
             lr = cast(float, self.opt.scheduler.get_last_lr()[0])  # typed float | Tensor; our rates are floats
             logged = self.window.flush(lr=lr, epoch=progress.epoch + progress.examples_in_epoch /
                                        self.plan.examples_per_epoch)
         self._call("on_step_end", progress, logged)
         evaluation = None
-        if progress.step % self.plan.eval_every == 0 or progress.step == self.plan.total_steps:
+        if evaluates:
             evaluation = self.evaluate(self.opt.model, progress.step)
             self._call("on_evaluation", evaluation, improved=best.update(evaluation))
         if evaluation or progress.step % self.plan.checkpoint_every == 0 or stopping:
@@ -234,16 +272,19 @@ class Loop:
         return self._stop_reason() if evaluation else None
 
     def _step_unless_nonfinite(self, step_loss: torch.Tensor, progress: Progress) -> None:
-        # Reading the loss waits for the device once per optimizer step (fp16's scaler already does).
         opt = self.opt
-        if bool(torch.isfinite(step_loss)):
+        if opt.skips_on_device:  # the scaler skips it; counted when the loss is next read
+            self._nonfinite += ~torch.isfinite(step_loss)
+        # Else reading the loss waits for the device once per optimizer step.
+        if opt.skips_on_device or bool(torch.isfinite(step_loss)):
             opt.world.reduce_gradients(opt.optimizer)
             self.window.grad_norm(self._gradient_norm(logs=(progress.step + 1) % self.plan.log_every == 0))
             oom.optimizer_step(opt.optimizer, opt.scaler, opt.compute)  # scaler.step, backed off on its first
             opt.scaler.update()
         else:
             self.window.grad_norm(None)  # no gradient to speak of: the step is skipped
-            self._skip_nonfinite(float(step_loss), progress)
+            step = progress.step + 1
+            self._skip_nonfinite(float(step_loss), progress, step=step, when=f"at step {step}")
         opt.scheduler.step()  # the schedule keeps time with the steps, skipped or not
         opt.optimizer.zero_grad(set_to_none=True)
 
@@ -265,18 +306,30 @@ class Loop:
         grads = [p.grad for p in opt.trained.parameters() if p.grad is not None]
         return torch.nn.utils.get_total_norm(grads)
 
-    def _skip_nonfinite(self, loss: float, progress: Progress) -> None:
+    def _count_nonfinite(self, progress: Progress) -> None:
+        """The steps skipped on the device since the last look (Optimization.skips_on_device), counted and judged
+        against train.skip_nonfinite as the loop that reads every step's loss does; read where the host waits for
+        the device anyway (a log, an evaluation, a checkpoint)."""
+        if not self.opt.skips_on_device:
+            return
+        skipped = int(self._nonfinite.item())
+        self._nonfinite.zero_()
+        for _ in range(skipped):
+            self._skip_nonfinite(math.nan, progress, step=progress.step, when=f"by step {progress.step}")
+
+    def _skip_nonfinite(self, loss: float, progress: Progress, *, step: int, when: str) -> None:
+        """One more step skipped for a non-finite loss (``loss``, at ``step``, ``when``: "at step 7", or "by step 10"
+        where it was counted later); past train.skip_nonfinite, the run stops."""
         progress.nonfinite_steps += 1
-        step = progress.step + 1
         if progress.nonfinite_steps > self.plan.skip_nonfinite:
             newest = self.checkpointer.checkpoints.newest_step()
             kept = (f"the last good checkpoint, step {newest}, is kept in {self.checkpointer.checkpoints.where()}"
                     if newest is not None else "no checkpoint had been written yet")
-            raise Diverged(f"the training loss is {loss} at step {step}: stopped, and {kept}. Lower optimizer.lr, "
+            raise Diverged(f"the training loss is {loss} {when}: stopped, and {kept}. Lower optimizer.lr, "
                            f"{_precision_advice(self.opt.compute.dtype)}or let train.skip_nonfinite=N skip up to N "
                            "such steps", step=step, loss=loss)
-        log.warning("step %d: the loss is %s; skipping this update (%d of train.skip_nonfinite=%d)",
-                    step, loss, progress.nonfinite_steps, self.plan.skip_nonfinite)
+        log.warning("%s: the loss is %s; skipping this update (%d of train.skip_nonfinite=%d)",
+                    when.removeprefix("at "), loss, progress.nonfinite_steps, self.plan.skip_nonfinite)
 
     def _micro_batches(self, progress: Progress) -> int:
         """This rank's micro-batches in the next optimizer step."""

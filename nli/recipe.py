@@ -92,7 +92,7 @@ from nli.evaluation import Evaluation, Evaluator, gather, predict, relabel
 from nli.folder import check_continuation, earlier_run
 from nli.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Revisit, SyncLogs
 from nli.identity import digest, identity
-from nli.loop import Loop, Optimization, Plan, TrainResult
+from nli.loop import Loop, Optimization, Plan, Scaler, TrainResult, grad_scaler
 from nli.model import (
     build_model,
     build_tokenizer,
@@ -375,13 +375,13 @@ def optimization(train: TrainConfig, optimizer_cfg: OptimizerConfig, schedule: S
     schedule.check_warmup(plan.total_steps, length)
     optimizer = build_optimizer(optimizer_cfg, model)
     scheduler = build_scheduler(schedule, optimizer, plan.total_steps)
-    scaler = torch.amp.GradScaler(compute.device.type, enabled=compute.dtype == torch.float16)
+    scaler, skips_on_device = grad_scaler(compute)
     progress, best, trackers = Progress(), BestEvaluation(), Trackers(loggers, enabled=world.is_main)
     early = _early_stopping(train, main_metric)
     state = TrainingState()
     weights = _weights(model_cfg, model)
-    for name, part in (("model", weights), ("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler),
-                       ("progress", progress), ("best", best)):
+    for name, part in (("model", weights), ("optimizer", optimizer), ("scheduler", scheduler),
+                       ("scaler", Scaler(scaler)), ("progress", progress), ("best", best)):
         state.register(name, part)
     if model_cfg.peft is not None:  # the frozen weights are built again on resume: they must be the same
         state.register("frozen", lora.FrozenWeights(model, export.frozen_source(model_cfg)))
@@ -399,8 +399,8 @@ def optimization(train: TrainConfig, optimizer_cfg: OptimizerConfig, schedule: S
     trained = distributed.wrap(model, world, compute.device)  # after the restore: DDP starts from rank 0's weights
     if train.compile:  # for training steps; evaluation runs the plain model
         trained = cast(torch.nn.Module, torch.compile(trained))  # an OptimizedModule, typed as any callable
-    return Training(Optimization(model, trained, optimizer, scheduler, scaler, compute, world), plan, state,
-                    weights, progress, best, early, trackers, micro_batches=micro_batches)
+    opt = Optimization(model, trained, optimizer, scheduler, scaler, compute, world, skips_on_device=skips_on_device)
+    return Training(opt, plan, state, weights, progress, best, early, trackers, micro_batches=micro_batches)
 
 
 def fit(train: TrainConfig, training: Training, loaded: Data, out: Outputs, stop: StopRequest,

@@ -71,6 +71,8 @@ class Trial:
     objectives: Sequence[float] = ()  # what each evaluation reports, in turn; empty: the loss on all the data
     hooks: List[Hook] = field(default_factory=list)
     scaled: bool = False  # the loss scaled as under fp16 (GradScaler), the gradients unscaled before the step
+    on_device: bool = False  # non-finite steps skipped by the scaler on the device, as on a GPU (nli.loop.grad_scaler)
+    adam: bool = False  # fused AdamW, the default optimizer, instead of SGD
     model: Classifier = field(init=False)
     progress: Progress = field(default_factory=Progress)
     best: BestEvaluation = field(default_factory=BestEvaluation)
@@ -79,7 +81,8 @@ class Trial:
     def __post_init__(self) -> None:
         torch.manual_seed(0)
         self.model = Classifier()
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.5)
+        self.optimizer = (torch.optim.AdamW(self.model.parameters(), lr=0.1, fused=True) if self.adam else
+                          torch.optim.SGD(self.model.parameters(), lr=0.5))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0 / (1 + step))
         self.state = TrainingState()
         for name, part in (("model", self.model), ("optimizer", self.optimizer), ("scheduler", self.scheduler),
@@ -94,8 +97,10 @@ class Trial:
         loader = DataLoader(self.data, batch_size=self.micro_batch, sampler=sampler)
         plan = Plan.make(self.train, examples_per_epoch=len(self.data), world_size=1,
                          accumulation=math.ceil(self.train.batch_size / self.micro_batch))
-        scaler = torch.amp.GradScaler("cpu", enabled=self.scaled)
-        opt = Optimization(self.model, self.model, self.optimizer, self.scheduler, scaler, compute, world)
+        scaler = (torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=2**30) if self.on_device else
+                  torch.amp.GradScaler("cpu", enabled=self.scaled))  # the scalers nli.loop.grad_scaler makes
+        opt = Optimization(self.model, self.model, self.optimizer, self.scheduler, scaler, compute, world,
+                           skips_on_device=self.on_device)
         checkpointer = Checkpointer(self.checkpoints, self.state, self.tokenizer, world)  # type: ignore[arg-type]
         return Loop(opt, loader, sampler, plan, evaluate=self.evaluate, checkpointer=checkpointer, hooks=self.hooks)
 
@@ -192,11 +197,16 @@ def test_the_gradient_norm_is_logged_before_clipping_and_logging_it_changes_no_w
         torch.testing.assert_close(tensor, expected[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
-def test_a_non_finite_loss_skips_its_update_and_the_schedule_goes_on(tmp_path: Path, tokenizer: object) -> None:
+@pytest.mark.parametrize("on_device,adam", [(False, False), (True, False), (True, True)],
+                         ids=["read-each-step", "on-device", "on-device-fused-adamw"])
+def test_a_non_finite_loss_skips_its_update_and_the_schedule_goes_on(tmp_path: Path, tokenizer: object,
+                                                                     on_device: bool, adam: bool) -> None:
     """Example 0 has a NaN feature: the step whose batch holds it is skipped (the weights stay), counted, and
-    the learning rate still moves on; the other steps train."""
+    the learning rate still moves on; the other steps train. On a GPU the scaler skips it on the device, without
+    the host reading the loss (the fused optimizer takes its found_inf), and the loop counts it when it logs."""
     data = examples(64, poison=[0])
-    trial = Trial(data, config(max_steps=2, eval_every=100, skip_nonfinite=1), tmp_path, tokenizer)
+    trial = Trial(data, config(max_steps=2, eval_every=100, skip_nonfinite=1), tmp_path, tokenizer,
+                  on_device=on_device, adam=adam)
     sampler = EpochSampler(64, seed=1, batch_size=32)
     poisoned_step = 1 if 0 in [*sampler][:32] else 2
     before = {name: tensor.clone() for name, tensor in trial.model.state_dict().items()}
@@ -215,15 +225,38 @@ def test_a_non_finite_loss_skips_its_update_and_the_schedule_goes_on(tmp_path: P
     assert not all(torch.equal(seen[-1][name], before[name]) for name in before)  # the good step trained
 
 
-def test_more_non_finite_losses_than_allowed_stop_with_the_last_good_checkpoint(tmp_path: Path,
-                                                                               tokenizer: object) -> None:
+@pytest.mark.parametrize("on_device,log_every,when", [(False, 1, "at step 1"), (True, 1, "by step 1"),
+                                                       (True, 4, "by step 4")])
+def test_more_non_finite_losses_than_allowed_stop_with_the_last_good_checkpoint(
+        tmp_path: Path, tokenizer: object, on_device: bool, log_every: int, when: str) -> None:
+    """Read each step, the first non-finite loss stops the run; skipped on the device, at the next read of the loss
+    (the next log, here), every step until then skipped: the weights are the first ones."""
     data = examples(32, poison=[5])  # every step's batch holds it
-    trial = Trial(data, config(max_steps=6, eval_every=100, checkpoint_every=100, skip_nonfinite=0), tmp_path,
-                  tokenizer)
-    with pytest.raises(Diverged, match="the training loss is nan at step 1: stopped, and no checkpoint had been "
+    trial = Trial(data, config(max_steps=6, eval_every=100, checkpoint_every=100, skip_nonfinite=0,
+                               log_every=log_every), tmp_path, tokenizer, on_device=on_device, adam=on_device)
+    before = {name: tensor.clone() for name, tensor in trial.model.state_dict().items()}
+    with pytest.raises(Diverged, match=f"the training loss is nan {when}: stopped, and no checkpoint had been "
                                        "written yet") as stopped:
         trial.run()
-    assert stopped.value.step == 1 and math.isnan(stopped.value.loss)
+    assert stopped.value.step == int(when.split()[-1]) and math.isnan(stopped.value.loss)
+    assert all(torch.equal(tensor, before[name]) for name, tensor in trial.model.state_dict().items())
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.25, None], ids=["clipped", "not-clipped"])
+def test_skipping_on_the_device_trains_as_reading_the_loss_each_step(tmp_path: Path, tokenizer: object,
+                                                                    max_grad_norm: Optional[float]) -> None:
+    """The GPU's scaler, at scale 1, changes no bit of the training: the same weights, fused AdamW's state too."""
+    data = examples(56)
+    trials = [Trial(data, config(max_steps=6, eval_every=100, max_grad_norm=max_grad_norm, log_every=4),
+                    tmp_path / str(on_device), tokenizer, micro_batch=16, on_device=on_device, adam=True)
+              for on_device in (False, True)]
+    for trial in trials:
+        trial.run()
+    host, device = (trial.optimizer.state_dict() for trial in trials)
+    for name, tensor in trials[0].model.state_dict().items():
+        assert torch.equal(tensor, trials[1].model.state_dict()[name]), name
+    for index, state in host["state"].items():
+        assert all(torch.equal(state[key], device["state"][index][key]) for key in state)
 
 
 def test_early_stopping_ends_training_after_patience_evaluations_without_improvement(tmp_path: Path,
