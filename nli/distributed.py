@@ -13,7 +13,7 @@ import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ContextManager, List, Mapping, Tuple
+from typing import Any, Callable, ContextManager, List, Mapping, Tuple
 
 import torch
 import torch.distributed as dist
@@ -65,6 +65,28 @@ class World:
             found = found.cuda()
         dist.all_reduce(found, op=dist.ReduceOp.MAX)
         return float(found.item())
+
+    def max_later(self, value: float, device: torch.device) -> Callable[[], float]:
+        """The largest of every rank's ``value``, to read later: the reduction is queued on ``device``'s stream and
+        the function returned reads its result, waiting for that reduction alone (a copy to pinned memory and an
+        event), not for the work queued after it, as :meth:`max` waits for everything queued so far."""
+        if not self.distributed:
+            return lambda: value
+        if device.type != "cuda":  # gloo's reduction (XLA's too) is done when it returns
+            got = self.max(value)
+            return lambda: got
+        found = torch.full((), value, dtype=torch.float64, device=device)
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)  # NCCL's: queued on the stream
+        host = torch.empty((), dtype=torch.float64, pin_memory=True)
+        host.copy_(found, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def read() -> float:
+            done.synchronize()
+            return float(host)
+
+        return read
 
     def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Average the gradients over the ranks before the optimizer steps. Nothing to do here: DDP

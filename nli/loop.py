@@ -154,6 +154,7 @@ class Loop:
         self.evaluate, self.checkpointer, self.hooks = evaluate, checkpointer, hooks
         self.window = _Window(opt.compute.device)
         self._nonfinite = torch.zeros((), dtype=torch.int64, device=opt.compute.device)  # skipped, not yet counted
+        self._signals: Optional[Callable[[], float]] = None  # the ranks' signals at the last step, to read at this one
         self.memory = PeakMemory(opt.compute.device)
 
     def run(self, progress: Progress, best: BestEvaluation, stop: StopRequest) -> TrainResult:
@@ -336,11 +337,16 @@ class Loop:
         return math.ceil(self.sampler.share(progress.examples_in_epoch) / (self.loader.batch_size or 1))
 
     def _agreed_signal(self, stop: StopRequest) -> Optional[str]:
-        """The signal that stops the run, if any rank got one: all ranks stop at the same step."""
+        """The signal that stops the run, if any rank got one: all ranks stop at the same step. Under data
+        parallelism the ranks' signals are reduced at each step and the result read at the next, when that
+        reduction has long finished: reading it at once would make the host wait for the GPU at every step. So a
+        signal stops the ranks one step after it would stop a single process."""
         world = self.opt.world
         if not world.distributed:
             return stop.signal
-        got = world.max(float(signal.Signals[stop.signal]) if stop.signal else 0.0)
+        got = self._signals() if self._signals is not None else 0.0
+        self._signals = world.max_later(float(signal.Signals[stop.signal]) if stop.signal else 0.0,
+                                        self.opt.compute.device)
         return signal.Signals(int(got)).name if got else None
 
     def _stop_reason(self) -> Optional[str]:
