@@ -8,7 +8,8 @@ JSON line with its throughput (training, and the dev set's prediction), peak mem
 
 Default: ``run_glue.py``'s defaults, every example padded to ``--max-seq-length``. ``--tuned``: its
 ``--pad_to_max_length False`` (dynamic padding, to a multiple of 8 in fp16 or bf16) with
-``--group_by_length`` (batches of about one length).
+``--group_by_length`` (batches of about one length). ``--tf32``: TF32 matmuls on an Ampere or newer GPU
+(``TrainingArguments(tf32=True)``), as train.py computes by default; ``vs_trainer`` passes it where ours has it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ def accuracy(trainer: Trainer, ds: Optional[Dataset]) -> Tuple[Optional[float], 
     return float(accuracy_score(out.label_ids, np.argmax(out.predictions, axis=-1))), speed
 
 
+def tf32_available() -> bool:
+    """An Ampere or newer GPU: TrainingArguments(tf32=True) refuses to start anywhere else."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+
+
 def run(args: argparse.Namespace) -> Dict[str, Optional[float]]:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=len(args.labels))
@@ -77,7 +83,8 @@ def run(args: argparse.Namespace) -> Dict[str, Optional[float]]:
             output_dir=out, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=128,
             learning_rate=args.lr, max_steps=args.steps, seed=args.seed, eval_strategy="no", save_strategy="no",
             report_to="none", disable_tqdm=True, use_cpu=not cuda, bf16=args.precision == "bf16",
-            fp16=args.precision == "fp16", include_num_input_tokens_seen="non_padding",
+            fp16=args.precision == "fp16", tf32=True if args.tf32 and tf32_available() else None,
+            include_num_input_tokens_seen="non_padding",
             train_sampling_strategy="group_by_length" if args.tuned else "random")
         trainer = Trainer(model=model, args=training, train_dataset=train, data_collator=collator,
                           processing_class=tokenizer)
@@ -110,6 +117,8 @@ def main() -> None:
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--tuned", action="store_true", help="dynamic padding and length-grouped batches")
+    parser.add_argument("--tf32", action="store_true", help="TF32 matmuls where the GPU has them (Ampere and "
+                        "newer), as train.py's precision.tf32 defaults to; elsewhere ignored")
     args = parser.parse_args()
     hf_logging.set_verbosity_error()
     print(json.dumps(run(args)))

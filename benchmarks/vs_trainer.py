@@ -9,6 +9,10 @@ ours) and writes it as JSON and Markdown.
     python -m benchmarks.vs_trainer --steps 117 --test --seed 1 2 3   # accuracy as a mean over three seeds
     python -m benchmarks.vs_trainer --synthetic --arch roberta-large --precision bf16 --steps 300
 
+MFU divides by the GPU's dense peak for the precision the runs train in (:data:`PEAK_FLOPS`: bf16 or
+fp16 tensor cores; TF32 in fp32, where on). Both systems get TF32 matmuls where the GPU has them, as
+train.py's ``precision.tf32`` defaults to (``-- precision.tf32=false`` turns it off for both).
+
 Run from the repository root (the Trainer's runs start as ``python -m benchmarks.hf_trainer``).
 
 Systems: ``ours`` (train.py), ``hf-defaults`` (run_glue.py's defaults: every example padded to the
@@ -39,8 +43,29 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SYSTEMS = ("ours", "hf-defaults", "hf-tuned")
 Figures = Dict[str, Optional[float]]  # one run's measurements
-# Dense bf16 tensor-core peaks (FLOP/s) by device name, from the vendors' data sheets.
-PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "B200": 2250e12, "A100": 312e12, "L4": 121e12}
+# Dense peaks (FLOP/s, without 2:4 sparsity) by a part of torch.cuda.get_device_name(), the more specific
+# names first: tensor-core bf16 and fp16, TF32 tensor-core and plain fp32, from NVIDIA's data sheets (V100:
+# "NVIDIA Tesla V100 GPU Accelerator" (SXM2 125 fp16, 15.7 fp32; PCIe 112, 14); V100S PCIe 130, 16.4; T4:
+# "NVIDIA T4 Tensor Core GPU" (65 fp16, 8.1 fp32); A100: "NVIDIA A100 Tensor Core GPU" (312 bf16/fp16, 156
+# TF32, 19.5 fp32); L4 (121, 60 TF32, 30.3); L40S (362, 183, 91.6); H100 and H200: "NVIDIA H100 Tensor Core
+# GPU" and "NVIDIA H200 Tensor Core GPU" (SXM 989 bf16/fp16, 495 TF32, 67 fp32; H100 PCIe 756, 378, 51;
+# NVL 835, 418, 60); B200: "NVIDIA HGX B200" (2,250, 1,100, 75 per GPU). The sheets print the sparse figure,
+# twice these, beside most tensor-core ones. Volta and Turing have no bf16 or TF32 tensor cores: None.
+PEAK_FLOPS: Dict[str, Dict[str, Optional[float]]] = {
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
+    "H100 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12, "fp32": 60e12},
+    "H200 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12, "fp32": 60e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12},
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12},
+    "B200": {"bf16": 2250e12, "fp16": 2250e12, "tf32": 1100e12, "fp32": 75e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "L40S": {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12},
+    "L4": {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
+    "V100S": {"bf16": None, "fp16": 130e12, "tf32": None, "fp32": 16.4e12},
+    "V100-PCIE": {"bf16": None, "fp16": 112e12, "tf32": None, "fp32": 14e12},
+    "V100": {"bf16": None, "fp16": 125e12, "tf32": None, "fp32": 15.7e12},
+    "T4": {"bf16": None, "fp16": 65e12, "tf32": None, "fp32": 8.1e12},
+}
 
 
 @dataclass
@@ -99,6 +124,8 @@ def run_trainer(args: argparse.Namespace, task: Task, model: Path, tuned: bool, 
                "--columns", *task.columns, "--labels", *task.labels, "--steps", str(args.steps),
                "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(seed),
                "--max-seq-length", str(args.seq_len), "--precision", args.precision]
+    if ours_tf32(args.overrides):  # as ours: TF32 matmuls where the GPU has them (the Trainer's default: off)
+        command.append("--tf32")
     if args.test:
         command += ["--test", str(folder / task.files["test"])]
     if tuned:
@@ -142,13 +169,32 @@ def flops_per_token(model: Path, mean_tokens: float) -> float:
     return 6 * weights + 12 * config.num_hidden_layers * config.hidden_size * mean_tokens
 
 
-def peak_flops() -> Optional[float]:
+def peak_for(device: str, precision: str, *, tf32: bool) -> Optional[float]:
+    """The dense peak FLOP/s of the GPU named ``device`` (torch.cuda.get_device_name()) for training in
+    ``precision``: its bf16 or fp16 tensor-core peak; in fp32, its TF32 peak where ``tf32`` is on and
+    the GPU has TF32, else its fp32 peak. None for a GPU not in :data:`PEAK_FLOPS`, or bf16 on one without."""
+    peaks = next((peaks for key, peaks in PEAK_FLOPS.items() if key.lower() in device.lower()), None)
+    if peaks is None:
+        return None
+    if precision == "fp32":
+        return (peaks["tf32"] if tf32 else None) or peaks["fp32"]
+    return peaks[precision]
+
+
+def peak_flops(precision: str, *, tf32: bool) -> Optional[float]:
+    """This machine's GPU's peak for ``precision`` (:func:`peak_for`); None without a GPU."""
     import torch
 
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
+    return peak_for(torch.cuda.get_device_name(), precision, tf32=tf32)
+
+
+def ours_tf32(overrides: List[str]) -> bool:
+    """Whether train.py runs with TF32 matmuls: on (precision.tf32 defaults to true) unless an override
+    turns it off."""
+    return not any(o.replace(" ", "").lower() in ("precision.tf32=false", "++precision.tf32=false")
+                   for o in overrides)
 
 
 def prepare(args: argparse.Namespace, work: Path) -> tuple:
@@ -191,7 +237,7 @@ def measure(args: argparse.Namespace) -> Dict:
         best = {system: summarise(rounds) for system, rounds in runs.items()}
         mean_tokens = best["ours"]["tokens_per_second"] / best["ours"]["examples_per_second"] \
             if "ours" in best else None
-        peak = peak_flops()
+        peak = peak_flops(args.precision, tf32=ours_tf32(args.overrides))
         if peak and mean_tokens:
             per_token = flops_per_token(model, mean_tokens)
             for row in best.values():
@@ -258,7 +304,8 @@ def settings(args: argparse.Namespace, task: Task) -> Dict:
     return {"model": args.arch + " (random weights)" if args.synthetic else str(args.model),
             "task": "MNLI-like lengths (synthetic)" if args.synthetic else task.name, "steps": args.steps,
             "batch_size": args.batch_size, "lr": args.lr, "seeds": args.seed, "seq_len": args.seq_len,
-            "precision": args.precision, "rounds": args.rounds, "ours_overrides": args.overrides}
+            "precision": args.precision, "tf32": f"{'on' if ours_tf32(args.overrides) else 'off'} for every system "
+            "(on: where the GPU has TF32)", "rounds": args.rounds, "ours_overrides": args.overrides}
 
 
 COLUMNS = [("examples_per_second", "examples/s", "{:.1f}"), ("tokens_per_second", "tokens/s", "{:.0f}"),

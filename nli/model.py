@@ -12,7 +12,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union, cast
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union, cast
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -340,6 +340,16 @@ def _scratch_model(arch: ScratchArchitecture, task: TaskConfig, tokenizer: PreTr
     log.info("model: %s from scratch, %.1fM parameters", arch.model_type,
              sum(p.numel() for p in model.parameters()) / 1e6)
     return model
+
+
+def checkpointing(model: PreTrainedModel) -> Callable[..., None]:
+    """``model``'s switch for activation checkpointing, taking torch.utils.checkpoint's arguments: transformers
+    5.2x's ``activation_checkpointing_enable``, or ``gradient_checkpointing_enable``, its name before (5.17, on the
+    GPU machines this project's check runs on) and a deprecated alias since."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        return lambda **kwargs: enable(activation_checkpointing_kwargs=kwargs)
+    return lambda **kwargs: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

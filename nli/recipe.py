@@ -96,6 +96,7 @@ from nli.loop import Loop, Optimization, Plan, Scaler, TrainResult, grad_scaler
 from nli.model import (
     build_model,
     build_tokenizer,
+    checkpointing,
     head_labels,
     load_export,
     load_trained,
@@ -337,7 +338,7 @@ def build(model_cfg: ModelConfig, task: TaskConfig, train: TrainConfig, *, seed:
     if train.gradient_checkpointing:
         # Non-reentrant: works under DDP (no unused-parameter hooks fired twice) and torch.compile, and
         # needs no gradient on its inputs, which LoRA's frozen embeddings would not give.
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing(model)(use_reentrant=False)
         if fast:  # they replace the layers' forward, which checkpointing wraps
             log.info("fast paths: off, as train.gradient_checkpointing recomputes the stock layers")
             fast = False

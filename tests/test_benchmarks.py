@@ -16,7 +16,7 @@ from typing import List
 import pytest
 
 from benchmarks.mnli_like import ARCHITECTURES
-from benchmarks.vs_trainer import flops_per_token
+from benchmarks.vs_trainer import PEAK_FLOPS, flops_per_token, ours_tf32, peak_for
 from tests.runs import ROOT
 
 TINY = ["experiment=quickstart", "hw=cpu", "data.synthetic_train_size=128", "data.synthetic_eval_size=32",
@@ -70,6 +70,7 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
             assert figures[f"{key}_sd"] == pytest.approx(abs(by_seed["1"] - by_seed["2"]) / 2 ** 0.5)
     settings = report["settings"]
     assert settings["steps"] == 3 and settings["task"].startswith("MNLI-like") and settings["seeds"] == [1, 2]
+    assert settings["tf32"].startswith("on for every system")  # the Trainer gets TF32 where ours has it
     assert proc.stdout.count(" seed 1 ") == 3 and proc.stdout.count(" seed 2 ") == 3
     table = out.with_suffix(".md").read_text()
     assert "| system | examples/s | tokens/s | eval examples/s | peak memory (GiB) |" in table
@@ -113,6 +114,50 @@ def test_model_flops_per_token_count_the_weights_outside_the_embeddings(tmp_path
     layer = 12 * 1024**2 + 9 * 1024 + 4 * 1024  # weights; biases (q, k, v, out, 4h up, down); two LayerNorms
     head = 1024**2 + 1024 + 2 * 1024 + 2  # dense h x h, then h x 2 labels
     assert flops_per_token(tmp_path, mean_tokens=40) == 6 * (24 * layer + head) + 12 * 24 * 1024 * 40
+
+
+@pytest.mark.parametrize("device, precision, tf32, peak", [
+    # torch.cuda.get_device_name()'s words for each card; dense peaks from the data sheets.
+    ("NVIDIA H100 80GB HBM3", "bf16", True, 989e12),  # SXM
+    ("NVIDIA H100 80GB HBM3", "fp16", True, 989e12),
+    ("NVIDIA H100 80GB HBM3", "fp32", True, 494.5e12),  # TF32 tensor cores
+    ("NVIDIA H100 80GB HBM3", "fp32", False, 67e12),  # plain fp32
+    ("NVIDIA H100 PCIe", "bf16", True, 756e12),  # not the SXM part's figure
+    ("NVIDIA H100 NVL", "bf16", True, 835e12),
+    ("NVIDIA H200", "bf16", True, 989e12),
+    ("NVIDIA A100-SXM4-40GB", "bf16", True, 312e12),
+    ("NVIDIA A100-PCIE-40GB", "fp32", True, 156e12),
+    ("NVIDIA A100-SXM4-80GB", "fp32", False, 19.5e12),
+    ("Tesla V100-SXM2-16GB", "fp16", True, 125e12),
+    ("Tesla V100-PCIE-16GB", "fp16", True, 112e12),
+    ("Tesla V100S-PCIE-32GB", "fp16", True, 130e12),
+    ("Tesla V100-SXM2-16GB", "bf16", True, None),  # no bf16 tensor cores: no MFU rather than a wrong one
+    ("Tesla V100-SXM2-16GB", "fp32", True, 15.7e12),  # no TF32 either: tf32=true changes nothing there
+    ("Tesla T4", "fp16", True, 65e12),
+    ("Tesla T4", "fp32", True, 8.1e12),
+    ("NVIDIA L4", "bf16", True, 121e12),
+    ("NVIDIA L40S", "bf16", True, 362e12),  # not L4's
+    ("NVIDIA B200", "fp16", True, 2250e12),
+    ("NVIDIA GeForce RTX 4090", "bf16", True, None),  # not in the table: no MFU
+])
+def test_mfu_peak_is_the_devices_for_the_precision_trained_in(device: str, precision: str, tf32: bool,
+                                                              peak: float | None) -> None:
+    assert peak_for(device, precision, tf32=tf32) == peak
+
+
+def test_every_peak_table_row_is_dense_throughout() -> None:
+    """The data sheets print sparse figures (twice the dense ones) beside dense ones: a row mixing them
+    would show as TF32 at the 16-bit rate instead of half of it."""
+    for name, peaks in PEAK_FLOPS.items():
+        fp16, fp32, tf32 = peaks["fp16"], peaks["fp32"], peaks["tf32"]
+        assert fp16 and fp32 and fp16 > 3 * fp32, name  # tensor cores outrun plain fp32 everywhere
+        assert tf32 is None or abs(tf32 / (fp16 / 2) - 1) < 0.03, name
+        assert peaks["bf16"] in (None, fp16), name  # the same tensor-core rate wherever both exist
+
+
+def test_tf32_is_on_for_both_systems_unless_an_override_turns_it_off() -> None:
+    assert ours_tf32([]) and ours_tf32(["train.compile=true"])
+    assert not ours_tf32(["precision.tf32=false"]) and not ours_tf32(["++precision.tf32=false"])
 
 
 @pytest.mark.bench

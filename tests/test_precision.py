@@ -73,7 +73,8 @@ def test_the_device_line_warns_when_bf16_is_emulated(monkeypatch: pytest.MonkeyP
         assert resolve_precision(PrecisionConfig(dtype=Precision.bf16), torch.device("cuda", 0), hw) == torch.bfloat16
     auto, asked = caplog.records
     assert auto.levelno == logging.INFO and "Tesla T4 (compute capability 7.5)" in auto.getMessage()
-    assert "precision fp16 (precision=auto: Tesla T4 (compute capability 7.5) has fp16 tensor cores" in auto.getMessage()
+    assert ("precision fp16 (precision=auto: Tesla T4 (compute capability 7.5) has fp16 tensor cores"
+            in auto.getMessage())
     assert asked.levelno == logging.WARNING and "precision bf16 (precision=bf16 asked:" in asked.getMessage()
 
 

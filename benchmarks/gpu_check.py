@@ -1,0 +1,1048 @@
+"""The GPU check: what this project has never done on a GPU, done in one short run on one, each line
+reported pass, fail or skipped with its figures and its time, as JSON and Markdown.
+
+The GPU machines it is meant for are offline and short-lived (minutes), with torch, transformers and
+most of their company preinstalled but no Hydra and no datasets. So it comes in two commands:
+
+    python -m benchmarks.gpu_check prepare              # here, with the package index: the kit, into .gpu-kit/
+    python3 -m benchmarks.gpu_check run --out "$OUT"    # there, from the repository root, offline
+
+``prepare`` downloads the wheels that requirements/gpu-check.txt pins (``--python-version`` for another
+Python; 3.12 is the GPU machines') and prints their sizes. ``run`` installs them into the kit with pip
+(no index, no dependencies) and runs every line, each in processes of its own with a time limit, so
+that a line that fails or hangs costs only itself; the report is rewritten as each line ends, so
+what finished is there even if the machine is taken back. ``--device cpu`` rehearses the lines a CPU
+can run (the GPU-only ones are reported "skipped: no GPU", never passed):
+
+    python -m benchmarks.gpu_check run --out gpu-check --device cpu --only quickstart_bf16 eval_only resume
+
+Lines: the quickstart in bf16 and fp16; ``train.compile=true`` and its recompilations; an
+evaluation-only run of a run folder with and without the fast paths; SIGTERM and resume against
+unbroken runs; a CUDA out-of-memory backed off into smaller micro-batches; torchrun with one process;
+the synthetic roberta-large benchmark against the tuned Trainer (tokens/s, MFU); every GPU hw preset x
+recipe (benchmarks.memory's enumeration) measured against its card's memory; an fp16-stored checkpoint
+trained in bf16 and fp16; gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+# Nothing heavy at the top: the parent process must start before the kit is installed (no Hydra yet)
+# and must not hold the GPU (no torch.cuda here); every measurement runs in a child process.
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIREMENTS = ROOT / "requirements" / "gpu-check.txt"
+KIT = ROOT / ".gpu-kit"
+KIT_LIMIT = 64 * 2**20  # what a device run may carry beside the working tree
+GPU_PYTHON = "3.12"  # the GPU machines' Python
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+TAIL = 6000  # characters of a failed sub-run's output kept in the report's log files
+
+Figures = Dict[str, Any]
+
+
+# ----------------------------------------------------------------------------------------- prepare
+
+
+def pins(path: Path = REQUIREMENTS) -> List[str]:
+    """The ``name==version`` lines of the kit's requirements, comments dropped."""
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def wheel_name(pin: str) -> str:
+    """The prefix of ``pin``'s wheel file: ``antlr4-python3-runtime==4.9.3`` -> ``antlr4_python3_runtime-4.9.3``."""
+    name, version = pin.split("==")
+    return f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}"
+
+
+def fetch(pin: str, dest: Path, python_version: str) -> Path:
+    """One wheel for that Python on x86-64 Linux; a pure-Python wheel built here where the index holds
+    only a source distribution (antlr4 4.9.3): pip download first, pip wheel if that finds nothing."""
+    before = set(dest.glob("*.whl"))
+    download = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                "--python-version", python_version, "--implementation", "cp",
+                *[arg for platform in PLATFORMS for arg in ("--platform", platform)], "-d", str(dest), pin]
+    if subprocess.run(download, capture_output=True, text=True).returncode != 0:
+        build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dest), pin],
+                               capture_output=True, text=True)
+        if build.returncode != 0:
+            sys.exit(f"{pin}: neither a wheel nor a buildable source distribution:\n{build.stderr[-2000:]}")
+    found = [w for w in dest.glob("*.whl") if w.name.lower().startswith(wheel_name(pin))]
+    if not found:
+        new = sorted(w.name for w in set(dest.glob("*.whl")) - before)
+        sys.exit(f"{pin}: pip reported success but no wheel of it is in {dest} (new there: {new})")
+    built = found[0]
+    if "-none-any" not in built.name and f"cp{python_version.replace('.', '')}" not in built.name \
+            and f"py{python_version.replace('.', '')}" not in built.name:
+        sys.exit(f"{pin}: {built.name} is not for Python {python_version}")
+    return built
+
+
+def prepare(kit: Path, python_version: str) -> List[Path]:
+    """The kit's wheels in ``kit/wheels``, stale ones removed; their total size printed."""
+    dest = kit / "wheels"
+    dest.mkdir(parents=True, exist_ok=True)
+    wheels = [fetch(pin, dest, python_version) for pin in pins()]
+    for stale in set(dest.glob("*.whl")) - set(wheels):
+        stale.unlink()
+    total = sum(w.stat().st_size for w in wheels)
+    for wheel in sorted(wheels):
+        print(f"{wheel.stat().st_size / 2**20:8.2f} MiB  {wheel.name}")
+    print(f"{total / 2**20:8.2f} MiB  in all, {len(wheels)} wheels for Python {python_version} in {dest}")
+    if total > KIT_LIMIT:
+        sys.exit(f"the kit is {total / 2**20:.1f} MiB: more than the {KIT_LIMIT // 2**20} MiB a device run carries")
+    return wheels
+
+
+def install(kit: Path) -> Optional[Path]:
+    """The kit's wheels installed into ``kit/site`` (pip, no index, no dependencies); that folder, for
+    PYTHONPATH. None where the kit holds no wheels (a machine whose environment has everything)."""
+    wheels = sorted((kit / "wheels").glob("*.whl"))
+    if not wheels:
+        return None
+    site = kit / f"site-py{sys.version_info.major}{sys.version_info.minor}"
+    stamp = site / ".installed"
+    names = "\n".join(w.name for w in wheels)
+    if stamp.exists() and stamp.read_text() == names:
+        return site
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}"
+    foreign = [w.name for w in wheels if re.search(r"-(py|cp)3\d+-", w.name) and f"-{tag}-" not in w.name
+               and f"-cp{tag[2:]}-" not in w.name]
+    if foreign:
+        sys.exit(f"the kit in {kit} is for another Python than this {platform_python()}: {foreign}; "
+                 f"`python -m benchmarks.gpu_check prepare --python-version {platform_python()}` makes one for it")
+    shutil.rmtree(site, ignore_errors=True)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
+                          "--target", str(site), *map(str, wheels)], capture_output=True, text=True)
+    if pip.returncode != 0:
+        sys.exit(f"installing the kit from {kit / 'wheels'} failed:\n{pip.stderr[-3000:]}")
+    stamp.write_text(names)
+    return site
+
+
+def platform_python() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+# --------------------------------------------------------------------------------------- sub-runs
+
+
+@dataclass
+class Line:
+    """One line of the report."""
+
+    name: str
+    title: str
+    status: str = "not run"  # pass, fail, skipped: why
+    figures: Figures = field(default_factory=dict)
+    seconds: float = 0.0
+    detail: str = ""  # what passing means here, or why it failed
+    logs: List[str] = field(default_factory=list)  # log files of its failed sub-runs, relative to the report
+
+
+@dataclass
+class Check:
+    """What every line needs: where to write, which device, the environment of its processes."""
+
+    out: Path  # the report and failed sub-runs' log tails: small, as a device run brings back
+    work: Path  # run folders, checkpoints, data: gigabytes, left behind
+    device: str  # cuda or cpu
+    env: Dict[str, str]
+    deadline: float  # time.monotonic() after which no sub-run starts
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def gpu(self) -> bool:
+        return self.device == "cuda"
+
+    def hw(self) -> List[str]:
+        return ["hw=auto"] if self.gpu else ["hw=cpu"]
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+class Failed(Exception):
+    """A line's failure, with what to report."""
+
+
+class Skipped(Exception):
+    """A line this device cannot run, with why."""
+
+
+@dataclass
+class Proc:
+    """A finished sub-run: exit status, its output, and the run folder's results where it wrote them."""
+
+    returncode: int
+    output: str
+    results: Optional[Dict[str, Any]]
+    folder: Optional[Path]
+
+
+def sub_run(check: Check, line: Line, label: str, command: Sequence[str], *, timeout: float,
+            folder: Optional[Path] = None, env: Optional[Dict[str, str]] = None) -> Proc:
+    """Run ``command`` from the repository root with the check's environment, at most ``timeout``
+    seconds (and never past the check's deadline); its output is kept in ``logs/<line>-<label>.log``."""
+    limit = min(timeout, check.left())
+    if limit < 10:
+        raise Failed(f"{label}: no time left in the check's budget")
+    log = check.out / "logs" / f"{line.name}-{label}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(list(command), cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                env={**check.env, **(env or {})}, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: torchrun's workers go too
+            proc.wait()
+            returncode = -9
+    output = log.read_text(errors="replace")
+    results = None
+    if folder is not None and (folder / "results.json").is_file():
+        results = json.loads((folder / "results.json").read_text())
+    if returncode != 0 or results is None and folder is not None:
+        line.logs.append(str(log.relative_to(check.out)))
+        log.write_text(output[-TAIL:])  # the tail is what a reader needs; the whole may be megabytes
+        why = "timed out" if returncode == -9 else f"exit {returncode}"
+        raise Failed(f"{label}: {why}; last line: {last_line(output)}")
+    log.unlink()  # passed: nothing to read
+    return Proc(returncode, output, results, folder)
+
+
+def last_line(output: str) -> str:
+    """The output's last line that says something (not Hydra's hint about HYDRA_FULL_ERROR)."""
+    lines = [line for line in output.strip().splitlines() if line.strip() and "HYDRA_FULL_ERROR" not in line]
+    return lines[-1][-300:] if lines else "(no output)"
+
+
+def train_command(check: Check, overrides: Sequence[str], folder: Path, *, torchrun: bool = False) -> List[str]:
+    """``python train.py OVERRIDES`` (or torchrun with one process: torch.distributed.run is its module)."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"] \
+        if torchrun else [sys.executable]
+    return [*launcher, str(ROOT / "train.py"), *check.hw(), *overrides, "train.progress_bar=false",
+            f"hydra.run.dir={folder}"]
+
+
+def train(check: Check, line: Line, label: str, overrides: Sequence[str], *, timeout: float = 240,
+          env: Optional[Dict[str, str]] = None, torchrun: bool = False, fresh: bool = True) -> Proc:
+    """train.py in the folder ``runs/<line>-<label>``, emptied first unless not ``fresh`` (a resume)."""
+    folder = check.work / "runs" / f"{line.name}-{label}"
+    if fresh:
+        shutil.rmtree(folder, ignore_errors=True)
+    command = train_command(check, overrides, folder, torchrun=torchrun)
+    return sub_run(check, line, label, command, timeout=timeout, folder=folder, env=env)
+
+
+def training_figures(results: Dict[str, Any]) -> Figures:
+    """What a training run's results.json says about it, rounded for the table."""
+    return {"loss": round(results["loss"], 4), "accuracy": round(results["accuracy"], 4),
+            "examples_per_second": round(results["train_examples_per_second"], 1),
+            "peak_memory_gib": round(results["peak_memory_bytes"] / 2**30, 3)}
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise Failed(message)
+
+
+def log_says(output: str, pattern: str) -> Optional[str]:
+    """The first log line matching ``pattern`` (the run's own words, for the report)."""
+    found = re.search(rf"^.*{pattern}.*$", output, re.M)
+    return found.group(0).split(" - ", 1)[-1].strip() if found else None
+
+
+# ------------------------------------------------------------------------------------------ lines
+
+# The quickstart as the README runs it; SHORT for the lines that only need a few dozen steps of it.
+QUICKSTART = ["experiment=quickstart"]
+SHORT = ["experiment=quickstart", "data.synthetic_train_size=640", "data.synthetic_eval_size=96"]
+
+
+def line_quickstart(check: Check, line: Line, precision: str) -> None:
+    """The quickstart in one precision: finite loss, accuracy well above chance (1/3)."""
+    if precision == "fp16" and not check.gpu:
+        raise Skipped("no GPU (fp16 autocast needs CUDA)")
+    proc = train(check, line, precision, [*(QUICKSTART if check.gpu else SHORT), f"precision={precision}"])
+    assert proc.results is not None
+    line.figures.update(training_figures(proc.results))
+    line.figures["device"] = log_says(proc.output, "device: ") or "(no device line)"
+    line.figures["fast_paths"] = log_says(proc.output, "fast paths") or "(no fast-paths line)"
+    require(math.isfinite(proc.results["loss"]), f"loss {proc.results['loss']} is not finite")
+    require(proc.results["accuracy"] >= 0.5, f"accuracy {proc.results['accuracy']:.4f} < 0.5 (chance: 0.33)")
+    line.detail = ("finite loss and accuracy >= 0.5 (3 classes; the README's CPU run: about 0.88); examples/s "
+                   "with other lines beside it on the device: a smoke figure, not a benchmark")
+
+
+RECOMPILE_LIMIT = 8  # torch._dynamo.config.recompile_limit's default: past it a frame falls back to eager
+
+
+def line_compile(check: Check, line: Line) -> None:
+    """train.compile=true: counts real recompilations, as dynamo logs each (TORCH_LOGS=recompiles)."""
+    if not check.gpu:
+        raise Skipped("no GPU")
+    proc = train(check, line, "compile", [*QUICKSTART, "train.compile=true", "train.epochs=1"], timeout=300,
+                 env={"TORCH_LOGS": "recompiles"})
+    assert proc.results is not None
+    # dynamo logs "Recompiling function <name> in <file>" once per recompilation, with the guard that failed.
+    recompiles = len(re.findall(r"Recompiling function", proc.output))
+    limit_hit = re.search(r"(recompile_limit|cache_size_limit) reached", proc.output) is not None
+    line.figures.update(training_figures(proc.results), recompiles=recompiles, limit_reached=limit_hit)
+    reasons = re.findall(r"triggered by the following guard failure\(s\):\s*\n\s*- (.*)", proc.output)
+    if reasons:
+        line.figures["first_guard_failures"] = reasons[:3]
+    require(math.isfinite(proc.results["loss"]), f"loss {proc.results['loss']} is not finite")
+    require(not limit_hit and recompiles < RECOMPILE_LIMIT,
+            f"{recompiles} recompilations (limit {RECOMPILE_LIMIT}): a frame fell back to eager")
+    line.detail = f"finite loss, fewer than {RECOMPILE_LIMIT} recompilations (TORCH_LOGS=recompiles lines counted)"
+
+
+EVAL_TOLERANCE = 1e-4  # |loss difference| in fp32: the fast paths reorder float sums, nothing more
+
+
+def line_eval_only(check: Check, line: Line, source: concurrent.futures.Future) -> None:
+    """An evaluation-only run of the quickstart's folder, with and without the fast paths, in fp32."""
+    folder = source.result()
+    if folder is None:
+        raise Failed("the bf16 quickstart did not leave a run folder to evaluate")
+    runs = {}
+    for label, extra in (("fast", []), ("stock", ["model.fast_paths=false"])):
+        proc = train(check, line, label, ["eval.only=true", f"model.name_or_path={folder}", "precision=fp32", *extra])
+        assert proc.results is not None
+        runs[label] = proc.results
+        line.figures[f"{label}_paths"] = log_says(proc.output, "fast paths") or "none"
+    fast, stock = runs["fast"], runs["stock"]
+    gap = abs(fast["loss"] - stock["loss"])
+    line.figures.update(accuracy=fast["accuracy"], accuracy_stock=stock["accuracy"], loss_gap=gap,
+                        eval_examples_per_second=round(fast.get("eval_examples_per_second") or 0, 1))
+    require(fast["accuracy"] == stock["accuracy"], f"accuracy {fast['accuracy']} with, {stock['accuracy']} without")
+    require(gap <= EVAL_TOLERANCE, f"losses differ by {gap:.2e} > {EVAL_TOLERANCE}")
+    line.detail = f"the same accuracy and |loss difference| <= {EVAL_TOLERANCE} (fp32)"
+
+
+# The run test_resume.py stops: 20 steps an epoch, 50 in all, SIGTERM after step 23 (mid second epoch).
+RESUME = [*SHORT, "train.max_steps=50", "train.eval_every=15", "train.log_every=1", "train.checkpoint_every=5",
+          "precision=fp32"]
+PREEMPTED = 75  # the exit status of a run stopped by a signal with its checkpoint written (nli.signals)
+
+
+def line_resume(check: Check, line: Line) -> None:
+    """SIGTERM mid-run, the same command again, against two unbroken runs (their difference is the
+    device's own run-to-run noise: CUDA's embedding backward adds with atomics, in no fixed order)."""
+    # On a CPU the thread count changes float rounding, and each run picks its share of the free cores:
+    # fixed, the runs repeat bit for bit (docs/speed.md).
+    args = RESUME if check.gpu else [*RESUME, "hw.cpu_threads=1"]
+    unbroken = [train(check, line, f"unbroken{i}", args) for i in (1, 2)]
+    folder = check.work / "runs" / f"{line.name}-stopped"
+    shutil.rmtree(folder, ignore_errors=True)
+    stopped_at = stop_after(check, train_command(check, args, folder), folder / "train.log", step=23)
+    resumed = train(check, line, "stopped", args, fresh=False)  # the same command again: it continues
+    require(resumed.folder == folder, "the resumed run ran elsewhere")
+    noise = weight_gap(unbroken[0].folder, unbroken[1].folder)
+    gap = weight_gap(unbroken[0].folder, folder)
+    a, b = unbroken[0].results or {}, resumed.results or {}
+    line.figures.update(stopped_at_step=stopped_at, relative_weight_gap=gap["relative"],
+                        max_abs_weight_gap=gap["max_abs"], run_to_run_relative=noise["relative"],
+                        accuracy=b.get("accuracy"), accuracy_unbroken=a.get("accuracy"),
+                        loss_gap=abs(a.get("loss", math.nan) - b.get("loss", math.nan)))
+    if noise["relative"] == 0:  # the device repeats itself: so must a resumed run, bit for bit
+        require(gap["relative"] == 0, f"unbroken runs agree bit for bit, the resumed one differs by {gap}")
+        line.detail = "bit-identical exported weights (two unbroken runs are)"
+    else:
+        tolerance = max(10 * noise["relative"], 1e-6)
+        require(gap["relative"] <= tolerance, f"relative weight gap {gap['relative']:.2e} > {tolerance:.2e} "
+                f"(10x the unbroken runs' {noise['relative']:.2e})")
+        line.detail = ("exported weights within 10x the gap between two unbroken runs (relative Frobenius norm); "
+                       "a resume that lost its optimizer, schedule or data position moves them by orders more")
+
+
+def stop_after(check: Check, command: List[str], log: Path, *, step: int) -> int:
+    """Start ``command``, SIGTERM it once its log reaches ``step``; the step it says it stopped at."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sink = check.out / "logs" / "resume-sigterm.log"
+    sink.parent.mkdir(parents=True, exist_ok=True)
+    with open(sink, "w") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=check.env)
+        deadline = time.monotonic() + min(240.0, check.left())
+        while f"step {step}: loss" not in (log.read_text() if log.exists() else ""):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise Failed(f"the run to stop never reached step {step} (exit {proc.poll()}; logs/resume-sigterm.log)")
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        returncode = proc.wait(timeout=120)
+    text = sink.read_text(errors="replace")
+    require(returncode == PREEMPTED, f"SIGTERM: exit {returncode}, not {PREEMPTED} (logs/resume-sigterm.log)")
+    sink.unlink()
+    found = re.search(r"SIGTERM at step (\d+)", text)
+    return int(found.group(1)) if found else -1
+
+
+def weight_gap(a: Optional[Path], b: Optional[Path]) -> Dict[str, float]:
+    """Two runs' exported weights: the largest absolute difference and the relative Frobenius norm."""
+    code = ("import json,sys,torch;from safetensors.torch import load_file as L;"
+            "a,b=L(sys.argv[1]),L(sys.argv[2]);assert a.keys()==b.keys(),'other weights';"
+            "d=sum(float((a[k].double()-b[k].double()).pow(2).sum()) for k in a);"
+            "n=sum(float(a[k].double().pow(2).sum()) for k in a);"
+            "m=max(float((a[k].double()-b[k].double()).abs().max()) for k in a);"
+            "print(json.dumps({'relative':(d/n)**0.5,'max_abs':m}))")
+    assert a is not None and b is not None
+    proc = subprocess.run([sys.executable, "-c", code, str(a / "model" / "model.safetensors"),
+                           str(b / "model" / "model.safetensors")], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise Failed(f"comparing weights: {last_line(proc.stderr)}")
+    return json.loads(proc.stdout)
+
+
+def line_oom(check: Check, line: Line) -> None:
+    """A per-device batch four times what the GPU holds, at 512 tokens: the run must back off into
+    smaller micro-batches, say so in one line, and finish."""
+    if not check.gpu:
+        raise Skipped("no GPU")
+    free = json.loads(child(check, "import torch,json;print(json.dumps(torch.cuda.mem_get_info()))"))[0]
+    layers, hidden, seq = 8, 1024, 512
+    # Activations per example and layer in bf16: about 34 x length x width bytes (Korthikanti et al.
+    # 2022, table 2, without the attention matrix: SDPA keeps none).
+    per_example = 34 * seq * hidden * layers
+    batch = 2 ** math.ceil(math.log2(4 * free / per_example))
+    data = check.work / "runs" / "oom-data"
+    write_long_pairs(data / "RTE", rows=batch, dev=32, words=600)
+    arch = [f"model.scratch.hidden_size={hidden}", f"model.scratch.num_hidden_layers={layers}",
+            "model.scratch.num_attention_heads=16", f"model.scratch.intermediate_size={4 * hidden}",
+            f"model.scratch.max_position_embeddings={seq + 2}"]
+    proc = train(check, line, "run", ["model=tiny", "task=rte", f"data.dir={data}", f"data.max_seq_length={seq}",
+                                      *arch, "precision=bf16", f"train.batch_size={batch}",
+                                      f"hw.per_device_batch_size={batch}", "train.max_steps=1",
+                                      "schedule.warmup_ratio=0",  # one step: nothing to warm up over
+                                      "train.eval_batch_size=32", "optimizer=adamw", "logger=none"], timeout=300)
+    assert proc.results is not None
+    said = re.findall(r"out of GPU memory in a micro-batch of (\d+) examples: going on in micro-batches of (\d+)",
+                      proc.output)
+    line.figures.update(free_gib=round(free / 2**30, 1), asked=batch, backoffs=len(said),
+                        fitted=int(said[-1][1]) if said else None, status=proc.results.get("status"),
+                        peak_memory_gib=round(proc.results["peak_memory_bytes"] / 2**30, 2))
+    if said:
+        line.figures["log_line"] = log_says(proc.output, "out of GPU memory in a micro-batch")
+    require(bool(said), f"no back-off line: a micro-batch of {batch} x {seq} tokens fitted in {free / 2**30:.0f} GiB")
+    require(proc.results.get("status") == "completed", f"status {proc.results.get('status')}")
+    # The failed attempt asked for more than was free: a peak that counts it was not reset (nli.device.PeakMemory).
+    require(proc.results["peak_memory_bytes"] < free, "peak_memory_bytes counts the attempt that did not fit")
+    line.detail = "the back-off line logged, the run completed, its peak memory that of the micro-batches that fit"
+
+
+def write_long_pairs(folder: Path, *, rows: int, dev: int, words: int) -> None:
+    """RTE-layout files whose every pair fills the sequence length (made-up words, random labels)."""
+    import random
+
+    rng = random.Random(0)
+    vocabulary = ["".join(rng.choices("abcdefghij", k=5)) for _ in range(500)]
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, size in (("train", rows), ("dev", dev), ("test", dev)):
+        lines = ["index\tsentence1\tsentence2\tlabel"]
+        for index in range(size):
+            label = rng.choice(["entailment", "not_entailment"])
+            lines.append(f"{index}\t{' '.join(rng.choices(vocabulary, k=words))}\t"
+                         f"{' '.join(rng.choices(vocabulary, k=words // 4))}\t{label}")
+        (folder / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+
+
+def line_torchrun(check: Check, line: Line) -> None:
+    """torchrun --nproc-per-node 1 train.py (python -m torch.distributed.run: torchrun's own module)."""
+    proc = train(check, line, "run", SHORT, torchrun=True)
+    assert proc.results is not None
+    line.figures.update(training_figures(proc.results))
+    line.figures["processes"] = proc.results.get("provenance", {}).get("device", {}).get("processes")
+    require(math.isfinite(proc.results["loss"]), f"loss {proc.results['loss']} is not finite")
+    line.detail = "completed under torchrun, finite loss"
+
+
+def line_checkpointing(check: Check, line: Line) -> None:
+    """train.gradient_checkpointing=true: transformers renamed the call that turns it on between the
+    pinned 5.23 and the GPU machines' 5.17 (activation_ vs gradient_checkpointing_enable)."""
+    proc = train(check, line, "run", [*SHORT, "train.gradient_checkpointing=true", "train.max_steps=20",
+                                      f"precision={'bf16' if check.gpu else 'fp32'}"])
+    assert proc.results is not None
+    line.figures.update(training_figures(proc.results))
+    require(math.isfinite(proc.results["loss"]), f"loss {proc.results['loss']} is not finite")
+    line.detail = "completed with a finite loss"
+
+
+def line_vs_trainer(check: Check, line: Line) -> None:
+    """The synthetic roberta-large benchmark, ours against the tuned Trainer, bf16: tokens/s and MFU."""
+    if not check.gpu:
+        raise Skipped("no GPU")
+    out = check.out / "vs_trainer"
+    sub_run(check, line, "run", [sys.executable, "-m", "benchmarks.vs_trainer", "--synthetic", "--arch",
+                                 "roberta-large", "--precision", "bf16", "--steps", "100", "--synthetic-size", "4096",
+                                 "--systems", "ours", "hf-tuned", "--out", str(out)], timeout=330)
+    report = json.loads(out.with_suffix(".json").read_text())
+    for system, row in report["systems"].items():
+        line.figures[system] = {"tokens_per_second": round(row["tokens_per_second"]),
+                                "examples_per_second": round(row["examples_per_second"], 1),
+                                "mfu": None if row.get("mfu") is None else round(row["mfu"], 4),
+                                "peak_memory_gib": round(row["peak_memory_bytes"] / 2**30, 2)}
+    require(all(row.get("mfu") for row in report["systems"].values()),
+            "no MFU: this GPU has no peak in benchmarks.vs_trainer.PEAK_FLOPS")
+    line.detail = "both systems ran; MFU from the device's dense bf16 peak (vs_trainer.json, vs_trainer.md)"
+
+
+def line_presets(check: Check, line: Line) -> None:
+    """Every GPU hw preset x recipe, as benchmarks.memory enumerates them (the micro-batch the composed
+    config gives, the recipe's sequence length, the dtype precision=auto picks on that GPU): the
+    recipe's architecture with random weights, every example full length, three optimizer steps on
+    this GPU; the measured peak (plus benchmarks.memory's allowances for the CUDA context and, where
+    the preset runs several processes, NCCL and DDP's gradient buckets) against the card's memory."""
+    if not check.gpu:
+        raise Skipped("no GPU")
+    budget = min(180.0, check.left() - 60)  # the rest: composing the pairs, and the last measurement
+    if budget < 20:
+        raise Skipped("out of time (the check's --budget)")
+    proc = sub_run(check, line, "measure", [sys.executable, "-m", "benchmarks.gpu_check", "measure-presets",
+                                            "--budget", str(int(budget))], timeout=budget + 60)
+    rows = [json.loads(text) for text in proc.output.splitlines() if text.startswith("{")]
+    over = [f"{r['hw']} {r['recipe']}" for r in rows
+            if r.get("oom") or r.get("need") is not None and r["need"] > r["card_memory"]]
+    line.figures.update(rows=len(rows), measured=sum(r.get("need") is not None for r in rows),
+                        does_not_fit=over, table=[preset_cell(r) for r in rows])
+    require(any(r.get("need") is not None for r in rows), "no preset measured")
+    require(not over, f"{len(over)} preset x recipe pair(s) do not fit their card: " + ", ".join(over))
+    line.detail = ("each pair measured fits its card (peak reserved + context allowance; the rest are listed "
+                   "unmeasured, with why); other cards' kernels and workspaces differ a little from this GPU's")
+
+
+def preset_cell(row: Dict[str, Any]) -> str:
+    """One pair, short: hw recipe batch x length dtype: GiB needed of the card's (or why not measured)."""
+    head = f"{row['hw']} {row['recipe']} {row['micro_batch']}x{row['length']} {row['dtype']}"
+    if row.get("need") is None:
+        return f"{head}: {row.get('skipped')}"
+    return f"{head}: {row['need'] / 2**30:.1f} of {row['card_memory'] / 2**30:.0f} GiB"
+
+
+def measure_presets(budget: float) -> None:
+    """Print one JSON line per GPU preset x recipe (benchmarks.memory's enumeration), each shape measured
+    once, the smallest cards first (where a batch is most likely not to fit), until ``budget`` seconds."""
+    import torch
+
+    from benchmarks import memory
+    from nli.config import compose
+    from nli.errors import UserError
+
+    start = time.monotonic()
+    presets = memory.gpu_presets()
+    hardware = {hw: compose([f"hw={hw}"]).hw for hw in presets}
+    pairs = []
+    for recipe in memory.model_recipes():
+        base, overrides = compose([f"experiment={recipe}"]), memory.hw_overrides(recipe)
+        for hw in presets:
+            try:
+                cfg = memory.with_preset(base, hardware[hw], overrides)
+            except UserError:  # a pair the config refuses: benchmarks.memory lists those
+                continue
+            pairs.append((hw, recipe, cfg))
+    pairs.sort(key=lambda pair: (memory.CARDS[pair[2].hw.gpu].memory, pair[1], pair[0]))
+    measured: Dict[Any, Any] = {}
+    for hw, recipe, cfg in pairs:
+        shape, card = memory.shape_of(cfg), memory.CARDS[cfg.hw.gpu]
+        row: Dict[str, Any] = {"hw": hw, "recipe": recipe, "card_memory": card.memory, "micro_batch": shape.batch,
+                               "length": shape.length, "dtype": shape.dtype, "processes": cfg.hw.data_parallel_size}
+        if shape not in measured and time.monotonic() - start < budget:
+            measured[shape] = measure_shape(shape, fused=getattr(cfg.optimizer, "fused", True))
+        peak = measured.get(shape)
+        if peak is None:
+            row["skipped"] = "not measured: out of the line's time"
+        elif "error" in peak:
+            row["skipped"] = peak["error"]
+            # Out of memory on a GPU at least as large as the pair's card: it cannot fit that card either.
+            row["oom"] = peak.get("oom", False) and card.memory <= torch.cuda.mem_get_info()[1]
+        else:
+            several = cfg.hw.data_parallel_size > 1
+            extra = memory.CONTEXT + (memory.NCCL + 4 * peak["trainable"] if several else 0)
+            row.update(peak, need=peak["reserved"] + extra)
+        print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
+
+
+def measure_shape(shape: Any, *, fused: bool) -> Dict[str, Any]:
+    """Three training steps of ``shape`` (a benchmarks.memory.Shape) on this GPU: peak bytes allocated and
+    reserved by torch's allocator, and the trained weights; or why it could not run here."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from benchmarks.architectures import hub_config
+    from nli.model import checkpointing
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    changes: Dict[str, Any] = {"num_labels": shape.num_labels,
+                               "problem_type": "regression" if shape.num_labels == 1 else "single_label_classification"}
+    if shape.dropout is not None:  # as nli.model sets model.dropout
+        changes.update(hidden_dropout_prob=shape.dropout, attention_probs_dropout_prob=shape.dropout)
+    try:
+        config = hub_config(shape.model, **changes)
+        with torch.device("cuda"):
+            model = AutoModelForSequenceClassification.from_config(config, attn_implementation=shape.attention)
+        if shape.checkpointing:  # as nli.recipe enables it, before the adapters
+            checkpointing(model)(use_reentrant=False)
+        if shape.lora is not None:
+            from nli.config import LoraConfig
+            from nli.lora import apply
+
+            r, alpha, dropout, targets = shape.lora
+            model = apply(model, LoraConfig(r=r, alpha=alpha, dropout=dropout,
+                                            target_modules=None if targets is None else list(targets)))
+        model.train()
+        trained = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trained, lr=1e-5, fused=fused)
+        scaler = torch.amp.GradScaler("cuda", enabled=shape.dtype == "fp16")
+        ids = torch.randint(5, int(config.vocab_size), (shape.batch, shape.length), device="cuda")
+        labels = (torch.rand(shape.batch, device="cuda") if shape.num_labels == 1
+                  else torch.randint(0, shape.num_labels, (shape.batch,), device="cuda"))
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(shape.dtype)
+        for _ in range(3):
+            with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        return {"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved(),
+                "trainable": sum(p.numel() for p in trained)}
+    except torch.OutOfMemoryError:
+        return {"error": f"out of memory on this GPU ({torch.cuda.mem_get_info()[1] / 2**30:.0f} GiB)", "oom": True}
+    except Exception as error:  # a shape this machine's transformers cannot build: say so, measure the rest
+        return {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+
+
+def line_fp16_checkpoint(check: Check, line: Line) -> None:
+    """A checkpoint stored in fp16, trained in bf16 and fp16: no crash, float32 exported weights."""
+    source = check.work / "runs" / "fp16-checkpoint-source"
+    sub_run(check, line, "make", [sys.executable, "-m", "benchmarks.gpu_check", "make-fp16-checkpoint", str(source)],
+            timeout=120)
+    for precision in ("bf16", "fp16"):
+        if precision == "fp16" and not check.gpu:
+            line.figures["fp16"] = "skipped: no GPU"
+            continue
+        proc = train(check, line, precision, ["task=rte", f"data.dir={source / 'glue'}",
+                                              f"model.name_or_path={source / 'model'}", f"precision={precision}",
+                                              "data.max_seq_length=128", "train.max_steps=20", "train.batch_size=32",
+                                              "train.eval_every=20", "logger=none"])
+        assert proc.results is not None and proc.folder is not None
+        dtypes = stored_dtypes(proc.folder / "model" / "model.safetensors")
+        line.figures[precision] = {"loss": proc.results["loss"], "exported_dtypes": dtypes}
+        require(math.isfinite(proc.results["loss"]), f"{precision}: loss {proc.results['loss']} is not finite")
+        require(dtypes == ["float32"], f"{precision}: exported weights are {dtypes}, not float32")
+    line.detail = "each run completed with a finite loss and float32 exported weights"
+
+
+def stored_dtypes(path: Path) -> List[str]:
+    """The dtypes of a safetensors file's tensors, from its header (no torch needed)."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    names = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+    return sorted({names.get(t["dtype"], t["dtype"]) for k, t in header.items() if k != "__metadata__"
+                   and t["dtype"].startswith(("F", "BF"))})
+
+
+def make_fp16_checkpoint(folder: Path) -> None:
+    """A random tiny RoBERTa and its tokenizer saved in float16, with RTE-layout files to train it on."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from benchmarks.mnli_like import write_glue_folder, write_random_model
+
+    texts = write_glue_folder(folder / "glue" / "RTE", train=640, dev=64)
+    write_random_model(folder / "model", architecture="tiny", texts=texts, max_seq_length=128)
+    model = AutoModelForSequenceClassification.from_pretrained(folder / "model").to(torch.float16)
+    model.save_pretrained(folder / "model")
+    stored = stored_dtypes(folder / "model" / "model.safetensors")
+    assert stored == ["float16"], stored
+
+
+SYNC_STEPS = 20  # training steps between the two runs whose synchronisations are compared
+
+
+def line_syncs(check: Check, line: Line) -> None:
+    """How often the host waits for the GPU in a training step (torch.cuda.set_sync_debug_mode), and where: a run
+    of 2N steps less one of N, so that set-up and evaluations cancel out. The loop itself should wait in none
+    (non-finite steps are skipped on the device); transformers' SDPA mask check waits once per forward."""
+    if not check.gpu:
+        raise Skipped("no GPU")
+    proc = sub_run(check, line, "count", [sys.executable, "-m", "benchmarks.gpu_check", "count-syncs",
+                                          str(check.work / "runs" / "syncs")], timeout=240)
+    found = json.loads(last_line(proc.output))
+    per_step = {where: round((found["long"].get(where, 0) - found["short"].get(where, 0)) / SYNC_STEPS, 2)
+                for where in {**found["long"], **found["short"]}}
+    per_step = {where: count for where, count in sorted(per_step.items(), key=lambda item: -item[1]) if count}
+    line.figures.update(syncs_per_step=round(sum(per_step.values()), 2), by_source=per_step)
+    ours = {where: count for where, count in per_step.items() if where.startswith("nli/")}
+    require(not ours, f"the project's own code waits for the GPU at every step: {ours}")
+    line.detail = "no synchronisation per step from nli/ (others, by source, in the figures)"
+
+
+def count_syncs(folder: Path) -> None:
+    """Two quickstart runs in this process, of SYNC_STEPS and 2 x SYNC_STEPS steps, evaluating and logging only at
+    their end, with torch's synchronisation warnings counted by the file (under the repository or a package)
+    that called the synchronising operation."""
+    import warnings
+
+    import torch
+
+    from nli.config import compose
+    from nli.context import local
+    from nli.recipe import run
+
+    counts: Dict[str, Dict[str, int]] = {}
+    for name, steps in (("short", SYNC_STEPS), ("long", 2 * SYNC_STEPS)):
+        cfg = compose(["experiment=quickstart", "hw=auto", "precision=bf16", f"train.max_steps={steps}",
+                       f"train.eval_every={steps}", f"train.log_every={steps}", f"train.checkpoint_every={steps}",
+                       "train.progress_bar=false", "logger=none", "train.resume=false"])
+        gpu = torch.cuda.is_available()  # a rehearsal on the CPU counts nothing, and runs the rest
+        if gpu:
+            torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run(cfg, local(cfg, str(folder / name)))
+        if gpu:
+            torch.cuda.set_sync_debug_mode("default")
+        sources: Dict[str, int] = {}
+        for warning in caught:
+            if "synchroniz" in str(warning.message):
+                where = _source(warning.filename)
+                sources[where] = sources.get(where, 0) + 1
+        counts[name] = sources
+    print(json.dumps(counts))
+
+
+def _source(filename: str) -> str:
+    """A file as the report names it: relative to the repository, else from its package's folder on."""
+    path = Path(filename)
+    if path.is_relative_to(ROOT):
+        return str(path.relative_to(ROOT))
+    parts = path.parts
+    return "/".join(parts[parts.index("site-packages") + 1:]) if "site-packages" in parts else path.name
+
+
+SDPA = r"""
+import json, time, torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import AutoModelForSequenceClassification, RobertaConfig
+config = RobertaConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, intermediate_size=4096,
+                       vocab_size=50265, max_position_embeddings=514)
+model = AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa").cuda()
+ids = torch.randint(5, 50000, (32, 128), device="cuda")
+padded = torch.ones_like(ids)
+for row, length in enumerate(torch.randint(40, 128, (32,)).tolist()):
+    padded[row, length:] = 0
+full = torch.ones_like(ids)
+out = {}
+def step(mask, backends):
+    with sdpa_kernel(backends), torch.autocast("cuda", dtype=torch.bfloat16):
+        model(input_ids=ids, attention_mask=mask).logits.float().sum().backward()
+for name, mask in (("padded", padded), ("unpadded", full)):
+    for kernel in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
+        try:
+            step(mask, [getattr(SDPBackend, kernel)])
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(10):
+                step(mask, [getattr(SDPBackend, kernel)])
+            torch.cuda.synchronize()
+            out[f"{name}_{kernel.lower()}_ms"] = round((time.perf_counter() - start) * 100, 2)
+        except RuntimeError as error:
+            out[f"{name}_{kernel.lower()}_ms"] = "refused: " + str(error).splitlines()[0][:120]
+print(json.dumps(out))
+"""
+
+
+def line_sdpa(check: Check, line: Line) -> None:
+    """Which of SDPA's kernels can run a batch with padding: transformers hands SDPA a boolean padding mask, which
+    flash attention does not take (the memory-efficient kernel runs instead); a batch without padding gets no mask.
+    Four roberta-large layers, forward and backward in bf16, each kernel alone, timed."""
+    if not check.gpu:
+        raise Skipped("no GPU")
+    line.figures.update(json.loads(child(check, SDPA)))
+    line.detail = "measured: the kernels each batch can use, and their time (10 forward and backward passes)"
+
+
+RNG = r"""
+import torch
+from nli.checkpoint import restore_rng, rng_state
+state = rng_state()
+assert isinstance(state["cuda"], torch.Tensor), type(state["cuda"])
+expected = torch.rand(4, device="cuda")
+restore_rng(state)
+assert torch.equal(torch.rand(4, device="cuda"), expected), "this GPU's generator did not come back"
+state["cuda"] = [state["cuda"]] * 8  # an earlier version's checkpoint, written seeing eight GPUs
+restore_rng(state)
+assert torch.equal(torch.rand(4, device="cuda"), expected), "this GPU's generator from an eight-GPU list"
+print("restored")
+"""
+
+
+def line_rng(check: Check, line: Line) -> None:
+    """A checkpoint's GPU generator restored on one GPU: its own state, and an eight-GPU list from an earlier
+    version (which set_rng_state_all indexed past the GPUs there)."""
+    if not check.gpu:
+        raise Skipped("no GPU")
+    require(child(check, RNG) == "restored", "the generator did not come back")
+    line.detail = "this GPU's generator restored, from its own state and from an eight-GPU list"
+
+
+# --------------------------------------------------------------------------------- environment
+
+
+ENVIRONMENT = r"""
+import json, platform, sys
+import torch, transformers
+out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+       "transformers": transformers.__version__}
+for name in ("huggingface_hub", "tokenizers", "datasets", "hydra", "omegaconf", "numpy", "pyarrow", "accelerate"):
+    try:
+        out[name] = __import__(name).__version__
+    except Exception as error:
+        out[name] = f"missing ({type(error).__name__}: {error})"
+if torch.cuda.is_available():
+    props = torch.cuda.get_device_properties(0)
+    out.update(device=torch.cuda.get_device_name(0), capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+               memory_gib=round(props.total_memory / 2**30, 1), bf16=torch.cuda.is_bf16_supported())
+try:
+    from nli.fastpaths import TRANSFORMERS
+    ok = transformers.__version__ in TRANSFORMERS
+    out["fast_paths"] = (f"written for transformers {TRANSFORMERS}, this is {transformers.__version__}: "
+                         + ("they apply (first_token on a GPU)" if ok else "they step aside: the stock forward"))
+except Exception as error:
+    out["fast_paths"] = f"unknown: nli.fastpaths does not import ({type(error).__name__}: {error})"
+print(json.dumps(out))
+"""
+
+
+def child(check: Check, code: str) -> str:
+    """A short Python snippet in a child process (the parent never touches the GPU); its stdout."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=check.env, capture_output=True, text=True,
+                          timeout=180)
+    if proc.returncode != 0:
+        raise Failed(last_line(proc.stderr))
+    return proc.stdout.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------ run
+
+LineFunction = Callable[[Check, Line], None]
+
+
+def plan(quick: "concurrent.futures.Future[Optional[Path]]") -> List[Tuple[str, str, LineFunction, str]]:
+    """Every line: name, title, what it runs, and when: alone first (it fills the GPU's memory on
+    purpose), side by side (small models), alone last (a speed, then the largest memory figures, with
+    what time is left). ``quick``: the bf16 quickstart's folder."""
+    def quickstart(precision: str) -> LineFunction:
+        return lambda check, line: line_quickstart(check, line, precision)
+
+    return [
+        ("oom", "e. out of GPU memory backed off", line_oom, "first"),
+        ("compile", "b. train.compile=true, recompilations", line_compile, "shared"),
+        ("quickstart_bf16", "a. quickstart, precision=bf16", quickstart("bf16"), "shared"),
+        ("quickstart_fp16", "a. quickstart, precision=fp16", quickstart("fp16"), "shared"),
+        ("eval_only", "c. eval.only=true, fast paths on and off",
+         lambda check, line: line_eval_only(check, line, quick), "shared"),
+        ("resume", "d. SIGTERM, resume, against unbroken runs", line_resume, "shared"),
+        ("torchrun", "f. torchrun --nproc-per-node 1", line_torchrun, "shared"),
+        ("fp16_checkpoint", "i. fp16-stored checkpoint, bf16 and fp16", line_fp16_checkpoint, "shared"),
+        ("checkpointing", "j. train.gradient_checkpointing=true", line_checkpointing, "shared"),
+        ("syncs", "k. host synchronisations per training step, by source", line_syncs, "shared"),
+        ("sdpa", "l. SDPA's kernels on padded and unpadded batches", line_sdpa, "shared"),
+        ("rng", "m. a checkpoint's GPU generator restored on one GPU", line_rng, "shared"),
+        ("vs_trainer", "g. roberta-large synthetic: ours vs tuned Trainer", line_vs_trainer, "last"),
+        ("presets", "h. hw presets x recipes: measured peak against card memory", line_presets, "last"),
+    ]
+
+
+def run_line(check: Check, line: Line, function: LineFunction, report: Callable[[], None]) -> None:
+    start = time.monotonic()
+    line.status = "running"
+    report()  # so that a report read mid-check says which lines were under way
+    try:
+        function(check, line)
+        line.status = "pass"
+    except Skipped as why:
+        line.status = f"skipped: {why}"
+    except Failed as why:
+        line.status, line.detail = "fail", str(why)
+    except Exception as error:  # a bug in the check itself: reported as this line's failure, the rest go on
+        line.status, line.detail = "fail", f"{type(error).__name__}: {error}"
+    line.seconds = round(time.monotonic() - start, 1)
+    report()
+
+
+def main_run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    site = install(args.kit)
+    path = [str(site)] if site else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "1"}  # a failed run's whole traceback, in its log
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=args.work))
+    probe = Check(out, work, "cpu", env, started + args.budget)
+    environment: Dict[str, Any] = {}
+    try:
+        environment = json.loads(child(probe, ENVIRONMENT))
+        has_gpu = "device" in environment
+    except Failed as why:  # the lines will say what is wrong; whether there is a GPU must not hang on it
+        environment = {"error": str(why)}
+        has_gpu = child(probe, "import torch; print(torch.cuda.is_available())") == "True"
+    device = args.device or ("cuda" if has_gpu else "cpu")
+    if device == "cuda" and not has_gpu:
+        sys.exit("--device cuda: no CUDA GPU here (torch.cuda.is_available() is false)")
+    check = Check(out, work, device, env, started + args.budget)
+    quick: concurrent.futures.Future[Optional[Path]] = concurrent.futures.Future()
+    lines = plan(quick)
+    chosen = [entry for entry in lines if not args.only or entry[0] in args.only]
+    results = {name: Line(name, title) for name, title, _, _ in chosen}
+    header = {"device": environment.get("device", "CPU (a rehearsal: GPU-only lines are skipped)"),
+              "ran_on": device, "environment": environment, "kit": str(site) if site else None,
+              "runs": str(work) if args.keep else None}
+
+    def report() -> None:
+        with check.lock:
+            write_report(out, header, list(results.values()), time.monotonic() - started)
+
+    def one(name: str, function: LineFunction) -> None:
+        line = results[name]
+        try:
+            if check.left() < 15:
+                line.status = "skipped: out of time (the check's --budget)"
+                report()
+            else:
+                run_line(check, line, function, report)
+        finally:  # the evaluation-only line waits on it, whatever happened
+            if name == "quickstart_bf16":
+                quick.set_result(work / "runs" / "quickstart_bf16-bf16" if line.status == "pass" else None)
+
+    report()
+    if "quickstart_bf16" not in results:
+        quick.set_result(None)
+    for phase in ("first", "shared", "last"):
+        entries = [(name, function) for name, _, function, when in chosen if when == phase]
+        workers = args.jobs if phase == "shared" else 1
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+            for future in [pool.submit(one, name, function) for name, function in entries]:
+                future.result()
+    report()
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    failed = [line.name for line in results.values() if line.status == "fail"]
+    print(f"GPU check on {header['device']}: {sum(line.status == 'pass' for line in results.values())} passed, "
+          f"{len(failed)} failed ({', '.join(failed) or 'none'}), "
+          f"{sum(line.status.startswith('skipped') for line in results.values())} skipped, "
+          f"{time.monotonic() - started:.0f} s; report: {out / 'gpu_check.md'} and {out / 'gpu_check.json'}")
+    return 1 if failed else 0
+
+
+def write_report(out: Path, header: Dict[str, Any], lines: List[Line], seconds: float) -> None:
+    """gpu_check.json and gpu_check.md, rewritten whole (each write replaces the file atomically)."""
+    document = {**header, "seconds": round(seconds, 1), "lines": [asdict(line) for line in lines]}
+    atomic_write(out / "gpu_check.json", json.dumps(document, indent=2) + "\n")
+    env = header["environment"]
+    md = [f"# GPU check: {header['device']}", "",
+          f"Ran on {header['ran_on']}" + (" (a CPU rehearsal: no GPU figures)" if header["ran_on"] == "cpu" else "")
+          + f"; {seconds:.0f} s in all.", "",
+          "| environment | |", "|---|---|", *[f"| {key} | {value} |" for key, value in env.items()], "",
+          "| line | result | figures | seconds |", "|---|---|---|---:|"]
+    long: List[str] = []  # lists too long for a cell (the presets' pairs), each under its line's title
+    for line in lines:
+        result = line.status + (f": {line.detail}" if line.detail and line.status == "fail" else "")
+        cells = []
+        for key, value in line.figures.items():
+            if isinstance(value, list) and len(value) > 5:
+                long += ["", f"{line.title}, {key}:", "", *[f"- {item}" for item in value]]
+                value = f"({len(value)} below)"
+            cells.append(f"{key}={json.dumps(value) if isinstance(value, (dict, list)) else value}")
+        md.append(f"| {line.title} | {result} | {'; '.join(cells)} | {line.seconds:.0f} |".replace("\n", " "))
+    md += ["", "What passing means, line by line:", ""]
+    md += [f"- {line.title}: {line.detail}" for line in lines if line.detail and line.status != "fail"]
+    md += long
+    logs = [log for line in lines for log in line.logs]
+    if logs:
+        md += ["", "Failed sub-runs' log tails: " + ", ".join(logs)]
+    atomic_write(out / "gpu_check.md", "\n".join(md) + "\n")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+        f.write(text)
+    os.replace(f.name, path)
+
+
+# ----------------------------------------------------------------------------------------- main
+
+LINES = ("oom", "quickstart_bf16", "quickstart_fp16", "eval_only", "resume", "torchrun", "fp16_checkpoint",
+         "compile", "checkpointing", "syncs", "sdpa", "rng", "vs_trainer", "presets")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    prep = commands.add_parser("prepare", help="download the kit's wheels (here, with the package index)")
+    prep.add_argument("--python-version", default=GPU_PYTHON, help=f"the Python they are for (default {GPU_PYTHON})")
+    prep.add_argument("--kit", type=Path, default=KIT, help="writes KIT/wheels (default: .gpu-kit)")
+    run = commands.add_parser("run", help="install the kit and run every line (there, offline)")
+    run.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+                     required=not os.environ.get("OUT"), help="the report's folder (default: $OUT)")
+    run.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda where there is one; cpu: a rehearsal")
+    run.add_argument("--kit", type=Path, default=KIT, help="where prepare put the wheels (default: .gpu-kit)")
+    run.add_argument("--only", nargs="+", choices=LINES, help="these lines alone")
+    run.add_argument("--work", type=Path, help="where the runs' folders go (default: the system's temporary "
+                     "directory), apart from --out: checkpoints and weights are gigabytes")
+    run.add_argument("--keep", action="store_true", help="keep the runs' folders (their path is in the report)")
+    run.add_argument("--jobs", type=int, help="lines side by side on the device (default: 4 on a GPU, 1 on a CPU)")
+    run.add_argument("--budget", type=float, default=420, help="seconds after which no sub-run starts, and those "
+                     "running are stopped (default 420: the whole check in under 8 minutes)")
+    measure = commands.add_parser("measure-presets", help=argparse.SUPPRESS)
+    measure.add_argument("--budget", type=float, default=180)
+    make = commands.add_parser("make-fp16-checkpoint", help=argparse.SUPPRESS)
+    make.add_argument("folder", type=Path)
+    syncs = commands.add_parser("count-syncs", help=argparse.SUPPRESS)
+    syncs.add_argument("folder", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        prepare(args.kit.resolve(), args.python_version)
+        return 0
+    if args.command == "measure-presets":
+        measure_presets(args.budget)
+        return 0
+    if args.command == "make-fp16-checkpoint":
+        make_fp16_checkpoint(args.folder)
+        return 0
+    if args.command == "count-syncs":
+        count_syncs(args.folder)
+        return 0
+    if args.jobs is None:
+        args.jobs = 4 if args.device != "cpu" else 1
+    args.kit = args.kit.resolve()
+    return main_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
