@@ -509,7 +509,7 @@ def line_presets(check: Check, line: Line) -> None:
     config gives, the recipe's sequence length, the dtype precision=auto picks on that GPU): the
     recipe's architecture with random weights, every example full length, three optimizer steps on
     this GPU; the measured peak (plus benchmarks.memory's allowances for the CUDA context and, where
-    the preset runs several processes, NCCL and DDP's gradient buckets) against the card's memory."""
+    the preset runs several processes, NCCL's buffers) against the card's memory."""
     if not check.gpu:
         raise Skipped("no GPU")
     budget = min(180.0, check.left() - 60)  # the rest: composing the pairs, and the last measurement
@@ -574,7 +574,7 @@ def measure_presets(budget: float) -> None:
             row["oom"] = peak.get("oom", False) and card.memory <= torch.cuda.mem_get_info()[1]
         else:
             several = cfg.hw.data_parallel_size > 1
-            extra = memory.CONTEXT + (memory.NCCL + 4 * peak["trainable"] if several else 0)
+            extra = memory.CONTEXT + (memory.NCCL if several else 0)  # DDP's buckets are the gradients
             row.update(peak, need=peak["reserved"] + extra)
         print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
