@@ -303,7 +303,7 @@ class ScheduleConfig:
 
 
 class Precision(str, Enum):
-    auto = "auto"  # bf16 where the GPU has it, fp16 on older GPUs, fp32 on CPU
+    auto = "auto"  # what the device computes natively: bf16 (GPUs of compute capability 8.0+), else fp16 (7.x), fp32
     fp32 = "fp32"
     fp16 = "fp16"  # autocast to float16 with dynamic loss scaling
     bf16 = "bf16"  # autocast to bfloat16
@@ -343,8 +343,8 @@ class HardwareConfig:
     tpu: Optional[str] = None  # TPU generation, e.g. v5e (accelerator=xla)
     tpu_devices: int = 0  # XLA devices on one TPU host, one process each: TensorCores on v2/v3 (8), chips on v5e
     nodes: int = 1  # machines; more than one run as Vertex AI worker pools or Slurm nodes
-    bf16: bool = False  # the GPU computes in bfloat16 (Ampere and newer)
-    fp16: bool = False  # the GPU has fast float16 (tensor cores: Volta and newer)
+    bf16: bool = False  # the GPU computes bfloat16 natively (Ampere and newer): precision=auto may pick bf16
+    fp16: bool = False  # the GPU has float16 tensor cores (Volta and newer): precision=auto may pick fp16
     per_device_batch_size: Optional[int] = None  # examples per device per micro-step; null: whole batch
     cpu_threads: Optional[int] = None  # torch threads per process; null: this run's share of the free cores (nli.cpu)
     cpu_mmap_threshold: Optional[int] = None  # CPU: glibc's mmap threshold, bytes (less memory, slower); null: glibc's

@@ -46,6 +46,17 @@ FAST = ["experiment=quickstart", "data.synthetic_train_size=320", "data.syntheti
         "train.max_steps=12", "train.eval_every=6", "train.log_every=3", "train.progress_bar=false"]
 
 
+def environment_python(variable: str, default: Path, *, what: str, build: str) -> str:
+    """The Python of another environment the tests run the project in (``what``, made by ``build``): ``variable``
+    names it, else ``default``; a test without it fails, saying how to make it."""
+    import pytest
+
+    python = os.environ.get(variable) or str(default)
+    if not Path(python).exists():
+        pytest.fail(f"no {what} at {python}: build it with `{build}`, or point {variable} at the Python of one")
+    return python
+
+
 def run_app(args: Sequence[str], *, cwd: Path, env: Optional[Mapping[str, Optional[str]]] = None
             ) -> subprocess.CompletedProcess:
     """``python train.py ARGS`` run in this process from ``cwd``, with ``env`` over the environment for

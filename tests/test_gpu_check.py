@@ -19,7 +19,6 @@ Python of another such environment.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ import pytest
 from safetensors.torch import save_file
 
 from benchmarks import gpu_check
-from tests.runs import ROOT, process_env
+from tests.runs import ROOT, environment_python, process_env
 
 
 def test_the_kit_pins_every_package_by_version_and_names_its_wheels() -> None:
@@ -88,11 +87,8 @@ def test_asking_for_cuda_without_a_gpu_is_refused(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="session")
 def machine_python() -> str:
-    python = os.environ.get("NLI_GPU_CHECK_PYTHON") or str(ROOT / ".venv-gpu-check" / "bin" / "python")
-    if not Path(python).exists():
-        pytest.fail(f"no GPU-machine environment at {python}: build it with `bash .ci/gpu-check-env`, or point "
-                    "NLI_GPU_CHECK_PYTHON at the Python of one")
-    return python
+    return environment_python("NLI_GPU_CHECK_PYTHON", ROOT / ".venv-gpu-check" / "bin" / "python",
+                              what="GPU-machine environment", build="bash .ci/gpu-check-env")
 
 
 CPU_LINES = ["quickstart_bf16", "quickstart_fp16", "eval_only", "resume", "torchrun", "fp16_checkpoint",

@@ -10,7 +10,6 @@ Marked ``xla``: the default run leaves them out (its size: .ci/xla-env's header)
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -22,7 +21,7 @@ import torch
 from safetensors.torch import load
 
 from nli.data import bucket_lengths
-from tests.runs import MEASURED, ROOT, process_env, read_results
+from tests.runs import MEASURED, ROOT, environment_python, process_env, read_results
 from tests.test_signals import logged, wait_for
 
 pytestmark = [pytest.mark.xla, pytest.mark.process]  # each test starts train.py in the XLA environment
@@ -40,11 +39,8 @@ SHORT = ["experiment=quickstart", "hw=tpu-v5e-1", "data.synthetic_train_size=640
 
 @pytest.fixture(scope="session")
 def xla_python() -> str:
-    python = os.environ.get("NLI_XLA_PYTHON") or str(ROOT / ".venv-xla" / "bin" / "python")
-    if not Path(python).exists():
-        pytest.fail(f"no PyTorch/XLA environment at {python}: build it with `bash .ci/xla-env`, or point "
-                    "NLI_XLA_PYTHON at the Python of one")
-    return python
+    return environment_python("NLI_XLA_PYTHON", ROOT / ".venv-xla" / "bin" / "python", what="PyTorch/XLA environment",
+                              build="bash .ci/xla-env")
 
 
 def command(xla_python: str, args: List[str], run_dir: Path, *, launcher: bool = False,
