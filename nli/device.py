@@ -128,8 +128,9 @@ def resolve_precision(cfg: PrecisionConfig, device: torch.device, hw: Optional[H
     if started is not None:
         chosen, kept = continued_precision(started, chosen, cfg.dtype, native)
         why = kept or why
-    log_line = log.warning if "emulated" in why else log.info
-    log_line("device: %s (%s), precision %s (%s)", device, native.name, chosen.value, why)
+    emulated = chosen == Precision.bf16 and not native.bf16  # slower than fp32: said as a warning
+    (log.warning if emulated else log.info)("device: %s (%s), precision %s (%s)", device, native.name, chosen.value,
+                                            why)
     return DTYPES[chosen]
 
 
@@ -229,8 +230,10 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def keep(self) -> None:
-        """What the steps since the last reset held counts."""
-        self.held = max(self.held, peak_memory_bytes(self.device))
+        """What the steps since the last reset held counts (on a GPU; elsewhere nothing is reset, and the peak is
+        read once, at the end)."""
+        if self.device.type == "cuda":
+            self.held = max(self.held, peak_memory_bytes(self.device))
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -242,8 +245,7 @@ class PeakMemory:
             self.reset()
 
     def training_peak(self) -> int:
-        self.keep()
-        return self.held
+        return max(self.held, peak_memory_bytes(self.device))
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -153,7 +153,8 @@ class Loop:
         self.opt, self.loader, self.sampler, self.plan = opt, self.micro_batches.loader(loader), sampler, plan
         self.evaluate, self.checkpointer, self.hooks = evaluate, checkpointer, hooks
         self.window = _Window(opt.compute.device)
-        self._nonfinite = torch.zeros((), dtype=torch.int64, device=opt.compute.device)  # skipped, not yet counted
+        # Steps skipped on the device, not yet counted (Optimization.skips_on_device); made only where used.
+        self._nonfinite = torch.zeros((), dtype=torch.int64, device=opt.compute.device) if opt.skips_on_device else None
         self._signals: Optional[Callable[[], float]] = None  # the ranks' signals at the last step, to read at this one
         self.memory = PeakMemory(opt.compute.device)
 
@@ -274,7 +275,7 @@ class Loop:
 
     def _step_unless_nonfinite(self, step_loss: torch.Tensor, progress: Progress) -> None:
         opt = self.opt
-        if opt.skips_on_device:  # the scaler skips it; counted when the loss is next read
+        if self._nonfinite is not None:  # the scaler skips it; counted when the loss is next read
             self._nonfinite += ~torch.isfinite(step_loss)
         # Else reading the loss waits for the device once per optimizer step.
         if opt.skips_on_device or bool(torch.isfinite(step_loss)):
@@ -311,7 +312,7 @@ class Loop:
         """The steps skipped on the device since the last look (Optimization.skips_on_device), counted and judged
         against train.skip_nonfinite as the loop that reads every step's loss does; read where the host waits for
         the device anyway (a log, an evaluation, a checkpoint)."""
-        if not self.opt.skips_on_device:
+        if self._nonfinite is None:
             return
         skipped = int(self._nonfinite.item())
         self._nonfinite.zero_()
