@@ -5,7 +5,7 @@ The GPU machines it is meant for are offline and short-lived (minutes), with tor
 most of their company preinstalled but no Hydra and no datasets. So it comes in two commands:
 
     python -m benchmarks.gpu_check prepare              # here, with the package index: the kit, into .gpu-kit/
-    python3 -m benchmarks.gpu_check run --out "$OUT"    # there, from the repository root, offline
+    python3 -m benchmarks.gpu_check run --out gpu-check    # there, from the repository root, offline
 
 ``prepare`` downloads the wheels that requirements/gpu-check.txt pins (``--python-version`` for another
 Python; 3.12 is the GPU machines') and prints their sizes. ``run`` installs them into the kit with pip
@@ -1008,8 +1008,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     prep.add_argument("--python-version", default=GPU_PYTHON, help=f"the Python they are for (default {GPU_PYTHON})")
     prep.add_argument("--kit", type=Path, default=KIT, help="writes KIT/wheels (default: .gpu-kit)")
     run = commands.add_parser("run", help="install the kit and run every line (there, offline)")
-    run.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
-                     required=not os.environ.get("OUT"), help="the report's folder (default: $OUT)")
+    run.add_argument("--out", type=Path, required=True, help="the report's folder (gpu_check.json, gpu_check.md)")
     run.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda where there is one; cpu: a rehearsal")
     run.add_argument("--kit", type=Path, default=KIT, help="where prepare put the wheels (default: .gpu-kit)")
     run.add_argument("--only", nargs="+", choices=LINES, help="these lines alone")
