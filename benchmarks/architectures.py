@@ -30,27 +30,30 @@ _MODERNBERT = {"model_type": "modernbert", "vocab_size": 50368, "max_position_em
                "global_attn_every_n_layers": 3, "local_attention": 128, "classifier_pooling": "mean"}
 
 
-def _widths(hidden: int, layers: int, heads: int, intermediate: int) -> Dict[str, int]:
-    return {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
-            "intermediate_size": intermediate}
+WIDTHS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")  # as transformers names them
+
+
+def widths(hidden: int, layers: int, heads: int, intermediate: int) -> Dict[str, int]:
+    """An encoder's widths: hidden size, layers, attention heads, feed-forward width."""
+    return dict(zip(WIDTHS, (hidden, layers, heads, intermediate)))
 
 
 HUB: Dict[str, Dict[str, Any]] = {
-    "google-bert/bert-base-uncased": {**_BERT, **_widths(768, 12, 12, 3072)},
-    "google-bert/bert-large-uncased": {**_BERT, **_widths(1024, 24, 16, 4096)},
-    "FacebookAI/roberta-base": {**_ROBERTA, **_widths(768, 12, 12, 3072)},
-    "FacebookAI/roberta-large": {**_ROBERTA, **_widths(1024, 24, 16, 4096)},
-    "FacebookAI/roberta-large-mnli": {**_ROBERTA, **_widths(1024, 24, 16, 4096)},
-    "distilbert/distilroberta-base": {**_ROBERTA, **_widths(768, 6, 12, 3072)},
-    "google/electra-base-discriminator": {**_ELECTRA, "embedding_size": 768, **_widths(768, 12, 12, 3072)},
-    "google/electra-large-discriminator": {**_ELECTRA, "embedding_size": 1024, **_widths(1024, 24, 16, 4096)},
-    "microsoft/deberta-v3-xsmall": {**_DEBERTA_V3, **_widths(384, 12, 6, 1536)},
-    "microsoft/deberta-v3-small": {**_DEBERTA_V3, **_widths(768, 6, 12, 3072)},
-    "microsoft/deberta-v3-base": {**_DEBERTA_V3, **_widths(768, 12, 12, 3072)},
-    "microsoft/deberta-v3-large": {**_DEBERTA_V3, **_widths(1024, 24, 16, 4096)},
-    "MoritzLaurer/DeBERTa-v3-base-mnli": {**_DEBERTA_V3, **_widths(768, 12, 12, 3072)},
-    "answerdotai/ModernBERT-base": {**_MODERNBERT, **_widths(768, 22, 12, 1152)},
-    "answerdotai/ModernBERT-large": {**_MODERNBERT, **_widths(1024, 28, 16, 2624)},
+    "google-bert/bert-base-uncased": {**_BERT, **widths(768, 12, 12, 3072)},
+    "google-bert/bert-large-uncased": {**_BERT, **widths(1024, 24, 16, 4096)},
+    "FacebookAI/roberta-base": {**_ROBERTA, **widths(768, 12, 12, 3072)},
+    "FacebookAI/roberta-large": {**_ROBERTA, **widths(1024, 24, 16, 4096)},
+    "FacebookAI/roberta-large-mnli": {**_ROBERTA, **widths(1024, 24, 16, 4096)},
+    "distilbert/distilroberta-base": {**_ROBERTA, **widths(768, 6, 12, 3072)},
+    "google/electra-base-discriminator": {**_ELECTRA, "embedding_size": 768, **widths(768, 12, 12, 3072)},
+    "google/electra-large-discriminator": {**_ELECTRA, "embedding_size": 1024, **widths(1024, 24, 16, 4096)},
+    "microsoft/deberta-v3-xsmall": {**_DEBERTA_V3, **widths(384, 12, 6, 1536)},
+    "microsoft/deberta-v3-small": {**_DEBERTA_V3, **widths(768, 6, 12, 3072)},
+    "microsoft/deberta-v3-base": {**_DEBERTA_V3, **widths(768, 12, 12, 3072)},
+    "microsoft/deberta-v3-large": {**_DEBERTA_V3, **widths(1024, 24, 16, 4096)},
+    "MoritzLaurer/DeBERTa-v3-base-mnli": {**_DEBERTA_V3, **widths(768, 12, 12, 3072)},
+    "answerdotai/ModernBERT-base": {**_MODERNBERT, **widths(768, 22, 12, 1152)},
+    "answerdotai/ModernBERT-large": {**_MODERNBERT, **widths(1024, 28, 16, 2624)},
 }
 
 

@@ -21,6 +21,7 @@ from typing import Dict, List
 
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from benchmarks.architectures import HUB, WIDTHS, widths
 from nli.model import train_bpe_tokenizer
 
 LABELS = ["entailment", "not_entailment"]
@@ -30,13 +31,11 @@ VOCABULARY = 16000  # BPE tokens: room for every word, with and without its lead
 PREMISE = (20.0, 0.62)
 HYPOTHESIS = (10.0, 0.5)
 
-# transformers' RoBERTa shapes: hidden size, layers, heads, feed-forward width.
+# RoBERTa's widths (benchmarks.architectures), and a tiny one: hidden size, layers, heads, feed-forward width.
 ARCHITECTURES: Dict[str, Dict[str, int]] = {
-    "roberta-large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
-                      "intermediate_size": 4096},
-    "roberta-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-                     "intermediate_size": 3072},
-    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128},
+    **{name: {key: HUB[f"FacebookAI/{name}"][key] for key in WIDTHS}
+       for name in ("roberta-large", "roberta-base")},
+    "tiny": widths(64, 2, 2, 128),
 }
 
 
