@@ -859,18 +859,18 @@ def plan(quick: "concurrent.futures.Future[Optional[Path]]") -> List[Tuple[str, 
 
     return [
         ("oom", "e. out of GPU memory backed off", line_oom, "first"),
-        ("compile", "b. train.compile=true, recompilations", line_compile, "shared"),
-        ("quickstart_bf16", "a. quickstart, precision=bf16", quickstart("bf16"), "shared"),
-        ("quickstart_fp16", "a. quickstart, precision=fp16", quickstart("fp16"), "shared"),
+        ("compile", "b. train.compile=true, recompilations", line_compile, "together"),
+        ("quickstart_bf16", "a. quickstart, precision=bf16", quickstart("bf16"), "together"),
+        ("quickstart_fp16", "a. quickstart, precision=fp16", quickstart("fp16"), "together"),
         ("eval_only", "c. eval.only=true, fast paths on and off",
-         lambda check, line: line_eval_only(check, line, quick), "shared"),
-        ("resume", "d. SIGTERM, resume, against unbroken runs", line_resume, "shared"),
-        ("torchrun", "f. torchrun --nproc-per-node 1", line_torchrun, "shared"),
-        ("fp16_checkpoint", "i. fp16-stored checkpoint, bf16 and fp16", line_fp16_checkpoint, "shared"),
-        ("checkpointing", "j. train.gradient_checkpointing=true", line_checkpointing, "shared"),
-        ("syncs", "k. host synchronisations per training step, by source", line_syncs, "shared"),
-        ("sdpa", "l. SDPA's kernels on padded and unpadded batches", line_sdpa, "shared"),
-        ("rng", "m. a checkpoint's GPU generator restored on one GPU", line_rng, "shared"),
+         lambda check, line: line_eval_only(check, line, quick), "together"),
+        ("resume", "d. SIGTERM, resume, against unbroken runs", line_resume, "together"),
+        ("torchrun", "f. torchrun --nproc-per-node 1", line_torchrun, "together"),
+        ("fp16_checkpoint", "i. fp16-stored checkpoint, bf16 and fp16", line_fp16_checkpoint, "together"),
+        ("checkpointing", "j. train.gradient_checkpointing=true", line_checkpointing, "together"),
+        ("syncs", "k. host synchronisations per training step, by source", line_syncs, "together"),
+        ("sdpa", "l. SDPA's kernels on padded and unpadded batches", line_sdpa, "together"),
+        ("rng", "m. a checkpoint's GPU generator restored on one GPU", line_rng, "together"),
         ("vs_trainer", "g. roberta-large synthetic: ours vs tuned Trainer", line_vs_trainer, "last"),
         ("presets", "h. hw presets x recipes: measured peak against card memory", line_presets, "last"),
     ]
@@ -942,9 +942,9 @@ def main_run(args: argparse.Namespace) -> int:
     report()
     if "quickstart_bf16" not in results:
         quick.set_result(None)
-    for phase in ("first", "shared", "last"):
+    for phase in ("first", "together", "last"):
         entries = [(name, function) for name, _, function, when in chosen if when == phase]
-        workers = args.jobs if phase == "shared" else 1
+        workers = args.jobs if phase == "together" else 1
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
             for future in [pool.submit(one, name, function) for name, function in entries]:
                 future.result()
