@@ -12,7 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 from nli.cli import entry, train
-from nli.config import register_configs
+from nli.config.schema import register_configs
 
 CONF = Path(__file__).resolve().parent / "conf"
 

@@ -1,6 +1,6 @@
-"""What a run's error analysis adds to its end (nli.analysis): each class's precision, recall and F1,
+"""What a run's error analysis adds to its end (nli.evaluate.per_class): each class's precision, recall and F1,
 the confusion matrix and the predictions file, for MNLI's two dev sets (9,815 and 9,832 pairs), and
-the evaluation loss and class probabilities taken from the logits (nli.evaluation, nli.metrics).
+the evaluation loss and class probabilities taken from the logits (nli.evaluate.evaluation, nli.evaluate.metrics).
 
     python -m benchmarks.analysis_cost
 
@@ -20,9 +20,9 @@ import datasets
 import numpy as np
 import torch
 
-from nli import analysis, metrics
-from nli.config import TaskConfig, compose
-from nli.evaluation import Predictions
+from nli.config.schema import TaskConfig, compose
+from nli.evaluate import metrics, per_class
+from nli.evaluate.evaluation import Predictions
 
 SPLITS = {"validation_matched": 9815, "validation_mismatched": 9832}
 WORDS = np.array("a man woman child dog runs sits walks in on the park street house red blue old young".split())
@@ -56,10 +56,10 @@ def _split_seconds(task: TaskConfig, size: int, rng: np.random.Generator) -> Dic
     parts: Dict[str, Callable[[], object]] = {
         "probabilities and loss": lambda: metrics.loss(labels, scores=made.values,
                                                        log_probs=torch.log_softmax(logits, dim=-1).numpy()),
-        "per-class figures": lambda: analysis.per_class(made, task.label_names),
-        "confusion matrix": lambda: analysis.confusion(made, task.label_names),
-        "predictions file": lambda: "".join(json.dumps(row, ensure_ascii=False) + "\n"  # as analysis.files
-                                            for row in analysis.rows(task, made, pairs)),
+        "per-class figures": lambda: per_class.per_class(made, task.label_names),
+        "confusion matrix": lambda: per_class.confusion(made, task.label_names),
+        "predictions file": lambda: "".join(json.dumps(row, ensure_ascii=False) + "\n"  # as per_class.files
+                                            for row in per_class.rows(task, made, pairs)),
     }
     return {name: _best_of_three(work) for name, work in parts.items()}
 

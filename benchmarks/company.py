@@ -80,7 +80,7 @@ def one_case(case: str, work: Path, overrides: List[str], policy: str) -> List[D
 
 
 def machine() -> str:
-    from nli.device import cpu_kernels
+    from nli.runtime.device import cpu_kernels
 
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")

@@ -341,7 +341,7 @@ def line_eval_only(check: Check, line: Line, source: concurrent.futures.Future) 
 # The run test_resume.py stops: 20 steps an epoch, 50 in all, SIGTERM after step 23 (mid second epoch).
 RESUME = [*SHORT, "train.max_steps=50", "train.eval_every=15", "train.log_every=1", "train.checkpoint_every=5",
           "precision=fp32"]
-PREEMPTED = 75  # the exit status of a run stopped by a signal with its checkpoint written (nli.signals)
+PREEMPTED = 75  # the exit status of a run stopped by a signal with its checkpoint written (nli.runtime.signals)
 
 
 def line_resume(check: Check, line: Line) -> None:
@@ -443,7 +443,8 @@ def line_oom(check: Check, line: Line) -> None:
         line.figures["log_line"] = log_says(proc.output, "out of GPU memory in a micro-batch")
     require(bool(said), f"no back-off line: a micro-batch of {batch} x {seq} tokens fitted in {free / 2**30:.0f} GiB")
     require(proc.results.get("status") == "completed", f"status {proc.results.get('status')}")
-    # The failed attempt asked for more than was free: a peak that counts it was not reset (nli.device.PeakMemory).
+    # The failed attempt asked for more than was free: a peak that counts it was not reset
+    # (nli.runtime.device.PeakMemory).
     require(proc.results["peak_memory_bytes"] < free, "peak_memory_bytes counts the attempt that did not fit")
     line.detail = "the back-off line logged, the run completed, its peak memory that of the micro-batches that fit"
 
@@ -542,7 +543,7 @@ def measure_presets(budget: float) -> None:
     import torch
 
     from benchmarks import memory
-    from nli.config import compose
+    from nli.config.schema import compose
     from nli.errors import UserError
 
     start = time.monotonic()
@@ -587,13 +588,13 @@ def measure_shape(shape: Any, *, fused: bool) -> Dict[str, Any]:
     from transformers import AutoModelForSequenceClassification
 
     from benchmarks.architectures import hub_config
-    from nli.model import checkpointing
+    from nli.model.build import checkpointing
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     changes: Dict[str, Any] = {"num_labels": shape.num_labels,
                                "problem_type": "regression" if shape.num_labels == 1 else "single_label_classification"}
-    if shape.dropout is not None:  # as nli.model sets model.dropout
+    if shape.dropout is not None:  # as nli.model.build sets model.dropout
         changes.update(hidden_dropout_prob=shape.dropout, attention_probs_dropout_prob=shape.dropout)
     try:
         config = hub_config(shape.model, **changes)
@@ -602,8 +603,8 @@ def measure_shape(shape: Any, *, fused: bool) -> Dict[str, Any]:
         if shape.checkpointing:  # as nli.recipe enables it, before the adapters
             checkpointing(model)(use_reentrant=False)
         if shape.lora is not None:
-            from nli.config import LoraConfig
-            from nli.lora import apply
+            from nli.config.schema import LoraConfig
+            from nli.model.lora import apply
 
             r, alpha, dropout, targets = shape.lora
             model = apply(model, LoraConfig(r=r, alpha=alpha, dropout=dropout,
@@ -707,9 +708,9 @@ def count_syncs(folder: Path) -> None:
 
     import torch
 
-    from nli.config import compose
-    from nli.context import local
+    from nli.config.schema import compose
     from nli.recipe import run
+    from nli.runtime.context import local
 
     counts: Dict[str, Dict[str, int]] = {}
     for name, steps in (("short", SYNC_STEPS), ("long", 2 * SYNC_STEPS)):
@@ -786,7 +787,7 @@ def line_sdpa(check: Check, line: Line) -> None:
 
 RNG = r"""
 import torch
-from nli.checkpoint import restore_rng, rng_state
+from nli.train.checkpoint import restore_rng, rng_state
 state = rng_state()
 assert isinstance(state["cuda"], torch.Tensor), type(state["cuda"])
 expected = torch.rand(4, device="cuda")
@@ -826,12 +827,12 @@ if torch.cuda.is_available():
     out.update(device=torch.cuda.get_device_name(0), capability=".".join(map(str, torch.cuda.get_device_capability(0))),
                memory_gib=round(props.total_memory / 2**30, 1), bf16=torch.cuda.is_bf16_supported())
 try:
-    from nli.fastpaths import TRANSFORMERS
+    from nli.model.fastpaths import TRANSFORMERS
     ok = transformers.__version__ in TRANSFORMERS
     out["fast_paths"] = (f"written for transformers {TRANSFORMERS}, this is {transformers.__version__}: "
                          + ("they apply (first_token on a GPU)" if ok else "they step aside: the stock forward"))
 except Exception as error:
-    out["fast_paths"] = f"unknown: nli.fastpaths does not import ({type(error).__name__}: {error})"
+    out["fast_paths"] = f"unknown: nli.model.fastpaths does not import ({type(error).__name__}: {error})"
 print(json.dumps(out))
 """
 

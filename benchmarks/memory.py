@@ -7,7 +7,7 @@ sequence length, in the precision ``precision=auto`` picks on that GPU, against 
     python -m benchmarks.memory --json memory.json      # every figure, in bytes
     python -m benchmarks.memory --hw v100 t4 --experiment deberta-v3-large-mnli
 
-Each row is what ``train.py experiment=RECIPE hw=PRESET`` composes (nli.config.compose, each recipe once, on
+Each row is what ``train.py experiment=RECIPE hw=PRESET`` composes (nli.config.schema.compose, each recipe once, on
 each preset): the micro-batch is ``Config.micro_batch_size``, ``hw.per_device_batch_size`` capped by the
 process's share of ``train.batch_size``; the dtype is what ``precision=auto`` resolves to on the preset's GPU
 (bf16 from compute capability 8.0, A100 and H100; fp16 on V100 and T4). A pair the config refuses (a global
@@ -26,7 +26,8 @@ What a process holds, in bytes:
 - context: what is not a tensor (below).
 
 total is the static memory (params, grads, optim, context; under DDP the gradients are views into its
-all-reduce buckets, nli.distributed, so the buckets take nothing more), the backward's allowance (trans.), and the
+all-reduce buckets, nli.runtime.distributed, so the buckets take nothing more), the backward's allowance (trans.),
+and the
 largest of three moments that do not coincide: the start of the backward (casts, activ.); its end, where the
 embeddings' new gradient is made before it is added to the one accumulated (4 bytes per weight of the largest
 trained tensor; the activations are freed by then); the optimizer step (its temporaries, below).
@@ -341,12 +342,12 @@ def period(layer_types: Optional[Sequence[str]]) -> int:
 
 
 def build(shape: Shape, layers: int) -> torch.nn.Module:
-    """The architecture at ``layers`` layers as nli.model and nli.recipe set it up (the task's labels,
+    """The architecture at ``layers`` layers as nli.model.build and nli.recipe set it up (the task's labels,
     model.dropout, gradient checkpointing, then the adapters), on the meta device: no memory, no initialising."""
     from transformers import AutoModelForSequenceClassification
 
     from benchmarks.architectures import hub_config
-    from nli.model import checkpointing
+    from nli.model.build import checkpointing
 
     changes: Dict[str, Any] = {"num_hidden_layers": layers, "num_labels": shape.num_labels,
                                "problem_type": "regression" if shape.num_labels == 1 else "single_label_classification"}
@@ -361,8 +362,8 @@ def build(shape: Shape, layers: int) -> torch.nn.Module:
         checkpointing(model)(use_reentrant=False, **again)
     if shape.lora is None:
         return model
-    from nli.config import LoraConfig
-    from nli.lora import apply
+    from nli.config.schema import LoraConfig
+    from nli.model.lora import apply
 
     r, alpha, dropout, targets = shape.lora
     return apply(model, LoraConfig(r=r, alpha=alpha, dropout=dropout,
@@ -528,7 +529,7 @@ class Row:
 
 def precision_on(cfg: Any) -> str:
     """The dtype the run computes in on the preset's GPU: ``precision=auto`` takes bf16 where the GPU has it
-    (compute capability 8.0 and up: A100, H100), else fp16 (V100, T4), as nli.device resolves it."""
+    (compute capability 8.0 and up: A100, H100), else fp16 (V100, T4), as nli.runtime.device resolves it."""
     asked = str(cfg.precision.dtype.value)
     if asked != "auto":
         return asked
@@ -537,7 +538,7 @@ def precision_on(cfg: Any) -> str:
 
 def optimizer_bytes(cfg: Any) -> Tuple[int, int]:
     """(state, step temporaries) in bytes per trained weight of ``cfg.optimizer``."""
-    from nli.config import AdamConfig, SGDConfig
+    from nli.config.schema import AdamConfig, SGDConfig
 
     optimizer = cfg.optimizer
     if isinstance(optimizer, AdamConfig):  # exp_avg and exp_avg_sq; foreach's step makes sqrt(exp_avg_sq)
@@ -606,10 +607,10 @@ def model_recipes() -> List[str]:
 
 def preset(name: str) -> Any:
     """conf/hw/NAME.yaml on its schema, as Hydra builds the group (each preset's defaults list is the schema,
-    then the file): an nli.config.HardwareConfig."""
+    then the file): an nli.config.schema.HardwareConfig."""
     from omegaconf import OmegaConf
 
-    from nli.config import HardwareConfig
+    from nli.config.schema import HardwareConfig
 
     keys = {key: value for key, value in _yaml(ROOT / "conf" / "hw" / f"{name}.yaml").items() if key != "defaults"}
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(HardwareConfig), keys))
@@ -642,7 +643,7 @@ class Refused:
 def rows(presets: Sequence[str], recipes: Sequence[str], *,
          cuda_kernels: bool = True) -> Tuple[List[Row], List[Refused]]:
     """Every preset x recipe, preset by preset."""
-    from nli.config import compose
+    from nli.config.schema import compose
     from nli.errors import UserError
 
     hardware = {hw: preset(hw) for hw in presets}

@@ -22,7 +22,7 @@ from typing import Dict, List
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from benchmarks.architectures import HUB, WIDTHS, widths
-from nli.model import train_bpe_tokenizer
+from nli.model.build import train_bpe_tokenizer
 
 LABELS = ["entailment", "not_entailment"]
 WORDS = 3000  # the made-up vocabulary

@@ -6,10 +6,10 @@ variant's time per step and speed-up over the stock model, and writes them as JS
     python -m benchmarks.step_ablation                   # MiniLM on RTE, 2 CPU cores: about 4 minutes
     python -m benchmarks.step_ablation --model <checkpoint dir> --task MNLI --device cuda
 
-Run from the repository root. Variants, each installed by ``nli.fastpaths.install`` as train.py
+Run from the repository root. Variants, each installed by ``nli.model.fastpaths.install`` as train.py
 installs them: ``stock`` (none); ``first-token`` (the last layer for the first token alone,
-nli/fastpaths/first_token.py); ``cpu-dropout`` (nli/fastpaths/cpu_dropout.py, CPU only);
-``unpadded`` (layers on real tokens only, nli/fastpaths/unpadded.py, CPU only); ``all`` (what
+nli/model/fastpaths/first_token.py); ``cpu-dropout`` (nli/model/fastpaths/cpu_dropout.py, CPU only);
+``unpadded`` (layers on real tokens only, nli/model/fastpaths/unpadded.py, CPU only); ``all`` (what
 train.py runs on the device). A variant with nothing to install on the device is left out. Each
 batch's fastest round counts, so that a round slowed by the machine does not count against one
 variant.
@@ -27,11 +27,11 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-from nli import fastpaths
-from nli.data import EpochSampler
+from nli.data.loaders import EpochSampler
+from nli.model import fastpaths
 
 ROOT = Path(__file__).resolve().parent.parent
-# Each variant: the fast paths it asks nli.fastpaths.install for (None: every one that applies).
+# Each variant: the fast paths it asks nli.model.fastpaths.install for (None: every one that applies).
 VARIANTS: Dict[str, Optional[Tuple[str, ...]]] = {
     "stock": (), "first-token": ("first_token",), "cpu-dropout": ("cpu_dropout",), "unpadded": ("unpadded",),
     "all": None}

@@ -289,8 +289,8 @@ def cpu_model() -> Optional[str]:
 
 def cpu_bf16() -> str:
     """The CPU's bf16 capability: /proc/cpuinfo's flags that bear on it, and what torch and
-    precision=auto make of them (nli.device)."""
-    from nli.device import cpu_kernels, cpu_native_bf16
+    precision=auto make of them (nli.runtime.device)."""
+    from nli.runtime.device import cpu_kernels, cpu_native_bf16
 
     info = Path("/proc/cpuinfo")
     flags = next((set(line.split(":", 1)[1].split()) for line in

@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from nli.cli import entry, train
-from nli.config import config_dir, register_configs
+from nli.config.schema import config_dir, register_configs
 
 CONF = config_dir()
 

@@ -1,7 +1,7 @@
-"""The task function ``train.py`` and ``python -m nli`` hand to Hydra; their ``--help`` is nli/help.py.
+"""The task function ``train.py`` and ``python -m nli`` hand to Hydra; their ``--help`` is nli/config/help.py.
 
 The one place a run's errors are handled: an error the user can fix (:class:`nli.errors.UserError`)
-ends the run with its message and no traceback (in a sweep, it fails that job alone: nli.sweep),
+ends the run with its message and no traceback (in a sweep, it fails that job alone: nli.sweep.table),
 and a run stopped by a signal, its checkpoint written, exits with status ``PREEMPTED`` (75) to be
 run again.
 """
@@ -20,19 +20,21 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nli import command, cpu, platform, runfolder, sweep
-from nli.config import Accelerator, Config, config_dir
-from nli.context import RunContext
+from nli.config import command, runfolder
+from nli.config.help import answer_help
+from nli.config.keys import check_known
+from nli.config.schema import Accelerator, Config, config_dir
 from nli.contract import CONFIG_FILE, OVERRIDES_FILE, PREEMPTED
 from nli.errors import ConfigError, JobFailed, UserError
-from nli.help import answer_help
-from nli.keys import check_known
-from nli.signals import Interrupted, Preempted, StopRequest, interruption
-from nli.storage import Storage
+from nli.io.storage import Storage
+from nli.runtime import cpu, platform
+from nli.runtime.context import RunContext
+from nli.runtime.signals import Interrupted, Preempted, StopRequest, interruption
+from nli.sweep import table as sweep
 
 log = logging.getLogger(__name__)
 
-# What a run stopped at once had saved, by how far it had come (nli.signals.Interrupted.stage).
+# What a run stopped at once had saved, by how far it had come (nli.runtime.signals.Interrupted.stage).
 INTERRUPTED = {
     "starting": "before training began: nothing new was saved (checkpoints already in the output folder are as "
                 "they were). Run the same command again to start",
@@ -53,7 +55,7 @@ def train(raw: DictConfig) -> float:
         fresh = _fresh_run_dir()
         if (taken := runfolder.apply(raw, _typed(), _conf_dir())) is not None:  # eval.only=true of a run folder
             log.info("%s", taken)
-        check_known(raw)  # a sweep's job, or a command nli.command left to Hydra
+        check_known(raw)  # a sweep's job, or a command nli.config.command left to Hydra
         cfg = cast(Config, OmegaConf.to_object(raw))  # checks every rule
         site = platform.detect()
         # From here on a signal stops the run cleanly, and the machine's other runs count this one.
@@ -81,17 +83,17 @@ def train(raw: DictConfig) -> float:
         _stop(f"stopped by {stop.signal} {INTERRUPTED[stop.stage]}")
     except UserError as err:
         _off_console(logging.ERROR, str(err))  # the console gets it once, on stderr, as the exit's message
-        if _in_sweep():  # one job's mistake: the sweep goes on, and ends non-zero naming it (nli.sweep)
+        if _in_sweep():  # one job's mistake: the sweep goes on, and ends non-zero naming it (nli.sweep.table)
             raise JobFailed(f"error: {err}") from None
         _remove_if_only_attempt(fresh)
         raise SystemExit(f"error: {err}") from None
 
 
 def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
-    """``train.py``'s and ``python -m nli``'s: ``--help`` answered from the config alone (nli.help), the
-    command line checked before Hydra writes anything (nli.command), then Hydra's ``main``, and a sweep's
-    table (nli.sweep)."""
-    if not answer_help(argv, conf_dir, "train"):  # Hydra's own --help takes seconds (nli/help.py)
+    """``train.py``'s and ``python -m nli``'s: ``--help`` answered from the config alone (nli.config.help), the
+    command line checked before Hydra writes anything (nli.config.command), then Hydra's ``main``, and a sweep's
+    table (nli.sweep.table)."""
+    if not answer_help(argv, conf_dir, "train"):  # Hydra's own --help takes seconds (nli/config/help.py)
         extra = command.check(argv, conf_dir, "train")
         if extra:  # Hydra's main reads sys.argv
             sys.argv = [*sys.argv, *extra]
@@ -108,7 +110,7 @@ def run_context(cfg: Config, raw: DictConfig, site: platform.Site) -> RunContext
     """What the run is told besides its config, from Hydra and the platform: the output directory
     (output_dir, else the platform's, else the Hydra run directory), the checkpoint and log folders,
     the loggers' name for the run (the job's overrides), and for a sweep's job the sweep's name and the
-    job's overrides (nli.sweep)."""
+    job's overrides (nli.sweep.table)."""
     hydra = HydraConfig.get() if HydraConfig.initialized() else None
     run_dir = str(hydra.runtime.output_dir) if hydra is not None else None
     output_dir = cfg.output_dir or site.output_dir or run_dir
@@ -194,6 +196,6 @@ def _preflight(cfg: Config, site: platform.Site) -> None:
         Storage(url).check_writable()
     model = cfg.model.name_or_path
     if model and "://" in model and not cfg.eval.only and int(site.process_env.get("RANK", "0")) == 0:
-        from nli.bucketcopy import local_copy
+        from nli.model.bucket import local_copy
 
-        local_copy(model)  # a wrong bucket or path answered now; the run reads the copy (nli.model.from_bucket)
+        local_copy(model)  # a wrong bucket or path answered now; the run reads the copy (nli.model.build.from_bucket)

@@ -48,7 +48,7 @@ VERTEX_CHECKPOINT_DIR = "AIP_CHECKPOINT_DIR"
 VERTEX_TENSORBOARD_DIR = "AIP_TENSORBOARD_LOG_DIR"
 VERTEX_CLUSTER_SPEC = "CLUSTER_SPEC"
 # What the launcher's jobs and the launcher write into a sweep's folders in the bucket: each job's
-# return value or error (in its model directory), and the record of the sweep's jobs (nli.cloud).
+# return value or error (in its model directory), and the record of the sweep's jobs (nli.sweep.vertex).
 VERTEX_JOB_RETURN_FILE = "job_return.json"
 VERTEX_JOBS_FILE = "vertex_jobs.json"
 
@@ -81,7 +81,7 @@ class JobNeeds:
 
 
 HW_GROUP = "hw"  # the config group whose option names a job's machine (conf/hw/)
-# TPU generations a run cannot train on yet, and why (nli.xla refuses them at start, on the machine).
+# TPU generations a run cannot train on yet, and why (nli.runtime.xla refuses them at start, on the machine).
 UNTRAINABLE_TPUS = dict.fromkeys(
     ("v2", "v3"), "PyTorch/XLA runs each chip's two TensorCores as threads of one process, and a run is one "
                   "process (its config, signals and output folder are the process's)")

@@ -42,7 +42,7 @@ class Diverged(UserError):
 
 
 class OutOfMemory(UserError):
-    """The device ran out of memory where a smaller batch cannot help, or cannot be agreed on (nli.oom)."""
+    """The device ran out of memory where a smaller batch cannot help, or cannot be agreed on (nli.evaluate.oom)."""
 
 
 class RunChanged(UserError):

@@ -19,7 +19,7 @@ from typing import List, Mapping
 import torch
 
 from nli.contract import VERTEX_CLUSTER_SPEC
-from nli.platform.vertex import node_of
+from nli.runtime.platform.vertex import node_of
 
 
 def command(args: List[str], *, env: Mapping[str, str], gpus: int) -> List[str]:

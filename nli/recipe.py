@@ -8,11 +8,11 @@ training set (:func:`evaluate_only`).
 
 Each phase takes the parts of the config it reads (``cfg.data`` for the data, ``cfg.model`` for the
 model) and what the phases before it made, and hands on a small typed value. What the run is told
-besides its config (where it writes, what it is called) comes in a :class:`~nli.context.RunContext`:
+besides its config (where it writes, what it is called) comes in a :class:`~nli.runtime.context.RunContext`:
 a run is a plain call, from the command line (nli.cli) or from Python::
 
-    from nli.config import compose
-    from nli.context import local
+    from nli.config.schema import compose
+    from nli.runtime.context import local
     from nli.recipe import run
 
     cfg = compose(["experiment=quickstart"])
@@ -43,35 +43,9 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
-from nli import (
-    analysis,
-    contract,
-    cpu,
-    data,
-    device,
-    distributed,
-    evalsets,
-    export,
-    fastpaths,
-    lora,
-    oom,
-    provenance,
-    xla,
-)
-from nli.bucketcopy import from_bucket
-from nli.checkpoint import (
-    BestEvaluation,
-    Checkpointer,
-    Checkpoints,
-    Progress,
-    RandomState,
-    Snapshot,
-    Stateful,
-    TrainingState,
-    seed_rank,
-)
-from nli.claim import Claim
-from nli.config import (
+from nli import contract
+from nli.config.identity import digest, identity
+from nli.config.schema import (
     Accelerator,
     Config,
     DataConfig,
@@ -86,14 +60,14 @@ from nli.config import (
     TaskConfig,
     TrainConfig,
 )
-from nli.context import RunContext
-from nli.distributed import World
-from nli.evaluation import Evaluation, Evaluator, gather, predict, relabel
-from nli.folder import check_continuation, earlier_run
-from nli.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Revisit, SyncLogs
-from nli.identity import digest, identity
-from nli.loop import Loop, Optimization, Plan, Scaler, TrainResult, grad_scaler
-from nli.model import (
+from nli.data import loaders as data
+from nli.evaluate import evalsets, oom, per_class
+from nli.evaluate.evaluation import Evaluation, Evaluator, gather, predict, relabel
+from nli.io.claim import Claim
+from nli.io.storage import Storage
+from nli.model import fastpaths, lora
+from nli.model.bucket import from_bucket
+from nli.model.build import (
     build_model,
     build_tokenizer,
     checkpointing,
@@ -105,12 +79,29 @@ from nli.model import (
     trained_model,
     unwrap,
 )
-from nli.modelcard import Card
-from nli.optim import build_optimizer, build_scheduler
-from nli.predictions import submission
-from nli.signals import Interrupted, StopRequest, interruption
-from nli.storage import Storage
-from nli.tracking import RunInfo, Trackers
+from nli.output import export
+from nli.output.folder import check_continuation, earlier_run
+from nli.output.modelcard import Card
+from nli.output.submission import submission
+from nli.runtime import cpu, device, distributed, provenance, xla
+from nli.runtime.context import RunContext
+from nli.runtime.distributed import World
+from nli.runtime.signals import Interrupted, StopRequest, interruption
+from nli.tracking.loggers import RunInfo, Trackers
+from nli.train.checkpoint import (
+    BestEvaluation,
+    Checkpointer,
+    Checkpoints,
+    Progress,
+    RandomState,
+    Snapshot,
+    Stateful,
+    TrainingState,
+    seed_rank,
+)
+from nli.train.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Revisit, SyncLogs
+from nli.train.loop import Loop, Optimization, Plan, Scaler, TrainResult, grad_scaler
+from nli.train.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +114,13 @@ class Outputs:
     checkpoints: Checkpoints
     context: RunContext
     world: World
-    identity: Dict[str, Any]  # what the run computes (nli.identity): kept with every checkpoint
+    identity: Dict[str, Any]  # what the run computes (nli.config.identity): kept with every checkpoint
     claim: Optional[Claim]  # rank 0's hold on the folder: checked before each write of the run's state
     snapshot: Optional[Snapshot]  # the newest intact checkpoint, when resuming
     finished: Optional[Dict[str, Any]]  # results.json, when the run already finished
     warnings: List[str] = field(default_factory=list)  # settings that cannot take effect: logged, in results.json
-    provenance: Dict[str, Any] = field(default_factory=dict)  # the code, libraries, device, command (nli.provenance)
+    # The code, libraries, device, command (nli.runtime.provenance).
+    provenance: Dict[str, Any] = field(default_factory=dict)
 
     def warn(self, message: str) -> None:
         log.warning("%s", message)
@@ -143,7 +135,7 @@ class Data:
     evaluate: oom.Evaluations  # the eval splits' metrics, in smaller batches where they run out of memory
     test: Dict[str, DataLoader]  # test split -> this rank's slice, when predicting
     examples_per_epoch: int
-    extras: List[oom.Evaluations]  # eval.extra's sets, scored at the end (nli.evalsets)
+    extras: List[oom.Evaluations]  # eval.extra's sets, scored at the end (nli.evaluate.evalsets)
 
 
 @dataclass
@@ -151,18 +143,18 @@ class Training:
     opt: Optimization
     plan: Plan
     state: TrainingState  # what a checkpoint holds
-    weights: Stateful  # the model's part of it: every weight, or under LoRA the adapters and the head (nli.lora)
+    weights: Stateful  # the model's part of it: every weight, or under LoRA the adapters and the head (nli.model.lora)
     progress: Progress
     best: BestEvaluation
     early_stopping: Optional[EarlyStopping]
     trackers: Trackers
-    micro_batches: Optional[oom.MicroBatches] = None  # the size that fits, kept in checkpoints (nli.oom)
+    micro_batches: Optional[oom.MicroBatches] = None  # the size that fits, kept in checkpoints (nli.evaluate.oom)
 
 
 def run(cfg: Config, context: RunContext, *, stop: Optional[StopRequest] = None,
         sharing: Optional[cpu.Sharing] = None) -> Dict[str, Any]:
     """The whole run, in the same process on every rank; the results, as results.json holds them.
-    ``stop`` (nli.signals) stops it in any phase, and ``sharing`` (nli.cpu) sizes its CPU threads: the
+    ``stop`` (nli.runtime.signals) stops it in any phase, and ``sharing`` (nli.runtime.cpu) sizes its CPU threads: the
     command line starts both before torch loads; a call from Python that passes none gets its own."""
     with ExitStack() as held:
         if stop is None:
@@ -183,7 +175,7 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
         with ExitStack() as held:  # the output folder's claim, released however the run ends
             cfg.check_batch(world.world_size)
             out = setup(cfg.train, cfg.logger, context, world, held, evaluation_only=cfg.eval.only)
-            if out.finished is not None:  # its model checked, and exported again if it was lost (nli.export)
+            if out.finished is not None:  # its model checked, and exported again if it was lost (nli.output.export)
                 export.check_finished(out.finished, cfg.model, cfg.task, seed=cfg.seed, storage=out.storage,
                                       checkpoints=out.checkpoints, world=world, claim=out.claim,
                                       card=Card(context.resolved, out.finished.get("provenance") or {}))
@@ -200,7 +192,7 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             cfg = dataclasses.replace(cfg, model=from_bucket(cfg.model))  # a model in a bucket: its local copy
             loaded = load_data(cfg.task, cfg.data, cfg.model, cfg.train, cfg.eval, seed=cfg.seed,
                                micro_batch_size=cfg.micro_batch_size(world.world_size), out=out, compute=compute)
-            stop.check()  # a signal some library swallowed (nli.signals) stops the run between phases
+            stop.check()  # a signal some library swallowed (nli.runtime.signals) stops the run between phases
             model = build(cfg.model, cfg.task, cfg.train, seed=cfg.seed, loaded=loaded, compute=compute, world=world)
             training = optimization(cfg.train, cfg.optimizer, cfg.schedule, cfg.model, cfg.logger,
                                     main_metric=cfg.task.main_metric,
@@ -218,7 +210,7 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
                 return report(cfg.task, training, loaded, out, result, best_model,
                               save_predictions=cfg.eval.save_predictions)
     except BaseException as error:
-        stopped = interruption(error)  # the signal, or an error it caused (nli.signals.interruption)
+        stopped = interruption(error)  # the signal, or an error it caused (nli.runtime.signals.interruption)
         if stopped is None:
             raise
         stopped.stage = stage
@@ -233,7 +225,7 @@ def setup(train: TrainConfig, loggers: Mapping[str, LoggerConfig], context: RunC
           held: ExitStack, *, evaluation_only: bool) -> Outputs:
     """The world and the outputs: the output directory, claimed for this run (``held`` to its end),
     its checkpoints, and whether this run has already finished (its results) or stopped part-way (the
-    checkpoint to resume from); a folder that holds another run is refused (nli.folder)."""
+    checkpoint to resume from); a folder that holds another run is refused (nli.output.folder)."""
     datasets.disable_progress_bars()  # one progress bar, the training loop's
     transformers.utils.logging.disable_progress_bar()
     if not world.is_main:
@@ -273,7 +265,7 @@ def prepare(hw: HardwareConfig, precision: PrecisionConfig, *, seed: int, batch_
             sharing: cpu.Sharing, started: Optional[Precision] = None) -> device.Compute:
     """The seed (the same on every rank: the same initial weights), the CPU threads, the device and
     the precision (``started``: a resumed run's, which it keeps); on the CPU, glibc's heap threshold where
-    the config fixes it (nli.cpu)."""
+    the config fixes it (nli.runtime.cpu)."""
     set_seed(seed)
     sharing.start()
     compute = device.resolve(hw, precision, started=started)
@@ -302,7 +294,7 @@ def load_data(task: TaskConfig, source: DataConfig, model: ModelConfig, train: T
     extras = evalsets.extras(evaluation, source, eval_batch_size=train.eval_batch_size, seed=seed,
                              labels=task.label_names, model=f"the model of task={task.name}", tokenizer=tokenizer,
                              collator=collator, compute=compute, world=world)
-    examples = splits.eval  # as loaded, for the predictions files (nli.analysis)
+    examples = splits.eval  # as loaded, for the predictions files (nli.evaluate.per_class)
     splits = data.tokenize(splits, tokenizer, task, source.max_seq_length)
     assert splits.train is not None
     pin = compute.device.type == "cuda"
@@ -331,7 +323,7 @@ def _collator(max_seq_length: int, tokenizer: PreTrainedTokenizerBase, compute: 
 
 def build(model_cfg: ModelConfig, task: TaskConfig, train: TrainConfig, *, seed: int, loaded: Data,
           compute: device.Compute, world: World) -> torch.nn.Module:
-    """The model (pretrained or from scratch), with LoRA adapters if asked (nli.lora), on the device,
+    """The model (pretrained or from scratch), with LoRA adapters if asked (nli.model.lora), on the device,
     with the fast paths that apply."""
     model = build_model(model_cfg, task, loaded.tokenizer)
     fast = model_cfg.fast_paths
@@ -387,7 +379,7 @@ def optimization(train: TrainConfig, optimizer_cfg: OptimizerConfig, schedule: S
     if model_cfg.peft is not None:  # the frozen weights are built again on resume: they must be the same
         state.register("frozen", lora.FrozenWeights(model, export.frozen_source(model_cfg)))
     state.register("trackers", trackers, optional=True)
-    state.register("compute", compute, optional=True)  # the precision, kept on resume (nli.device)
+    state.register("compute", compute, optional=True)  # the precision, kept on resume (nli.runtime.device)
     if early is not None:
         state.register("early_stopping", early, optional=True)
     micro_batches = oom.MicroBatches(micro_batch_size, compute, world)
@@ -430,7 +422,7 @@ def fit(train: TrainConfig, training: Training, loaded: Data, out: Outputs, stop
 
 def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out: Outputs,
                   result: TrainResult, *, fast_paths: bool = True) -> torch.nn.Module:
-    """The best checkpoint's weights (nli.export.best_weights), saved with their tokenizer as
+    """The best checkpoint's weights (nli.output.export.best_weights), saved with their tokenizer as
     ``model/``; the model to evaluate is what was exported, read back, with the fast paths that apply
     (``fast_paths``: model.fast_paths) as training evaluated (transformers' save_pretrained writes on
     rank 0 alone; the other ranks evaluate the same weights in memory)."""
@@ -452,7 +444,7 @@ def finish_export(model: torch.nn.Module, training: Training, loaded: Data, out:
 def report(task: TaskConfig, training: Training, loaded: Data, out: Outputs, result: TrainResult,
            best_model: torch.nn.Module, *, save_predictions: bool) -> Dict[str, Any]:
     """The exported model's evaluation, on the task and on eval.extra's sets, with each class's figures
-    and (``save_predictions``) each eval split's predictions (nli.analysis), its test predictions, and
+    and (``save_predictions``) each eval split's predictions (nli.evaluate.per_class), its test predictions, and
     results.json, written last."""
     final = _final_evaluation(training, loaded, result, best_model)
     log.info("final evaluation of the best checkpoint by %s (step %d of %d), exported to %s: %s",
@@ -503,9 +495,9 @@ def evaluate_only(model_cfg: ModelConfig, task: TaskConfig, source: DataConfig, 
     """An evaluation-only run: model.name_or_path (a Hub id, a checkpoint directory, or a run folder's
     exported model/) as it was trained, on the task's eval splits and eval.extra's sets, with test
     predictions where train.predict asks; results.json has their metrics, the model evaluated and no
-    training figures. The model's labels are matched to each set's by name (nli.evalsets)."""
+    training figures. The model's labels are matched to each set's by name (nli.evaluate.evalsets)."""
     trained, where = trained_model(model_cfg)
-    trained = from_bucket(trained)  # a model in a bucket: its local copy (nli.bucketcopy)
+    trained = from_bucket(trained)  # a model in a bucket: its local copy (nli.model.bucket)
     return _evaluate(trained, where, model_cfg, task, source, train, evaluation, loggers, seed=seed, out=out,
                      compute=compute, stop=stop)
 
@@ -527,7 +519,7 @@ def _evaluate(trained: ModelConfig, where: str, model_cfg: ModelConfig, task: Ta
                            compute=compute, world=world)
     extras = evalsets.extras(evaluation, source, eval_batch_size=train.eval_batch_size, seed=seed, labels=labels,
                              model=named, tokenizer=tokenizer, collator=collator, compute=compute, world=world)
-    stop.check()  # a signal some library swallowed while the sets loaded (nli.signals)
+    stop.check()  # a signal some library swallowed while the sets loaded (nli.runtime.signals)
     trackers = Trackers(loggers, enabled=world.is_main)
     _start_trackers(trackers, out)
     final = own.evaluate(model, 0)
@@ -552,17 +544,17 @@ def _analyse(evaluated: List[Tuple[oom.Evaluations, Evaluation]], trackers: Trac
     """The final evaluations' per-class figures and confusion matrices, to the loggers (at ``step``) and
     for results.json; with ``save_predictions``, each eval split's predictions under eval_predictions/."""
     scored = [(evaluations.evaluator, evaluation) for evaluations, evaluation in evaluated]  # the batches that fit
-    analyses = analysis.analyse(scored)
+    analyses = per_class.analyse(scored)
     if out.world.is_main:
         trackers.log_classes(analyses, step=step)
         if save_predictions:
             if out.claim is not None:
                 out.claim.check()
-            for name, text in analysis.files(scored):
+            for name, text in per_class.files(scored):
                 out.storage.write_text(name, text)
     if save_predictions:
-        log.info("each eval example's prediction written to %s", out.storage.describe(analysis.FOLDER))
-    return analysis.results(analyses)
+        log.info("each eval example's prediction written to %s", out.storage.describe(per_class.FOLDER))
+    return per_class.results(analyses)
 
 
 def _predict_tests(task: TaskConfig, loaders: Dict[str, DataLoader], model: torch.nn.Module, out: Outputs, *,
@@ -610,8 +602,8 @@ def _files(out: Outputs, trackers: Trackers, *, exported: bool) -> str:
         places["model"] = out.storage.describe(contract.MODEL_DIR)
     if out.storage.list(contract.PREDICTIONS_DIR):
         places["predictions"] = out.storage.describe(contract.PREDICTIONS_DIR)
-    if out.storage.list(analysis.FOLDER):
-        places["eval predictions"] = out.storage.describe(analysis.FOLDER)
+    if out.storage.list(per_class.FOLDER):
+        places["eval predictions"] = out.storage.describe(per_class.FOLDER)
     log_file = Path(out.context.local_dir, "train.log") if out.context.local_dir else None
     if log_file is not None and log_file.is_file():
         places["log"] = str(log_file)
@@ -633,7 +625,7 @@ def _start_trackers(trackers: Trackers, out: Outputs, *, resume_step: Optional[i
 
 def _weights(model_cfg: ModelConfig, model: torch.nn.Module) -> Stateful:
     """What a checkpoint holds of the model: every weight; under LoRA only what trains, the adapters and
-    the head, the rest built again from model.name_or_path on resume (nli.lora)."""
+    the head, the rest built again from model.name_or_path on resume (nli.model.lora)."""
     return lora.Adapters(cast(Any, model)) if model_cfg.peft is not None else model
 
 

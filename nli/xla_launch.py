@@ -2,11 +2,11 @@
 ARGS`` (``nli.node`` runs it on a TPU host). PyTorch/XLA's launcher (``torch_xla.launch``) starts them.
 
 A process starter, like ``nli.__main__`` and ``nli.node``: nothing in the library imports it. The device,
-the processes' collectives and the compile counts are nli.xla's.
+the processes' collectives and the compile counts are nli.runtime.xla's.
 
 Signals reach the launcher alone: it passes SIGTERM, SIGINT and SIGUSR1 on to its processes. PyTorch/XLA
 runs each process's run in a thread of its own, where no signal arrives; each process's main thread
-notes the signal for the run (nli.signals.relay_to_threads), which checkpoints and stops as anywhere else.
+notes the signal for the run (nli.runtime.signals.relay_to_threads), which checkpoints and stops as anywhere else.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import List, Optional
 
 from nli.contract import PREEMPTED
 from nli.errors import ConfigError
-from nli.signals import relay_to_threads
-from nli.xla import NO_DEVICE, runtime
+from nli.runtime.signals import relay_to_threads
+from nli.runtime.xla import NO_DEVICE, runtime
 
 
 def _replica(index: int) -> None:
@@ -73,5 +73,5 @@ if __name__ == "__main__":
     launch()
 elif __name__ == "__mp_main__":
     # A process launch() started: spawn runs this module as __mp_main__ in its main thread, and PyTorch/XLA
-    # then runs the run in a thread of its own, where no signal arrives (nli.signals).
+    # then runs the run in a thread of its own, where no signal arrives (nli.runtime.signals).
     relay_to_threads()

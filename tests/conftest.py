@@ -26,7 +26,7 @@ for _name in [name for name in os.environ if name.startswith(_FOREIGN_PREFIXES) 
 # thread per core, OpenMP's spinning threads fight over the cores (two quickstarts side by side: 8
 # minutes instead of 1).
 os.environ["OMP_NUM_THREADS"] = "1"
-# precision=auto computes in bf16 on a CPU with native bf16 and in fp32 elsewhere (nli.device): the suite
+# precision=auto computes in bf16 on a CPU with native bf16 and in fp32 elsewhere (nli.runtime.device): the suite
 # holds oneDNN to AVX2's instructions, below bf16's, so that auto is fp32 on every CPU and no test's
 # figures depend on the machine it runs on. Tests of the bf16 choice give it the CPU's flags themselves.
 os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
@@ -52,7 +52,7 @@ import pytest  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from nli.config import Config, register_configs  # noqa: E402
+from nli.config.schema import Config, register_configs  # noqa: E402
 from tests.runs import CONF, finished_run  # noqa: E402
 
 register_configs()

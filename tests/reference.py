@@ -32,7 +32,7 @@ from safetensors.numpy import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = Path(__file__).resolve().parent / "data" / "reference"
-# What a run measures rather than computes, and where it ran (nli.provenance): it differs between equal runs.
+# What a run measures rather than computes, and where it ran (nli.runtime.provenance): it differs between equal runs.
 MEASURED = {"train_examples_per_second", "train_tokens_per_second", "train_seconds", "peak_memory_bytes",
             "eval_examples_per_second", "provenance"}
 PORTABLE = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 GLUE_DATA = ROOT / "tests" / "data" / "glue_data"  # real RTE and WNLI, in GLUE's layout (tests/data/README.md)
 
-# What a run measures rather than computes, and where it ran (its command, threads, code: nli.provenance):
+# What a run measures rather than computes, and where it ran (its command, threads, code: nli.runtime.provenance):
 # the only results that differ between equal runs.
 MEASURED = {"train_examples_per_second", "train_tokens_per_second", "train_seconds", "peak_memory_bytes",
             "eval_examples_per_second", "provenance"}

@@ -1,4 +1,4 @@
-"""What a researcher looks at after a run (nli/analysis.py), through real runs of train.py: each class's
+"""What a researcher looks at after a run (nli/evaluate/per_class.py), through real runs of train.py: each class's
 precision, recall and F1 and the confusion matrix in results.json and in every logger, each eval example's
 prediction in eval_predictions/, and the evaluation loss at every evaluation; all read back as a reader
 would (pandas, datasets, TensorBoard's EventAccumulator, W&B's offline run file)."""

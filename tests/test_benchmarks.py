@@ -171,7 +171,7 @@ def test_step_ablation_times_every_variant_on_real_pairs(tmp_path: Path) -> None
     rows = report["rows"]
     assert [row["variant"] for row in rows] == ["stock", "first-token", "cpu-dropout", "unpadded", "all"]
     assert [row["paths"] for row in rows] == [[], ["first_token"], ["cpu_dropout"], ["unpadded"],
-                                              ["first_token", "cpu_dropout", "unpadded"]]  # nli.fastpaths.install's
+                                              ["first_token", "cpu_dropout", "unpadded"]]  # fastpaths.install's
     assert rows[0]["speedup"] == 1 and all(row["seconds_per_step"] > 0 for row in rows)
     assert "speed-up" in proc.stdout and f"written to {out}" in proc.stdout
 

@@ -1,6 +1,6 @@
 """Models and sweeps in a bucket, on the Cloud Storage emulator: a model given by its ``gs://`` URL is
-copied once per version into the local cache and read there (nli/bucketcopy.py), through train.py as a
-user runs it; and ``python -m nli.report gs://...`` reports a Vertex AI sweep's folder (nli/report.py)."""
+copied once per version into the local cache and read there (nli/model/bucket.py), through train.py as a
+user runs it; and ``python -m nli.report gs://...`` reports a Vertex AI sweep's folder (nli/sweep/report.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Callable, Dict, List, Sequence
 import pytest
 import yaml
 
-from nli import bucketcopy, report
 from nli.errors import ConfigError, StorageError
-from nli.storage import Storage
+from nli.io.storage import Storage
+from nli.model import bucket as bucketcopy
+from nli.sweep import report
 from tests.runs import FAST, read_results, run_app, shared_folder
 from tests.test_eval_folder import metrics
 from tests.test_report import SWEEP, run_sweep, tables

@@ -1,4 +1,4 @@
-"""``python -m nli.cloud attach|cancel|logs SWEEP`` (nli/cloud.py): a Vertex AI sweep launched without
+"""``python -m nli.cloud attach|cancel|logs SWEEP`` (nli/sweep/vertex.py): a Vertex AI sweep launched without
 waiting, found again from the record its launcher wrote, through the real google-cloud-aiplatform client
 and the fake Vertex AI service (tests/fake_vertex.py), which runs each job of train.py as Vertex runs a
 container, with the Cloud Storage emulator as the staging bucket."""
@@ -19,8 +19,10 @@ import pytest
 from google.cloud.aiplatform_v1 import JobState
 from hydra.core.global_hydra import GlobalHydra
 
-from nli import cloud, report, sweep
-from nli.storage import Storage
+from nli.io.storage import Storage
+from nli.sweep import report
+from nli.sweep import table as sweep
+from nli.sweep import vertex as cloud
 from tests.fake_vertex import FakeVertex
 from tests.runs import FAST, ROOT, process_env, read_line
 from tests.test_report import tables

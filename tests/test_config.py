@@ -17,11 +17,11 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
-import nli.config
-from nli.config import AdamConfig, Config, CsvConfig, SGDConfig, TensorBoardConfig, WandbConfig
+import nli.config.schema
+from nli.config.help import field_descriptions
+from nli.config.schema import AdamConfig, Config, CsvConfig, SGDConfig, TensorBoardConfig, WandbConfig
 from nli.contract import job_needs
 from nli.errors import ConfigError
-from nli.help import field_descriptions
 from tests.conftest import build_config, compose_config
 from tests.runs import CONF, ROOT, run_app, run_process
 
@@ -54,12 +54,12 @@ def test_every_yaml_composes_into_its_schema(group: str, name: str) -> None:
 
 @pytest.mark.parametrize("group,name", GROUP_OPTIONS)
 def test_a_run_from_python_records_the_config_the_command_line_records(group: str, name: str) -> None:
-    """A run started from Python gets its resolved config from the typed config (nli.context.local); the
+    """A run started from Python gets its resolved config from the typed config (nli.runtime.context.local); the
     command line from Hydra's. The two are the same, key for key and in the same order, for every file: the
-    same identity (nli.identity), config.yaml and loggers' config."""
+    same identity (nli.config.identity), config.yaml and loggers' config."""
     from omegaconf import OmegaConf
 
-    from nli.context import resolved
+    from nli.runtime.context import resolved
 
     raw = compose_config([f"{group}={name}"])
     from_hydra = OmegaConf.to_container(raw, resolve=True, enum_to_str=True)
@@ -104,7 +104,7 @@ def test_defaults() -> None:
                                                                 "validation_mismatched": "_mm"}
     assert isinstance(cfg.optimizer, AdamConfig) and cfg.optimizer._target_ == "torch.optim.AdamW"
     assert cfg.schedule._target_ == "nli.optim.linear" and cfg.precision.dtype.value == "auto"
-    assert cfg.hw.accelerator.value == "auto" and list(cfg.logger) == ["csv"]  # metrics.csv, for nli.report
+    assert cfg.hw.accelerator.value == "auto" and list(cfg.logger) == ["csv"]  # metrics.csv, for nli.sweep.report
     assert cfg.output_dir is None and cfg.train.checkpoint_dir is None  # the platform's, else Hydra's run dir
     assert cfg.train.early_stopping.patience is None  # off
 
@@ -303,7 +303,7 @@ def without_descriptions(help_text: str) -> str:
 @pytest.mark.process
 @pytest.mark.parametrize("overrides", [[], ["model=tiny", "optimizer.lr=0.5"]], ids=["defaults", "overrides"])
 def test_help_describes_every_key_without_torch(tmp_path: Path, overrides: List[str]) -> None:
-    """`--help` (nli/help.py) prints Hydra's help, less the internal schema/ groups, with each key's
+    """`--help` (nli/config/help.py) prints Hydra's help, less the internal schema/ groups, with each key's
     description from the schema after it as a YAML comment, in a second, without importing torch;
     `--config-name` is a flag it leaves to Hydra, which gives Hydra's own text."""
     env = {"PYTHONPROFILEIMPORTTIME": "1", "COLUMNS": "120"}
@@ -361,14 +361,14 @@ def test_help_describes_each_logger_of_several(tmp_path: Path) -> None:
 
 
 def test_every_schema_field_has_a_description() -> None:
-    """`--help` describes a key with its field's comment in nli/config.py (trailing, or the lines above):
+    """`--help` describes a key with its field's comment in nli/config/schema.py (trailing, or the lines above):
     a field without one would be a key the help leaves unexplained."""
-    schemas = [cls for cls in vars(nli.config).values()
-               if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == "nli.config"]
+    schemas = [cls for cls in vars(nli.config.schema).values()
+               if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == "nli.config.schema"]
     assert schemas
     undescribed = [f"{cls.__name__}.{f.name}" for cls in schemas for f in dataclasses.fields(cls)
                    if f.name not in field_descriptions(cls)]
-    assert not undescribed, f"give these fields of nli/config.py a comment: {undescribed}"
+    assert not undescribed, f"give these fields of nli/config/schema.py a comment: {undescribed}"
 
 
 @dataclasses.dataclass

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import pytest
 
-from nli.command import check
+from nli.config.command import check
 from tests.runs import CONF, FAST, run_app
 
 ShareRun = Callable[[str, Sequence[str]], Path]

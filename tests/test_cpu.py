@@ -1,4 +1,4 @@
-"""The CPU a run shares (nli.cpu): the thread count for given cores, quota, fellow runs and busy
+"""The CPU a run shares (nli.runtime.cpu): the thread count for given cores, quota, fellow runs and busy
 processes, read from cgroup and /proc trees laid out as Linux lays them out; and end to end, the real
 train.py under a one-core affinity mask and with the count fixed."""
 
@@ -13,7 +13,7 @@ from typing import Dict, List
 
 import pytest
 
-from nli import cpu, platform
+from nli.runtime import cpu, platform
 from tests.runs import FAST, ROOT, process_env, read_line
 
 
@@ -119,7 +119,7 @@ def test_other_runs_are_counted_and_busy_processes_subtracted(tmp_path: Path, cl
     registry.join()
     chosen: List[int] = []
     threads = cpu.Threads(registry, cpu.Cores({0, 1}, physical=2, quota=None), 1, chosen.append)
-    caplog.set_level(logging.INFO, logger="nli.cpu")
+    caplog.set_level(logging.INFO, logger="nli.runtime.cpu")
 
     clock[0] += 5  # the imports: nothing else ran
     assert threads.decide() == 2 and chosen == [2]
@@ -168,7 +168,7 @@ def test_revisit_looks_again_only_every_few_seconds(tmp_path: Path, clock: List[
 def test_a_live_process_in_the_registry_is_a_run_until_it_ends(tmp_path: Path) -> None:
     """Real processes and the real /proc: a run's file counts while it lives, and goes when it ends."""
     folder = tmp_path / "runs"
-    code = f"from pathlib import Path; from nli.cpu import Registry; Registry(Path({str(folder)!r})).join(); " \
+    code = f"from pathlib import Path; from nli.runtime.cpu import Registry; Registry(Path({str(folder)!r})).join(); " \
            "print('joined', flush=True); input()"
     other = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)

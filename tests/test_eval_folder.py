@@ -1,5 +1,5 @@
 """``python train.py eval.only=true model.name_or_path=<run folder>``: the run's task, data and model settings
-come from the folder's config.yaml (nli/runfolder.py), what the command types wins, and the evaluation gives
+come from the folder's config.yaml (nli/config/runfolder.py), what the command types wins, and the evaluation gives
 the training run's own final evaluation, for each kind of run folder this project writes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from nli.errors import ConfigError
-from nli.storage import Storage
+from nli.io.storage import Storage
 from tests.conftest import build_config
 from tests.runs import FAST, GLUE_DATA, read_results, run_app, shared_folder
 from tests.test_pretrained import MINILM

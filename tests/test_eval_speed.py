@@ -18,9 +18,9 @@ import pytest
 import torch
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerFast
 
-from nli import data
-from nli.distributed import World
-from nli.evaluation import Predictions, gather, predict
+from nli.data import loaders as data
+from nli.evaluate.evaluation import Predictions, gather, predict
+from nli.runtime.distributed import World
 from tests.conftest import build_config
 from tests.glue_layouts import stsb_dir
 from tests.runs import FAST, copy_run, read_results, run_app
@@ -68,9 +68,9 @@ def test_ungrouped_loaders_keep_the_splits_order() -> None:
 def test_a_model_predicts_the_same_in_length_groups_as_in_the_splits_order(tmp_path: Path) -> None:
     """A real (random) RoBERTa with the fast paths, in fp32: label ids equal; the scores before the arg-max
     equal to float rounding (a batch's padding changes the shapes the matrix products run on)."""
-    from nli import fastpaths
-    from nli.device import Compute
-    from nli.model import build_model, train_bpe_tokenizer
+    from nli.model import fastpaths
+    from nli.model.build import build_model, train_bpe_tokenizer
+    from nli.runtime.device import Compute
 
     cfg = build_config(["experiment=quickstart"])
     rng = random.Random(1)
@@ -119,7 +119,7 @@ def submitted(path: Path) -> Dict[str, float]:
 def random_stsb_model(folder: Path, glue: Path) -> Path:
     """A tiny RoBERTa regressor with random weights and its tokenizer, saved: its scores differ from one
     pair to the next (a few steps of training bring every score to the mean)."""
-    from nli.model import build_model, train_bpe_tokenizer
+    from nli.model.build import build_model, train_bpe_tokenizer
 
     cfg = build_config(["task=stsb", "model=tiny", "data.max_seq_length=64"])
     rows = [line.split("\t") for line in (glue / "STS-B" / "train.tsv").read_text().splitlines()[1:]]

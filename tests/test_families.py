@@ -14,7 +14,7 @@ import sentencepiece
 import torch
 from transformers import AutoTokenizer
 
-from nli import synthetic
+from nli.data import synthetic
 from tests.conftest import build_config
 from tests.families import small_model
 from tests.runs import GLUE_DATA, read_results, run_app

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from nli.identity import CONTINUABLE, digest, identity
+from nli.config.identity import CONTINUABLE, digest, identity
 from tests.conftest import build_config, compose_config
 from tests.runs import FAST, MEASURED, ROOT, copy_run, process_env, read_results, run_app
 
@@ -188,7 +188,7 @@ def test_outputs_are_written_with_the_users_umask(tmp_path: Path) -> None:
 
 
 def test_a_run_from_before_a_key_existed_resumes_where_the_key_keeps_its_old_behaviour() -> None:
-    from nli.identity import ADDED, differences, identity
+    from nli.config.identity import ADDED, differences, identity
 
     new = identity(OmegaConf.to_container(compose_config(["experiment=quickstart"]), resolve=True))
     old = {key: value for key, value in new.items() if key not in ADDED}  # written before those keys existed

@@ -16,10 +16,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-from nli import synthetic
-from nli.data import load_splits
+from nli.data import synthetic
+from nli.data.loaders import load_splits
 from nli.errors import ConfigError, DataError
-from nli.model import build_model
+from nli.model.build import build_model
 from tests.conftest import build_config
 from tests.glue_layouts import MNLI_HEAD, mnli_row, stsb_dir, write_tsv
 from tests.runs import GLUE_DATA, MEASURED, read_results, run_app

@@ -10,8 +10,12 @@ happens to be imported at run time. ``from package import name`` is an edge to t
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+from tests import code_map
 
 ROOT = Path(__file__).resolve().parents[1]
 TREES = {"nli": ROOT / "nli", "hydra_plugins.vertex_launcher": ROOT / "launch" / "hydra_plugins" / "vertex_launcher"}
@@ -114,3 +118,87 @@ def test_nothing_in_the_library_imports_a_process_starter() -> None:
     edges = graph()
     importers = {name: sorted(targets & starters) for name, targets in edges.items() if targets & starters}
     assert importers == {"nli.xla_launch": ["nli.__main__"]}
+
+
+LAYERS = code_map.LAYERS  # nli/'s layers, from the ground up (docs/code-map.md)
+LAYER = {unit: number for number, units in enumerate(LAYERS) for unit in units}
+# What the Vertex launcher uses of the framework (launch/hydra_plugins/vertex_launcher/__init__.py lists it).
+LAUNCHER_SURFACE = {"nli.contract", "nli.errors", "nli.io.storage", "nli.sweep.table", "nli.runtime.provenance"}
+
+
+def unit(module: str) -> str:
+    """The top-level package or module of nli/ that ``module`` belongs to."""
+    return module.split(".")[1] if module.count(".") else "__init__"
+
+
+def test_every_package_and_module_of_nli_has_a_layer() -> None:
+    units = {unit(name) for name in modules() if name.startswith("nli.")}
+    assert units - {"__init__"} == set(LAYER), "place it in LAYERS (and docs/code-map.md)"
+
+
+def test_nli_imports_only_downward_and_within_a_package() -> None:
+    upward = [f"{name} -> {target}" for name, targets in graph().items() if name.startswith("nli.")
+              for target in targets if target.startswith("nli.") and unit(target) != unit(name)
+              and LAYER[unit(target)] >= LAYER[unit(name)] and LAYER[unit(name)] != len(LAYERS) - 1]
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    edges = graph()
+    assert "nli.model.build" in edges["nli.model.lora"]  # read: what the check above walks
+    assert LAYER[unit("nli.model.lora")] < LAYER[unit("nli.train.optim")]  # lora importing optim would be refused
+
+
+def test_the_launcher_uses_only_its_named_surface_of_the_framework() -> None:
+    used = {target for name, targets in graph().items() if name.startswith("hydra_plugins.")
+            for target in targets if target.startswith("nli")}
+    assert used - {"nli", "nli.io", "nli.sweep", "nli.runtime"} == LAUNCHER_SURFACE
+    listed = (TREES["hydra_plugins.vertex_launcher"] / "__init__.py").read_text()
+    assert all(f"``{module}``" in listed for module in LAUNCHER_SURFACE)
+
+
+def face_of(package: str) -> Tuple[Dict[str, List[str]], List[str]]:
+    """A package's face, read from its __init__: module -> its public names, and the modules offered whole."""
+    call = ast.parse((ROOT / "nli" / package / "__init__.py").read_text()).body[-1].value  # type: ignore[attr-defined]
+    return ast.literal_eval(call.args[1]), ast.literal_eval(call.args[2])
+
+
+def test_each_package_offers_its_names_and_they_resolve() -> None:
+    for package in [name for name in LAYER if (ROOT / "nli" / name / "__init__.py").exists()]:
+        names, whole = face_of(package)
+        face = importlib.import_module(f"nli.{package}")
+        shadowed = [n for listed in names.values() for n in listed if (ROOT / "nli" / package / f"{n}.py").exists()]
+        assert shadowed == [], f"nli.{package}: a name its module hides once imported; offer that module whole"
+        assert sorted(face.__all__) == sorted([*(n for listed in names.values() for n in listed), *whole])
+        for module, listed in names.items():
+            for name in listed:
+                assert getattr(face, name) is getattr(importlib.import_module(f"nli.{package}.{module}"), name)
+        assert all(getattr(face, module).__name__ == f"nli.{package}.{module}" for module in whole)
+
+
+def test_packages_reach_each_other_only_through_the_names_their_faces_offer() -> None:
+    """An import across packages names a module offered whole, or a name its package's face lists."""
+    reached = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith("nli."):
+                continue
+            parts = node.module.split(".")  # type: ignore[union-attr]
+            within = len(parts) < 2 or parts[1] not in LAYER or parts[1] == unit(name)
+            if within or not (ROOT / "nli" / parts[1]).is_dir():
+                continue
+            names, whole = face_of(parts[1])
+            for alias in node.names:
+                module = parts[2] if len(parts) > 2 else alias.name
+                offered = module in whole or (len(parts) > 2 and alias.name in names.get(module, []))
+                if not offered:
+                    reached.append(f"{name}: from {node.module} import {alias.name}")
+    assert reached == [], "list the name in its package's face (nli/<package>/__init__.py), or keep it inside"
+
+
+def test_the_code_map_indexes_every_module_by_its_own_docstring() -> None:
+    page = code_map.PAGE.read_text()
+    assert page == code_map.page_with_index(page), "docs/code-map.md is stale: python -m tests.code_map writes it"
+    listed = set(re.findall(r"^    (nli/\S+)", page, re.M))
+    assert {p.relative_to(ROOT).as_posix() for p in (ROOT / "nli").rglob("*.py")
+            if p.name != "__init__.py" and "fastpaths" not in p.parts and "platform" not in p.parts} <= listed

@@ -1,5 +1,5 @@
 """What is typed is what runs: every key is the schema's or refused by name, whatever its prefix, and a
-command refused before it starts writes nothing (nli/keys.py, nli/command.py)."""
+command refused before it starts writes nothing (nli/config/keys.py, nli/config/command.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Iterator, List, Tuple
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from nli.command import check
-from nli.config import compose
+from nli.config.command import check
+from nli.config.keys import check_known, fields_of
+from nli.config.schema import compose
 from nli.errors import ConfigError
-from nli.keys import check_known, fields_of
 from tests.conftest import compose_config
 from tests.runs import CONF, FAST, run_app
 

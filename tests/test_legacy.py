@@ -9,13 +9,12 @@ import re
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
-import pytest
 import torch
 import yaml
 from hydra.utils import get_object
 from safetensors.torch import load_file
 
-from nli import report
+from nli.sweep import report
 from tests.runs import MEASURED, ROOT, copy_run, read_results, run_app
 
 LEGACY = ROOT / "tests" / "data" / "legacy"

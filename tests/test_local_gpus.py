@@ -1,4 +1,4 @@
-"""hydra/launcher=local-gpus (nli/gpus.py): a local parallel sweep gives each job GPUs of its own and queues
+"""hydra/launcher=local-gpus (nli/sweep/local_gpus.py): a local parallel sweep gives each job GPUs of its own and queues
 the rest. This machine may have no GPU: the sweep's process is told it sees two (CUDA_VISIBLE_DEVICES=0,1),
 and the jobs, handed devices that do not exist, train on the CPU; what each was handed is in its row."""
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from nli import gpus, sweep
+from nli.sweep import local_gpus as gpus
+from nli.sweep import table as sweep
 from tests.runs import FAST, ROOT, process_env, run_app
 
 TWO_GPUS = {"CUDA_VISIBLE_DEVICES": "0,1"}

@@ -1,4 +1,4 @@
-"""The training loop on its own (nli.loop.Loop), on a model small enough that every step can be worked
+"""The training loop on its own (nli.train.loop.Loop), on a model small enough that every step can be worked
 out by hand: gradient accumulation and the epoch's short last batch, the skip of a non-finite loss,
 early stopping, the checkpoint cadence, a stop at a step boundary, and a resume that ends where an
 uninterrupted loop does. Milliseconds each: a loop bug shows here before any end-to-end run."""
@@ -16,18 +16,18 @@ import torch
 from torch.utils.data import DataLoader
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from nli.checkpoint import BestEvaluation, Checkpointer, Checkpoints, Progress, RandomState, TrainingState
-from nli.config import TrainConfig
-from nli.data import EpochSampler
-from nli.device import Compute
-from nli.distributed import World
+from nli.config.schema import TrainConfig
+from nli.data.loaders import EpochSampler
 from nli.errors import Diverged
-from nli.evaluation import Evaluation
-from nli.hooks import EarlyStopping, Hook
-from nli.loop import Loop, Optimization, Plan, TrainResult
-from nli.model import train_bpe_tokenizer
-from nli.signals import Preempted, StopRequest
-from nli.storage import Storage
+from nli.evaluate.evaluation import Evaluation
+from nli.io.storage import Storage
+from nli.model.build import train_bpe_tokenizer
+from nli.runtime.device import Compute
+from nli.runtime.distributed import World
+from nli.runtime.signals import Preempted, StopRequest
+from nli.train.checkpoint import BestEvaluation, Checkpointer, Checkpoints, Progress, RandomState, TrainingState
+from nli.train.hooks import EarlyStopping, Hook
+from nli.train.loop import Loop, Optimization, Plan, TrainResult
 
 FEATURES, CLASSES = 4, 3
 
@@ -71,7 +71,8 @@ class Trial:
     objectives: Sequence[float] = ()  # what each evaluation reports, in turn; empty: the loss on all the data
     hooks: List[Hook] = field(default_factory=list)
     scaled: bool = False  # the loss scaled as under fp16 (GradScaler), the gradients unscaled before the step
-    on_device: bool = False  # non-finite steps skipped by the scaler on the device, as on a GPU (nli.loop.grad_scaler)
+    # Non-finite steps skipped by the scaler on the device, as on a GPU (nli.train.loop.grad_scaler).
+    on_device: bool = False
     adam: bool = False  # fused AdamW, the default optimizer, instead of SGD
     model: Classifier = field(init=False)
     progress: Progress = field(default_factory=Progress)
@@ -98,7 +99,7 @@ class Trial:
         plan = Plan.make(self.train, examples_per_epoch=len(self.data), world_size=1,
                          accumulation=math.ceil(self.train.batch_size / self.micro_batch))
         scaler = (torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=2**30) if self.on_device else
-                  torch.amp.GradScaler("cpu", enabled=self.scaled))  # the scalers nli.loop.grad_scaler makes
+                  torch.amp.GradScaler("cpu", enabled=self.scaled))  # the scalers nli.train.loop.grad_scaler makes
         opt = Optimization(self.model, self.model, self.optimizer, self.scheduler, scaler, compute, world,
                            skips_on_device=self.on_device)
         checkpointer = Checkpointer(self.checkpoints, self.state, self.tokenizer, world)  # type: ignore[arg-type]
@@ -427,7 +428,7 @@ def test_the_early_stopping_message_names_the_kept_best_checkpoint(tmp_path: Pat
     trial = Trial(examples(64), config(max_steps=20, eval_every=2), tmp_path, tokenizer,
                   objectives=[0.69, 0.70, 0.65, 0.6])
     trial.hooks.append(EarlyStopping(patience=2, min_delta=0.05, metric="accuracy"))
-    with caplog.at_level("INFO", logger="nli.hooks"):
+    with caplog.at_level("INFO", logger="nli.train.hooks"):
         trial.run()
     assert trial.best.evaluation is not None and trial.best.evaluation.step == 4
     assert ("step 6: stopping early: no improvement of accuracy in the last 2 evaluations (train.early_stopping."

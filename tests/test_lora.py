@@ -1,4 +1,4 @@
-"""LoRA through peft (model/peft=lora, nli/lora.py): only the adapters and the head train, the export
+"""LoRA through peft (model/peft=lora, nli/model/lora.py): only the adapters and the head train, the export
 merged into a plain transformers model predicts what the adapted model predicted, checkpoints hold
 the adapters alone and a run stopped by SIGTERM resumes to the same end. Each family's real layout
 (tests/families.py), real peft and transformers, and the real train.py (in this process; stopped by a
@@ -25,11 +25,11 @@ from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from nli import fastpaths, lora
-from nli.config import AdamConfig, LoraConfig
+from nli.config.schema import AdamConfig, LoraConfig
 from nli.errors import ConfigError
-from nli.model import unwrap
-from nli.optim import build_optimizer, head_modules
+from nli.model import fastpaths, lora
+from nli.model.build import head_modules, unwrap
+from nli.train.optim import build_optimizer
 from tests.conftest import build_config
 from tests.families import FAMILIES, LAYERS, small_model
 from tests.runs import FAST, MEASURED, read_results, run_app, shared_folder

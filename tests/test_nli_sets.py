@@ -19,9 +19,10 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from nli import data, evalsets, metrics
-from nli.config import EVAL_SETS, ConfigError
+from nli.config.schema import EVAL_SETS, ConfigError
+from nli.data import loaders as data
 from nli.errors import DataError
+from nli.evaluate import evalsets, metrics
 from tests.conftest import build_config
 from tests.nli_layouts import (
     ANLI,
@@ -85,7 +86,7 @@ def test_each_set_is_a_task_with_its_hub_dataset_and_original_layout() -> None:
 def test_snli_jsonl_parses_and_its_pairs_without_gold_label_are_dropped_and_counted(
         tmp_path: Path, datasets_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = write_sets(tmp_path / "sets")
-    with caplog.at_level(logging.INFO, logger="nli.data"):
+    with caplog.at_level(logging.INFO, logger="nli.data.loaders"):
         splits = load(["task=snli", f"data.dir={root}"], train=True)
     for name, ds in [("train", splits.train), ("dev", splits.eval["validation"]), ("test", splits.eval["test"])]:
         gold = [(p, h, NLI_LABELS.index(g)) for g, p, h in SNLI[name] if g != "-"]

@@ -1,4 +1,4 @@
-"""Runs that survive a micro-batch too big for the device (nli.oom): the real train.py, its model made to
+"""Runs that survive a micro-batch too big for the device (nli.evaluate.oom): the real train.py, its model made to
 raise torch's own out-of-memory error above a chosen batch size (a forward pre-hook the tests install;
 there is no GPU here), must halve the micro-batch, train exactly as a run started at the size that fits,
 keep that size in its checkpoints for a resumed run, halve evaluation batches too, and stop clearly,
@@ -18,11 +18,12 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from nli import oom, recipe
-from nli.device import Compute
-from nli.distributed import World
+from nli import recipe
 from nli.errors import OutOfMemory
-from nli.oom import MicroBatches
+from nli.evaluate import oom
+from nli.evaluate.oom import MicroBatches
+from nli.runtime.device import Compute
+from nli.runtime.distributed import World
 from tests.runs import FAST, GLUE_DATA, MEASURED, copy_run, read_results, run_app
 
 ARGS = [*FAST, "hw=cpu"]  # global batches of 32; evaluation in one batch of the 96 examples

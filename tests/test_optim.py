@@ -12,12 +12,12 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from nli import lora
-from nli.config import AdamConfig, LoraConfig
+from nli.config.schema import AdamConfig, LoraConfig
 from nli.errors import ConfigError
-from nli.loop import training_loss
-from nli.model import build_model, unwrap
-from nli.optim import build_optimizer, build_scheduler, depth_rates
+from nli.model import lora
+from nli.model.build import build_model, unwrap
+from nli.train.loop import training_loss
+from nli.train.optim import build_optimizer, build_scheduler, depth_rates
 from tests.conftest import build_config
 from tests.families import FAMILIES, LAYERS, small_model
 from tests.runs import FAST, read_results, run_app
@@ -30,7 +30,7 @@ def adamw(**changes: float) -> AdamConfig:
 
 
 def expected_rate(name: str) -> float:
-    """Written out for each part by name, independently of nli.optim's patterns."""
+    """Written out for each part by name, independently of nli.train.optim's patterns."""
     if match := re.search(r"\.layers?\.(\d+)\.", name):
         return LR * DECAY ** (LAYERS - int(match[1]))  # the top layer (LAYERS - 1): one factor of the decay
     if "embeddings" in name or ".encoder.LayerNorm." in name:

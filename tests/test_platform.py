@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from nli import platform
 from nli.contract import vertex_dirs
-from nli.platform.submitit import SUBMITIT
+from nli.runtime import platform
+from nli.runtime.platform.submitit import SUBMITIT
 from tests.runs import FAST, ROOT, read_results, run_app
 
 SPEC = {"cluster": {"workerpool0": ["primary:2222"], "workerpool1": ["w1:2222", "w2:2222"]},
@@ -57,10 +57,10 @@ def test_submitit_requeues_on_its_own_signal() -> None:
 
 
 def test_no_platform_variable_is_read_outside_the_seam() -> None:
-    """AIP_*, CLUSTER_SPEC and SUBMITIT_* are named in nli/platform/ and nli/contract.py only: a new
+    """AIP_*, CLUSTER_SPEC and SUBMITIT_* are named in nli/runtime/platform/ and nli/contract.py only: a new
     platform touches no other file, and conf/ names none."""
     pattern = re.compile(r"(?<![A-Z_])(AIP_[A-Z_]+|CLUSTER_SPEC|SUBMITIT_[A-Z_]+)")
-    allowed = {ROOT / "nli" / "contract.py", *(ROOT / "nli" / "platform").glob("*.py")}
+    allowed = {ROOT / "nli" / "contract.py", *(ROOT / "nli" / "runtime" / "platform").glob("*.py")}
     readers = [str(path.relative_to(ROOT)) for path in [*(ROOT / "nli").rglob("*.py"), *(ROOT / "launch").rglob("*.py"),
                                                          *(ROOT / "conf").rglob("*.yaml")]
                if path not in allowed and pattern.search(re.sub(r'""".*?"""|#.*', "", path.read_text(), flags=re.S))]

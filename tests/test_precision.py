@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nli.config import Accelerator, HardwareConfig, Precision
-from nli.device import Native, choose_precision, continued_precision, gpu_native
+from nli.config.schema import Accelerator, HardwareConfig, Precision
 from nli.errors import ConfigError
+from nli.runtime.device import Native, choose_precision, continued_precision, gpu_native
 from tests.runs import FAST, run_app
 
 GPUS = {"V100": (7, 0), "T4": (7, 5), "A10": (8, 6), "L4": (8, 9), "A100": (8, 0), "H100": (9, 0), "P100": (6, 0)}
@@ -60,15 +60,15 @@ def test_explicit_fp16_without_tensor_cores_is_refused() -> None:
 def test_the_device_line_warns_when_bf16_is_emulated(monkeypatch: pytest.MonkeyPatch,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     """The log's device line names the GPU, its capability, the precision and why, as a warning when slow."""
-    from nli.config import PrecisionConfig
-    from nli.device import resolve_precision
+    from nli.config.schema import PrecisionConfig
+    from nli.runtime.device import resolve_precision
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: GPUS["T4"])
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)
     hw = HardwareConfig(accelerator=Accelerator.auto)
-    with caplog.at_level(logging.INFO, logger="nli.device"):
+    with caplog.at_level(logging.INFO, logger="nli.runtime.device"):
         assert resolve_precision(PrecisionConfig(dtype=Precision.auto), torch.device("cuda", 0), hw) == torch.float16
         assert resolve_precision(PrecisionConfig(dtype=Precision.bf16), torch.device("cuda", 0), hw) == torch.bfloat16
     auto, asked = caplog.records
@@ -114,15 +114,15 @@ def test_bf16_begun_on_a_cpu_with_amx_goes_on_in_bf16_on_one_without(monkeypatch
                                                                       tmp_path: Path) -> None:
     """The quickstart's case: begun in bf16 (precision=auto on a CPU with AMX), continued on a CPU without native
     bf16, where auto picks fp32. It goes on in bf16, emulated, and results.json says bf16."""
-    import nli.device
+    import nli.runtime.device
 
     run_dir = tmp_path / "run"
     args = [*FAST, "hw=cpu", "precision=auto", f"hydra.run.dir={run_dir}"]
-    monkeypatch.setattr(nli.device, "cpu_native_bf16", lambda env: (True, "the CPU computes bf16 natively"))
+    monkeypatch.setattr(nli.runtime.device, "cpu_native_bf16", lambda env: (True, "the CPU computes bf16 natively"))
     first = run_app([*args, "train.max_steps=6"], cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "precision bf16 (precision=auto: the CPU computes bf16 natively" in first.stdout
-    monkeypatch.setattr(nli.device, "cpu_native_bf16", lambda env: (False, "no native bf16 on this CPU"))
+    monkeypatch.setattr(nli.runtime.device, "cpu_native_bf16", lambda env: (False, "no native bf16 on this CPU"))
     second = run_app([*args, "train.max_steps=12", "train.accept_changes=[train.max_steps]"], cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "precision bf16 (the run started in bf16 and goes on in it, emulated (slower) on the CPU" in second.stdout

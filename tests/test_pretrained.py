@@ -12,7 +12,7 @@ import pytest
 from transformers import RobertaConfig
 
 from nli.errors import ConfigError
-from nli.model import build_tokenizer
+from nli.model.build import build_tokenizer
 from tests.conftest import build_config
 from tests.runs import GLUE_DATA, read_results, run_app
 

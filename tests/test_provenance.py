@@ -1,4 +1,4 @@
-"""Where a run's numbers came from (nli/provenance.py): results.json's provenance, a sweep's commit per
+"""Where a run's numbers came from (nli/runtime/provenance.py): results.json's provenance, a sweep's commit per
 job, and a checkout with uncommitted changes named dirty, found from the code's own folder."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 import torch
 import transformers
 
-from nli import report, sweep
+from nli.sweep import report
+from nli.sweep import table as sweep
 from tests.runs import FAST, ROOT, process_env, read_results, run_app
 from tests.test_sweep import rerun_sweep
 
@@ -54,8 +55,9 @@ def test_a_checkout_with_a_modified_file_says_dirty_wherever_the_run_starts(tmp_
     git(checkout, "add", ".")
     git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy")
     (tmp_path / "elsewhere").mkdir()
-    script = ("import json, pathlib, nli.provenance as p; print(json.dumps(p.code())); "
-              "f = pathlib.Path(p.__file__).parent / 'synthetic.py'; f.write_text(f.read_text() + '# changed\\n'); "
+    script = ("import json, pathlib, nli.runtime.provenance as p; print(json.dumps(p.code())); "
+              "f = pathlib.Path(p.__file__).parents[1] / 'data' / 'synthetic.py'; "
+              "f.write_text(f.read_text() + '# changed\\n'); "
               "print(json.dumps(p.code()))")
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path / "elsewhere", capture_output=True, text=True,
                           env=process_env({"PYTHONPATH": str(checkout)}), timeout=120)
@@ -83,7 +85,7 @@ def test_a_job_from_an_image_names_the_commit_and_image_its_launcher_recorded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Vertex AI job runs code from an image, which holds no .git: its results name the commit, the
     checkout's state and the image that the launcher put in its environment (nli.contract.JOB_*)."""
-    from nli import provenance
+    from nli.runtime import provenance
 
     monkeypatch.setattr(provenance, "checkout", lambda: None)  # the code is not a checkout's, as in an image
     image = "us-central1-docker.pkg.dev/p/nli/train:src-0123@sha256:" + "ab" * 32

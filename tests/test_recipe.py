@@ -12,10 +12,10 @@ from typing import Dict, List
 import pytest
 import torch
 
-from nli.checkpoint import BestEvaluation, Progress, TrainingState
 from nli.errors import CheckpointError
-from nli.evaluation import Evaluation
-from nli.hooks import EarlyStopping
+from nli.evaluate.evaluation import Evaluation
+from nli.train.checkpoint import BestEvaluation, Progress, TrainingState
+from nli.train.hooks import EarlyStopping
 from tests.runs import FAST, read_results, run_app
 
 # The metric cannot move: at this learning rate the weights barely change.

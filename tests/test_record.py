@@ -9,7 +9,7 @@ from typing import Callable, Dict, Sequence
 
 import yaml
 
-from nli import report
+from nli.sweep import report
 from tests.runs import FAST, copy_run, run_app
 
 ShareRun = Callable[[str, Sequence[str]], Path]

@@ -1,4 +1,4 @@
-"""`python -m nli.report` (nli/report.py) on a real sweep: one `train.py -m` over two learning rates
+"""`python -m nli.report` (nli/sweep/report.py) on a real sweep: one `train.py -m` over two learning rates
 and two seeds, shared by the module, and the report read back as a reader would read it: its
 tables parsed from the Markdown, its PNGs decoded."""
 
@@ -16,7 +16,8 @@ from typing import Dict, List, Tuple
 import matplotlib.image
 import pytest
 
-from nli import report, sweep
+from nli.sweep import report
+from nli.sweep import table as sweep
 from tests.runs import FAST, ROOT, copy_run, read_results, run_app, shared_folder
 from tests.test_sweep import rerun_sweep
 

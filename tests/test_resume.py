@@ -23,8 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from nli.checkpoint import Checkpoints
-from nli.storage import Storage
+from nli.io.storage import Storage
+from nli.train.checkpoint import Checkpoints
 from tests.runs import MEASURED, ROOT, copy_run, process_env, read_results, run_app, shared_folder
 from tests.wandb_records import records
 
@@ -501,7 +501,7 @@ class VisibleGpus:
 
 
 def test_each_rank_saves_its_own_gpus_generator_and_one_gpu_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nli.checkpoint import restore_rng, rng_state
+    from nli.train.checkpoint import restore_rng, rng_state
 
     rank3 = VisibleGpus(count=8, current=3)  # rank 3 of a node whose 8 GPUs every rank sees
     rank3.install(monkeypatch)
@@ -516,7 +516,7 @@ def test_each_rank_saves_its_own_gpus_generator_and_one_gpu_restores_it(monkeypa
 def test_a_checkpoint_written_seeing_eight_gpus_resumes_on_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """Checkpoints of earlier versions hold every visible GPU's state; restored where fewer are seen, each GPU
     takes its own (set_rng_state_all indexed GPUs that are not there: IndexError on the first step)."""
-    from nli.checkpoint import restore_rng, rng_state
+    from nli.train.checkpoint import restore_rng, rng_state
 
     VisibleGpus(count=1).install(monkeypatch)
     state = rng_state()
@@ -528,7 +528,7 @@ def test_a_checkpoint_written_seeing_eight_gpus_resumes_on_one(monkeypatch: pyte
 
 
 def test_a_gpu_checkpoint_resumes_on_the_cpu_with_its_cpu_generator(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nli.checkpoint import restore_rng, rng_state
+    from nli.train.checkpoint import restore_rng, rng_state
 
     state = rng_state()  # this machine's: no GPU
     expected = torch.rand(4)

@@ -17,9 +17,9 @@ from typing import Callable, Iterator, List, Sequence
 
 import pytest
 
-from nli import signals
 from nli.contract import PREEMPTED
-from nli.signals import Interrupted, StopRequest, interruption, relay_to_threads
+from nli.runtime import signals
+from nli.runtime.signals import Interrupted, StopRequest, interruption, relay_to_threads
 from tests.runs import FAST, ROOT, process_env, read_results, run_app
 
 
@@ -153,7 +153,7 @@ def test_a_signal_that_python_turned_into_another_error_is_still_the_signal() ->
 
 @pytest.fixture
 def relay() -> Iterator[None]:
-    """nli.signals.relay_to_threads in this process's main thread, undone afterwards."""
+    """nli.runtime.signals.relay_to_threads in this process's main thread, undone afterwards."""
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     relay_to_threads()
     try:
@@ -179,7 +179,7 @@ def in_a_thread(started: threading.Event, seen: List[str | None]) -> threading.T
 
 
 def test_a_run_in_another_thread_learns_of_a_signal_from_the_main_thread(relay: None) -> None:
-    """PyTorch/XLA runs each device's run in a thread of its process (nli.xla), where no signal arrives:
+    """PyTorch/XLA runs each device's run in a thread of its process (nli.runtime.xla), where no signal arrives:
     the main thread's relay notes it for that run's StopRequest, which stops at its next step."""
     seen: List[str | None] = []
     started = threading.Event()

@@ -1,4 +1,4 @@
-"""The output folder: one run's claim on it (nli.claim), on local disk and on Cloud Storage (the local
+"""The output folder: one run's claim on it (nli.io.claim), on local disk and on Cloud Storage (the local
 emulator), writes that two writers cannot spoil, modes from the umask, and Cloud Storage failures
 told in one line, with the fix, within seconds."""
 
@@ -25,9 +25,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from nli.claim import CLAIM_FILE, HOST, Claim, ClaimedError, ClaimLostError, Owner
 from nli.errors import StorageError
-from nli.storage import Storage, umask
+from nli.io.claim import CLAIM_FILE, HOST, Claim, ClaimedError, ClaimLostError, Owner
+from nli.io.storage import Storage, umask
 from tests.runs import ROOT, read_line
 
 # Claims that beat fast, so that a test sees several heartbeats in a fraction of a second.
@@ -112,14 +112,14 @@ def dead_pid() -> int:
 # A run in a process of its own: takes the claim, says so, and holds it until its stdin closes.
 CHILD = """
 import signal, sys
-from nli.claim import Claim, ClaimedError
-from nli.storage import Storage
+from nli.io.claim import Claim, ClaimedError
+from nli.io.storage import Storage
 
 class Stop(Exception):
     pass
 
 def stop(*_):
-    raise Stop()  # as nli.signals does: the run unwinds
+    raise Stop()  # as nli.runtime.signals does: the run unwinds
 
 signal.signal(signal.SIGTERM, stop)
 try:
@@ -162,7 +162,7 @@ def test_the_claim_of_a_process_that_no_longer_runs_is_taken_over(folder: Storag
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     gone = other(pid=dead_pid())
     plant(folder, gone)
-    with caplog.at_level(logging.WARNING, logger="nli.claim"), Claim.take(folder, **FAST) as claim:
+    with caplog.at_level(logging.WARNING, logger="nli.io.claim"), Claim.take(folder, **FAST) as claim:
         assert current(folder).token == claim.owner.token
     assert f"host {HOST}, pid {gone.pid}, started" in caplog.text
     assert f"pid {gone.pid} no longer runs on {HOST}. Taking it over" in caplog.text
@@ -176,7 +176,7 @@ def test_a_sigkilled_run_leaves_a_claim_the_next_run_takes_over(folder: Storage,
     proc.kill()
     proc.wait()
     assert current(folder).pid == proc.pid  # what a killed run leaves behind
-    with caplog.at_level(logging.WARNING, logger="nli.claim"), Claim.take(folder, **FAST):
+    with caplog.at_level(logging.WARNING, logger="nli.io.claim"), Claim.take(folder, **FAST):
         pass
     assert f"pid {proc.pid} no longer runs" in caplog.text
 
@@ -185,7 +185,8 @@ def test_a_stale_heartbeat_is_taken_over_whatever_the_host(folder: Storage, capl
     plant(folder, other(host="elsewhere", pid=4242, age=5))
     with pytest.raises(ClaimedError, match="host elsewhere, pid 4242, started .* \\(heartbeat 5 s ago\\)"):
         Claim.take(folder, heartbeat=1, stale_after=60)  # another host: its pid cannot be asked, only its heartbeat
-    with caplog.at_level(logging.WARNING, logger="nli.claim"), Claim.take(folder, heartbeat=1, stale_after=4) as claim:
+    with caplog.at_level(logging.WARNING, logger="nli.io.claim"), \
+            Claim.take(folder, heartbeat=1, stale_after=4) as claim:
         assert current(folder).token == claim.owner.token
     assert "host elsewhere, pid 4242" in caplog.text
     assert "its last heartbeat was 5 s ago (stale after 4 s)" in caplog.text
@@ -239,7 +240,7 @@ def test_the_heartbeat_keeps_the_claim_fresh(folder: Storage) -> None:
 def test_a_claim_taken_over_meanwhile_is_reported_lost_and_left_alone(folder: Storage,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     usurper = other(host="elsewhere", pid=777)
-    with caplog.at_level(logging.ERROR, logger="nli.claim"), Claim.take(folder, **FAST) as claim:
+    with caplog.at_level(logging.ERROR, logger="nli.io.claim"), Claim.take(folder, **FAST) as claim:
         claim.check()
         plant(folder, usurper)  # as a run that judged this one gone would
         deadline = time.monotonic() + 5

@@ -1,4 +1,4 @@
-"""Sweeps as researchers run them (nli/sweep.py): every launcher's table, failed jobs that do not stop
+"""Sweeps as researchers run them (nli/sweep/table.py): every launcher's table, failed jobs that do not stop
 the sweep, seeds summed up, Optuna searches that continue, one sweep at a time in a directory, and a
 sweep run again whose table is its own. Through the real `train.py -m`."""
 
@@ -21,8 +21,8 @@ from typing import Any, Dict, List
 import pytest
 import yaml
 
-from nli import sweep
-from nli.claim import HOST, Owner
+from nli.io.claim import HOST, Owner
+from nli.sweep import table as sweep
 from tests.runs import FAST, ROOT, process_env, read_results, run_app, shared_folder
 from tests.wandb_records import records
 

@@ -7,8 +7,8 @@ from typing import Dict
 import numpy as np
 import pytest
 
-from nli import metrics
-from nli.config import TaskConfig
+from nli.config.schema import TaskConfig
+from nli.evaluate import metrics
 from tests.conftest import build_config
 
 # What the Hub's nyu-mll/glue holds and how GLUE scores each task, written out by hand:

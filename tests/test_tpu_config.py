@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from nli.config import Accelerator
-from nli.data import BucketPadding, bucket_lengths
-from nli.model import train_bpe_tokenizer
+from nli.config.schema import Accelerator
+from nli.data.loaders import BucketPadding, bucket_lengths
+from nli.model.build import train_bpe_tokenizer
 from tests.conftest import build_config
 from tests.runs import FAST, process_env, run_app
 

@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from nli import synthetic
+from nli.data import synthetic
 from tests.runs import FAST, MEASURED, copy_run, read_results, run_app, run_process
 from tests.wandb_records import records
 
@@ -93,7 +93,7 @@ def test_wandb_logs_the_exported_model_when_asked_and_its_summary_is_results_jso
     by_kind: Dict[str, list] = {}
     for record in records(path):
         by_kind.setdefault(record.WhichOneof("record_type"), []).append(record)
-    # The model's artifact; the per-class tables (nli.analysis) are artifacts of their own, of type run_table.
+    # The model's artifact; the per-class tables (nli.evaluate.per_class) are artifacts of their own, of type run_table.
     (artifact,) = [record.artifact for record in by_kind["artifact"] if record.artifact.type == "model"]
     run_id = by_kind["run"][0].run.run_id
     assert (artifact.name, artifact.type, set(artifact.aliases)) == (f"model-{run_id}", "model", {"best", "latest"})
@@ -224,9 +224,9 @@ def test_a_run_is_a_function_call_from_python(fast_run: Path, tmp_path: Path) ->
     app. It computes what train.py computes, writes the same files, and leaves the config it was given as it was."""
     import copy
 
-    from nli.config import compose
-    from nli.context import local
+    from nli.config.schema import compose
     from nli.recipe import run
+    from nli.runtime.context import local
 
     cfg = compose(FAST)
     before = copy.deepcopy(cfg)
@@ -245,9 +245,9 @@ def test_a_run_is_a_function_call_from_python(fast_run: Path, tmp_path: Path) ->
 
 
 def test_a_run_from_python_needs_an_output_folder() -> None:
-    from nli.config import compose
-    from nli.context import local
+    from nli.config.schema import compose
     from nli.errors import ConfigError
+    from nli.runtime.context import local
 
     with pytest.raises(ConfigError, match="pass output_dir=... or set it in the config"):
         local(compose(FAST))
@@ -257,7 +257,7 @@ def test_compose_outside_any_hydra_session_leaves_none_behind() -> None:
     """In a notebook nothing has initialised Hydra: compose() does, for the one call, and leaves it as it was."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from nli.config import Config, compose
+    from nli.config.schema import Config, compose
 
     session = GlobalHydra.instance().hydra  # the test session's (tests/conftest.py), put back below
     GlobalHydra.instance().clear()

@@ -1,5 +1,5 @@
 """The pieces under train.py: metrics, the synthetic task, the optimizer's parameter groups, the
-fast paths (nli.fastpaths)."""
+fast paths (nli.model.fastpaths)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,22 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-from nli import fastpaths, metrics, synthetic
-from nli.config import AdamConfig, Attention, ConfigError, ModelConfig, ScratchArchitecture, SGDConfig, TaskConfig
-from nli.fastpaths import cpu_dropout, first_token, unpadded
-from nli.model import build_model, train_bpe_tokenizer
-from nli.optim import build_optimizer, build_scheduler, param_groups
-from nli.signals import Interrupted, StopRequest
+from nli.config.schema import (
+    AdamConfig,
+    Attention,
+    ConfigError,
+    ModelConfig,
+    ScratchArchitecture,
+    SGDConfig,
+    TaskConfig,
+)
+from nli.data import synthetic
+from nli.evaluate import metrics
+from nli.model import fastpaths
+from nli.model.build import build_model, train_bpe_tokenizer
+from nli.model.fastpaths import cpu_dropout, first_token, unpadded
+from nli.runtime.signals import Interrupted, StopRequest
+from nli.train.optim import build_optimizer, build_scheduler, param_groups
 
 
 def test_metrics_agree_with_hand_computed_values() -> None:
@@ -112,8 +122,8 @@ def test_each_schedule_is_the_transformers_schedule_it_names(schedule: str, tran
     theirs = rates(lambda optimizer: transformers.get_scheduler(transformers_name, optimizer, num_warmup_steps=3,
                                                                 num_training_steps=10))
     assert ours == theirs and ours[0] == 0.0 and max(ours) == pytest.approx(0.1)
-    with pytest.raises(ConfigError, match="schedule._target_=nli.optim.nowhere names no function"):
-        build_scheduler(dataclasses.replace(cfg, _target_="nli.optim.nowhere"), torch.optim.SGD(
+    with pytest.raises(ConfigError, match="schedule._target_=nli.train.optim.nowhere names no function"):
+        build_scheduler(dataclasses.replace(cfg, _target_="nli.train.optim.nowhere"), torch.optim.SGD(
             _tiny_model().parameters(), lr=0.1), total_steps=10)
 
 
@@ -277,7 +287,7 @@ def test_the_first_token_alone_only_where_the_head_reads_only_that() -> None:
 
 
 def _is_stock(model: torch.nn.Module, attention: str = "sdpa") -> bool:
-    """``model`` runs transformers' own forward: no method, layer or attention of nli.fastpaths."""
+    """``model`` runs transformers' own forward: no method, layer or attention of nli.model.fastpaths."""
     return (not any("forward" in vars(module) for module in model.modules())
             and not any(isinstance(module, cpu_dropout.CpuDropout) for module in model.modules())
             and model.config._attn_implementation == attention)
@@ -322,10 +332,10 @@ def test_fast_paths_only_with_the_transformers_they_were_written_for(monkeypatch
     monkeypatch.setattr(transformers, "__version__", "5.99.0")
     model = _tiny_classifier("bert")
     before = [model(**batch).logits for batch in _batches()]
-    with caplog.at_level(logging.INFO, logger="nli.fastpaths"):
+    with caplog.at_level(logging.INFO, logger="nli.model.fastpaths"):
         assert fastpaths.install(model, device=torch.device("cpu")) == []
     assert _is_stock(model)
-    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "nli.fastpaths"] == [
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "nli.model.fastpaths"] == [
         (logging.WARNING, "fast paths: none installed, the stock forward runs: transformers 5.99.0, not the "
                           "==5.23.* they were written against")]
     for batch, logits in zip(_batches(), before):
@@ -343,10 +353,10 @@ def test_fast_paths_only_for_the_architectures_they_were_written_for(caplog: pyt
         attn_implementation="sdpa")
     for model in (distilbert, tagger):
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="nli.fastpaths"):
+        with caplog.at_level(logging.INFO, logger="nli.model.fastpaths"):
             assert fastpaths.install(model, device=torch.device("cpu")) == []
         assert _is_stock(model)
-        lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "nli.fastpaths"]
+        lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "nli.model.fastpaths"]
         assert len(lines) == 1 and lines[0][0] == logging.INFO
         assert f"architecture {type(model).__name__} with sdpa attention" in lines[0][1]
 
@@ -394,10 +404,10 @@ def test_hidden_states_and_attentions_come_from_the_stock_forward(model_type: st
 
 def test_no_fast_paths_for_a_model_configured_to_return_hidden_states(caplog: pytest.LogCaptureFixture) -> None:
     model = _tiny_classifier("bert", output_hidden_states=True)
-    with caplog.at_level(logging.INFO, logger="nli.fastpaths"):
+    with caplog.at_level(logging.INFO, logger="nli.model.fastpaths"):
         assert fastpaths.install(model, device=torch.device("cpu")) == []
     assert _is_stock(model)
-    lines = [r.getMessage() for r in caplog.records if r.name == "nli.fastpaths"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "nli.model.fastpaths"]
     assert len(lines) == 1 and "config sets output_hidden_states" in lines[0]
     assert len(model(**_batches()[0]).hidden_states) == 3
 
@@ -410,15 +420,15 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-import nli.fastpaths, nli.model
-from nli.fastpaths import cpu_dropout
+import nli.model.fastpaths, nli.model.build
+from nli.model.fastpaths import cpu_dropout
 def registered():
     return [cpu_dropout.ATTENTION in ALL_ATTENTION_FUNCTIONS, cpu_dropout.ATTENTION in ALL_MASK_ATTENTION_FUNCTIONS]
 imported = registered()
 config = AutoConfig.for_model("bert", vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                               intermediate_size=64)
 model = AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa")
-installed = nli.fastpaths.install(model, device=torch.device("cpu"))
+installed = nli.model.fastpaths.install(model, device=torch.device("cpu"))
 print(json.dumps({"imported": imported, "installed": installed, "after": registered()}))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
@@ -429,8 +439,8 @@ print(json.dumps({"imported": imported, "installed": installed, "after": registe
 
 @pytest.mark.parametrize("asked,computed", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
 def test_on_the_cpu_precision_is_what_was_asked(asked: str, computed: torch.dtype) -> None:
-    from nli.config import Precision, PrecisionConfig
-    from nli.device import resolve_precision
+    from nli.config.schema import Precision, PrecisionConfig
+    from nli.runtime.device import resolve_precision
 
     assert resolve_precision(PrecisionConfig(dtype=Precision(asked)), torch.device("cpu")) == computed
 
@@ -448,8 +458,8 @@ def test_on_the_cpu_precision_is_what_was_asked(asked: str, computed: torch.dtyp
 def test_on_the_cpu_auto_is_bf16_where_the_cpu_computes_it_natively(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, bf16: bool, amx: bool, capability: str,
         env: Dict[str, str], computed: torch.dtype, why: str) -> None:
-    from nli.config import Precision, PrecisionConfig
-    from nli.device import resolve_precision
+    from nli.config.schema import Precision, PrecisionConfig
+    from nli.runtime.device import resolve_precision
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
@@ -457,15 +467,15 @@ def test_on_the_cpu_auto_is_bf16_where_the_cpu_computes_it_natively(
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)  # the suite's pin (tests/conftest.py): the case's own
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    with caplog.at_level(logging.INFO, logger="nli.device"):
+    with caplog.at_level(logging.INFO, logger="nli.runtime.device"):
         assert resolve_precision(PrecisionConfig(dtype=Precision.auto), torch.device("cpu")) == computed
     name = "bf16" if computed == torch.bfloat16 else "fp32"
     assert f"precision {name} (precision=auto: " in caplog.text and why in caplog.text
 
 
 def test_on_the_cpu_fp16_is_refused_with_what_runs() -> None:
-    from nli.config import Precision, PrecisionConfig
-    from nli.device import resolve_precision
+    from nli.config.schema import Precision, PrecisionConfig
+    from nli.runtime.device import resolve_precision
 
     with pytest.raises(ConfigError, match=r"precision=fp16 cannot run on the CPU .*use precision=auto"):
         resolve_precision(PrecisionConfig(dtype=Precision.fp16), torch.device("cpu"))

@@ -174,7 +174,7 @@ def test_a_failed_job_is_failed_with_vertex_message_and_the_other_succeeds(fake:
     assert [row["state"] for row in rows] == ["COMPLETED", "FAILED"]
     assert "data.dir reads the GLUE layout" in rows[1]["error"]  # the job's own error, in its row
     assert 0 <= float(rows[0]["objective"]) <= 1 and rows[1]["objective"] == ""
-    # Rows of this sweep (nli.sweep), hence in the table it prints at its end.
+    # Rows of this sweep (nli.sweep.table), hence in the table it prints at its end.
     assert rows[0]["sweep"] == rows[1]["sweep"] != "" and "1 of the sweep's jobs failed" in output
     assert "exited with a non-zero status of 1" in output  # the service's message ...
     assert "data.dir reads the GLUE layout" in output  # ... and the job's own error, reported from inside
@@ -229,7 +229,7 @@ def test_stream_logs_follows_every_job_of_a_sweep_each_line_once_after_its_job(f
 
 
 def sweep_rows(sweep_dir: Path) -> List[Dict[str, Any]]:
-    from nli import sweep
+    from nli.sweep import table as sweep
 
     return sweep.read_rows(sweep_dir)
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from nli.model import build_model, build_tokenizer, load_export, load_trained
+from nli.model.build import build_model, build_tokenizer, load_export, load_trained
 from tests.conftest import build_config
 from tests.runs import MEASURED, read_results, run_app
 

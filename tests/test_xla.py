@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from nli.data import bucket_lengths
+from nli.data.loaders import bucket_lengths
 from tests.runs import MEASURED, ROOT, environment_python, process_env, read_results
 from tests.test_signals import logged, wait_for
 
@@ -103,7 +103,7 @@ def outcome(run_dir: Path) -> Tuple[Dict, Dict[str, torch.Tensor]]:
 
 def test_sigterm_then_resume_ends_where_an_uninterrupted_run_does(xla_python: str, tmp_path: Path) -> None:
     """The stopped run under the launcher a TPU host uses: the signal reaches the launcher alone, which passes it
-    on to its process, where the run is in a thread of PyTorch/XLA's (nli.signals.relay_to_threads)."""
+    on to its process, where the run is in a thread of PyTorch/XLA's (nli.runtime.signals.relay_to_threads)."""
     whole = tmp_path / "whole"
     train(xla_python, SHORT, whole)
 

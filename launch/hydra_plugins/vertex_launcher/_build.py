@@ -26,7 +26,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.auth.exceptions import DefaultCredentialsError
 
 from nli.errors import UserError
-from nli.storage import Storage
+from nli.io.storage import Storage
 
 from . import _context
 from ._checks import LaunchError

@@ -25,8 +25,9 @@ from hydra.errors import CompactHydraException
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from nli import contract, sweep
+from nli import contract
 from nli.contract import HW_GROUP, RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
+from nli.sweep import table as sweep
 
 from . import _record, _spec
 from ._build import Image, check_image, image_of_source
@@ -217,7 +218,7 @@ class Sweep:
 
     def _collect(self, job: Job) -> JobReturn:
         """Hydra's JobReturn from what the job left in its output directory, and the job's row in the
-        sweep's table (nli.sweep: the same table as under every launcher)."""
+        sweep's table (nli.sweep.table: the same table as under every launcher)."""
         # The row's stamp: the sweep's, and what the jobs ran (image, commit; attach reads them from the record).
         row, value, error = ended(job, {**sweep.running_sweep(self.dir), **self._records()})
         if error is None:
@@ -235,7 +236,7 @@ class Sweep:
 
 
 def ended(job: Job, stamp: Dict[str, Any]) -> Tuple[Dict[str, Any], Any, Optional[JobFailed]]:
-    """An ended job's row in the sweep's table (nli.sweep, stamped with ``stamp``), from what it left in its
+    """An ended job's row in the sweep's table (nli.sweep.table, stamped with ``stamp``), from what it left in its
     output directory; its return value; and, where it did not succeed, its error. The launcher that waits
     and ``python -m nli.cloud attach`` both fill the table with it."""
     model_dir = vertex_dirs(job.remote_dir)[VERTEX_MODEL_DIR]  # where the job wrote, as Vertex AI told it

@@ -1,5 +1,5 @@
 """The git commit a sweep was launched from, and whether the tree had changes not committed: what
-each job records beside its image, since the image holds no .git of its own (nli.provenance reads
+each job records beside its image, since the image holds no .git of its own (nli.runtime.provenance reads
 it back in the job)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-from nli import contract, provenance
+from nli import contract
+from nli.runtime import provenance
 
 
 @dataclass(frozen=True)

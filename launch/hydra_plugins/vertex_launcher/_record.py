@@ -3,7 +3,7 @@ in the sweep's folder in the bucket (``<staging_bucket>/<sweep>``), so that the 
 after its terminal is gone, from this machine or another: ``python -m nli.cloud attach|cancel|logs``.
 
 It holds the sweep's Vertex AI project, region and endpoint (no secret: the jobs' secrets stay
-references in their specs), the columns that tie a row to the sweep's table (nli.sweep), and each
+references in their specs), the columns that tie a row to the sweep's table (nli.sweep.table), and each
 submitted job's number, overrides, resource name and folders, and every job the launch was to submit.
 Writing it is a help: a failure is one warning, and the sweep goes on.
 """
@@ -17,9 +17,9 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence
 
 from omegaconf import DictConfig
 
-from nli import sweep
 from nli.contract import VERTEX_JOBS_FILE
-from nli.storage import Storage
+from nli.io.storage import Storage
+from nli.sweep import table as sweep
 
 from .config import VertexLauncherConf
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 JOBS_FILE = VERTEX_JOBS_FILE
 VERSION = 1
-SWEEP_LABEL = "hydra_sweep_id"  # each job's label: the id of the sweep that submitted it (nli.sweep)
+SWEEP_LABEL = "hydra_sweep_id"  # each job's label: the id of the sweep that submitted it (nli.sweep.table)
 
 
 class Submitted(Protocol):

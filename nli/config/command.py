@@ -1,0 +1,207 @@
+"""``python train.py``'s command line, checked before Hydra starts the run.
+
+Hydra makes the run's folder, its log and its own record before the task function sees the config,
+so a command refused there has already written into the folder. What can be answered from the command
+line alone is answered here, in a fraction of a second, with one line on stderr and nothing written:
+
+- each override's key against the config it overrides (nli.config.keys): a misspelt key, with or without
+  ``+``/``++``, is named with the keys meant; a key under a null node with the option that gives it keys;
+- the composed config: Hydra's own composition errors (an unknown option, a value of the wrong type),
+  keys no schema knows, and, for a single run, every rule of the schema (nli.config.schema), on the config an
+  evaluation of a run folder fills from that folder (nli.config.runfolder), as the run will;
+- a launcher (``hydra/launcher=vertex``, ``submitit_slurm``) is chosen for a sweep (``-m``): a single run
+  ignores it and would train here, on this machine;
+- the run's (or the sweep's) directory can be made and written: for such an evaluation, the one its
+  default names after the folder's task, handed to Hydra (:func:`check` returns it).
+
+A sweep is checked here by its keys (with each group's first option), each value of a list or range
+against its key's type or its group's options, and its directory; the schema's rules, which may depend
+on how values combine, are each job's own to check (it fails alone, nli.cli).
+Anything this check cannot judge (Hydra's flags, ``--cfg``, ``--config-dir``) is left to Hydra.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Sequence
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from nli.config import runfolder
+from nli.config.keys import check_known, check_override_key
+from nli.errors import ConfigError, UserError
+
+MULTIRUN = ("-m", "--multirun")
+HYDRA_LAUNCHER = "basic"  # Hydra's own: runs a sweep's jobs here, one after another
+
+
+def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> List[str]:
+    """Stop with ``error: ...`` (exit 1) where ``argv`` cannot run as typed. Returns the overrides Hydra
+    is to be given besides ``argv``: for an evaluation of a run folder, the run directory its default
+    names after the folder's task (nli.config.runfolder), not the config's default task."""
+    flags = [arg for arg in argv if arg.startswith("-")]
+    if any(flag not in MULTIRUN for flag in flags):
+        return []  # Hydra's own flags (--cfg, --config-dir, ...): Hydra answers them
+    try:
+        overrides = OverridesParser.create().parse_overrides([arg for arg in argv if not arg.startswith("-")])
+    except HydraException:
+        return []  # not an override at all: Hydra's parser says where
+    groups = {path.relative_to(conf_dir).as_posix() for path in conf_dir.rglob("*") if path.is_dir()}
+    try:
+        with _hydra(conf_dir):
+            if flags:
+                _check_sweep(config_name, overrides, groups)
+                return []
+            return _check_run(config_name, overrides, groups, conf_dir)
+    except UserError as err:
+        raise SystemExit(f"error: {err}") from None
+    except yaml.YAMLError as err:  # a config file edited by hand (a user's conf/local/): the file, the line
+        raise SystemExit(f"error: a config file is not valid YAML: {_yaml_problem(err)}") from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """The parser's complaint on one line: the file, the line and column, what is wrong there."""
+    mark = getattr(err, "problem_mark", None)
+    if mark is None:
+        return " ".join(str(err).split())
+    return f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: {getattr(err, 'problem', err)}"
+
+
+@contextmanager
+def _hydra(conf_dir: Path) -> Iterator[None]:
+    """Hydra's compose API on ``conf_dir``; where something (a test session) already set it up, as it is."""
+    if GlobalHydra.instance().is_initialized():
+        yield
+        return
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        yield
+
+
+def _check_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path) -> List[str]:
+    base = _compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)])
+    _check_keys(base, overrides, groups)
+    cfg = _compose(config_name, [_line(o) for o in overrides])
+    _check_launcher(cfg, overrides)
+    from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
+    run_dir = str(cfg.hydra.run.dir)
+    _check_config(cfg, rules=True)
+    _check_writable("hydra.run.dir", run_dir)
+    typed = any(o.key_or_group == "hydra.run.dir" for o in overrides)
+    return [f"hydra.run.dir={_quoted(run_dir)}"] if from_folder and not typed else []
+
+
+def _check_launcher(cfg: DictConfig, overrides: List[Override]) -> None:
+    """Hydra hands a single run to no launcher: it runs here. A launcher chosen without ``-m`` (typed, or by
+    an experiment) would have the run train on this machine, where its user meant a cloud's or a cluster's."""
+    launcher = OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hydra/launcher", HYDRA_LAUNCHER)
+    if launcher != HYDRA_LAUNCHER:
+        typed = shlex.join(_line(o) for o in overrides)
+        raise ConfigError(f"hydra/launcher={launcher} launches a sweep's jobs, and without -m Hydra runs this one "
+                          f"here, on this machine: add -m (python train.py -m {typed}; a sweep of one job is fine)")
+
+
+def _quoted(value: str) -> str:
+    """``value`` as an override's value that Hydra's parser reads back as it is."""
+    if re.fullmatch(r"[\w./:+-]+", value):
+        return value
+    return "'" + value.replace("'", "\\'") + "'"  # in quotes, a backslash escapes a quote alone
+
+
+def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) -> None:
+    choices = [_first(o) for o in overrides if _chooses(o, groups)]
+    try:
+        base = compose(config_name, overrides=choices, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException, AssertionError):
+        return  # each job composes its own, and Hydra names what is wrong
+    _check_keys(base, overrides, groups)
+    _check_values(config_name, overrides, groups, choices, base)
+    plain = [_line(o) for o in overrides if o.key_or_group.startswith("hydra.") and not o.is_sweep_override()]
+    _check_writable("hydra.sweep.dir", str(_compose(config_name, [*choices, *plain]).hydra.sweep.dir))
+
+
+def _check_values(config_name: str, overrides: List[Override], groups: set[str], choices: List[str],
+                  base: DictConfig) -> None:
+    """Each value of a sweep over a list or a range, as its job will take it: an option its group lacks, or a
+    value its key's type refuses (``optimizer.lr=5e-4,abc``), stops the sweep here, named, before any job
+    runs. A value is set on the composed config (no composition per value: a sweep of a hundred seeds
+    stays instant); an option is composed, with the other groups at their first options."""
+    for override in overrides:
+        if not override.is_discrete_sweep() or override.key_or_group.startswith("hydra."):
+            continue
+        key = _line(override).split("=", 1)[0]
+        for value, text in zip(override.sweep_iterator(), override.sweep_string_iterator()):
+            try:
+                if _chooses(override, groups):
+                    _compose(config_name, [*(c for c in choices if c.split("=", 1)[0] != key), f"{key}={text}"])
+                else:
+                    with open_dict(base):
+                        OmegaConf.update(base, override.key_or_group, value, merge=True)
+            except (UserError, OmegaConfBaseException) as err:
+                reason = str(err).split("\n")[0] if isinstance(err, OmegaConfBaseException) else str(err)
+                raise ConfigError(f"{key}={text}, one job of the sweep {_line(override)}: {reason}") from None
+
+
+def _compose(config_name: str, overrides: List[str]) -> DictConfig:
+    try:
+        return compose(config_name, overrides=overrides, return_hydra_config=True)
+    except HydraException as err:  # an unknown option, a value of the wrong type: Hydra's words, once
+        cause = f"\n{err.__cause__}" if err.__cause__ is not None else ""
+        raise ConfigError(f"{err}{cause}".split("\nConfig search path:")[0].strip()) from None
+
+
+def _check_keys(base: DictConfig, overrides: List[Override], groups: set[str]) -> None:
+    for override in overrides:
+        if not _chooses(override, groups) and override.type != OverrideType.DEL:
+            check_override_key(base, override.key_or_group, _line(override))
+
+
+def _check_config(cfg: DictConfig, *, rules: bool) -> None:
+    with open_dict(cfg):
+        del cfg["hydra"]
+    check_known(cfg)
+    if rules:
+        OmegaConf.to_object(cfg)  # the schema's rules (nli.config.schema): ConfigError names the key and the fix
+
+
+def _line(override: Override) -> str:
+    """The override as typed."""
+    return str(override.input_line)
+
+
+def _chooses(override: Override, groups: set[str]) -> bool:
+    """An override that picks a group's option (model=tiny, hydra/launcher=vertex, model@x=...)."""
+    key = override.key_or_group
+    return "/" in key or key in groups or override.package is not None
+
+
+def _first(override: Override) -> str:
+    """A sweep over a group's options, as its first option: the keys it gives are what the check needs."""
+    if not override.is_sweep_override():
+        return _line(override)
+    key = _line(override).split("=", 1)[0]
+    return f"{key}={next(iter(override.sweep_string_iterator()))}"
+
+
+def _check_writable(key: str, folder: str) -> None:
+    """Hydra makes the folder and writes its log there first; a folder it cannot make ends in two tracebacks."""
+    path = Path(folder).absolute()
+    existing = next(parent for parent in (path, *path.parents) if parent.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{key}={folder}: {existing} is a file, not a folder. Set {key} to a folder")
+    try:  # a file written where Hydra will make the folder (access() says yes to root on a read-only mount);
+        # not the folder itself: Hydra names it again, and a default named by the clock may differ by a second
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as err:
+        raise ConfigError(f"{key}={folder}: cannot write there ({err.strerror or err}). Set {key} to a folder you "
+                          f"can write (e.g. {key}=/tmp/run), or output_dir for the run's results") from None

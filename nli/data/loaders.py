@@ -1,0 +1,319 @@
+"""Load a task's splits, tokenize them once, and batch them with dynamic padding (on XLA, padding to a
+few fixed lengths: :class:`BucketPadding`)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import datasets
+import numpy as np
+import pyarrow.compute
+import torch
+from torch.utils.data import DataLoader, Sampler, SequentialSampler
+from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+
+from nli.config.schema import DataConfig, TaskConfig
+from nli.data import sources
+from nli.errors import DataError
+from nli.runtime.distributed import World, shard
+
+log = logging.getLogger(__name__)
+
+# Examples (tokenized features) -> a batch of tensors: DataCollatorWithPadding, or BucketPadding on XLA.
+Collator = Callable[[List[Dict[str, Any]]], Dict[str, torch.Tensor]]
+
+
+@dataclass
+class Splits:
+    """Per split: the task's text columns, ``label``, ``idx`` and its ``groups`` columns (raw), or model
+    inputs (tokenized)."""
+
+    train: Optional[datasets.Dataset]  # None in an evaluation-only run: it reads no training set
+    eval: Dict[str, datasets.Dataset]
+    test: Dict[str, datasets.Dataset] = field(default_factory=dict)  # only when predicting
+    # eval split -> each of task.groups -> its value for each example (tokenizing drops the columns)
+    groups: Dict[str, Dict[str, List[str]]] = field(default_factory=dict)
+
+    def train_texts(self, text_fields: List[str]) -> Iterator[str]:
+        assert self.train is not None, "a tokenizer is learnt from a training set"
+        for name in text_fields:
+            yield from self.train[name]
+
+
+def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool, train: bool = True,
+                dir_key: str = "data.dir") -> Splits:
+    """The training split (unless ``train`` is false), every evaluation split and, to ``predict``, the
+    test splits of ``task``, subsampled as ``data`` asks; examples without a gold label (SNLI's) left
+    out of training and evaluation. ``dir_key`` names the key that set ``data.dir``, for the messages."""
+    test_splits = list(task.test_splits) if predict else []
+    raw = sources.load(task, data, [*([task.train_split] if train else []), *task.eval_splits, *test_splits],
+                       dir_key=dir_key)
+    train_set = None
+    if train:
+        train_set = _subsample_train(_gold(raw[task.train_split], task, task.train_split), data, seed=seed)
+    evals = {split: _first(_gold(raw[split], task, split), data.max_eval_samples) for split in task.eval_splits}
+    groups = {split: {column: ds[column] for column in task.groups} for split, ds in evals.items()} \
+        if task.groups else {}
+    sizes = ", ".join(f"{name}={len(ds)}" for name, ds in evals.items()) + \
+        "".join(f"; test {name}={len(raw[name])}" for name in test_splits)
+    if train_set is not None:
+        log.info("data: %d training examples; eval %s", len(train_set), sizes)
+    else:
+        log.info("data: %s, no training set; eval %s", task.name, sizes)
+    return Splits(train=train_set, eval=evals, test={split: raw[split] for split in test_splits}, groups=groups)
+
+
+def _gold(ds: datasets.Dataset, task: TaskConfig, split: str) -> datasets.Dataset:
+    """The examples that have a gold label: the Hub's -1 (SNLI's pairs without a consensus, "-" in its
+    files) can be neither learnt nor scored. How many were left out is logged."""
+    if task.is_regression:
+        return ds
+    labels = ds.with_format("arrow")["label"]
+    missing = int(pyarrow.compute.sum(pyarrow.compute.equal(labels, sources.NO_LABEL)).as_py() or 0)
+    if not missing:
+        return ds
+    if missing == len(ds):
+        raise DataError(f"task {task.name}: none of the {len(ds)} examples of its {split} split has a gold "
+                                "label (all are -1): a split to train or evaluate on needs labels")
+    log.info("%s %s: %d of %d examples have no gold label (label -1%s) and are left out", task.name, split,
+             missing, len(ds), f", {task.no_gold_label!r} in the original files" if task.no_gold_label else "")
+    return ds.filter(lambda labels: [label != sources.NO_LABEL for label in labels], input_columns="label",
+                     batched=True, desc=f"drop {task.name} {split} examples without a gold label")
+
+
+def _subsample_train(ds: datasets.Dataset, data: DataConfig, *, seed: int) -> datasets.Dataset:
+    if data.fraction_of_train_data < 1:
+        keep = math.ceil(data.fraction_of_train_data * len(ds))
+        ds = ds.shuffle(seed=seed).select(range(keep))
+    return _first(ds, data.max_train_samples)
+
+
+def _first(ds: datasets.Dataset, limit: int | None) -> datasets.Dataset:
+    return ds if limit is None or limit >= len(ds) else ds.select(range(limit))
+
+
+def tokenize(splits: Splits, tokenizer: PreTrainedTokenizerBase, task: TaskConfig,
+             max_seq_length: int) -> Splits:
+    """Token ids, attention masks and ``labels`` (test splits keep ``idx`` for the predictions).
+
+    ``datasets`` caches the result next to data that lives on disk (the Hub's, local files),
+    keyed by the data, the tokenizer and these arguments, so the next run reads it back."""
+
+    def encode(batch: Dict[str, list]) -> Dict[str, list]:
+        texts = [batch[name] for name in task.text_fields]
+        encoded = tokenizer(*texts, truncation=True, max_length=max_seq_length)
+        encoded["labels"] = [float(x) for x in batch["label"]] if task.is_regression else batch["label"]
+        # Fast tokenizers keep what truncation cut off; slow ones only tell by the length.
+        encoded["truncated"] = ([bool(e.overflowing) for e in encoded.encodings] if encoded.encodings
+                                else [len(ids) >= max_seq_length for ids in encoded["input_ids"]])
+        return encoded
+
+    def apply(ds: datasets.Dataset, name: str, keep: tuple[str, ...] = ()) -> datasets.Dataset:
+        drop = [column for column in ds.column_names if column not in keep]
+        ds = ds.map(encode, batched=True, remove_columns=drop, desc=f"tokenize {name}")
+        truncated = sum(ds["truncated"])
+        if truncated:
+            log.info("%s: %d of %d examples (%.1f%%) truncated at data.max_seq_length=%d", name, truncated,
+                     len(ds), 100 * truncated / len(ds), max_seq_length)
+        return ds.remove_columns("truncated")
+
+    return Splits(train=apply(splits.train, "train") if splits.train is not None else None,
+                  eval={name: apply(ds, name) for name, ds in splits.eval.items()},
+                  test={name: apply(ds, name, keep=("idx",)) for name, ds in splits.test.items()},
+                  groups=splits.groups)
+
+
+class EpochSampler(Sampler[int]):
+    """A new random order every epoch, fixed by the seed and the epoch, that can start part-way
+    through an epoch (after a resume) without reading the examples it skips.
+
+    Under data parallelism every rank draws the same order and cuts it into global batches of
+    ``batch_size``; rank r takes the r-th contiguous slice of each (``distributed.shard``), so the
+    ranks together see, step for step, exactly the batch one process would. A full batch splits
+    into equal slices of whole micro-batches; the epoch's last, shorter batch into slices that
+    differ by one example at most. ``start`` counts the examples of the epoch already trained on
+    by all ranks together: a whole number of global batches, whatever the world size.
+
+    With ``bucket`` > 0 and the examples' ``lengths``, batches hold examples of about one length
+    (``_draw``): far less padding, the same reproducible order for a seed and an epoch."""
+
+    def __init__(self, size: int, *, seed: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                 lengths: Optional[Sequence[int]] = None, bucket: int = 0) -> None:
+        self.size, self.seed, self.batch_size, self.rank, self.world_size = size, seed, batch_size, rank, world_size
+        self.lengths = lengths if lengths is not None else [0] * size  # real (non-pad) tokens per example
+        self.bucket = bucket
+        self.epoch, self.start = 0, 0
+        self._orders: Dict[int, List[int]] = {}
+
+    def set_epoch(self, epoch: int, *, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def step_examples(self, done: int) -> int:
+        """Examples in the global batch that starts after ``done`` examples of the epoch."""
+        return min(self.batch_size, self.size - done)
+
+    def share(self, done: int) -> int:
+        """This rank's examples of the global batch that starts after ``done``."""
+        lo, hi = shard(self.step_examples(done), rank=self.rank, world_size=self.world_size)
+        return hi - lo
+
+    def step_tokens(self, done: int) -> int:
+        """Real tokens of the global batch that starts after ``done``: every rank knows them
+        without asking the others or the device."""
+        order = self.order()
+        return int(sum(self.lengths[i] for i in order[done:done + self.step_examples(done)]))
+
+    def order(self) -> List[int]:
+        """The epoch's order, a function of the seed and the epoch alone."""
+        if self.epoch not in self._orders:
+            self._orders = {self.epoch: self._draw()}
+        return self._orders[self.epoch]
+
+    def _draw(self) -> List[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        if not self.bucket:
+            return order
+        # Length buckets: each run of `bucket` global batches sorted by length, so that a batch (and
+        # each rank's slice of it) holds examples of about one length and pads little; then the full
+        # batches shuffled. Lengths count in bands of 8 tokens (what GPUs pad to anyway), and the
+        # stable sort keeps the random order within a band: where length tells the label (a short
+        # hypothesis, an entailment), a batch still mixes labels instead of holding one. The epoch's
+        # last, short batch stays last, so positions still count whole batches and a resume finds its place.
+        chunk = self.batch_size * self.bucket
+        order = [i for c in range(0, self.size, chunk)
+                 for i in sorted(order[c:c + chunk], key=lambda i: -math.ceil(self.lengths[i] / 8))]
+        full = self.size // self.batch_size
+        batches = torch.randperm(full, generator=generator).tolist()
+        return [i for b in batches for i in order[b * self.batch_size:(b + 1) * self.batch_size]] + \
+            order[full * self.batch_size:]
+
+    def __iter__(self) -> Iterator[int]:
+        order = self.order()
+        mine: List[int] = []
+        for begin in range(self.start, self.size, self.batch_size):
+            lo, hi = shard(self.step_examples(begin), rank=self.rank, world_size=self.world_size)
+            mine.extend(order[begin + lo:begin + hi])
+        return iter(mine)
+
+    def __len__(self) -> int:
+        return sum(self.share(begin) for begin in range(self.start, self.size, self.batch_size))
+
+
+class BucketPadding:
+    """Pads each batch to the shortest of a few fixed lengths that holds it: powers of two from 16 up to
+    ``max_length``, and ``max_length`` itself. XLA compiles a graph for each input shape it meets, so
+    padding to the batch's longest sequence would compile one per length; these compile four at 128
+    tokens, and pad no sequence to more than twice its length."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
+        self.lengths = bucket_lengths(max_length)
+        self._pad = {n: DataCollatorWithPadding(tokenizer, padding="max_length", max_length=n) for n in self.lengths}
+
+    def __call__(self, features: List[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
+        longest = max(len(f["input_ids"]) for f in features)
+        return self._pad[next(n for n in self.lengths if n >= longest)](features)
+
+
+def bucket_lengths(max_length: int) -> List[int]:
+    lengths = [n for n in (2**k for k in range(4, max_length.bit_length())) if n < max_length]
+    return [*lengths, max_length]
+
+
+def train_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, micro_batch_size: int,
+                 seed: int, world: World, num_workers: int, pin_memory: bool,
+                 bucket: int = 0) -> Tuple[DataLoader, EpochSampler]:
+    """This rank's shuffled micro-batches of each global batch, and the sampler that sets each
+    epoch's order (length-bucketed when ``bucket`` > 0)."""
+    lengths = pyarrow.compute.list_value_length(ds.with_format("arrow")[:]["input_ids"]).to_pylist()
+    sampler = EpochSampler(len(ds), seed=seed, batch_size=batch_size, rank=world.rank, world_size=world.world_size,
+                           lengths=lengths, bucket=bucket)
+    # The loader's own generator seeds its workers, so that it never draws from the global
+    # generator: dropout must see the same random numbers whether or not the run resumed.
+    # Workers that stay from epoch to epoch: none is started again at each.
+    loader = DataLoader(ds, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
+                        num_workers=num_workers, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
+                        persistent_workers=num_workers > 0)
+    return loader, sampler
+
+
+def eval_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, world: World,
+                num_workers: int, pin_memory: bool, grouped: bool = True) -> DataLoader:
+    """This rank's contiguous slice of ``ds``: the ranks' predictions, each put back in the slice's
+    order (:func:`in_split_order`) and gathered in rank order, are the split's in its own order, each
+    example once. ``grouped``: in batches of about one length (:class:`LengthGroups`), which pad far
+    less than batches in the split's order; else in that order."""
+    lo, hi = world.shard(len(ds))
+    ds = ds.select(range(lo, hi)) if (lo, hi) != (0, len(ds)) else ds
+    if ds.features.get("idx") == datasets.Value("string"):  # a test file's own ids, as text
+        collator = TextIds(collator)
+    if grouped and len(ds):
+        return DataLoader(ds, batch_sampler=LengthGroups(_lengths(ds), batch_size), collate_fn=collator,
+                          num_workers=num_workers, pin_memory=pin_memory)
+    return DataLoader(ds, batch_size=batch_size, sampler=SequentialSampler(ds),
+                      collate_fn=collator, num_workers=num_workers, pin_memory=pin_memory)
+
+
+def _lengths(ds: datasets.Dataset) -> List[int]:
+    """Tokens per example, read from the Arrow column without decoding the examples."""
+    return pyarrow.compute.list_value_length(ds.with_format("arrow")[:]["input_ids"]).to_pylist()
+
+
+class LengthGroups(Sampler[List[int]]):
+    """Batches of examples of about one length, longest first: an evaluation's batches, padded each to
+    its longest example, then compute on little padding (the split's order mixes short and long).
+    ``restore`` puts predictions made in this order back in the examples' own order."""
+
+    def __init__(self, lengths: Sequence[int], batch_size: int) -> None:
+        # Stable: examples of one length keep their order. Longest first: a batch too large for the
+        # device's memory fails at once, not at the end of the split.
+        self.order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        self.batch_size = batch_size
+        self.restore = [0] * len(self.order)  # restore[i]: where example i comes in the batches' order
+        for position, example in enumerate(self.order):
+            self.restore[example] = position
+
+    def rebatched(self, batch_size: int) -> "LengthGroups":
+        """The same order in batches of ``batch_size`` (an evaluation out of memory: nli.evaluate.oom)."""
+        groups = copy.copy(self)
+        groups.batch_size = batch_size
+        return groups
+
+    def __iter__(self) -> Iterator[List[int]]:
+        for begin in range(0, len(self.order), self.batch_size):
+            yield self.order[begin:begin + self.batch_size]
+
+    def __len__(self) -> int:
+        return -(-len(self.order) // self.batch_size)
+
+
+def in_split_order(loader: DataLoader, values: Any) -> Any:
+    """``values`` (a dataclass of arrays, one row per example, such as nli.evaluate.evaluation.Predictions)
+    made in ``loader``'s order, in its examples' own order: each array whose first dimension counts
+    the examples reordered, every other field as it is. Unchanged where the loader kept that order."""
+    groups = loader.batch_sampler
+    if not isinstance(groups, LengthGroups):
+        return values
+    restore = np.asarray(groups.restore, dtype=np.int64)
+    changes = {f.name: value[restore] for f in dataclasses.fields(values)
+               if isinstance(value := getattr(values, f.name), np.ndarray) and value.ndim
+               and len(value) == len(restore)}
+    return dataclasses.replace(values, **changes)
+
+
+class TextIds:
+    """A collator for examples whose ``idx`` is text (a test file's own ids): the ids pass beside the
+    tensors, as a list, since a tensor holds numbers only."""
+
+    def __init__(self, collator: Collator) -> None:
+        self.collator = collator
+
+    def __call__(self, features: List[Dict[str, Any]]) -> Dict[str, Any]:
+        batch: Dict[str, Any] = self.collator([{k: v for k, v in f.items() if k != "idx"} for f in features])
+        batch["idx"] = [f["idx"] for f in features]
+        return batch

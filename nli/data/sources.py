@@ -1,0 +1,510 @@
+"""Where a task's raw examples come from: the Hub, a local GLUE directory, or files of your own.
+
+Every source gives each split the same columns, so that the rest of the pipeline cannot tell
+them apart: the task's text fields, ``label`` (the Hub's label id; a float for STS-B; -1 where a
+test file has no labels, or an example has no gold label: SNLI's "-"), ``idx`` (the example's
+number, written into test predictions: a test file of your own keeps its ids, numbers or text) and
+the task's ``groups`` columns (HANS's heuristic).
+An original download is read as its files are laid out: GLUE's and HANS's tab-separated files,
+SNLI's and ANLI's JSON Lines.
+Local files are read into the ``datasets`` cache once, keyed by their path, size and
+modification time, so tokenizing them is cached like the Hub's data. Files in a bucket
+(``data.dir=gs://...``, ``data.files.train=gs://...``) are fetched into a local cache first,
+keyed by the object's generation (nli/io/remote.py), and then read as local files are.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import datasets
+from datasets.exceptions import DatasetGenerationError
+
+from nli.config.schema import DataConfig, GlueFilesConfig, TaskConfig
+from nli.data import synthetic
+from nli.errors import DataError
+from nli.io import remote
+from nli.io.hub import hub_download
+
+log = logging.getLogger(__name__)
+
+NO_LABEL = -1  # the label of an unlabelled (test) example, or of one with no gold label, as on the Hub
+GLUE_HUB = "nyu-mll/glue"  # the GLUE tasks' Hub dataset
+
+# Where the synthetic task's splits come from: fixed seeds, so the task is the same whatever
+# the run's seed is.
+SYNTHETIC_SEEDS = {"train": 0, "validation": 1}
+
+# `datasets` builders for the formats data.files accepts, and their reading options.
+FILE_FORMATS: Dict[str, tuple[str, Dict[str, Any]]] = {
+    ".csv": ("csv", {"keep_default_na": False}),  # "NA" and "null" are text, not missing values
+    ".tsv": ("csv", {"sep": "\t", "keep_default_na": False}),
+    ".jsonl": ("json", {}),
+    ".json": ("json", {}),
+    ".parquet": ("parquet", {}),
+}
+# The columns a test file (data.files) may keep its own ids in, the first found taken: its predictions keep them.
+ID_COLUMNS = ("idx", "index", "id")
+# How the messages name each format.
+FORMAT_NAMES = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON Lines", ".json": "JSON", ".parquet": "Parquet"}
+
+
+def load(task: TaskConfig, data: DataConfig, splits: List[str], *,
+         dir_key: str = "data.dir") -> Dict[str, datasets.Dataset]:
+    """``splits`` of ``task`` from the source ``data`` selects: files, a folder of original downloads
+    (a GLUE dir), or the Hub. ``dir_key`` is the key that set ``data.dir``, for the messages."""
+    if data.files:
+        return {split: _from_file(task, data.files[split], data.columns, labelled=split not in task.test_splits)
+                for split in splits}
+    if data.dir is not None:
+        assert task.glue is not None  # the config checked it
+        return {split: _from_glue_dir(task, task.glue, data.dir, split, dir_key) for split in splits}
+    if task.is_generated:
+        return {split: _synthetic(data, split) for split in splits}
+    return _from_hub(task, splits)
+
+
+# ------------------------------------------------------------------------------------- labels
+
+
+def label_lookup(task: TaskConfig) -> Dict[str, int]:
+    """Every way a file may write each label: its name, GLUE's own value, and its id."""
+    lookup: Dict[str, int] = {}
+    for i, (name, value) in enumerate(zip(task.label_names, task.file_labels)):
+        lookup.update({name: i, value: i, str(i): i})
+    return lookup
+
+
+def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str) -> float | int:
+    """The label id (the score, for regression) that ``value`` stands for, or NO_LABEL where it says
+    the example has no gold label (task.no_gold_label); ``where`` names the file and row for the error."""
+    if task.no_gold_label is not None and isinstance(value, str) and value.strip() == task.no_gold_label:
+        return NO_LABEL
+    if task.is_regression:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise DataError(f"{where}: the score {value!r} is not a number") from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str) and value.strip() in lookup:
+        return lookup[value.strip()]
+    whole = _whole_number(value)  # 1.0: a column of ids read as decimals (a CSV with 1.0, or an empty cell)
+    if whole is not None and str(whole) in lookup:
+        return lookup[str(whole)]
+    known = ", ".join(dict.fromkeys([*task.label_names, *task.file_labels]))
+    no_gold = f", and {task.no_gold_label!r} for no gold label" if task.no_gold_label is not None else ""
+    raise DataError(f"{where}: {_unknown(value)} for task {task.name}; known labels: {known} "
+                    f"(or their ids 0-{task.num_labels - 1}){no_gold}")
+
+
+def _whole_number(value: Any) -> Optional[int]:
+    """The whole number a label written as a decimal stands for (1.0, "1.0"); None for any other value."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _unknown(value: Any) -> str:
+    """What is wrong with a label that names none of the task's, said for what it is."""
+    empty = value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == ""
+    if empty:
+        return "no label (the label column is empty there)"
+    if isinstance(value, float) and not value.is_integer():
+        return (f"unknown label {value!r} (the label column was read as decimal numbers: a label id is a whole "
+                "number, 0, 1, ...)")
+    return f"unknown label {value!r}"
+
+
+# ---------------------------------------------------------------------------- GLUE directory
+
+
+def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: str, key: str) -> datasets.Dataset:
+    if remote.is_remote(root):  # a bucket has no folders to check: the file is there or not
+        url = f"{root.rstrip('/')}/{glue.folder}/{glue.files[split]}"
+        if not remote.exists(url):
+            raise DataError(_not_glue_dir(task, glue, root, f"{url} does not exist", key))
+        path = remote.local_copy(url)
+        with remote.named_as(url, path):
+            return _read_glue_file(task, glue, path, split)
+    folder = Path(root).expanduser() / glue.folder
+    path = folder / glue.files[split]
+    if not path.is_file():
+        where = f"{folder} does not exist" if not folder.is_dir() else f"{path} does not exist"
+        raise DataError(_not_glue_dir(task, glue, root, where, key))
+    return _read_glue_file(task, glue, path, split)
+
+
+def _not_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, where: str, key: str) -> str:
+    expected = ", ".join(sorted(set(glue.files.values())))
+    if task.hub_dataset == GLUE_HUB:
+        return (f"{key}={root}: {where}. A GLUE directory holds one folder per task ({glue.folder}/ for "
+                f"{task.name}) with the files {expected}, as the original GLUE download lays them out")
+    hub = "eval.dir=null" if key == "eval.dir" else f"{key}=null"
+    return (f"{key}={root}: {where}. {key} holds each set's original download, unpacked, in a folder of its "
+            f"own ({glue.folder}/ for {task.name}, with the files {expected}): put them there, or set {hub} to "
+            f"load {task.name} from the Hub ({task.hub_dataset})")
+
+
+def _read_glue_file(task: TaskConfig, glue: GlueFilesConfig, path: Path, split: str) -> datasets.Dataset:
+    stat = path.stat()
+    kwargs = {"path": str(path.resolve()), "stamp": f"{stat.st_size}-{stat.st_mtime_ns}",
+              "task": task, "labelled": split not in task.test_splits}
+    if path.suffix == ".jsonl":
+        reader: Any = _read_jsonl
+    else:
+        # A tuple: from_generator would split a list into shards.
+        reader, kwargs["header"] = _read_glue_tsv, tuple(glue.header) if split in glue.headerless else None
+    try:
+        # A reader that fails leaves nothing in the cache: the builder writes into a temporary folder.
+        return datasets.Dataset.from_generator(reader, gen_kwargs=kwargs, features=_features(task),
+                                               split=datasets.NamedSplit(split))
+    except DatasetGenerationError as err:  # the builder wraps what the reader raised
+        if isinstance(err.__cause__, DataError):
+            raise err.__cause__ from None
+        raise
+
+
+def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tuple[str, ...]],
+                   labelled: bool) -> Iterator[Dict[str, Any]]:
+    """Rows of one GLUE file, as GLUE's own loader reads them: tab-separated with no quoting
+    (quotes in QQP and SST-2 are text), optionally without a header row (CoLA's train and dev).
+    A ``labelled`` split (train, dev) must have the label column; GLUE's test files have none.
+    ``stamp`` (size and mtime) is only there to key the ``datasets`` cache: an edited file is read again."""
+    assert task.glue is not None
+    _lift_csv_field_limit()
+    lookup = label_lookup(task)
+    skipped: List[int] = []
+    examples = 0
+    with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC's files may start with a BOM
+        reader = csv.DictReader(f, fieldnames=header, delimiter="\t", quoting=csv.QUOTE_NONE)
+        try:
+            has_labels = _check_glue_columns(path, task, reader.fieldnames, labelled)
+            for n, row in enumerate(reader):
+                line = n + (1 if header is not None else 2)
+                if None in row.values():  # fewer fields than the header; the Hub's copy drops these too
+                    skipped.append(line)
+                    continue
+                examples += 1
+                yield _glue_example(row, n, task, lookup, f"{path}, line {line}" if has_labels else None)
+        except UnicodeDecodeError as err:
+            raise DataError(_not_utf8(Path(path), err)) from None
+        except csv.Error as err:
+            raise DataError(f"{path}, line {reader.line_num}: {err}") from None
+    if skipped:
+        log.warning("%s: skipped %d row(s) with missing fields (lines %s)", path, len(skipped),
+                    ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else ""))
+    if not examples:
+        why = ("it is empty" if os.path.getsize(path) == 0 else
+               f"each of its {len(skipped)} row(s) has missing fields" if skipped else
+               "it has a header row and nothing else")
+        raise DataError(_no_examples(Path(path), why))
+
+
+def _glue_example(row: Dict[str, Any], n: int, task: TaskConfig, lookup: Dict[str, int],
+                  labelled_at: Optional[str]) -> Dict[str, Any]:
+    """One example of an original file's row ``n``; ``labelled_at`` names its file and line, for a row with a label."""
+    assert task.glue is not None
+    columns = task.glue.columns
+    label = parse_label(row[columns["label"]], task, lookup, labelled_at) if labelled_at else NO_LABEL
+    index = str(row.get(task.glue.index_column, ""))
+    return {**{field: row[columns[field]] for field in [*task.text_fields, *task.groups]}, "label": label,
+            "idx": int(index) if index.isdigit() else n}
+
+
+def _read_jsonl(path: str, stamp: str, task: TaskConfig, labelled: bool) -> Iterator[Dict[str, Any]]:
+    """Examples of an original JSON Lines file (SNLI's, ANLI's): one object per line, its fields named
+    by task.glue.columns; a field the file lacks may go by the task's own name (``premise``, as the
+    Hub's copies name it). ``stamp`` (size and mtime) only keys the ``datasets`` cache."""
+    assert task.glue is not None
+    lookup = label_lookup(task)
+    examples = 0
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a file saved with a BOM
+        try:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                row = _json_row(line, f"{path}, line {n}")
+                named = _jsonl_columns(row, task, labelled, f"{path}, line {n}")
+                examples += 1
+                labelled_at = f"{path}, line {n}" if task.glue.columns["label"] in named else None
+                yield _glue_example(named, examples - 1, task, lookup, labelled_at)
+        except UnicodeDecodeError as err:
+            raise DataError(_not_utf8(Path(path), err)) from None
+    if not examples:
+        why = "it is empty" if os.path.getsize(path) == 0 else "it has no lines with an object"
+        raise DataError(_no_examples(Path(path), why))
+
+
+def _json_row(line: str, where: str) -> Dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: not valid JSON: {err.msg} at column {err.colno}; a .jsonl file holds one "
+                        "JSON object per line") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: {type(row).__name__} where a JSON object was expected; a .jsonl file holds "
+                        "one JSON object per line")
+    return row
+
+
+def _jsonl_columns(row: Dict[str, Any], task: TaskConfig, labelled: bool, where: str) -> Dict[str, Any]:
+    """The row's fields under the names task.glue.columns gives (each field's own name where the file uses
+    that); a text field that is missing or not text is a DataError naming the line."""
+    assert task.glue is not None
+    columns = task.glue.columns
+    named: Dict[str, Any] = {}
+    for field in [*task.text_fields, *task.groups, "label"]:
+        column = columns[field] if columns[field] in row or field not in row else field
+        if column not in row:
+            if field == "label" and not labelled:
+                continue  # a test file without labels
+            named_as = f" (for {field})" if columns[field] != field else ""
+            raise DataError(f"{where}: no field '{columns[field]}'{named_as}; the line has the fields {sorted(row)}. "
+                            f"Each {task.glue.folder} file of the original download has the fields "
+                            f"{sorted(columns.values())}: use the original file")
+        if field != "label" and not isinstance(row[column], str):
+            raise DataError(f"{where}: '{column}' is {row[column]!r}, not text")
+        named[columns[field]] = row[column]
+    if task.glue.index_column in row:
+        named[task.glue.index_column] = row[task.glue.index_column]
+    return named
+
+
+def _check_glue_columns(path: str, task: TaskConfig, fieldnames: Optional[Sequence[str]], labelled: bool) -> bool:
+    """Whether the file has labels; a DataError naming the columns it lacks."""
+    assert task.glue is not None
+    if not fieldnames:  # an empty file: no examples, said once the rows are counted
+        return False
+    columns = task.glue.columns
+    wanted = [*task.text_fields, *task.groups, *(["label"] if labelled else [])]
+    missing = [f"'{columns[field]}'" + (f" (for {field})" if columns[field] != field else "")
+               for field in wanted if columns[field] not in fieldnames]
+    if missing:
+        raise DataError(f"{path}: no column {', '.join(missing)}; its header (line 1) has the columns "
+                        f"{list(fieldnames)}. Each {task.glue.folder} file of the original GLUE download has a "
+                        f"header with the columns {sorted(columns[field] for field in wanted)}: fix the header, or "
+                        "use the original file")
+    return columns["label"] in fieldnames
+
+
+def _lift_csv_field_limit() -> None:
+    """The csv module refuses fields over 128 KiB; a long document is data, not an error. The largest
+    limit the platform's C long takes, as pandas and others do."""
+    limit = sys.maxsize
+    while True:
+        try:
+            csv.field_size_limit(limit)
+            return
+        except OverflowError:
+            limit //= 2
+
+
+def _no_examples(path: Path, why: str) -> str:
+    return (f"{path} has no examples: {why}. Every split needs at least one: check that it is the file meant, "
+            "and that it was written out completely")
+
+
+def _not_utf8(path: Path, err: UnicodeDecodeError) -> str:
+    bad = _first_bad_line(path)
+    return f"{path}, line {bad[0]}: {bad[1]}" if bad else f"{path}: not UTF-8 text ({err.reason})"
+
+
+def _first_bad_line(path: Path, *, json_lines: bool = False) -> Optional[Tuple[int, str]]:
+    """The first line that is not UTF-8 text (in a JSON Lines file, or not one JSON value), and what is
+    wrong with it. Line by line, since a decoder reading in blocks cannot say which line failed."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as err:
+                return n, (f"byte {raw[err.start]:#04x} (byte {err.start + 1} of the line) is not UTF-8 text; "
+                           "the file must be UTF-8 text: save it as UTF-8 (or convert it, e.g. with iconv)")
+            if json_lines and text.strip():
+                try:
+                    json.loads(text)
+                except json.JSONDecodeError as err:
+                    return n, (f"not valid JSON: {err.msg.removesuffix(' at')} at column {err.colno}; a .jsonl "
+                               "file holds one JSON object per line")
+    return None
+
+
+def _features(task: TaskConfig, *, text_ids: bool = False) -> datasets.Features:
+    """The columns every source gives; ``idx`` is text where a test file's own ids are (``text_ids``)."""
+    label = datasets.Value("float32") if task.is_regression else datasets.Value("int64")
+    return datasets.Features({**{field: datasets.Value("string") for field in [*task.text_fields, *task.groups]},
+                              "label": label, "idx": datasets.Value("string" if text_ids else "int64")})
+
+
+# ------------------------------------------------------------------------------ your own files
+
+
+def _from_file(task: TaskConfig, name: str, columns: Dict[str, str], *, labelled: bool) -> datasets.Dataset:
+    """A csv, tsv, jsonl or parquet file with a header, on local disk or in a bucket; ``columns`` maps
+    the task's text fields and ``label`` to the file's column names where they differ. A
+    ``labelled`` split (not a test split) must have the label column."""
+    if Path(name).suffix not in FILE_FORMATS:
+        raise DataError(f"data.files: {name} is not one of the formats {sorted(FILE_FORMATS)}")
+    if not remote.is_remote(name):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise DataError(f"data.files: {path} does not exist")
+        return _from_local_file(task, path, columns, labelled=labelled)
+    try:
+        path = remote.local_copy(name)
+    except DataError as err:
+        raise DataError(f"data.files: {err}") from None
+    with remote.named_as(name, path):
+        return _from_local_file(task, path, columns, labelled=labelled)
+
+
+def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, labelled: bool) -> datasets.Dataset:
+    """The file's examples; a test split's (the one split ``labelled`` false) numbered by its own ids
+    (:func:`_id_column`)."""
+    ds = _read_file(path)
+    wanted = {field: columns.get(field, field) for field in [*task.text_fields, *task.groups, "label"]}
+    missing = [field for field, column in wanted.items()
+               if column not in ds.column_names and (field != "label" or labelled)]
+    if missing:
+        named = ", ".join(f"{wanted[field]} (for {field})" for field in missing)
+        raise DataError(f"{path} has no column {named}; its columns are {ds.column_names}. "
+                        f"Map them with data.columns, e.g. +data.columns.{missing[0]}=<column>")
+    lookup = label_lookup(task)
+    has_labels = wanted["label"] in ds.column_names
+    ids = None if labelled else _id_column(ds, path)
+    as_text = ids is not None and not _integers(ds.features[ids])
+
+    def convert(row: Dict[str, Any], i: int) -> Dict[str, Any]:
+        label = parse_label(row[wanted["label"]], task, lookup, f"{path}, row {i + 1}") if has_labels \
+            else NO_LABEL
+        idx = i if ids is None else str(row[ids]) if as_text else int(row[ids])
+        return {**{field: row[wanted[field]] for field in [*task.text_fields, *task.groups]}, "label": label,
+                "idx": idx}
+
+    return ds.map(convert, with_indices=True, remove_columns=ds.column_names,
+                  features=_features(task, text_ids=as_text), desc=f"read {path.name}")
+
+
+def _integers(feature: Any) -> bool:
+    """Whether a column holds whole numbers (ids kept as numbers; any other ids are kept as text)."""
+    return isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))
+
+
+def _id_column(ds: datasets.Dataset, path: Path) -> Optional[str]:
+    """The column of a test file's own ids, which its predictions keep: the first of ID_COLUMNS it has,
+    each row's id there and no two the same (else a DataError naming the file and the row). None where
+    it has none: its rows are numbered 0 to n-1, as the log says."""
+    column = next((name for name in ID_COLUMNS if name in ds.column_names), None)
+    if column is None:
+        log.info("%s has no %s column: its predictions number its rows 0 to %d", path,
+                 ", ".join(ID_COLUMNS[:-1]) + f" or {ID_COLUMNS[-1]}", len(ds) - 1)
+        return None
+    seen: Dict[str, int] = {}
+    for row, value in enumerate(ds[column], start=1):
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise DataError(f"{path}, row {row}: no id in its '{column}' column. A test file's ids number its "
+                            "predictions: give every row one, or drop the column to number the rows 0 to n-1")
+        if str(value) in seen:
+            raise DataError(f"{path}: the id {value!r} (column '{column}') is on rows {seen[str(value)]} and {row}. "
+                            "A test file's ids number its predictions, each its own: make them unique, or drop the "
+                            "column to number the rows 0 to n-1")
+        seen[str(value)] = row
+    return column
+
+
+def _read_file(path: Path) -> datasets.Dataset:
+    """The file as its ``datasets`` builder reads it, cached by path, size and mtime. A file the
+    builder cannot read, or one with no rows, is a DataError naming the file (and the line, where
+    one is to blame), and leaves nothing in the cache for a later run to take."""
+    stat = path.stat()
+    if stat.st_size == 0:
+        raise DataError(_no_examples(path, "it is empty"))
+    builder_name, options = FILE_FORMATS[path.suffix]
+    # The config name joins the cache key: `datasets` keys local files by their mtime but not their size.
+    builder = datasets.load_dataset_builder(builder_name, name=f"{stat.st_size}-{stat.st_mtime_ns}",
+                                            data_files=str(path.resolve()), **options)
+    try:
+        with _quiet_builders():
+            builder.download_and_prepare()
+        split = (builder.info.splits or {}).get("train")
+        if split is None or not split.num_examples:
+            raise DataError(_no_examples(path, "it has no rows" if path.suffix == ".parquet"
+                                         else "it has a header row and nothing else"))
+        return builder.as_dataset(split="train")
+    except (DatasetGenerationError, ValueError) as err:  # ValueError: pyarrow's ArrowInvalid, and DataError
+        shutil.rmtree(builder.cache_dir, ignore_errors=True)
+        if isinstance(err, DataError):
+            raise
+        raise DataError(_unreadable(path, err)) from None
+
+
+@contextmanager
+def _quiet_builders() -> Iterator[None]:
+    """The builders log their reader's error before raising it; the DataError says it once, with the line."""
+    logger = logging.getLogger("datasets.packaged_modules")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _unreadable(path: Path, err: Exception) -> str:
+    """What the builder could not read in ``path``: the line at fault where there is one to find."""
+    fmt = FORMAT_NAMES[path.suffix]
+    bad = None if path.suffix == ".parquet" else _first_bad_line(path, json_lines=path.suffix == ".jsonl")
+    if bad is not None:
+        return f"{path}, line {bad[0]}: {bad[1]}"
+    cause = err.__cause__ or err  # DatasetGenerationError wraps the reader's own error
+    formats = ", ".join(FORMAT_NAMES.values())
+    return (f"{path} cannot be read as {fmt}: {str(cause).rstrip('.')}. data.files takes {formats} files, "
+            "named by their extension")
+
+
+# ------------------------------------------------------------------------------- Hub, synthetic
+
+
+def _from_hub(task: TaskConfig, splits: List[str]) -> Dict[str, datasets.Dataset]:
+    assert task.hub_dataset is not None
+    if os.path.isdir(task.hub_dataset):  # a local copy of the dataset's Hub repository (of its revision)
+        raw = datasets.load_dataset(task.hub_dataset, task.hub_config, data_dir=task.hub_data_dir)
+    else:
+        with hub_download(f"dataset '{task.hub_dataset}' ({task.hub_config})"):
+            raw = datasets.load_dataset(task.hub_dataset, task.hub_config, data_dir=task.hub_data_dir,
+                                        revision=task.hub_revision)
+    missing = [split for split in splits if split not in raw]
+    if missing:
+        raise DataError(f"dataset '{task.hub_dataset}' ({task.hub_config}) has no split {missing}; "
+                        f"it has {list(raw)}")
+    columns = [*task.text_fields, "label", *task.groups]
+    absent = [column for column in columns if column not in raw[splits[0]].column_names] if splits else []
+    if absent:
+        raise DataError(f"dataset '{task.hub_dataset}' ({task.hub_config}) has no column {absent}; it has "
+                        f"{raw[splits[0]].column_names}: check task.hub_dataset, hub_revision and hub_data_dir")
+    return {split: _with_idx(raw[split]).select_columns([*columns, "idx"]) for split in splits}
+
+
+def _with_idx(ds: datasets.Dataset) -> datasets.Dataset:
+    return ds if "idx" in ds.column_names else ds.add_column("idx", list(range(len(ds))))
+
+
+def _synthetic(data: DataConfig, split: str) -> datasets.Dataset:
+    if split not in SYNTHETIC_SEEDS:
+        raise DataError(f"the synthetic task has the splits {list(SYNTHETIC_SEEDS)}, not {split}")
+    size = data.synthetic_train_size if split == "train" else data.synthetic_eval_size
+    return _with_idx(datasets.Dataset.from_dict(synthetic.generate(size, seed=SYNTHETIC_SEEDS[split])))

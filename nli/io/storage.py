@@ -1,0 +1,362 @@
+"""A run's output directory, on local disk or ``gs://bucket/prefix``, through fsspec.
+
+Every write is all-or-nothing. A local file is written to a temporary name of its own (two writers
+never share one), flushed to disk and renamed; a Cloud Storage object only appears once its upload
+completes. What spans several files (a checkpoint) marks its completion with a file of its own,
+written last (nli/train/checkpoint.py). Local files and folders get the modes the user's umask gives, as
+any tool's would.
+
+On Cloud Storage the credentials are decided once, up front (``google.auth.default()``), and handed
+to gcsfs and google-cloud-storage: left to itself, gcsfs tries one way after another, probing for a
+metadata server and retrying a host it cannot resolve, and answers a machine without credentials
+after about a minute with a traceback about DNS. What fails is said in one line, with the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import posixpath
+import secrets
+import shutil
+import tempfile
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+import fsspec
+from fsspec.core import split_protocol
+from fsspec.implementations.local import LocalFileSystem
+
+from nli.errors import StorageError
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+
+_CLOUD = ("gs", "gcs")
+_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+_EMULATOR = "STORAGE_EMULATOR_HOST"  # google-cloud-storage and gcsfs both talk to it when set
+TIMEOUT = 10.0  # seconds for one Cloud Storage request that decides whether a run can start
+
+
+class Storage:
+    """Files under one root directory, named by ``/``-separated paths relative to it. ``key`` is
+    the setting that named the directory, for messages (``output_dir``, ``train.checkpoint_dir``)."""
+
+    def __init__(self, url: str, *, key: str = "output_dir") -> None:
+        self.url, self.key = url.rstrip("/"), key
+        protocol = split_protocol(self.url)[0] or "file"
+        self._fs_class = fsspec.get_filesystem_class(protocol)
+        self.root: str = self._fs_class._strip_protocol(self.url)
+        self.local = issubclass(self._fs_class, LocalFileSystem)
+        self.cloud = protocol in _CLOUD
+
+    @cached_property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The filesystem, made on first use: on Cloud Storage that is when the credentials are
+        found or found missing (a StorageError)."""
+        if not self.cloud:
+            return self._fs_class()
+        credentials, project = self._google
+        # "anon" is gcsfs's own word for what an emulator needs.
+        token: Any = "anon" if os.environ.get(_EMULATOR) else credentials
+        return self._fs_class(token=token, **({"project": project} if project else {}))
+
+    @cached_property
+    def _google(self) -> Tuple["Credentials", Optional[str]]:
+        return _credentials(f"{self.key}={self.url}")
+
+    @cached_property
+    def _client(self) -> Any:
+        import google.cloud.storage as gcs  # type: ignore[import-untyped]  # ships no types
+
+        credentials, project = self._google
+        return gcs.Client(project=project, credentials=credentials)  # project=None: infer none, probe nothing
+
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts)
+
+    def describe(self, *parts: str) -> str:
+        """The full location, as a user would type it (gs://bucket/prefix/file)."""
+        return posixpath.join(self.url, *parts)
+
+    def blob(self, name: str) -> Any:
+        """The ``google.cloud.storage.Blob`` of ``name`` (Cloud Storage only), for what gcsfs cannot
+        do: conditional writes on an object's generation (nli.io.claim)."""
+        assert self.cloud, f"{self.url} is not on Cloud Storage"
+        bucket, _, prefix = self.root.partition("/")
+        return self._client.bucket(bucket).blob(posixpath.join(prefix, name))
+
+    def check_writable(self) -> None:
+        """Fail now, with the reason, rather than at the first checkpoint an hour in."""
+        probe = f".write-test-{os.getpid()}-{secrets.token_hex(4)}"  # two runs starting at once probe apart
+        if self.cloud:
+            self._check_cloud(probe)
+            return
+        try:
+            self.write_bytes(probe, b"ok")
+            self.fs.rm(self.path(probe))
+        except OSError as err:
+            raise StorageError(f"{self.key}={self.url} is not writable: {_reason(err)}") from err
+
+    def _check_cloud(self, probe: str) -> None:
+        """One small upload and its deletion, without retries: a missing bucket or credentials that
+        may not write answer at once, and a network that is down within TIMEOUT."""
+        blob = self.blob(probe)
+        try:
+            blob.upload_from_string(b"ok", timeout=TIMEOUT, retry=None)
+            blob.delete(timeout=TIMEOUT, retry=None)
+        except Exception as err:  # google-api-core's, google-auth's and requests' errors, told apart below
+            raise self.cloud_failure(err) from err
+
+    def check_readable(self) -> bool:
+        """Whether anything is under the directory. On Cloud Storage one listing, without retries: a wrong
+        bucket, credentials that may not read or no network are a StorageError at once, with the fix (gcsfs
+        would retry for a minute, logging each try's traceback)."""
+        if not self.cloud:
+            return bool(self.fs.exists(self.root))
+        return bool(self.blobs(limit=1))
+
+    def blobs(self, *, limit: Optional[int] = None) -> List[Any]:
+        """The ``google.cloud.storage.Blob`` of every object under the directory (Cloud Storage only), with
+        its size and generation, in one listing without retries: a wrong bucket, credentials that may not
+        read or no network are a StorageError at once, with the fix."""
+        assert self.cloud, f"{self.url} is not on Cloud Storage"
+        bucket, _, prefix = self.root.partition("/")
+        try:
+            return list(self._client.list_blobs(bucket, prefix=f"{prefix}/" if prefix else None, max_results=limit,
+                                                timeout=TIMEOUT, retry=None))
+        except Exception as err:  # google-api-core's, google-auth's and requests' errors, told apart below
+            raise self.read_failure(err) from err
+
+    def read_failure(self, err: BaseException) -> StorageError:
+        """What a Cloud Storage error met while reading this directory means, and its fix (cloud_failure's
+        are about a directory written to, whose bucket one may create)."""
+        from google.api_core import exceptions as api
+
+        bucket = self.root.partition("/")[0]
+        if isinstance(err, api.NotFound):
+            return StorageError(f"{self.key}={self.url}: bucket {bucket} does not exist: check the URL "
+                                "(gcloud storage ls lists your buckets)")
+        if isinstance(err, api.Forbidden):
+            return StorageError(f"{self.key}={self.url}: reading gs://{bucket} is not allowed: grant "
+                                "roles/storage.objectViewer on the bucket, or use other credentials")
+        return self.cloud_failure(err)
+
+    def cloud_failure(self, err: BaseException) -> StorageError:
+        """What a Cloud Storage error means for this directory, and its fix."""
+        return _cloud_failure(err, f"{self.key}={self.url}", self.root.partition("/")[0], self._google[0])
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        path = self.path(name)
+        try:
+            if self.local:
+                _write_local_atomically(Path(path), data)
+            else:
+                self.fs.pipe_file(path, data)  # an object is visible only once fully uploaded
+        except OSError as err:
+            raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
+
+    def write_text(self, name: str, text: str) -> None:
+        self.write_bytes(name, text.encode())
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.fs.cat_file(self.path(name))
+
+    def read_json(self, name: str) -> Optional[Any]:
+        """The JSON file's content; None where there is no such file."""
+        try:
+            return json.loads(self.read_bytes(name))
+        except FileNotFoundError:
+            return None
+
+    def exists(self, name: str) -> bool:
+        return self.fs.exists(self.path(name))
+
+    def list(self, name: str) -> List[str]:
+        """Names of the entries directly under ``name`` (none if it does not exist)."""
+        if not self.fs.isdir(self.path(name)):
+            return []
+        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.path(name), detail=False))
+
+    def remove(self, name: str) -> None:
+        if self.fs.exists(self.path(name)):
+            self.fs.rm(self.path(name), recursive=True)
+
+    def upload_dir(self, local: Path, name: str) -> None:
+        """Copy the files of a local directory to ``name``, replacing what was there. Locally the
+        directory is swapped in whole; on Cloud Storage each file is replaced as it uploads."""
+        try:
+            if self.local:
+                _replace_local_dir(local, Path(self.path(name)))
+            else:
+                for file in sorted(p for p in local.rglob("*") if p.is_file()):
+                    self.fs.put_file(str(file), self.path(name, file.relative_to(local).as_posix()))
+        except OSError as err:
+            raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
+
+    def download_dir(self, name: str, local: Path) -> None:
+        """Copy the files under ``name`` into the local directory ``local``, by their paths there."""
+        root = self.path(name)
+        try:
+            for remote in sorted(self.fs.find(root)):
+                target = local / posixpath.relpath(remote, root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.fs.get_file(remote, str(target))
+        except OSError as err:
+            raise StorageError(f"could not read {self.describe(name)}: {_reason(err)}") from err
+
+
+def _reason(err: OSError) -> str:
+    if isinstance(err, FileNotFoundError) and not isinstance(err, StorageError):
+        return f"{err} (does the bucket or parent directory exist?)"
+    return str(err)
+
+
+def _credentials(where: str) -> Tuple["Credentials", Optional[str]]:
+    """Google's application default credentials and their project, or a StorageError saying that
+    there are none and how to get some. An emulator needs none."""
+    import google.auth
+    from google.auth.credentials import AnonymousCredentials
+    from google.auth.exceptions import DefaultCredentialsError
+
+    if os.environ.get(_EMULATOR):
+        return AnonymousCredentials(), None
+    try:
+        return google.auth.default(scopes=[_SCOPE])
+    except DefaultCredentialsError as err:
+        named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        fix = (f"point GOOGLE_APPLICATION_CREDENTIALS (now {named}) at a service account key file" if named else
+               "set GOOGLE_APPLICATION_CREDENTIALS to a service account key file")
+        raise StorageError(f"{where}: no usable Google Cloud credentials ({_said(err)}). "
+                           f"Run `gcloud auth application-default login`, or {fix}") from err
+
+
+def _cloud_failure(err: BaseException, where: str, bucket: str, credentials: "Credentials") -> StorageError:
+    import requests
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
+
+    if isinstance(err, StorageError):
+        return err
+    who = _who(credentials)
+    relogin = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a valid key file"
+    if isinstance(err, api.NotFound):
+        return StorageError(f"{where}: bucket {bucket} does not exist (create it: gcloud storage buckets create "
+                            f"gs://{bucket})")
+    if isinstance(err, (api.Unauthorized, auth.RefreshError)):
+        return StorageError(f"{where}: Google refused {who} ({_said(err)}): {relogin}")
+    if isinstance(err, api.Forbidden):
+        return StorageError(f"{where}: {who} may not write to gs://{bucket} ({_said(err)}): grant "
+                            "roles/storage.objectAdmin on the bucket, or use other credentials")
+    if isinstance(err, (requests.ConnectionError, requests.Timeout, auth.TransportError)):
+        return StorageError(f"{where}: cannot reach Cloud Storage ({_said(err)}); check the network")
+    return StorageError(f"{where}: Cloud Storage failed: {_said(err)}")
+
+
+def _who(credentials: "Credentials") -> str:
+    """Whose credentials a message is about, as far as they say."""
+    from google.auth.credentials import AnonymousCredentials
+
+    if isinstance(credentials, AnonymousCredentials):
+        return f"anonymous access ({_EMULATOR}={os.environ.get(_EMULATOR)})"
+    if getattr(credentials, "service_account_email", None):
+        return f"the service account {credentials.service_account_email}"  # type: ignore[attr-defined]
+    if getattr(credentials, "account", None):
+        return f"the account {credentials.account}"  # type: ignore[attr-defined]
+    return "the application default credentials"
+
+
+def _said(err: BaseException) -> str:
+    """What the error says, on one line: google-api-core's message, or google-auth's text and cause
+    (whose str() would be the repr of a tuple)."""
+    message = _server_message(err) or getattr(err, "message", None)
+    if not message:
+        message = ": ".join(str(arg) for arg in err.args if isinstance(arg, (str, BaseException)))
+    return " ".join(str(message or type(err).__name__).split())
+
+
+def _server_message(err: BaseException) -> Optional[str]:
+    """Cloud Storage's own words from an error response's JSON body; google-api-core's message
+    wraps them in the request's URL and the response's repr."""
+    try:
+        return str(err.response.json()["error"]["message"])  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, KeyError, TypeError):
+        return None
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (os.umask can only set
+    it, and a file another thread creates meanwhile would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_local_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A name of this writer's own: two writers of one file must not write into each other's staging.
+    fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it visible
+            os.fchmod(f.fileno(), 0o666 & ~umask())  # mkstemp makes it 0600; a file others may read, as open() would
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)  # a full disk (or Ctrl-C) must not also leave half a file behind
+        raise
+
+
+def _replace_local_dir(source: Path, target: Path) -> None:
+    """Copy ``source`` beside ``target``, then swap it in: a crash keeps the previous one. The
+    staging and retired folders are named for this writer alone."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp"))
+    try:
+        shutil.copytree(source, staging, dirs_exist_ok=True)
+        _set_modes(staging)
+        _swap_in(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _set_modes(folder: Path) -> None:
+    """The modes a fresh folder and files would have: copytree keeps the source's (a temporary
+    directory's 0700, a 0600 file written through mkstemp), which would keep the model from others."""
+    mask = umask()
+    modes: Dict[bool, int] = {True: 0o777 & ~mask, False: 0o666 & ~mask}
+    folder.chmod(modes[True])
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(modes[path.is_dir()])
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Move ``target`` aside and ``staging`` into its place. Another writer may swap its own in
+    between: the rename then meets a folder again, and the next round moves that one aside too."""
+    retired = staging.with_name(staging.name + ".old")
+    for _ in range(10):
+        with contextlib.suppress(FileNotFoundError):  # nothing there yet, or another writer moved it aside
+            os.replace(target, retired)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if target.is_dir():  # another writer's folder came in between
+                shutil.rmtree(retired, ignore_errors=True)
+                continue
+            if retired.is_dir():
+                os.replace(retired, target)  # keep the previous one
+            raise
+        shutil.rmtree(retired, ignore_errors=True)
+        return
+    raise StorageError(f"could not move {staging} to {target}: other writers kept replacing it")

@@ -1,0 +1,17 @@
+"""The model: tokenizer and sequence classifier from config (pretrained, or from scratch with a learnt
+BPE), LoRA adapters, the CPU and first-token fast paths, and a model folder read from a bucket.
+
+- ``build``: tokenizer and model from config, weights in float32 whatever the checkpoint stores
+- ``lora``: LoRA through peft: adapters and head, their checkpoint state, the merged export
+- ``fastpaths/``: the fast forwards, and the one ``install()`` that decides
+- ``bucket``: a model folder in a bucket, copied once per version and checked against its record"""
+
+from nli._face import face
+
+__all__, __getattr__, __dir__ = face(__name__, {
+    "build": ["GENERIC_LABEL", "HEAD", "build_model", "build_tokenizer", "checkpointing", "head_labels", "head_modules",
+              "load_export", "load_trained", "save_pretrained", "share_tokenizer", "tokenizer_files",
+              "tokenizer_from_files", "train_bpe_tokenizer", "trained_model", "unwrap"],
+    "bucket": ["from_bucket", "local_copy"],
+    "lora": ["apply"],
+}, ["fastpaths", "integrity", "lora"])

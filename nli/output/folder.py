@@ -1,0 +1,173 @@
+"""What an output folder already holds, and whether this run may go on there.
+
+A folder holds one run. Started again with the same settings (the same identity: nli.config.identity), a
+run continues from its newest checkpoint, or, finished, reports its results again. With other
+settings it is refused before anything loads, each change listed, unless every change is one the
+user accepts for continuing (``train.accept_changes``). A run so accepted continues from its newest
+checkpoint with the new values (:func:`check_continuation` first refuses, with the reason, what that
+checkpoint cannot carry out: a run cannot go back or be shortened, and a finished run must have
+something to do), and every checkpoint after it, and results.json, record where it went on and with
+what (``continued``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any, Dict, List, Mapping, Optional
+
+import yaml
+
+from nli import contract
+from nli.config.identity import differences, digest, identity, refuse
+from nli.config.schema import TrainConfig
+from nli.errors import CheckpointError, RunChanged
+from nli.io.storage import Storage
+from nli.train.checkpoint import Checkpoints, Snapshot
+from nli.train.hooks import judge
+
+log = logging.getLogger(__name__)
+
+
+def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
+                checkpoints: Checkpoints) -> Optional[Dict[str, Any]]:
+    """The results of this very run if it already finished; None if it is to start or continue.
+    Raises, touching nothing, where the folder holds another run or ``train.resume=false`` forbids it."""
+    newest = checkpoints.newest_step()
+    if newest is not None and not train.resume:
+        raise CheckpointError(f"{checkpoints.where()} holds a checkpoint of step {newest} and train.resume=false "
+                              "refuses to continue or overwrite it. Choose another output_dir (or hydra.run.dir) "
+                              "to start afresh, delete that folder, or drop train.resume=false to continue")
+    finished = _results(storage)
+    if finished is None and newest is None:
+        return None  # a new run
+    saved = _saved_identity(storage, checkpoints, newest)
+    changes = differences(saved, ident) if saved is not None else {}
+    if saved is None and finished is not None and finished.get("identity") != digest(ident):
+        changes = {"(settings)": "not recorded by the earlier run -> these"}
+    what = "a finished run" if finished is not None else f"a run stopped at step {newest}"
+    unaccepted = [key for key in changes if key not in train.accept_changes]
+    if unaccepted:
+        raise refuse(storage.describe(), what, changes)
+    if changes and newest is None:
+        raise CheckpointError(f"{storage.describe()} holds {what} but no checkpoint to continue it from (none in "
+                              f"{checkpoints.where()}): train.accept_changes goes on from the run's newest checkpoint. "
+                              "Nothing was changed. Start the run with these settings in another output_dir; to "
+                              "score its model on other sets, run eval.only=true with model.name_or_path=<its model/>")
+    if newest is not None:
+        checkpoints.continued = checkpoints.continued_of(newest)
+    if changes:
+        assert newest is not None
+        checkpoints.continued.append({"step": newest, "changes": changes})  # said once checked (check_continuation)
+        return None
+    if finished is not None and newest is not None and _stale(finished, checkpoints.continued):
+        log.info("%s holds the results of this run before it went on with new values; it continues from its newest "
+                 "checkpoint, step %d", storage.describe(contract.RESULTS_FILE), newest)
+        return None
+    if finished is not None:
+        log.info("this run already finished; its results, from %s: %s", storage.describe(contract.RESULTS_FILE),
+                 json.dumps(finished))
+    return finished
+
+
+def check_continuation(train: TrainConfig, ident: Mapping[str, Any], storage: Storage, checkpoints: Checkpoints,
+                       snapshot: Optional[Snapshot]) -> None:
+    """Refuses, before anything loads or is written, new values (train.accept_changes) that the run
+    cannot carry out from ``snapshot``, the checkpoint it continues from: a run cannot go back (early
+    stopping judged again would have ended it before that step), be shortened below the steps it
+    trained, or, finished, go on with nothing to do (no step to train, nothing new to write)."""
+    if snapshot is None:
+        return
+    saved = checkpoints.identity_of(snapshot.step)
+    changes = differences(saved, ident) if saved is not None else {}
+    if not changes:
+        return
+    if checkpoints.continued:  # the step it goes on from: the newest intact checkpoint's
+        checkpoints.continued[-1]["step"] = snapshot.step
+    results = _results(storage)
+    finished = results is not None and not _stale(results, checkpoints.continued[:-1])
+    what = f"{storage.describe()} holds a {'finished run' if finished else 'run'} at step {snapshot.step}"
+    stopped = _stopped_early(train, changes, snapshot, what)
+    total = _planned_steps(train, snapshot.state["progress"])
+    shortens = {"train.max_steps", "train.epochs"} & set(changes)
+    if shortens and total is not None and (total < snapshot.step or (total == snapshot.step and not finished)):
+        why = ("it cannot be shortened" if total < snapshot.step else
+               "it would end where it stands, without the final evaluation at its last step")
+        raise RunChanged(f"{what}: {_length(train)} plans {total} steps, and the run already trained "
+                         f"{snapshot.step}: {why}. Nothing was changed. Ask for more than {snapshot.step} steps to "
+                         "train on, or start afresh in another output_dir")
+    trains = stopped is None and (total is None or total > snapshot.step)
+    writes = ("eval.extra" in changes or "eval.dir" in changes
+              or ("train.predict" in changes and train.predict))
+    if finished and not trains and not writes:
+        why = (f"early stopping ends it at step {stopped} again" if stopped is not None else
+               f"it has trained all the {total} steps {_length(train)} plans")
+        raise RunChanged(f"{what}, and with the new values ({', '.join(changes)}) it would train no further and write "
+                         f"nothing new: {why}. Nothing was changed. Ask for more steps, a larger "
+                         "train.early_stopping.patience, or a new train.predict or eval.extra")
+    log.warning("%s; continuing it from there with new values (train.accept_changes): %s", what,
+                "; ".join(f"{key}: {change}" for key, change in changes.items()))
+
+
+def _stopped_early(train: TrainConfig, changes: Mapping[str, str], snapshot: Snapshot, what: str) -> Optional[int]:
+    """The step at which early stopping, under this run's settings, ends the run at or before ``snapshot``'s
+    step (None if it goes on); refuses a run that it would have ended earlier, and new settings that a
+    checkpoint without its evaluations cannot be judged by."""
+    patience = train.early_stopping.patience
+    if patience is None:
+        return None
+    history = snapshot.state["best"].get("history")
+    if history is None:
+        if any(key.startswith("train.early_stopping.") for key in changes):
+            raise RunChanged(f"{what}, written by an earlier version that did not record its evaluations: early "
+                             "stopping cannot be judged again under new train.early_stopping values. Nothing was "
+                             "changed. Start the run afresh in another output_dir with the new values")
+        earlier = snapshot.state.get("early_stopping")
+        return earlier["stopped_at"] if earlier else None
+    stopped = judge(history, patience=patience, min_delta=train.early_stopping.min_delta).stopped_at
+    if stopped is not None and stopped < snapshot.step:
+        raise RunChanged(f"{what}; with train.early_stopping.patience={patience}, min_delta="
+                         f"{train.early_stopping.min_delta:g} early stopping would have ended it at step {stopped}: "
+                         "a run cannot go back. Nothing was changed. Start the run afresh in another output_dir "
+                         "with these values")
+    return stopped
+
+
+def _planned_steps(train: TrainConfig, progress: Mapping[str, Any]) -> Optional[int]:
+    """The steps the run now plans, as nli.train.loop.Plan counts them; None where train.epochs decides it and the
+    checkpoint cannot tell an epoch's size (it is in the first epoch: the loop then checks, once the data is in)."""
+    if train.max_steps:
+        return train.max_steps
+    if progress["epoch"] < 1:
+        return None
+    examples_per_epoch = (progress["examples"] - progress["examples_in_epoch"]) // progress["epoch"]
+    return math.ceil(train.epochs * math.ceil(examples_per_epoch / train.batch_size))
+
+
+def _length(train: TrainConfig) -> str:
+    """The setting that decides how long the run trains (nli.train.loop.Plan): train.max_steps where set."""
+    return f"train.max_steps={train.max_steps}" if train.max_steps else f"train.epochs={train.epochs:g}"
+
+
+def _stale(results: Mapping[str, Any], continued: List[Dict[str, Any]]) -> bool:
+    """Whether ``results`` came before the run went on with new values (its checkpoints record more
+    continuations than they do): the run stopped since, before its new end."""
+    return list(results.get("continued", [])) != continued
+
+
+def _results(storage: Storage) -> Optional[Dict[str, Any]]:
+    if not storage.exists(contract.RESULTS_FILE):
+        return None
+    return dict(json.loads(storage.read_bytes(contract.RESULTS_FILE)))
+
+
+def _saved_identity(storage: Storage, checkpoints: Checkpoints, newest: Optional[int]) -> Optional[Dict[str, Any]]:
+    """The earlier run's identity: its newest checkpoint's, else what its config.yaml gives."""
+    if newest is not None:
+        saved = checkpoints.identity_of(newest)
+        if saved is not None:
+            return saved
+    if storage.exists(contract.CONFIG_FILE):
+        return identity(yaml.safe_load(storage.read_bytes(contract.CONFIG_FILE)))
+    return None

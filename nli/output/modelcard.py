@@ -1,0 +1,191 @@
+"""The exported model's card, ``model/README.md``: what the Hugging Face Hub shows of a model.
+
+Written with every export (nli.output.export), by huggingface_hub's own model card API, so that the Hub and
+``ModelCard.load`` read it: the metadata block names the base model, the data set (GLUE's Hub id
+``nyu-mll/glue`` with the task's config, or the task's own), and the best checkpoint's metrics as the
+Hub's ``model-index``; the text gives the hyperparameters, the framework versions and the command
+that trains the same model again (with the commit of the code, nli.runtime.provenance).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from nli.evaluate.evaluation import Evaluation
+
+CARD_FILE = "README.md"  # in model/, where the Hub looks for a model's card
+TASK_TYPE = "text-classification"  # the Hub's task for GLUE (STS-B's regression included)
+COMBINED = "combined_score"  # the mean of a task's metrics (nli.evaluate.metrics), its objective where it has several
+# The settings a reader needs to train the same way, by their key in the resolved config: every key
+# under these nodes, and these single keys.
+HYPERPARAMETER_NODES = ("optimizer", "schedule")
+HYPERPARAMETER_KEYS = ("train.batch_size", "train.epochs", "train.max_steps", "train.max_grad_norm",
+                       "train.label_smoothing", "train.gradient_checkpointing", "data.max_seq_length",
+                       "data.max_train_samples", "model.peft", "seed")
+
+
+@dataclass(frozen=True)
+class Card:
+    """What a card says of a run besides the evaluation of the weights it describes."""
+
+    config: Mapping[str, Any]  # the run's resolved config (nli.runtime.context.RunContext.resolved)
+    provenance: Mapping[str, Any]  # results.json's provenance (nli.runtime.provenance.collect); empty where unknown
+
+    def render(self, evaluation: Evaluation) -> str:
+        """The card of the weights that scored ``evaluation``, as ``README.md`` holds it."""
+        data = card_data(self.config, evaluation)
+        body = "\n\n".join([self._summary(evaluation), _metrics_table(evaluation), self._hyperparameters(),
+                            self._framework(), self._reproduce()])
+        return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}\n"))
+
+    def _summary(self, evaluation: Evaluation) -> str:
+        task, model = _task(self.config), _model(self.config)
+        base = _base_model(self.config)
+        source = (f"[{base}](https://huggingface.co/{base})" if base else
+                  f"`{model.get('name_or_path')}`" if model.get("name_or_path") else "A model built from scratch "
+                  "(`model.scratch`)")
+        steps = f"step {evaluation.step}"
+        return (f"# {model_name(self.config)}\n\n{source} fine-tuned on {_dataset_title(task)}, the checkpoint "
+                f"of {steps} (the best by {task.get('main_metric')}: {evaluation.objective:.4f}), exported by "
+                f"nli-glue.")
+
+    def _hyperparameters(self) -> str:
+        rows = [(key, value) for key, value in hyperparameters(self.config).items()]
+        precision = (self.provenance.get("device") or {}).get("precision")
+        if precision:
+            rows.append(("precision (as computed)", precision))
+        return "## Hyperparameters\n\n" + _table(("setting", "value"), rows)
+
+    def _framework(self) -> str:
+        versions = self.provenance.get("versions") or {}
+        device = self.provenance.get("device") or {}
+        rows: List[Tuple[str, Any]] = [(name, value) for name, value in versions.items() if value]
+        if device:
+            rows.append(("device", f"{device.get('name')} ({device.get('type')}, {device.get('processes')} "
+                                   "process(es))"))
+        return "## Framework versions\n\n" + (_table(("", "version"), rows) if rows else "Not recorded.")
+
+    def _reproduce(self) -> str:
+        command = self.provenance.get("command")
+        commit = self.provenance.get("commit")
+        if not self.provenance:  # a run finished before results.json recorded its provenance
+            return "## Reproduce\n\nNot recorded: the run's config is in the run folder's config.yaml."
+        if not command:
+            return "## Reproduce\n\nThe run was started from Python: its config is in the run folder's config.yaml."
+        lines = [f"git checkout {commit}"] if commit else []
+        lines.append(str(command))
+        note = (" The code had uncommitted changes when it ran: the commit alone does not hold them."
+                if self.provenance.get("dirty") else "")
+        code = f"the code of commit `{commit}`" if commit else "the installed nli-glue " + str(
+            (self.provenance.get("versions") or {}).get("nli-glue") or "")
+        return (f"## Reproduce\n\nWith {code}:{note}\n\n```bash\n" + "\n".join(lines) + "\n```")
+
+
+def card_data(config: Mapping[str, Any], evaluation: Evaluation) -> ModelCardData:
+    """The card's metadata: base model, data set, and the evaluation as the Hub's model-index."""
+    task = _task(config)
+    dataset = dataset_id(config)
+    base = _base_model(config)
+    return ModelCardData(model_name=model_name(config), base_model=base, datasets=[dataset] if dataset else None,
+                         library_name="transformers", pipeline_tag=TASK_TYPE,
+                         tags=["nli-glue", str(task.get("name"))], eval_results=eval_results(config, evaluation),
+                         metrics=_metric_names(task) or None)
+
+
+def eval_results(config: Mapping[str, Any], evaluation: Evaluation) -> List[EvalResult]:
+    """One EvalResult per metric of each eval split (accuracy on validation_matched, accuracy_mm on
+    validation_mismatched), as the run names them; other figures stay in the text's table."""
+    task = _task(config)
+    dataset = dataset_id(config) or str(task.get("name"))
+    found = []
+    for split, suffix in (task.get("eval_splits") or {}).items():
+        for metric in _metric_names(task):
+            key = f"{metric}{suffix}"
+            if key in evaluation.metrics:
+                found.append(EvalResult(task_type=TASK_TYPE, task_name=str(task.get("name")), dataset_type=dataset,
+                                        dataset_name=_dataset_title(task), dataset_config=task.get("hub_config"),
+                                        dataset_split=str(split), metric_type=metric, metric_name=key,
+                                        metric_value=float(evaluation.metrics[key])))
+    return found
+
+
+def _metric_names(task: Mapping[str, Any]) -> List[str]:
+    """The task's metrics, and their mean where it has several (as nli.evaluate.metrics reports them)."""
+    names = [str(name) for name in task.get("metrics") or []]
+    return [*names, *([COMBINED] if len(names) > 1 else [])]
+
+
+def dataset_id(config: Mapping[str, Any]) -> Optional[str]:
+    """The Hub id of the task's data set; None where the run read its own files (data.files) or
+    generated them (task=synthetic). A local copy of GLUE's files (data.dir) is still GLUE."""
+    if (config.get("data") or {}).get("files"):
+        return None
+    hub = _task(config).get("hub_dataset")
+    return str(hub) if hub and not Path(str(hub)).exists() else None
+
+
+def model_name(config: Mapping[str, Any]) -> str:
+    """The model's name in the card: its base model's last part and the task (``roberta-large-mnli``)."""
+    base = _model(config).get("name_or_path")
+    stem = str(base).rstrip("/").split("/")[-1] if base else "scratch"
+    return f"{stem}-{_task(config).get('name')}"
+
+
+def hyperparameters(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The settings of :data:`HYPERPARAMETER_NODES` and :data:`HYPERPARAMETER_KEYS` that are set, by dotted key."""
+    chosen: Dict[str, Any] = {}
+    for node in HYPERPARAMETER_NODES:
+        for key, value in (config.get(node) or {}).items():
+            if value is not None:  # _target_: the optimizer's class, the schedule's function
+                chosen[node if key == "_target_" else f"{node}.{key}"] = value
+    for dotted in HYPERPARAMETER_KEYS:
+        found: Any = config
+        for part in dotted.split("."):
+            found = found.get(part) if isinstance(found, Mapping) else None
+        if found is not None:
+            chosen[dotted] = found
+    return chosen
+
+
+def _base_model(config: Mapping[str, Any]) -> Optional[str]:
+    """model.name_or_path where it is a Hub id; None for a local checkpoint or a model from scratch."""
+    name = _model(config).get("name_or_path")
+    if not name or "://" in str(name) or Path(str(name)).exists():
+        return None
+    return str(name)
+
+
+def _dataset_title(task: Mapping[str, Any]) -> str:
+    name = str(task.get("name"))
+    if task.get("hub_dataset") == "nyu-mll/glue":
+        return f"GLUE {name.upper()}"
+    return name
+
+
+def _task(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    return config.get("task") or {}
+
+
+def _model(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    return config.get("model") or {}
+
+
+def _metrics_table(evaluation: Evaluation) -> str:
+    rows = [(name, f"{value:.4f}") for name, value in evaluation.metrics.items()]
+    return f"## Evaluation (step {evaluation.step})\n\n" + _table(("metric", "value"), rows)
+
+
+def _table(header: Tuple[str, str], rows: List[Tuple[str, Any]]) -> str:
+    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
+    lines += [f"| {key} | {_cell(value)} |" for key, value in rows]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    return text.replace("|", "\\|")

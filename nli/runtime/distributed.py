@@ -1,0 +1,150 @@
+"""Data parallelism in plain torch.distributed: one process per device, one global batch.
+
+The platform (nli.runtime.platform) says where this process stands: torchrun's standard variables, Vertex
+AI's ``CLUSTER_SPEC`` or submitit's job environment, as ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR`` and ``MASTER_PORT``. With more than one process the run joins a process group:
+NCCL on CUDA, gloo on the CPU. With one, nothing here talks to anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, ContextManager, List, Mapping, Tuple
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the processes that share the global batch."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone logs, writes checkpoints and the run's outputs."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        """Wait until every process gets here (after rank 0 writes what the others read)."""
+        if self.distributed:
+            dist.barrier()
+
+    def gather(self, value: Any) -> List[Any]:
+        """Every rank's ``value``, in rank order, on every rank."""
+        if not self.distributed:
+            return [value]
+        out: List[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` summed over the ranks (in place, and returned)."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def max(self, value: float) -> float:
+        """The largest of every rank's ``value``, on every rank."""
+        if not self.distributed:
+            return value
+        found = torch.tensor(value, dtype=torch.float64)  # gloo and NCCL both reduce a tensor on their own device
+        if dist.get_backend() == "nccl":
+            found = found.cuda()
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        return float(found.item())
+
+    def max_later(self, value: float, device: torch.device) -> Callable[[], float]:
+        """The largest of every rank's ``value``, to read later: the reduction is queued on ``device``'s stream and
+        the function returned reads its result, waiting for that reduction alone (a copy to pinned memory and an
+        event), not for the work queued after it, as :meth:`max` waits for everything queued so far."""
+        if not self.distributed:
+            return lambda: value
+        if device.type != "cuda":  # gloo's reduction (XLA's too) is done when it returns
+            got = self.max(value)
+            return lambda: got
+        found = torch.full((), value, dtype=torch.float64, device=device)
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)  # NCCL's: queued on the stream
+        host = torch.empty((), dtype=torch.float64, pin_memory=True)
+        host.copy_(found, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def read() -> float:
+            done.synchronize()
+            return float(host)
+
+        return read
+
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average the gradients over the ranks before the optimizer steps. Nothing to do here: DDP
+        reduced them during ``backward`` (XLA's processes do it here: nli.runtime.xla.XlaWorld)."""
+
+    def shard(self, size: int) -> Tuple[int, int]:
+        """This rank's contiguous slice [lo, hi) of ``size`` items; the slices of ranks 0, 1, ...
+        follow each other and cover them all, and differ in length by one at most."""
+        return shard(size, rank=self.rank, world_size=self.world_size)
+
+
+def shard(size: int, *, rank: int, world_size: int) -> Tuple[int, int]:
+    return size * rank // world_size, size * (rank + 1) // world_size
+
+
+def setup(process_env: Mapping[str, str], *, timeout: timedelta = timedelta(minutes=60)) -> World:
+    """Join the process group ``process_env`` describes (the platform's answer, nli.runtime.platform), if it
+    describes more than one process. torch's env:// rendezvous reads the variables from os.environ.
+    ``timeout`` (hw.collective_timeout_minutes): how long a rank waits in a collective for the others. NCCL's
+    own default, 10 minutes, is less than rank 0 can take to write and upload a roberta-large checkpoint
+    (4-5 GB with Adam's moments) while the others wait at the barrier after it."""
+    if int(process_env.get("WORLD_SIZE", "1")) <= 1:
+        return World()
+    os.environ.update(process_env)
+    world = World(rank=int(process_env["RANK"]), world_size=int(process_env["WORLD_SIZE"]),
+                  local_rank=int(process_env.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized():
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(world.local_rank)  # before NCCL starts: one GPU per process
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+        log.info("process %d of %d (local rank %d), %s backend", world.rank, world.world_size, world.local_rank,
+                 dist.get_backend())
+    return world
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: torch.nn.Module, world: World, device: torch.device) -> torch.nn.Module:
+    """The model in DistributedDataParallel when there is more than one process; DDP averages
+    the gradients over the ranks during ``backward``."""
+    if not world.distributed or device.type == "xla":  # XLA's processes reduce in World.reduce_gradients
+        return model
+    ids = [device.index] if device.type == "cuda" else None
+    # The gradients are views into DDP's all-reduce buckets rather than copies of them: one gradient's worth of
+    # memory less (1.4 GB for roberta-large), and no copy out of the buckets after each all-reduce.
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+
+def no_sync(model: torch.nn.Module, *, sync: bool) -> ContextManager:
+    """Skip DDP's gradient all-reduce on the micro-batches that only accumulate; the last one of
+    the step reduces what all of them added up. A compiled model (train.compile) is the DDP wrapper compiled:
+    its no_sync is the wrapper's, inside (an OptimizedModule is no DDP, and asking it would all-reduce every
+    micro-batch)."""
+    inner = getattr(model, "_orig_mod", model)
+    if sync or not isinstance(inner, torch.nn.parallel.DistributedDataParallel):
+        return nullcontext()
+    return inner.no_sync()

@@ -1,0 +1,152 @@
+"""SIGTERM and SIGINT honoured in every phase of a run.
+
+Vertex AI sends SIGTERM before it reclaims a spot VM, Slurm before a time limit, and Ctrl-C sends
+SIGINT. While training steps run, the signal is a request to stop at the next step boundary: the
+run finishes the step, writes a checkpoint and exits (:class:`Preempted`); started again, it
+continues from there. In every other phase (start-up, data loading, the final evaluation, export
+and predictions) nothing is half-way that a checkpoint could keep, so the run stops at once
+(:class:`Interrupted`), and the entry point says what was saved. A second signal always stops at once.
+
+A platform that requeues a job on a signal of its own (submitit on Slurm: USR2, before a time
+limit or a preemption) names it (nli.runtime.platform); that signal stops the run the same way, and once
+the run has stopped `hand_over()` passes it on to the platform's own handler, so the requeued job
+continues from the last checkpoint.
+
+Only a process's main thread receives signals. Where the run is in another thread (PyTorch/XLA runs
+each device's run in a thread of its process: nli.runtime.xla), :func:`relay_to_threads` has the main thread
+note the signal for the run's StopRequest, which stops at the next step boundary or phase check; a
+second signal ends the process at once.
+
+Light on purpose (no torch): the entry point catches these before torch loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, Dict, Iterator, List, Optional
+
+log = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(Exception):
+    """A signal asked the run to stop; a checkpoint of ``step`` has been written."""
+
+    def __init__(self, step: int, signal: str) -> None:
+        super().__init__(f"{signal} at step {step}")
+        self.step, self.signal = step, signal
+
+
+class Interrupted(BaseException):
+    """A signal stopped the run at once, outside the training steps (or a second signal inside them).
+    A BaseException, as KeyboardInterrupt is: raised from the signal handler wherever the run is, it
+    passes through the libraries' ``except Exception``. A bare ``except:`` still swallows it (datasets'
+    fingerprinting has one): :meth:`StopRequest.check` at each phase boundary raises it again."""
+
+    def __init__(self, signal: str) -> None:
+        super().__init__(signal)
+        self.signal = signal
+        self.stage = "starting"  # how far the run had come: starting, evaluating, training, finishing (the recipe)
+
+
+def interruption(error: BaseException) -> Optional[Interrupted]:
+    """The :class:`Interrupted` that caused ``error``, if one did. Python turns an exception raised while
+    it runs a hook of its own into another one: a signal that lands in a class's ``__set_name__`` while a
+    library imports (pandas' dataclasses, say) becomes "RuntimeError: Error calling __set_name__", its
+    cause the Interrupted. The run stops as the signal asked, not as a crash."""
+    seen: List[int] = []
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Interrupted):
+            return error
+        seen.append(id(error))
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return None
+
+
+class StopRequest:
+    """While active (``with StopRequest(requeue=...) as stop:``), SIGTERM, SIGINT and the platform's
+    requeue signal raise :class:`Interrupted` where the run is, except inside :meth:`at_step_boundaries`,
+    where the first of them is only noted in ``stop.signal`` for the training loop to act on."""
+
+    def __init__(self, *, requeue: Optional[signal.Signals] = None) -> None:
+        self.signal: Optional[str] = None
+        self._requeue = requeue
+        self._previous: Dict[int, Any] = {}
+        self._deferred = False
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():  # only it may set handlers
+            signals = (*SIGNALS, self._requeue) if self._requeue else SIGNALS
+            self._previous = {s: signal.signal(s, self._handle) for s in signals}
+        else:  # the main thread's relay, if installed, notes signals for it: one that came before, too
+            self.signal = self.signal or _relayed
+            _IN_THREADS.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        if self in _IN_THREADS:
+            _IN_THREADS.remove(self)
+
+    @contextmanager
+    def at_step_boundaries(self) -> Iterator["StopRequest"]:
+        """Inside, a first signal waits for the loop's next step boundary."""
+        self._deferred = True
+        try:
+            yield self
+        finally:
+            self._deferred = False
+
+    def check(self) -> None:
+        """Outside the training steps: raise :class:`Interrupted` for a signal already received, whose
+        exception library code swallowed, so that the run stops here instead of going on."""
+        if self.signal is not None and not self._deferred:
+            raise Interrupted(self.signal)
+
+    def hand_over(self) -> None:
+        """Once the run has stopped: if the platform's requeue signal asked for the stop, run the
+        platform's own handler, which requeues the job and ends this process."""
+        handler = self._previous.get(self._requeue) if self._requeue else None
+        if self._requeue and self.signal == self._requeue.name and callable(handler):
+            log.warning("handing %s over to the platform, which requeues the job", self.signal)
+            handler(self._requeue, None)
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        name = signal.Signals(signum).name
+        again = self.signal is not None
+        self.signal = name
+        if again or not self._deferred:
+            raise Interrupted(name)
+        log.warning("%s received: stopping after this step, with a checkpoint", name)
+
+
+_IN_THREADS: List[StopRequest] = []  # the StopRequests active in threads other than the main one
+_relayed: Optional[str] = None  # the signal relay_to_threads noted, for a StopRequest that starts after it
+
+
+def relay_to_threads() -> None:
+    """In the main thread of a process whose runs are in other threads: a first signal is noted for
+    their StopRequests, and for one that starts later (they stop at the next step boundary, or the
+    next phase check, with what a signal saves there); a second one ends the process at once, as it
+    would a run in the main thread."""
+
+    def relay(signum: int, frame: Optional[FrameType]) -> None:
+        global _relayed
+        name = signal.Signals(signum).name
+        if _relayed is not None:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        log.warning("%s received: stopping at the next step or phase, saving what a checkpoint can", name)
+        _relayed = name
+        for request in _IN_THREADS:
+            request.signal = name
+
+    for s in SIGNALS:
+        signal.signal(s, relay)

@@ -1,0 +1,568 @@
+"""A sweep's report: its table as Markdown, the seeds' means, and plots, in one ``report.md``.
+
+    python -m nli.report multirun/synthetic/2026-11-25_06-54-23
+    python -m nli.report SWEEP_A SWEEP_B outputs/rte/RUN --out reports/lr
+
+Each argument is a sweep directory (one with ``sweep_results.jsonl``, written by ``train.py -m``,
+nli/sweep/table.py), a single run folder (one with ``results.json``), or a Vertex AI sweep's folder in a
+bucket (``gs://<staging_bucket>/<sweep name>``: its jobs' folders, or the table ``python -m nli.cloud
+attach`` wrote there). Of a directory that several sweeps ran in (one after another: a sweep run
+again), the report is of the newest sweep's jobs, and says how many older sweeps' rows it left out.
+The report goes to the first sweep directory given (else the first run folder; for a sweep in a
+bucket, ``reports/<sweep name>`` in the current directory), or to ``--out``:
+
+- ``report.md``: every job (state, the overrides that vary, objective and metrics, speed, error),
+  and when seeds were swept the mean ± sample standard deviation over them;
+- ``objective_vs_<key>.png``: the objective against each swept setting other than the seed;
+- a per-class table: each class's precision, recall and F1 on each eval split (classification
+  tasks), mean ± sd over the seeds of each setting;
+- ``learning_curves.png``: training loss, the evaluation metric, the gradient norm (before clipping)
+  and the learning rate against step, from each run's ``metrics.csv`` (``logger=csv``, the default).
+
+Failed jobs are in the tables and not in the plots. The plots are drawn on matplotlib's Agg
+canvas, without pyplot: no display is needed and no global backend is switched for the caller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+import fsspec
+import yaml
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from nli.contract import (
+    OVERRIDES_FILE,
+    RESULTS_FILE,
+    VERTEX_JOB_RETURN_FILE,
+    VERTEX_JOBS_FILE,
+    VERTEX_MODEL_DIR,
+    vertex_dirs,
+)
+from nli.errors import UserError
+from nli.io.storage import Storage
+from nli.sweep import table as sweep
+
+REPORT = "report.md"
+METRICS_CSV = "metrics.csv"
+LEARNING_CURVES = "learning_curves.png"
+# The run's own record of its command (nli.contract); Hydra's, in folders written before it.
+OVERRIDES_FILES = (Path(OVERRIDES_FILE), Path(".hydra") / "overrides.yaml")
+# Figure sizes in inches at DPI dots per inch: the PNGs are exactly size * DPI pixels.
+DPI = 100
+OBJECTIVE_SIZE = (6.0, 4.0)
+CURVES_SIZE = (12.0, 8.0)
+GRAD_NORM, LR = "train/grad_norm", "train/lr"  # the training series plotted under the loss (metrics.csv's names)
+# Results that measure the run (speed, memory) rather than the model: shown apart, never averaged as metrics.
+MEASURED_PREFIXES = ("train_", "peak_", "eval_examples")
+# How fast each job ran, by the title the job table gives it.
+SPEED = (("examples/s", "train_examples_per_second"), ("seconds", "train_seconds"))
+COMMIT_CHARS = 10  # of a commit's hash in the table: enough to tell commits apart (git's short form is 7+)
+LEGEND_MAX = 12  # lines a legend names; past that it hides the plot
+PER_CLASS = "per_class"  # results.json's per-class figures (nli.evaluate.per_class): split -> label -> figure -> value
+AVERAGED_FIGURES = ("precision", "recall", "f1")  # of each class, averaged over seeds (support is the split's)
+
+Row = Dict[str, Any]
+Source = Union[Path, str]  # a local folder, or a sweep's folder in a bucket (gs://...)
+UNFINISHED = "UNFINISHED"  # a job of a sweep in a bucket that has written no result yet
+Curves = Dict[str, Dict[int, float]]  # metric -> step -> value
+
+
+class ReportError(UserError):
+    """An argument that is neither a sweep directory nor a run folder, or a table that cannot be read."""
+
+
+# ------------------------------------------------------------------------------- the rows
+
+
+def load_rows(paths: Sequence[Source], notes: Optional[List[str]] = None) -> List[Row]:
+    """Every job of every sweep directory (its newest sweep's) and run folder given, in order; a line
+    in ``notes`` for each directory whose older sweeps' rows were left out. A ``gs://`` URL is a Vertex
+    AI sweep's folder in a bucket (:func:`bucket_rows`)."""
+    rows: List[Row] = []
+    for path in paths:
+        if isinstance(path, str):
+            rows.extend(bucket_rows(path, notes if notes is not None else []))
+        elif (path / sweep.RESULTS_JSONL).is_file():
+            rows.extend(_sweep_rows(path, notes if notes is not None else []))
+        elif (path / RESULTS_FILE).is_file():
+            rows.append(_run_row(path, num=len(rows)))
+        else:
+            raise _not_a_source(path)
+    return rows
+
+
+def _not_a_source(path: Path) -> ReportError:
+    expected = f"expected a sweep directory (with {sweep.RESULTS_JSONL}) or a run folder (with {RESULTS_FILE})"
+    if not path.exists():
+        return ReportError(f"{path}: no such directory; {expected}")
+    if not path.is_dir():
+        return ReportError(f"{path}: not a directory; {expected}")
+    return ReportError(f"{path}: holds neither {sweep.RESULTS_JSONL} nor {RESULTS_FILE}; {expected}")
+
+
+def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
+    """The rows of the newest sweep in the directory: two sweeps' rows under one job number would pass
+    one sweep's result off as the other's."""
+    try:
+        every = sweep.read_rows(sweep_dir)
+    except json.JSONDecodeError as err:
+        raise ReportError(f"{sweep_dir / sweep.RESULTS_JSONL}: not JSON lines ({err})") from None
+    rows = _newest(str(sweep_dir), every, notes)
+    for row in rows:
+        # A sweep copied from elsewhere (a cluster, a bucket) names job folders that are not here:
+        # its metrics.csv files are then read from the same subfolder of the copy.
+        named = str(row.get("output_dir") or "")
+        if named and not _exists(named) and (sweep_dir / _tail(named, 1)).is_dir():
+            row["output_dir"] = str(sweep_dir / _tail(named, 1))
+    return rows
+
+
+def _newest(where: str, every: List[Row], notes: List[str]) -> List[Row]:
+    if not every:
+        raise ReportError(f"{where}/{sweep.RESULTS_JSONL} holds no jobs yet")
+    rows, older = sweep.newest_sweep(every)
+    if older:
+        notes.append(f"{where} holds the rows of {len(older) + 1} sweeps: the report is of the newest "
+                     f"({_sweep_name(rows[0])}); the {len(every) - len(rows)} rows of the older ones are left out "
+                     f"(they stay in {sweep.RESULTS_JSONL})")
+    return rows
+
+
+# ------------------------------------------------------------------------- a sweep in a bucket
+
+
+def bucket_rows(url: str, notes: List[str]) -> List[Row]:
+    """The jobs of a Vertex AI sweep's folder in a bucket (``<staging_bucket>/<sweep>``): its table where
+    ``python -m nli.cloud attach`` wrote one there, else a row per job folder (``0/``, ``1/``, ...) from
+    what each job wrote into its ``model/`` (results.json, the job's return or error), with the
+    overrides the sweep recorded as it submitted it (vertex_jobs.json), else the run's own."""
+    folder = Storage(url.rstrip("/"), key="DIR")
+    try:
+        if not folder.check_readable():
+            raise ReportError(f"{url}: nothing there; expected the folder of a Vertex AI sweep, <staging_bucket>/"
+                              "<sweep name> (gcloud storage ls lists it)")
+        if folder.exists(sweep.RESULTS_JSONL):
+            lines = folder.read_bytes(sweep.RESULTS_JSONL).decode().splitlines()
+            return _newest(folder.url, [json.loads(line) for line in lines if line.strip()], notes)
+        recorded = {int(job["num"]): job for job in (folder.read_json(VERTEX_JOBS_FILE) or {}).get("jobs", [])}
+        numbers = sorted(int(name) for name in folder.list("") if name.isdigit())
+        rows = [_job_folder_row(folder, num, recorded.get(num)) for num in numbers]
+    except json.JSONDecodeError as err:
+        raise ReportError(f"{url}: a file of the sweep is not JSON ({err})") from None
+    except UserError as err:  # a StorageError: the bucket, the credentials or the network, with the fix
+        raise err if isinstance(err, ReportError) else ReportError(str(err)) from None
+    except OSError as err:  # gcsfs' errors: no credentials, no network, no permission
+        raise ReportError(f"{url} cannot be read: {err}") from None
+    if not rows:
+        raise ReportError(f"{url}: holds neither {sweep.RESULTS_JSONL} nor job folders (0/, 1/, ...): expected the "
+                          "folder of a Vertex AI sweep, <staging_bucket>/<sweep name>")
+    return rows
+
+
+def _job_folder_row(folder: Storage, num: int, recorded: Optional[Mapping[str, Any]]) -> Row:
+    model = vertex_dirs(str(num))[VERTEX_MODEL_DIR]  # where the job's run wrote (AIP_MODEL_DIR)
+    results = folder.read_json(f"{model}/{RESULTS_FILE}")
+    reported = folder.read_json(f"{model}/{VERTEX_JOB_RETURN_FILE}") or {}
+    if recorded is not None:
+        overrides = [str(each) for each in recorded.get("overrides", [])]
+    else:
+        written = folder.read_bytes(f"{model}/{OVERRIDES_FILE}") if folder.exists(f"{model}/{OVERRIDES_FILE}") else b""
+        overrides = [str(each) for each in yaml.safe_load(written) or []]
+    row = functools.partial(sweep.job_row, num=num, overrides=overrides, output_dir=folder.describe(model))
+    if reported.get("status", sweep.COMPLETED if results else None) == sweep.COMPLETED and results is not None:
+        return row(state=sweep.COMPLETED, results=sweep.own_results(results, reported.get("return_value"),
+                                                                    folder.describe(model)))
+    if "error" in reported or reported.get("status") == sweep.FAILED:
+        return row(state=sweep.FAILED, results=None, error=str(reported.get("error") or "the job failed"))
+    return row(state=UNFINISHED, results=None,
+               error=f"no {RESULTS_FILE} yet: running, or ended without reporting (python -m nli.cloud attach says)")
+
+
+def _run_row(run_dir: Path, *, num: int) -> Row:
+    """A single run's row, as a sweep would have written it."""
+    try:
+        results = json.loads((run_dir / RESULTS_FILE).read_text())
+        overrides_file = next((run_dir / each for each in OVERRIDES_FILES if (run_dir / each).is_file()), None)
+        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file is not None else []
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ReportError(f"{run_dir}: unreadable {RESULTS_FILE} or {OVERRIDES_FILE} ({err})") from None
+    return sweep.job_row(num=num, state=sweep.COMPLETED, overrides=[str(each) for each in overrides or []],
+                         results=results, output_dir=str(run_dir))
+
+
+def _sweep_name(row: Mapping[str, Any]) -> str:
+    sweep_id = row.get(sweep.SWEEP_ID)
+    return f"sweep {sweep_id}" if sweep_id else "rows that name no sweep"
+
+
+def _exists(url: str) -> bool:
+    if "://" in url:  # a bucket: let fsspec answer when the file is read
+        return True
+    return Path(url).is_dir()
+
+
+def _tail(url: str, parts: int) -> str:
+    """The last parts of a path or URL: enough to tell runs apart in a table."""
+    return "/".join(url.rstrip("/").split("/")[-parts:])
+
+
+def model_metrics(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """Objective first, then what the model scored (accuracy, f1, ...), not how fast the run went."""
+    return [name for name in sweep.metric_columns(rows) if not name.startswith(MEASURED_PREFIXES)]
+
+
+def completed(rows: Sequence[Row]) -> List[Row]:
+    return [row for row in rows if row.get("state") == sweep.COMPLETED and sweep.is_number(row.get("objective"))]
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if sweep.is_number(value) else None
+
+
+# ------------------------------------------------------------------------------ the tables
+
+
+def job_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str], *, folders: bool) -> str:
+    """One line per job; ``folders`` adds each job's folder, for reports over several directories
+    (whose job numbers repeat)."""
+    columns: List[Tuple[str, str]] = [("job", "job"), ("state", "state")]
+    columns += [("folder", "output_dir")] if folders else []
+    columns += [(key, key) for key in keys] + [(name, name) for name in metrics]
+    columns += [(title, key) for title, key in SPEED if any(key in row for row in rows)]
+    if any(row.get(sweep.COMMIT) for row in rows):  # the code each job ran (nli.runtime.provenance)
+        columns.append(("commit", sweep.COMMIT))
+    if any(row.get("error") for row in rows):
+        columns.append(("error", "error"))
+    numeric = {*metrics, *(key for _, key in SPEED)}
+    lines = [[_shown(row, key, numeric) for _, key in columns] for row in rows]
+    return markdown_table([title for title, _ in columns], lines)
+
+
+def _shown(row: Mapping[str, Any], key: str, numeric: Set[str]) -> Any:
+    """A cell's value: every metric as a float, so that all print with 4 decimals; a folder by its
+    last two parts (the sweep's and the job's)."""
+    if key == "output_dir":
+        return _tail(str(row.get(key) or ""), 2)
+    if key == sweep.COMMIT:
+        return short_commit(row)
+    value = row.get(key)
+    return _number(value) if key in numeric and sweep.is_number(value) else value
+
+
+def short_commit(row: Mapping[str, Any]) -> Optional[str]:
+    """A job's commit as git abbreviates it, marked where its checkout had uncommitted changes."""
+    commit = row.get(sweep.COMMIT)
+    if not commit:
+        return None
+    return f"{str(commit)[:COMMIT_CHARS]}{' (dirty)' if row.get(sweep.DIRTY) else ''}"
+
+
+def seed_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str]) -> str:
+    """Jobs that differ only in seed, one line each: n, and mean ± sd of every metric."""
+    groups = sweep.seed_groups(rows)
+    others = [key for key in keys if key != sweep.SEED]
+    failed = any(group["failed"] for group in groups)
+    header = [*others, "n", *(["failed"] if failed else []), *metrics]
+    lines = [[*(group.get(key) for key in others), group["n"], *([group["failed"]] if failed else []),
+              *(plus_minus(group.get(f"{name}_mean"), group.get(f"{name}_sd")) for name in metrics)]
+             for group in groups]
+    return markdown_table(header, lines)
+
+
+def class_table(rows: Sequence[Row], keys: Sequence[str]) -> Optional[str]:
+    """Each class's precision, recall and F1 on each eval split (results.json's ``per_class``, nli.evaluate.per_class),
+    one line per setting x split x label: n, and mean ± sd over the setting's seeds; None where no
+    completed job has them (a regression, a run from before they were kept)."""
+    others = [key for key in keys if key != sweep.SEED]
+    groups: Dict[Tuple[Any, ...], List[Row]] = {}
+    for row in completed(rows):
+        if isinstance(row.get(PER_CLASS), dict):
+            groups.setdefault(tuple(row.get(key) for key in others), []).append(row)
+    lines: List[List[Any]] = []
+    for setting, members in groups.items():
+        tables = [row[PER_CLASS] for row in members]
+        for split in dict.fromkeys(split for table in tables for split in table):
+            found: Dict[str, List[Mapping[str, Any]]] = {}
+            for table in tables:
+                for label, figures in (table.get(split) or {}).items():
+                    found.setdefault(label, []).append(figures)
+            for label, each in found.items():
+                supports = sorted({figures.get("support") for figures in each}, key=str)
+                lines.append([*setting, split, label, len(each),
+                              *(_mean_sd([figures.get(name) for figures in each]) for name in AVERAGED_FIGURES),
+                              supports[0] if len(supports) == 1 else " / ".join(map(str, supports))])
+    if not lines:
+        return None
+    return markdown_table([*others, "split", "label", "n", *AVERAGED_FIGURES, "support"], lines)
+
+
+def _mean_sd(values: Sequence[Any]) -> str:
+    numbers = [float(value) for value in values if sweep.is_number(value)]
+    if not numbers:
+        return ""
+    return plus_minus(statistics.fmean(numbers), statistics.stdev(numbers) if len(numbers) > 1 else None)
+
+
+def plus_minus(mean: Optional[float], sd: Optional[float]) -> str:
+    """``0.8229 ± 0.1915``; the mean alone where one seed ran (no sd), nothing where none did."""
+    if mean is None or math.isnan(mean):
+        return ""
+    return f"{mean:.4f}" if sd is None or math.isnan(sd) else f"{mean:.4f} ± {sd:.4f}"
+
+
+def markdown_table(header: Sequence[str], lines: Sequence[Sequence[Any]]) -> str:
+    rendered = [[_cell(value) for value in line] for line in lines]
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                      *("| " + " | ".join(line) + " |" for line in rendered)])
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    text = f"{value:.4f}" if isinstance(value, float) else str(value)
+    text = " ".join(text.split())  # a Markdown table row is one line: an error's traceback is not
+    text = text if len(text) <= 300 else text[:299] + "…"
+    return text.replace("|", "\\|")
+
+
+# ------------------------------------------------------------------------ objective plots
+
+
+def objective_points(rows: Sequence[Row], key: str, others: Sequence[str]) -> Dict[str, Dict[str, List[float]]]:
+    """The completed jobs' objectives, by the other swept values (a line each) and then by this key's
+    value (a point each): the seeds of one setting fall in one point."""
+    lines: Dict[str, Dict[str, List[float]]] = {}
+    for row in completed(rows):
+        label = ", ".join(f"{other}={row.get(other)}" for other in others)
+        lines.setdefault(label, {}).setdefault(str(row.get(key)), []).append(float(row["objective"]))
+    return lines
+
+
+def x_axis(values: Sequence[str]) -> Tuple[Dict[str, float], str]:
+    """Where each value lies on the x axis, and the axis' scale: numbers where all are numbers, on a
+    log axis when they span more than a factor of 10 (learning rates), else categories in order."""
+    try:
+        numbers = {value: float(value) for value in values}
+    except ValueError:
+        return {value: float(i) for i, value in enumerate(values)}, "category"
+    finite = [x for x in numbers.values() if math.isfinite(x)]
+    spread = len(finite) == len(numbers) and min(finite) > 0 and max(finite) > 10 * min(finite)
+    return numbers, "log" if spread else "linear"
+
+
+def plot_objective(rows: Sequence[Row], key: str, others: Sequence[str], path: Path, *, seeds: bool) -> None:
+    lines = objective_points(rows, key, others)
+    where, scale = x_axis(list(dict.fromkeys(value for points in lines.values() for value in points)))
+    figure = _figure(OBJECTIVE_SIZE)
+    axes = figure.subplots()
+    for label, points in lines.items():
+        ordered = sorted(points, key=lambda value: where[value])
+        means = [statistics.fmean(points[value]) for value in ordered]
+        sds = [statistics.stdev(points[value]) if len(points[value]) > 1 else 0.0 for value in ordered]
+        axes.errorbar([where[value] for value in ordered], means, yerr=sds, fmt="o-", capsize=4, label=label or None)
+    if scale != "category":
+        axes.set_xscale(scale)
+    # A tick at each value swept, as typed: 1e-3 rather than 0.00100 crowded among 0.00125s.
+    axes.set_xticks(list(where.values()), list(where))
+    axes.minorticks_off()
+    axes.set(title=f"objective against {key}", xlabel=key,
+             ylabel="objective (mean ± sd over seeds)" if seeds else "objective")
+    _legend(axes, len(lines))
+    _save(figure, path)
+
+
+# ------------------------------------------------------------------------ learning curves
+
+
+def read_curves(url: str) -> Curves:
+    """metrics.csv as metric -> step -> value. A resumed run logs again the steps after its last
+    checkpoint: the later line is the one that run went on from, so it wins."""
+    curves: Curves = {}
+    with fsspec.open(url, "r") as stream:
+        for line in csv.DictReader(stream):
+            curves.setdefault(line["metric"], {})[int(line["step"])] = float(line["value"])
+    return curves
+
+
+def main_metric(results: Mapping[str, Any], curves: Curves) -> Optional[str]:
+    """The eval/ metric the objective is: the one whose final value (results.json's, else the last
+    logged) equals the objective; else the first eval/ metric logged."""
+    names = [name for name in curves if name.startswith("eval/") and curves[name]]
+    objective = _number(results.get("objective"))
+    for name in names:
+        points = curves[name]
+        final = _number(results.get(name[len("eval/"):], points[max(points)]))
+        if objective is not None and final is not None and math.isclose(final, objective):
+            return name
+    return names[0] if names else None
+
+
+def load_curves(rows: Sequence[Row], keys: Sequence[str]) -> Tuple[List[Tuple[str, Curves, Optional[str]]], List[str]]:
+    """Each completed run's label, curves and main metric; and a note for each run without curves."""
+    runs: List[Tuple[str, Curves, Optional[str]]] = []
+    notes: List[str] = []
+    for row in completed(rows):
+        url = f"{str(row.get('output_dir', '')).rstrip('/')}/{METRICS_CSV}"
+        try:
+            curves = read_curves(url)
+        except FileNotFoundError:
+            notes.append(f"job {row.get('job')} ({url}): no {METRICS_CSV}")
+            continue
+        except (OSError, KeyError, ValueError) as err:  # unreadable, or not the step,metric,value columns
+            notes.append(f"job {row.get('job')} ({url}): {METRICS_CSV} unreadable ({err!r})")
+            continue
+        label = ", ".join(f"{key}={row.get(key)}" for key in keys) or f"job {row.get('job')}"
+        runs.append((label, curves, main_metric(row, curves)))
+    return runs, notes
+
+
+def plot_curves(runs: Sequence[Tuple[str, Curves, Optional[str]]], path: Path) -> None:
+    """Training loss and the evaluation metric against step, side by side, a line per run; below them
+    the gradient norm before clipping and the learning rate (of the first parameter group)."""
+    figure = _figure(CURVES_SIZE)
+    (loss_axes, eval_axes), (norm_axes, lr_axes) = figure.subplots(2, 2, sharex=True)
+    for label, curves, metric in runs:
+        _line(loss_axes, curves.get("train/loss", {}), label)
+        _line(eval_axes, curves.get(metric, {}) if metric else {}, label)
+        _line(norm_axes, curves.get(GRAD_NORM, {}), label)
+        _line(lr_axes, curves.get(LR, {}), label)
+    metrics = list(dict.fromkeys(metric for _, _, metric in runs if metric))
+    loss_axes.set(title="training loss", ylabel="train/loss")
+    eval_axes.set(title="evaluation", ylabel=", ".join(metrics) or "no eval/ metric logged")
+    logged = any(curves.get(GRAD_NORM) for _, curves, _ in runs)  # runs from before it was logged have none
+    norm_axes.set(title="gradient norm, before clipping", xlabel="step",
+                  ylabel=GRAD_NORM if logged else f"no {GRAD_NORM} logged")
+    lr_axes.set(title="learning rate", xlabel="step", ylabel=LR)
+    _legend(eval_axes, len(runs))
+    _save(figure, path)
+
+
+def _line(axes: Axes, points: Mapping[int, float], label: str) -> None:
+    steps = sorted(points)
+    axes.plot(steps, [points[step] for step in steps], marker=".", label=label)
+
+
+def _figure(size: Tuple[float, float]) -> Figure:
+    figure = Figure(figsize=size, dpi=DPI)
+    FigureCanvasAgg(figure)  # Agg draws the PNG; it attaches itself to the figure
+    return figure
+
+
+def _legend(axes: Axes, lines: int) -> None:
+    if 0 < lines <= LEGEND_MAX and axes.get_legend_handles_labels()[1]:
+        axes.legend(fontsize="small")
+
+
+def _save(figure: Figure, path: Path) -> None:
+    figure.tight_layout()
+    figure.savefig(path, dpi=DPI)
+
+
+# ------------------------------------------------------------------------------ the report
+
+
+def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Optional[List[str]] = None
+                 ) -> List[Path]:
+    """Writes report.md and its plots; the files written, report.md first. ``notes`` gets a line for
+    each directory whose older sweeps were left out (report.md says it too)."""
+    notes = [] if notes is None else notes
+    rows = load_rows(paths, notes)
+    out = out or _default_out(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    keys, metrics = sweep.varying(rows), model_metrics(rows)
+    done = completed(rows)
+    sections = [f"# Sweep report\n\n{len(rows)} {'job' if len(rows) == 1 else 'jobs'}, {len(done)} completed, "
+                "from " + ", ".join(f"`{path}`" for path in paths) + "." +
+                "".join(f"\n\n{note}." for note in notes),
+                "## Jobs\n\n" + job_table(rows, keys, metrics, folders=len(paths) > 1)]
+    if sweep.SEED in keys:
+        sections.append("## Over seeds\n\nMean ± sample standard deviation over the seeds of each setting "
+                        "(completed jobs).\n\n" + seed_table(rows, keys, metrics))
+    classes = class_table(rows, keys)
+    if classes is not None:
+        sections.append("## Per class\n\nEach class's precision, recall and F1 on each eval split of the final "
+                        "evaluation (`per_class` in results.json), mean ± sample standard deviation over the seeds "
+                        "of each setting (completed jobs); support: the split's examples of the class.\n\n" + classes)
+    written: List[Path] = []
+    sections += _objective_section(rows, keys, out, written) + _curves_section(rows, keys, out, written)
+    report = out / REPORT
+    report.write_text("\n\n".join(sections) + "\n")
+    return [report, *written]
+
+
+def _default_out(paths: Sequence[Source]) -> Path:
+    """The first sweep directory given, else the first run folder; for a sweep in a bucket, which a
+    report is not written into, reports/<its name> here."""
+    first = next((path for path in paths if isinstance(path, str) or (path / sweep.RESULTS_JSONL).is_file()),
+                 paths[0])
+    return Path("reports", first.rstrip("/").rpartition("/")[2]) if isinstance(first, str) else first
+
+
+def _objective_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written: List[Path]) -> List[str]:
+    settings = [key for key in keys if key != sweep.SEED]
+    if not settings or not completed(rows):
+        return []
+    images = []
+    for key in settings:
+        path = out / f"objective_vs_{_file_name(key)}.png"
+        plot_objective(rows, key, [other for other in settings if other != key], path, seeds=sweep.SEED in keys)
+        written.append(path)
+        images.append(f"![objective against {key}]({path.name})")
+    return ["## Objective against each swept setting\n\n" + "\n\n".join(images)]
+
+
+def _file_name(key: str) -> str:
+    """An override key as part of a file name: ``hydra/launcher`` -> ``hydra_launcher``."""
+    return re.sub(r"[^\w.-]+", "_", key)
+
+
+def _curves_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written: List[Path]) -> List[str]:
+    runs, notes = load_curves(rows, keys)
+    text = "## Learning curves"
+    if runs:
+        plot_curves(runs, out / LEARNING_CURVES)
+        written.append(out / LEARNING_CURVES)
+        text += f"\n\n![learning curves]({LEARNING_CURVES})"
+    if notes:
+        text += "\n\nSkipped:\n\n" + "\n".join(f"- {note}" for note in notes)
+    return [text] if runs or notes else []
+
+
+def source(argument: str) -> Source:
+    """A folder as given: a URL stays text (Path would make gs://b of gs:/b)."""
+    return argument if "://" in argument else Path(argument)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nli.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=source, metavar="DIR",
+                        help="sweep directories and run folders; gs://: a Vertex AI sweep's folder in a bucket")
+    parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: the first sweep)")
+    args = parser.parse_args(argv)
+    notes: List[str] = []
+    try:
+        written = write_report(args.paths, args.out, notes)
+    except UserError as err:  # what was given: the message alone, and argparse's status for a bad argument
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a folder that cannot be read or written: no traceback either
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print("\n".join(str(path) for path in written))
+    return 0
+

@@ -1,0 +1,546 @@
+"""A sweep's table, under every launcher: each job's row as the job ends, the whole table and the
+seeds' means at the end, and an exit status that says whether every job succeeded.
+
+One sweep at a time in a sweep directory: the sweep claims it as it starts (``.sweep_claim.json``,
+nli.io.claim's claim of a folder) and holds it to its end, however it ends. A second sweep started into
+it meanwhile is refused before any job runs, told whose it is; a sweep killed outright leaves a claim
+that the next sweep takes over (its process gone, or its heartbeat stale).
+
+Each sweep gets an id as it starts (``sweep``, with its start time ``sweep_started``), and every row
+carries it. Rows go to ``<sweep dir>/sweep_results.jsonl``, which keeps every sweep's rows (a sweep
+run again in the directory adds its own; within one sweep, a job folder's row replaces that job's
+earlier one), and ``sweep_results.csv``, which is this sweep's table alone, as printed at the end;
+jobs of this sweep that differ only in ``seed`` are summed up in ``sweep_summary.csv`` (n, mean and
+sd). ``python -m nli.report`` reports a directory's newest sweep (nli.sweep.report).
+
+Hydra's own and submitit's launchers call :class:`SweepResults` (a Hydra callback, named in
+conf/train.yaml) where each job runs, so a job on a Slurm node writes its own row, under a file
+lock (the callback, id and all, travels to the node pickled with the launcher); the Vertex AI
+launcher, whose jobs run in the cloud, writes theirs with :func:`record` as it collects them,
+stamped with :func:`running_sweep`. The callback in the process that started the sweep claims the
+directory and prints the table at the end.
+
+Light on purpose (no torch): Hydra instantiates the callback before any job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import csv
+import io
+import json
+import logging
+import math
+import os
+import secrets
+import signal
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from filelock import FileLock
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from nli.contract import PREEMPTED, RESULTS_FILE
+from nli.errors import StorageError, UserError
+from nli.io.claim import Claim, Use
+from nli.io.storage import Storage
+from nli.sweep import local_gpus as gpus
+
+log = logging.getLogger(__name__)
+
+RESULTS_JSONL = "sweep_results.jsonl"
+RESULTS_CSV = "sweep_results.csv"
+SUMMARY_CSV = "sweep_summary.csv"
+_LOCK = ".sweep_results.lock"
+CLAIM = Use("sweep", ".sweep_claim.json", "give this sweep another hydra.sweep.dir")
+SWEEP_ID, SWEEP_STARTED = "sweep", "sweep_started"  # the columns that say which sweep a row belongs to
+PROVENANCE, COMMIT, DIRTY = "provenance", "commit", "dirty"  # a job's code: results.json's, the row's columns
+
+COMPLETED, FAILED = JobStatus.COMPLETED.name, JobStatus.FAILED.name
+SEED = "seed"
+# Columns of a row that are not metrics: its place in the sweep, and counters a mean says nothing of.
+_NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early", "trainable_parameters",
+                          SWEEP_STARTED, "started"})
+# What the printed table shows besides the swept values (the files have every column).
+_SHOWN = ("objective", "train_examples_per_second", "train_seconds")
+
+
+def override_columns(overrides: Sequence[str]) -> Dict[str, str]:
+    """``optimizer.lr=1e-3`` -> ``{"optimizer.lr": "1e-3"}``: the key as Hydra parses it, the value as typed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {override.key_or_group: (override.input_line or "").partition("=")[2]
+            for override in OverridesParser.create().parse_overrides(list(overrides))}
+
+
+def job_row(*, num: int, state: str, overrides: Sequence[str], results: Optional[Mapping[str, Any]],
+            output_dir: str, error: Optional[str] = None, **extra: Any) -> Dict[str, Any]:
+    """One job's row: its number and state, each override, the run's results, where it wrote, and
+    for a failed job its error."""
+    row: Dict[str, Any] = {"job": num, "state": state, "overrides": list(overrides), **override_columns(overrides)}
+    row.update({key: value for key, value in (results or {}).items() if key not in row and key != PROVENANCE})
+    row.update(code_columns((results or {}).get(PROVENANCE)))
+    row.update(output_dir=output_dir, error=error, ended=time.time(), **extra)
+    return row
+
+
+def code_columns(provenance: Any) -> Dict[str, Any]:
+    """The code a job ran, from its results' provenance (nli.runtime.provenance), as the row's ``commit`` and
+    ``dirty`` columns; none where its results have no provenance. The rest of the provenance stays in
+    the job's results.json: the table keeps one flat value per column."""
+    if not isinstance(provenance, Mapping) or "commit" not in provenance:
+        return {}
+    return {COMMIT: provenance.get("commit"), DIRTY: provenance.get("dirty")}
+
+
+def read_json(url: str) -> Optional[Dict[str, Any]]:
+    """A JSON file (local or gs://); None when there is none."""
+    folder, _, name = url.rpartition("/")
+    return Storage(folder or ".").read_json(name)
+
+
+# --------------------------------------------------------------------------------- the files
+
+
+def record(sweep_dir: Path, row: Dict[str, Any]) -> None:
+    """Adds the job's row to the directory's rows, in place of an earlier row of the same job folder in
+    the same sweep (a job recorded again: a requeued Slurm job), and writes the CSV of the row's sweep.
+    Jobs of one sweep end at once in several processes (or nodes): the lock lets one write at a time."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(sweep_dir / _LOCK)):
+        rows = read_rows(sweep_dir)
+        same = [i for i, old in enumerate(rows)
+                if old.get("output_dir") == row["output_dir"] and old.get(SWEEP_ID) == row.get(SWEEP_ID)]
+        if same:
+            rows[same[0]] = row
+        else:
+            rows.append(row)
+        _replace(sweep_dir / RESULTS_JSONL, "".join(json.dumps(each) + "\n" for each in rows))
+        _replace(sweep_dir / RESULTS_CSV, to_csv(of_sweep(rows, row.get(SWEEP_ID))))
+
+
+def read_rows(sweep_dir: Path) -> List[Dict[str, Any]]:
+    path = sweep_dir / RESULTS_JSONL
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def of_sweep(rows: Iterable[Mapping[str, Any]], sweep_id: Optional[str]) -> List[Dict[str, Any]]:
+    """The rows of one sweep (None: the rows written before rows said their sweep)."""
+    return [dict(row) for row in rows if row.get(SWEEP_ID) == sweep_id]
+
+
+def newest_sweep(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Optional[str]]]:
+    """The rows of the sweep that started last, and the ids of the older sweeps whose rows are left
+    out (rows written before rows said their sweep count as the oldest, one sweep)."""
+    started: Dict[Optional[str], float] = {}
+    for row in rows:
+        started.setdefault(row.get(SWEEP_ID), float(row.get(SWEEP_STARTED) or 0.0))
+    if not started:
+        return [], []
+    newest = max(started, key=lambda sweep_id: started[sweep_id])
+    return of_sweep(rows, newest), [sweep_id for sweep_id in started if sweep_id != newest]
+
+
+def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    stream = io.StringIO()
+    writer = csv.DictWriter(stream, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
+    writer.writeheader()
+    writer.writerows({key: _csv_cell(key, value) for key, value in row.items()} for row in rows)
+    return stream.getvalue()
+
+
+def _csv_cell(key: str, value: Any) -> Any:
+    """The overrides as typed, space-separated; a nested result (per_class, confusion_matrix) as JSON."""
+    if key == "overrides" and isinstance(value, list):
+        return " ".join(value)
+    return json.dumps(value) if isinstance(value, (dict, list)) else value
+
+
+def _replace(path: Path, text: str) -> None:
+    """Readers never see half a file: write beside it, then rename over it."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+# ------------------------------------------------------------------------------ seeds as one
+
+
+def seed_groups(rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Jobs that differ only in ``seed``, one row per group: the other overrides, n (completed jobs),
+    the seeds, the failed jobs, and the mean and sample standard deviation of every metric. Empty
+    when no job sets a seed."""
+    if not any(SEED in swept(row) for row in rows):
+        return []
+    groups: Dict[Tuple[Tuple[str, str], ...], List[Mapping[str, Any]]] = {}
+    for row in rows:
+        others = {key: value for key, value in swept(row).items() if key != SEED}
+        groups.setdefault(tuple(others.items()), []).append(row)
+    return [_group_row(dict(key), members) for key, members in groups.items()]
+
+
+def _group_row(overrides: Dict[str, str], members: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    done = [row for row in members if row["state"] == COMPLETED]
+    group: Dict[str, Any] = {**overrides, "n": len(done), "seeds": " ".join(str(row.get(SEED, "")) for row in done),
+                             "failed": len(members) - len(done)}
+    for metric in metric_columns(done):
+        values = [float(row[metric]) for row in done if is_number(row.get(metric))]
+        group[f"{metric}_mean"] = statistics.fmean(values) if values else math.nan
+        group[f"{metric}_sd"] = statistics.stdev(values) if len(values) > 1 else math.nan
+    return group
+
+
+def metric_columns(rows: Iterable[Mapping[str, Any]]) -> List[str]:
+    """The numeric columns of the rows' results, objective first."""
+    rows = list(rows)
+    overridden = {key for row in rows for key in swept(row)}
+    columns = [key for row in rows for key, value in row.items()
+               if is_number(value) and key not in overridden and key not in _NOT_METRICS and key != "ended"]
+    return sorted(dict.fromkeys(columns), key=lambda key: key != "objective")
+
+
+def swept(row: Mapping[str, Any]) -> Dict[str, str]:
+    """The row's overrides as key -> value."""
+    return override_columns(row.get("overrides") or [])
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# ----------------------------------------------------------------------------- the callback
+
+
+class SweepResults(Callback):
+    """Where the sweep started: the directory claimed for this sweep, and at the end the table, the
+    seeds' summary and the failed jobs of this sweep. Where each job runs: the job's row, stamped with
+    the sweep's id. A sweep with a failed job exits non-zero after every other job has run."""
+
+    def __init__(self) -> None:
+        self.sweep_dir: Optional[Path] = None
+        self.sweep_id: Optional[str] = None  # plain values only: the callback travels pickled to the jobs
+        self.started = 0.0
+        self.wandb: Optional[DictConfig] = None  # the sweep's W&B logger, if it has one
+        self.job: Dict[str, Any] = {}  # where a job runs: when it started, and the GPUs nli.sweep.local_gpus gave it
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if (refused := gpus.refusal(config)) is not None:  # hydra/launcher=local-gpus that cannot run as asked
+            raise SystemExit(f"error: {refused}")
+        # Before the sweeper, which writes multirun.yaml (and an Optuna study's file) into the directory.
+        self.sweep_id = hold(sweep_dir)
+        self.sweep_dir, self.started = sweep_dir, _HELD[self.sweep_id].started
+        self.wandb = OmegaConf.select(config, "logger.wandb")
+        # Hydra's sweepers raise the first failed job's error once its batch has run, and on_multirun_end
+        # is then not called: the table comes as the entry point returns (nli.cli.entry: finish_open),
+        # after Hydra has printed that error; at exit, where another entry point started the sweep.
+        _OPEN.append(self)
+        atexit.register(self._finish)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Before the task function, so before anything in the job touches CUDA: under
+        hydra/launcher=local-gpus, the job's GPUs (nli.sweep.local_gpus)."""
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        self.job = {"started": time.time()}
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if (held := gpus.lease(sweep_dir, OmegaConf.select(config, "hw.gpus_per_node", default=0),
+                                  worker=not running_sweep(sweep_dir))) is not None:
+            self.job["gpus"] = held.visible  # as CUDA_VISIBLE_DEVICES names them
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:  # a single run, or a Vertex AI job (its launcher writes the row)
+            return
+        job, self.job = self.job, {}
+        record(Path(str(config.hydra.sweep.dir)), hydra_job_row(config, job_return, {**self.stamp(), **job}))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        failed = self._finish()
+        if failed:  # a sweeper that let the sweep go on past them (Optuna's max_failure_rate)
+            raise SystemExit(1)
+
+    def stamp(self) -> Dict[str, Any]:
+        """The columns that tie a row to this sweep."""
+        return {SWEEP_ID: self.sweep_id, SWEEP_STARTED: self.started}
+
+    def _finish(self) -> List[Dict[str, Any]]:
+        """Prints the table once, and lets the directory go; the jobs of this sweep that failed."""
+        if self in _OPEN:
+            _OPEN.remove(self)
+        if self.sweep_dir is None:
+            return []
+        sweep_dir, self.sweep_dir = self.sweep_dir, None
+        try:
+            return self._report(sweep_dir)
+        finally:
+            release(self.sweep_id)
+
+    def _report(self, sweep_dir: Path) -> List[Dict[str, Any]]:
+        rows = of_sweep(read_rows(sweep_dir), self.sweep_id)
+        if not rows:
+            return []
+        _replace(sweep_dir / RESULTS_CSV, to_csv(rows))
+        groups = seed_groups(rows)
+        if groups:
+            _replace(sweep_dir / SUMMARY_CSV, to_csv(groups))
+        else:  # an earlier sweep's summary would pass for this one's
+            (sweep_dir / SUMMARY_CSV).unlink(missing_ok=True)
+        log.info("Sweep results (%s):\n%s", sweep_dir / RESULTS_CSV, format_rows(rows))
+        if groups:
+            log.info("Over seeds (%s):\n%s", sweep_dir / SUMMARY_CSV, format_groups(groups))
+        failed = [row for row in rows if row["state"] != COMPLETED]
+        if self.wandb is not None:
+            to_wandb(self.wandb, sweep_dir, rows, groups)
+        if failed:
+            lines = "\n".join(f"  #{row['job']} {' '.join(row['overrides'])}: {row.get('error') or row['state']}"
+                              for row in failed)
+            log.error("%d of the sweep's jobs failed (the others ran):\n%s", len(failed), lines)
+        log.info("The sweep's files:\n  table    %s\n  jobs     %s/<job>/ (results.json, model/, train.log)\n"
+                 "  report   python -m nli.report %s   (report.md and the learning curves)",
+                 sweep_dir / RESULTS_CSV, sweep_dir, sweep_dir)
+        return failed
+
+
+def report(sweep_dir: Path, sweep_id: Optional[str]) -> List[Dict[str, Any]]:
+    """The end of a sweep whose jobs ended after its process did (``python -m nli.cloud attach``): its table,
+    seeds' summary and failed jobs, printed and written as its callback would have; the failed jobs."""
+    callback = SweepResults()
+    callback.sweep_id = sweep_id
+    return callback._report(sweep_dir)
+
+
+_OPEN: List[SweepResults] = []  # the sweeps of this process whose table is still to be printed
+
+
+def finish_open() -> None:
+    """The table of every sweep this process started and has not ended, printed: the entry point calls it
+    as Hydra returns, or exits after a failed job (nli.cli.entry)."""
+    for callback in list(_OPEN):
+        callback._finish()
+    for sweep_id in list(_HELD):  # a sweep stopped (Ctrl-C) before its callback could list it above
+        release(sweep_id)
+
+
+# ------------------------------------------------------------------------ the sweep's directory
+
+
+@dataclass
+class _Held:
+    """A sweep directory this process holds: its claim, and what SIGTERM did before the sweep."""
+
+    directory: Path
+    started: float
+    claim: Claim
+    sigterm: Any = None  # the handler the sweep replaced; None: it replaced none
+
+
+_HELD: Dict[str, _Held] = {}  # sweep id -> the directory this process holds for it
+# A SIGTERM that came while the claim was being taken: its file may exist before _HELD knows it, so the
+# stop waits until it does (hold), or the claim would be left behind.
+_TAKING: List[bool] = []
+_DEFERRED: List[int] = []
+
+
+def hold(sweep_dir: Path) -> str:
+    """Claims ``sweep_dir`` for a new sweep of this process (nli.io.claim); its id. A directory a live
+    sweep holds ends this one here, before any job, with one line: whose it is and what to do. Until
+    :func:`release`, SIGTERM (where nothing else handles it) ends the sweep as an exit, which lets the
+    directory go, rather than killing the process outright."""
+    # The handler first: from the moment the claim exists, SIGTERM lets it go.
+    sigterm = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    now = time.time()
+    sweep_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(3)}"
+    try:
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StorageError(f"hydra.sweep.dir={sweep_dir} cannot be made: {err.strerror or err}") from None
+        _TAKING.append(True)
+        try:  # known to _HELD as it is made: a Ctrl-C from here on finds it (finish_open)
+            _HELD[sweep_id] = _Held(sweep_dir.absolute(), now, Claim.take(Storage(str(sweep_dir),
+                                    key="hydra.sweep.dir"), use=CLAIM), sigterm)
+        finally:
+            _TAKING.clear()
+    except UserError as refused:  # claimed by a live sweep, or not a directory this sweep can write
+        _DEFERRED.clear()  # the refusal ends the sweep as it is
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+        raise SystemExit(f"error: {refused}") from None
+    if _DEFERRED:
+        _stop_on_sigterm(_DEFERRED.pop(), None)
+    return sweep_id
+
+
+def release(sweep_id: Optional[str]) -> None:
+    """Lets go of the sweep's directory (never raises), and gives SIGTERM back what it did before."""
+    held = _HELD.pop(sweep_id or "", None)
+    if held is None:
+        return
+    held.claim.release()
+    if held.sigterm is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, held.sigterm)
+
+
+def running_sweep(sweep_dir: Path) -> Dict[str, Any]:
+    """The columns that tie a row to the sweep this process runs in ``sweep_dir`` (for a launcher that
+    records its jobs' rows itself); none where it runs none there."""
+    for sweep_id, held in _HELD.items():
+        if held.directory == sweep_dir.absolute():
+            return {SWEEP_ID: sweep_id, SWEEP_STARTED: held.started}
+    return {}
+
+
+def _stop_on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
+    """SIGTERM where no job of this process handles it (between jobs, or while a launcher waits for
+    jobs elsewhere): the sweep ends at once, its directory let go. It exits here rather than raising:
+    an exception raised wherever the signal lands can be caught and dropped there (a library's import
+    wraps it in a RuntimeError), and the sweep would go on."""
+    if _TAKING:
+        _DEFERRED.append(signum)
+        return
+    message = (f"the sweep was stopped by SIGTERM: the jobs that ended have their rows in {RESULTS_JSONL}; jobs a "
+               "launcher started elsewhere (Slurm, Vertex AI) may still run. Run the same command again to continue")
+    log.warning("%s", message)
+    print(message, file=sys.stderr)
+    for sweep_id in list(_HELD):
+        release(sweep_id)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(PREEMPTED)
+
+
+def to_wandb(logger: DictConfig, sweep_dir: Path, rows: Sequence[Mapping[str, Any]],
+             groups: Sequence[Mapping[str, Any]]) -> None:
+    """The tables as a run of the sweep's W&B group (named like the jobs' group, job type
+    ``sweep-summary``) and as an artifact of its files. W&B failing here costs the table nothing: the
+    files are written."""
+    import wandb
+
+    from nli.tracking.loggers import wandb_choices
+
+    group = sweep_dir.name  # as the jobs' group (nli.recipe)
+    try:
+        run = wandb.init(**wandb_choices(logger.mode, logger.project, logger.entity), group=group,
+                         job_type="sweep-summary", name=f"{group}-summary", dir=str(sweep_dir),
+                         tags=list(logger.tags or []))
+        run.log({"sweep_results": _wandb_table(rows), **({"sweep_summary": _wandb_table(groups)} if groups else {})})
+        artifact = wandb.Artifact(f"{group}-results", type="sweep-results")
+        for name in (RESULTS_CSV, RESULTS_JSONL, SUMMARY_CSV):
+            if (sweep_dir / name).exists():
+                artifact.add_file(str(sweep_dir / name))
+        run.log_artifact(artifact)
+        run.finish()
+    except Exception as error:  # wandb's own errors are of many kinds; none must end the sweep's report
+        log.warning("the sweep's tables were not logged to W&B (%s: %s); they are in %s",
+                    type(error).__name__, error, sweep_dir)
+
+
+def _wandb_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    import wandb
+
+    columns: List[str | int] = list(dict.fromkeys(key for row in rows for key in row))
+    return wandb.Table(columns=columns, data=[[_plain(row.get(str(key))) for key in columns] for row in rows])
+
+
+def _plain(value: Any) -> Any:
+    """A cell W&B's table takes: lists as their text."""
+    return " ".join(map(str, value)) if isinstance(value, list) else value
+
+
+def hydra_job_row(config: DictConfig, job_return: JobReturn, stamp: Mapping[str, Any]) -> Dict[str, Any]:
+    """The row of a job run by one of Hydra's launchers, from its return and its results.json; a failed
+    job's row holds no results (its folder's results.json, if any, is another run's)."""
+    output_dir = str(OmegaConf.select(config, "output_dir") or config.hydra.runtime.output_dir)
+    overrides = list(config.hydra.overrides.task)
+    if job_return.status is JobStatus.COMPLETED:
+        results = own_results(read_json(f"{output_dir.rstrip('/')}/{RESULTS_FILE}"), job_return.return_value,
+                              output_dir)
+        return job_row(num=int(config.hydra.job.num), state=COMPLETED, overrides=overrides, results=results,
+                       output_dir=output_dir, **stamp)
+    error = job_return._return_value  # the exception; .return_value would raise it
+    return job_row(num=int(config.hydra.job.num), state=job_return.status.name, overrides=overrides, results=None,
+                   output_dir=output_dir, error=str(error) or type(error).__name__, **stamp)
+
+
+def own_results(results: Optional[Dict[str, Any]], returned: Any, output_dir: str) -> Optional[Dict[str, Any]]:
+    """The results.json of the job that returned ``returned``: the job's own objective alone where the
+    file says another (another run wrote the folder since) or there is none (an app that writes none)."""
+    if not is_number(returned):
+        return results
+    if results is not None and _same(results.get("objective"), returned):
+        return results
+    if results is not None:
+        log.warning("%s/%s holds objective %s, not this job's %s: another run wrote there since; the job's "
+                    "row has its objective alone", output_dir.rstrip("/"), RESULTS_FILE, results.get("objective"),
+                    returned)
+    return {"objective": returned}
+
+
+def _same(value: Any, returned: float) -> bool:
+    return is_number(value) and (float(value) == float(returned) or math.isnan(value) and math.isnan(returned))
+
+
+# -------------------------------------------------------------------------------- the tables
+
+
+def format_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The jobs: number, state, what varies between them, the headline figures, the error."""
+    keys = varying(rows) or list(dict.fromkeys(key for row in rows for key in swept(row)))[:1]
+    columns = ["job", "state", *keys, *[c for c in _SHOWN if any(c in row for row in rows)]]
+    if any(row.get("error") for row in rows):
+        columns.append("error")
+    return format_table(rows, columns)
+
+
+def format_groups(groups: Sequence[Mapping[str, Any]]) -> str:
+    varying = [key for key in _varying_keys(groups) if key not in {"n", "seeds", "failed"}]
+    metrics = [key[:-5] for key in groups[0] if key.endswith("_mean")]
+    shown = [metric for metric in metrics if metric in _SHOWN] or metrics[:3]
+    cells = [{**{key: group.get(key) for key in varying}, "n": group["n"], "failed": group["failed"],
+              **{metric: _plus_minus(group[f"{metric}_mean"], group[f"{metric}_sd"]) for metric in shown}}
+             for group in groups]
+    return format_table(cells, [*varying, "n", "failed", *shown])
+
+
+def varying(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The override keys whose value is not the same in every row, in the order they were given."""
+    keys = dict.fromkeys(key for row in rows for key in swept(row))
+    return [key for key in keys if len({str(row.get(key)) for row in rows}) > 1]
+
+
+def _varying_keys(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    keys = dict.fromkeys(key for row in rows for key in row)
+    return [key for key in keys if not key.endswith(("_mean", "_sd")) and len({str(row.get(key)) for row in rows}) > 1]
+
+
+def _plus_minus(mean: float, sd: float) -> str:
+    return f"{mean:.4f}" if math.isnan(sd) else f"{mean:.4f} ± {sd:.4f}"
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    cells = [[_cell(row.get(column)) for column in columns] for row in rows]
+    widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
+    lines = [list(columns), *cells]
+    return "\n".join("  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    text = f"{value:.4f}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,405 @@
+"""Where training metrics go besides the log: any number of loggers, each a class named by its
+config's ``_target_`` (``conf/logger/``). A new logger is a YAML file and a class with the three
+methods of :class:`Tracker`; ``logger=[wandb,tensorboard]`` runs several at once.
+
+Loggers write their files on local disk (``RunInfo.log_dir``). Where those files belong in a bucket
+(a ``gs://`` output, or Vertex AI's ``AIP_TENSORBOARD_LOG_DIR``), :class:`LogMirror` copies them
+there at every checkpoint and at the end, so a job that is preempted or ends keeps them.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence
+
+from hydra.utils import get_object, instantiate
+from omegaconf import OmegaConf
+
+from nli.config.schema import LoggerConfig, WandbConfig, WandbMode
+from nli.contract import CLASS_FIGURES
+from nli.errors import ConfigError
+
+if TYPE_CHECKING:
+    from wandb.sdk.wandb_settings import Settings
+
+    from nli.evaluate.per_class import SplitAnalysis
+
+log = logging.getLogger(__name__)
+
+PER_CLASS_CSV, CONFUSION_CSV = "per_class.csv", "confusion.csv"  # the csv logger's, beside its metrics' file
+
+
+class RunInfo(NamedTuple):
+    """What every logger is told about the run (not a dataclass: instantiate() would take that for a config)."""
+
+    name: str  # the Hydra job's overrides (optimizer.lr=1e-05,seed=2), else the output folder's name
+    group: Optional[str]  # the sweep's name: the jobs of one multirun share it
+    config: Dict[str, Any]  # the resolved config
+    log_dir: Path  # a local directory for the loggers' files
+    resume_id: Optional[str]  # the logger's run id from the checkpoint this run resumes, if any
+    overrides: Dict[str, str] = {}  # a sweep's job: its overrides (key -> value as typed), else none
+    # A training run: the step its checkpoint left off at (0: none). What an earlier attempt logged after
+    # it (a run killed between checkpoints) is dropped where the logger's files allow, as this run logs it again.
+    resume_step: Optional[int] = None
+    # Where the exported model is once the run ends (a local folder or a bucket URL): a training run's model/;
+    # None for an evaluation, which exports nothing.
+    model_dir: Optional[str] = None
+
+
+class Tracker(Protocol):
+    run_id: Optional[str]  # kept in checkpoints, so that a resumed run logs to the same run
+
+    def log(self, metrics: Mapping[str, float], *, step: int) -> None: ...
+
+    def finish(self, summary: Mapping[str, Any]) -> None: ...
+
+
+class WandbTracker:
+    """W&B decides what the config leaves null (mode, project, entity): its WANDB_* variables, its
+    settings file, its defaults; only the keys the config sets go to ``wandb.init``, where they win."""
+
+    def __init__(self, *, run: RunInfo, mode: Optional[WandbMode], project: Optional[str], entity: Optional[str],
+                 group: Optional[str], tags: List[str], log_model: bool = False) -> None:
+        import wandb  # deferred: slow to import, and only needed with logger=wandb
+
+        self._model_dir = run.model_dir if log_model else None
+        if log_model and run.model_dir is None:
+            log.info("logger.wandb.log_model=true: this run exports no model (an evaluation), so it logs none")
+
+        # A sweep's job: its overrides as tags (W&B allows 64 characters) and under `overrides` in the
+        # config, to filter and group the sweep's runs by what was swept.
+        swept = [f"{key}={value}"[:64] for key, value in run.overrides.items()]
+        config = {**run.config, "overrides": run.overrides} if run.overrides else run.config
+        self._run = wandb.init(**wandb_choices(mode, project, entity), group=group or run.group,
+                               tags=list(dict.fromkeys([*tags, *swept])), name=run.name, config=config,
+                               dir=str(run.log_dir), id=run.resume_id, resume="allow" if run.resume_id else None)
+        self.run_id: Optional[str] = self._run.id
+        self.where = self._run.url or self._run.dir  # offline: the run's folder, for `wandb sync`
+
+    @staticmethod
+    def check(cfg: WandbConfig) -> None:
+        """Stops a run that W&B would log online without credentials, starting nothing: ``wandb.init``
+        would stop it only once the model is loaded, with a traceback (or a prompt, on a terminal).
+        Online and the credentials are decided as ``wandb.init`` decides them (its settings, its
+        own lookup of WANDB_API_KEY, the netrc entry for its host, its settings file)."""
+        from wandb.errors import AuthenticationError
+        from wandb.sdk.lib import wbauth
+
+        settings = _wandb_settings(cfg.mode)
+        if settings._offline or settings._noop:
+            return
+        try:  # prompt=False: look, never ask; update_session=False: leave wandb's session as it was
+            auth = wbauth.authenticate_session(host=settings.base_url, source="nli", prompt=False,
+                                               update_session=False)
+        except AuthenticationError as err:
+            raise ConfigError(f"logger=wandb cannot use the W&B credentials it found: {err} {_WAYS_ON}") from None
+        if auth is None:
+            raise ConfigError(f"logger=wandb would log online ({_mode_source(cfg.mode)}) and finds no W&B API key. "
+                              f"{_WAYS_ON}")
+
+    def log(self, metrics: Mapping[str, float], *, step: int) -> None:
+        self._run.log(dict(metrics), step=step)
+
+    def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
+        """Each split's per-class figures as a table (``eval/per_class/<split>``) and its confusion matrix as
+        W&B's confusion-matrix chart (``eval/confusion_matrix/<split>``), made from the counts."""
+        import wandb
+
+        logged: Dict[str, Any] = {}
+        for each in analyses:
+            logged[f"eval/per_class/{each.split}"] = wandb.Table(
+                columns=["label", *CLASS_FIGURES],
+                data=[[label, *(figures[name] for name in CLASS_FIGURES)] for label, figures in each.per_class.items()])
+            cells = [[gold, predicted, each.matrix[i][j]] for i, gold in enumerate(each.labels)
+                     for j, predicted in enumerate(each.labels)]
+            # wandb.plot.confusion_matrix's own table and chart, from counts rather than one entry per example
+            logged[f"eval/confusion_matrix/{each.split}"] = wandb.plot_table(
+                "wandb/confusion_matrix/v1", wandb.Table(columns=["Actual", "Predicted", "nPredictions"], data=cells),
+                {"Actual": "Actual", "Predicted": "Predicted", "nPredictions": "nPredictions"},
+                {"title": f"confusion matrix: {each.split}"})
+        self._run.log(logged, step=step)
+
+    def finish(self, summary: Mapping[str, Any]) -> None:
+        """The run's summary is results.json (besides the last value of each logged series, as W&B keeps
+        it); with ``log_model``, the exported model is the run's ``model`` artifact."""
+        self._run.summary.update(dict(summary))
+        if self._model_dir is not None:
+            self._log_model(self._model_dir, summary)
+        self._run.finish()
+
+    def _log_model(self, model_dir: str, results: Mapping[str, Any]) -> None:
+        """model/ as an artifact of type ``model``, named after the run (``model-<run id>``; a run resumed
+        or started again logs a new version of it), its metadata the best step and objective. A local
+        folder is uploaded; one in a bucket is logged as a reference to it (W&B reads it from there)."""
+        import wandb
+
+        artifact = wandb.Artifact(f"model-{self._run.id}", type="model",
+                                  metadata={key: results[key] for key in ("best_step", "objective") if key in results})
+        if "://" in model_dir:
+            artifact.add_reference(model_dir.rstrip("/"))
+        else:
+            artifact.add_dir(model_dir)
+        self._run.log_artifact(artifact, aliases=["best"])
+
+
+_WAYS_ON = ("Log in once with `wandb login`, or set WANDB_API_KEY, or log offline with logger.wandb.mode=offline "
+            "(or WANDB_MODE=offline) and upload the run later with `wandb sync`.")
+
+
+def wandb_choices(mode: Optional[WandbMode], project: Optional[str], entity: Optional[str]) -> Dict[str, Any]:
+    """The ``wandb.init`` arguments of what the config sets: the rest W&B decides."""
+    chosen = {"mode": WandbMode(mode).value if mode is not None else None,
+              "project": project or _default_project(), "entity": entity}
+    return {key: value for key, value in chosen.items() if value is not None}
+
+
+def _wandb_settings(mode: Optional[WandbMode]) -> "Settings":
+    """W&B's settings for this process (its variables and settings files), with the config's mode
+    over them as ``wandb.init(mode=...)`` puts it. Reads files only: starts no W&B process."""
+    from wandb.sdk import wandb_setup
+
+    settings = wandb_setup.singleton().settings.model_copy()
+    if mode is not None:
+        settings.mode = WandbMode(mode).value
+    return settings
+
+
+def _mode_source(mode: Optional[WandbMode]) -> str:
+    """Who chose online, for the message: the config, WANDB_MODE, or W&B's default."""
+    if mode is not None:
+        return f"logger.wandb.mode={WandbMode(mode).value}"
+    if os.environ.get("WANDB_MODE"):
+        return f"WANDB_MODE={os.environ['WANDB_MODE']}"
+    return "W&B's default mode; logger.wandb.mode and WANDB_MODE are unset"
+
+
+def _default_project() -> Optional[str]:
+    """None where W&B has a project of its own (WANDB_PROJECT, its settings file), else ``nli``:
+    W&B alone would file the run under "uncategorized"."""
+    return None if _wandb_settings(None).project else "nli"
+
+
+# What TensorBoard's HParams view shows of every run, besides a sweep's own overrides.
+HPARAMS = ("task.name", "model.name_or_path", "optimizer.lr", "optimizer.weight_decay", "schedule.warmup_ratio",
+           "train.batch_size", "train.epochs", "train.max_steps", "data.max_seq_length", "precision.dtype", "seed")
+
+
+class TensorBoardTracker:
+    """Scalars as they are logged; at the end the run's hyperparameters with its objective (the
+    HParams plugin), so that a sweep's runs compare side by side."""
+
+    run_id = None  # a resumed run appends to the same directory
+
+    def __init__(self, *, run: RunInfo, subdir: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step: TensorBoard drops the earlier attempt's events from that step on as it reads them.
+        purge = run.resume_step + 1 if run.resume_step is not None else None
+        self._writer = SummaryWriter(log_dir=str(run.log_dir / subdir), purge_step=purge)
+        self.where = run.log_dir / subdir
+        self._hparams = hparams(run)
+        # The whole resolved config, under TensorBoard's Text tab (Markdown: a code block keeps its layout).
+        self._writer.add_text("config", f"```yaml\n{OmegaConf.to_yaml(run.config)}```")
+
+    def log(self, metrics: Mapping[str, float], *, step: int) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, global_step=step)
+
+    def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
+        """Each split's per-class figures and confusion matrix as Markdown tables, under the Text tab
+        (``eval/per_class/<split>``, ``eval/confusion_matrix/<split>``)."""
+        for each in analyses:
+            table = [[label, *(_figure(figures[name]) for name in CLASS_FIGURES)]
+                     for label, figures in each.per_class.items()]
+            self._writer.add_text(f"eval/per_class/{each.split}", markdown(["label", *CLASS_FIGURES], table),
+                                  global_step=step)
+            self._writer.add_text(f"eval/confusion_matrix/{each.split}", markdown(
+                ["gold \\ predicted", *each.labels], [[gold, *row] for gold, row in zip(each.labels, each.matrix)]),
+                global_step=step)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def finish(self, summary: Mapping[str, Any]) -> None:
+        metrics = {"objective": float(summary["objective"])} if "objective" in summary else {}
+        self._writer.add_hparams(self._hparams, metrics, run_name=".")  # ".": this run's own folder
+        self._writer.close()
+
+
+def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table, as TensorBoard's Text tab draws one."""
+    return "\n".join(["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header),
+                      *("| " + " | ".join(map(str, row)) + " |" for row in rows)])
+
+
+def _figure(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.4f}"
+
+
+def hparams(run: RunInfo) -> Dict[str, Any]:
+    """The run's main settings and a sweep's overrides, as values TensorBoard takes (numbers, text)."""
+    chosen = {key: OmegaConf.select(OmegaConf.create(run.config), key) for key in HPARAMS}
+    chosen.update(run.overrides)
+    return {key: value if isinstance(value, (int, float, str, bool)) else str(value)
+            for key, value in chosen.items() if value is not None}
+
+
+class CsvTracker:
+    """Rows of ``step,metric,value``, appended as they come. A resumed run goes on in the same file,
+    first dropping the rows an earlier attempt logged after the checkpoint it resumes from: the file
+    then holds each step once, as an unbroken run's does."""
+
+    run_id = None
+
+    def __init__(self, *, run: RunInfo, file: str) -> None:
+        self._path = run.log_dir / file
+        self.where = self._path
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._path.exists():
+            self._path.write_text("step,metric,value\n")
+        elif run.resume_step is not None:
+            self._drop_after(run.resume_step)
+
+    def _drop_after(self, step: int) -> None:
+        """Keep the rows up to ``step`` (and any whose step is not a number: not ours to judge); the file is
+        replaced whole, so a kill meanwhile leaves the old one."""
+        with open(self._path, newline="") as stream:
+            rows = list(csv.reader(stream))
+        kept = [row for row in rows if not (row and row[0].isdigit() and int(row[0]) > step)]
+        if len(kept) == len(rows):
+            return
+        log.info("%s: dropped the %d row(s) logged after step %d, which this run logs again", self._path,
+                 len(rows) - len(kept), step)
+        partial = self._path.with_name(f"{self._path.name}.{os.getpid()}.tmp")
+        with open(partial, "w", newline="") as stream:
+            csv.writer(stream).writerows(kept)
+        os.replace(partial, self._path)
+
+    def log(self, metrics: Mapping[str, float], *, step: int) -> None:
+        with open(self._path, "a", newline="") as stream:
+            csv.writer(stream).writerows((step, key, value) for key, value in metrics.items())
+
+    def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
+        """``per_class.csv`` (split, label, precision, recall, f1, support) and ``confusion.csv`` (split, gold,
+        predicted, count: every cell) beside the metrics' file, of the final evaluation: each written whole."""
+        _write_csv(self._path.with_name(PER_CLASS_CSV), ["split", "label", *CLASS_FIGURES],
+                   [[each.split, label, *(figures[name] for name in CLASS_FIGURES)]
+                    for each in analyses for label, figures in each.per_class.items()])
+        _write_csv(self._path.with_name(CONFUSION_CSV), ["split", "gold", "predicted", "count"],
+                   [[each.split, gold, predicted, each.matrix[i][j]] for each in analyses
+                    for i, gold in enumerate(each.labels) for j, predicted in enumerate(each.labels)])
+
+    def finish(self, summary: Mapping[str, Any]) -> None:
+        pass
+
+
+def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Replaced whole: a kill meanwhile leaves the old file."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(partial, "w", newline="") as stream:
+        csv.writer(stream).writerows([header, *rows])
+    os.replace(partial, path)
+
+
+class Trackers:
+    """The run's loggers, as one. A checkpoint keeps each logger's run id (``state_dict``), and a
+    resumed run hands it back before the loggers start, so W&B continues the same run."""
+
+    def __init__(self, configs: Mapping[str, LoggerConfig], *, enabled: bool = True) -> None:
+        self._enabled = enabled  # only rank 0 logs
+        self._configs = dict(configs) if enabled else {}
+        self._resume_ids: Dict[str, Optional[str]] = {}
+        self._started: Dict[str, Tracker] = {}
+        self._mirror: Optional[LogMirror] = None
+
+    def check(self) -> None:
+        """What each logger needs before it starts (an online W&B logger: its API key), checked
+        without starting any: the recipe calls it before the model loads. A logger's class may have
+        a ``check(cfg)``; one without has nothing to check."""
+        for cfg in self._configs.values():
+            check = getattr(get_object(cfg._target_), "check", None)
+            if check is not None:
+                check(cfg)
+
+    def start(self, run: RunInfo, *, remote: Optional[str] = None) -> None:
+        """Starts every logger; ``remote``: the bucket folder where their files (and the rest of
+        ``run.log_dir``) belong, copied there by :meth:`sync`."""
+        self.check()  # again here, so that it holds even where a recipe did not check first
+        if remote and self._enabled:
+            self._mirror = LogMirror(run.log_dir, remote)
+        for name, cfg in self._configs.items():
+            info = run._replace(resume_id=self._resume_ids.get(name))
+            self._started[name] = instantiate(OmegaConf.structured(cfg), run=info, _convert_="all")
+
+    def log(self, metrics: Mapping[str, float], *, step: int) -> None:
+        for tracker in self._started.values():
+            tracker.log(metrics, step=step)
+
+    def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
+        """The final evaluation's per-class figures and confusion matrices (nli.evaluate.per_class), to each logger that
+        takes them (a ``log_classes`` method; one without has nowhere to put them)."""
+        if not analyses:
+            return
+        for tracker in self._started.values():
+            log_classes = getattr(tracker, "log_classes", None)
+            if log_classes is not None:
+                log_classes(analyses, step=step)
+
+    def sync(self) -> None:
+        """Everything logged so far onto disk (for loggers that buffer it), then copied to the bucket.
+        A copy that fails is tried again at the next call: it never stops training."""
+        for tracker in self._started.values():
+            flush = getattr(tracker, "flush", None)
+            if flush is not None:
+                flush()
+        if self._mirror is not None:
+            try:
+                self._mirror.sync()
+            except OSError as error:  # fsspec's and gcsfs's errors are OSErrors
+                log.warning("the loggers' files were not copied to %s (%s); trying again at the next checkpoint",
+                            self._mirror.remote, error)
+
+    def finish(self, summary: Mapping[str, Any]) -> None:
+        for tracker in self._started.values():
+            tracker.finish(summary)
+        self.sync()
+
+    def places(self) -> Dict[str, str]:
+        """Where each started logger's records are (a file, a folder, a URL), for the run's last lines; a
+        bucket folder where the files are copied there."""
+        found = {name: str(where) for name, tracker in self._started.items()
+                 if (where := getattr(tracker, "where", None)) is not None}
+        if self._mirror is None:
+            return found
+        local = str(self._mirror.local).rstrip("/")
+        return {name: where.replace(local, self._mirror.remote.rstrip("/"), 1) for name, where in found.items()}
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {name: tracker.run_id for name, tracker in self._started.items()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._resume_ids = dict(state)
+
+
+class LogMirror:
+    """Copies the files of a local folder that are new or changed since the last call into a bucket
+    folder (anything fsspec writes). Event files and logs only grow, so a copy is always whole."""
+
+    def __init__(self, local: Path, remote: str) -> None:
+        import fsspec
+
+        self.local, self.remote = local, remote.rstrip("/")
+        self._fs, self._root = fsspec.core.url_to_fs(self.remote)
+        self._copied: Dict[Path, tuple[int, int]] = {}
+
+    def sync(self) -> None:
+        for path in sorted(self.local.rglob("*")):
+            if not path.is_file() or path.is_symlink():
+                continue
+            stat = path.stat()
+            if self._copied.get(path) != (stat.st_size, stat.st_mtime_ns):
+                self._fs.put_file(str(path), f"{self._root}/{path.relative_to(self.local).as_posix()}")
+                self._copied[path] = (stat.st_size, stat.st_mtime_ns)

@@ -1,0 +1,419 @@
+"""Checkpoints that survive preemption: written whole or not at all, verified when read.
+
+What a checkpoint holds is a registry (:class:`TrainingState`) of stateful parts, anything with
+``state_dict`` and ``load_state_dict``: the model, optimizer, schedule, loss scaler, the position
+in the data, the best evaluation, the loggers' run ids, every random generator... Saving and
+restoring go through the registry alone, so adding a part is one ``register`` line.
+
+A checkpoint is a folder ``checkpoints/step-000120/`` holding ``state.pt`` (every part's state),
+the tokenizer, and last ``checkpoint.json``: the manifest with each file's size and SHA-256. A
+folder without a manifest is a save that never finished and is ignored; a file that does not match
+its manifest is reported, and the previous checkpoint is used instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import random
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Protocol, Set, Tuple, Union, cast
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_map
+from transformers import PreTrainedTokenizerBase
+
+from nli.errors import CheckpointError
+from nli.evaluate.evaluation import Evaluation
+from nli.io.claim import Claim
+from nli.io.storage import Storage
+from nli.model.build import tokenizer_files
+from nli.runtime import xla
+from nli.runtime.distributed import World
+
+log = logging.getLogger(__name__)
+
+FORMAT = 2  # of state.pt: a dict of the registered parts' states
+MANIFEST = "checkpoint.json"
+STATE = "state.pt"
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None: ...
+
+
+class TrainingState:
+    """The parts a checkpoint saves, by name. They are restored in the order they were registered:
+    register the random generators last, so that nothing restored after them draws from them."""
+
+    def __init__(self) -> None:
+        self._parts: Dict[str, Stateful] = {}
+        self._optional: Set[str] = set()
+
+    def register(self, name: str, part: Stateful, *, optional: bool = False) -> None:
+        """``optional``: a checkpoint without this part (written before it was switched on) leaves it
+        as it is; any other missing part is an error."""
+        assert name not in self._parts, f"{name} is registered twice"
+        self._parts[name] = part
+        if optional:
+            self._optional.add(name)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {name: part.state_dict() for name, part in self._parts.items()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        missing = [name for name in self._parts if name not in state and name not in self._optional]
+        if missing:
+            raise CheckpointError(f"the checkpoint holds no state for {', '.join(missing)}")
+        for name, part in self._parts.items():
+            if name in state:
+                part.load_state_dict(state[name])
+
+
+@dataclass
+class Progress:
+    """Where training stands, in units that survive a restart."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # the epoch in progress
+    examples_in_epoch: int = 0  # examples of that epoch already trained on, by all processes (any world size)
+    examples: int = 0  # training examples seen, by all processes
+    tokens: int = 0  # their real (non-pad) tokens
+    seconds: float = 0.0  # time spent in training steps, over every attempt
+    nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
+    # The training loss summed over the steps since the last logged one, and their number: a resumed run
+    # logs its next mean over the same steps, with the same value, as an unbroken run (nli.train.loop).
+    window_loss: float = 0.0
+    window_steps: int = 0
+
+    def state_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        for item in fields(self):
+            # A checkpoint from before the loss window was kept has none: the window starts at the resume.
+            setattr(self, item.name, state.get(item.name, item.default) if item.name in _ADDED else state[item.name])
+
+
+_ADDED = {"window_loss", "window_steps"}  # Progress fields that older checkpoints lack
+
+
+class BestEvaluation:
+    """The best evaluation so far by the task's main metric: its step picks the model to export. It
+    also keeps every evaluation's step and objective, in order, so that early stopping can be judged
+    again under new settings (nli.train.hooks.judge) when a run continues with them."""
+
+    def __init__(self) -> None:
+        self.evaluation: Optional[Evaluation] = None
+        self.history: Optional[List[Tuple[int, float]]] = []  # None: a checkpoint from before it was kept
+
+    def update(self, evaluation: Evaluation) -> bool:
+        """Keep ``evaluation`` if it is the best so far; True if it is."""
+        if self.history is not None:
+            self.history.append((evaluation.step, evaluation.objective))
+        improved = self.evaluation is None or evaluation.better_than(self.evaluation)
+        if improved:
+            self.evaluation = evaluation
+        return improved
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"evaluation": asdict(self.evaluation) if self.evaluation else None,
+                "history": None if self.history is None else [list(each) for each in self.history]}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.evaluation = Evaluation(**state["evaluation"]) if state["evaluation"] else None
+        history = state.get("history")
+        self.history = None if history is None else [(int(step), float(value)) for step, value in history]
+
+
+def rng_state() -> Dict[str, Any]:
+    """Every random generator the run draws from, in a form ``torch.load(weights_only=True)`` reads."""
+    # numpy types it as that tuple or a dict (another bit generator's state); the global generator is an MT19937.
+    kind, keys, pos, has_gauss, gauss = cast(Tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    return {"python": random.getstate(),
+            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+            "torch": torch.get_rng_state(),
+            # This process's own GPU's generator: each rank saves its own (RandomState gathers them), so that a
+            # checkpoint resumes on any number of GPUs. Not every visible GPU's: restored on fewer, those index
+            # GPUs that are not there.
+            "cuda": torch.cuda.get_rng_state(torch.cuda.current_device()) if torch.cuda.is_available() else None,
+            "xla": xla.rng_state()}
+
+
+def restore_rng(state: Dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    _restore_cuda_rng(state["cuda"])
+    xla.set_rng_state(state.get("xla"))  # checkpoints from before XLA have none
+
+
+def _restore_cuda_rng(saved: Union[None, torch.Tensor, List[torch.Tensor]]) -> None:
+    """This process's GPU generator, from its own saved state. Checkpoints of earlier versions hold a list, one
+    state per GPU the saving process saw: this GPU's is the entry at its index, where there is one. A checkpoint
+    of the CPU holds none, and a GPU's resumed on the CPU has no generator to go to."""
+    if not torch.cuda.is_available():
+        return
+    device = torch.cuda.current_device()
+    if isinstance(saved, list):
+        saved = saved[device] if device < len(saved) else None
+    if saved is not None:
+        torch.cuda.set_rng_state(saved, device)
+
+
+def seed_rank(seed: int, world: World) -> None:
+    """Ranks other than 0 draw dropout from their own stream, so that their masks are not copies of
+    rank 0's; rank 0 keeps the stream a single process would use."""
+    if world.rank:
+        torch.manual_seed(seed * 1_000_003 + world.rank)
+
+
+class RandomState:
+    """Every rank's random generators (dropout differs by rank). Its ``state_dict`` gathers them, so
+    every rank calls it. They come back exactly at the world size that saved them; at another, rank
+    0 goes on with the saved rank 0's stream and the others with fresh ones."""
+
+    def __init__(self, world: World, progress: Progress) -> None:
+        self.world, self.progress = world, progress
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"ranks": self.world.gather(rng_state())}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        ranks = state["ranks"]
+        if len(ranks) == self.world.world_size:
+            restore_rng(ranks[self.world.rank])
+            return
+        restore_rng(ranks[0])
+        seed_rank(self.progress.step * 7919 + 1, self.world)  # dropout then differs from an unbroken run
+        log.warning("resuming %d process(es) from a checkpoint of %d: dropout continues on new random streams",
+                    self.world.world_size, len(ranks))
+
+
+@dataclass
+class Snapshot:
+    """A checkpoint read back: every part's state, and its tokenizer."""
+
+    name: str
+    step: int
+    state: Dict[str, Any]  # part name -> its state
+    tokenizer_files: Dict[str, bytes]  # file name -> content: the tokenizer the run was trained with
+
+
+class Checkpoints:
+    """The checkpoint folders of one run under ``storage``: find, read, verify and prune them. Each
+    manifest records the run's ``identity`` (nli.config.identity), so that another run's are never resumed."""
+
+    def __init__(self, storage: Storage, *, keep: int, identity: Dict[str, Any]) -> None:
+        self.storage, self.keep, self.identity = storage, keep, identity
+        # Where the run went on with new values (train.accept_changes), oldest first: {"step", "changes"}.
+        # Each manifest keeps the list, so that results.json can say so however often the run stops.
+        self.continued: List[Dict[str, Any]] = []
+
+    def where(self, *name: str) -> str:
+        return self.storage.describe(*name)
+
+    def newest_step(self) -> Optional[int]:
+        complete = self._complete()
+        return _step(complete[-1]) if complete else None
+
+    def latest(self) -> Optional[Snapshot]:
+        """The newest checkpoint that reads back intact, or None if there is none at all.
+        A damaged one is reported and skipped; if every one is damaged, that is an error."""
+        complete = self._complete()
+        for name in reversed(complete):
+            try:
+                return self._load(name)
+            except _Damaged as err:
+                log.error("checkpoint %s is damaged: %s; trying the one before it", self.where(name), err)
+        if complete:
+            raise CheckpointError(f"no intact checkpoint in {self.where()}: every one is damaged (see above). "
+                                  "Delete that folder to start the run afresh")
+        return None
+
+    def identity_of(self, step: int) -> Optional[Dict[str, Any]]:
+        """The identity of the run that wrote checkpoint ``step``; None if its manifest is damaged
+        (latest() then reports it and falls back to an older checkpoint)."""
+        try:
+            return self._manifest(checkpoint_name(step)).get("identity")
+        except _Damaged:
+            return None
+
+    def continued_of(self, step: int) -> List[Dict[str, Any]]:
+        """The continuations recorded by checkpoint ``step`` (none if its manifest is damaged)."""
+        try:
+            return list(self._manifest(checkpoint_name(step)).get("continued", []))
+        except _Damaged:
+            return []
+
+    def damage(self, step: int) -> Optional[str]:
+        """What is wrong with checkpoint ``step`` (every file read and checked), or None if it is intact."""
+        name = checkpoint_name(step)
+        try:
+            for file, expected in self._manifest(name)["files"].items():
+                self._verified(name, file, expected)
+        except _Damaged as err:
+            return str(err)
+        return None
+
+    def best_intact(self) -> Optional[Evaluation]:
+        """The evaluation of the best intact evaluated checkpoint (by its objective), if any is left."""
+        found: List[Evaluation] = []
+        for name in self._complete():
+            try:
+                manifest = self._manifest(name)
+            except _Damaged:
+                continue
+            if manifest.get("metrics") is not None and self.damage(_step(name)) is None:
+                found.append(Evaluation(step=_step(name), metrics=manifest["metrics"], objective=manifest["objective"]))
+        best: Optional[Evaluation] = None
+        for evaluation in found:
+            best = evaluation if best is None or evaluation.better_than(best) else best
+        return best
+
+    def snapshot(self, step: int) -> Snapshot:
+        """The checkpoint of ``step`` read back whole and verified (a CheckpointError where it is damaged)."""
+        name = checkpoint_name(step)
+        try:
+            return self._load(name)
+        except _Damaged as err:
+            raise CheckpointError(f"checkpoint {self.where(name)} is damaged: {err}") from None
+
+    def evaluation(self, step: int) -> Optional[Evaluation]:
+        """The evaluation the checkpoint of ``step`` records; None where it was not evaluated."""
+        manifest = self._manifest(checkpoint_name(step))
+        if manifest.get("metrics") is None:
+            return None
+        return Evaluation(step=step, metrics=manifest["metrics"], objective=manifest["objective"])
+
+    def load_model_weights(self, step: int) -> Dict[str, torch.Tensor]:
+        """The model weights of the checkpoint of ``step`` (the best one, for the final export)."""
+        name = checkpoint_name(step)
+        try:
+            data = self._verified(name, STATE, self._manifest(name)["files"][STATE])
+        except _Damaged as err:
+            raise CheckpointError(f"checkpoint {self.where(name)} is damaged: {err}") from None
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)["parts"]["model"]
+
+    def write(self, step: int, files: Dict[str, bytes], *, evaluation: Optional[Evaluation]) -> str:
+        """Write the checkpoint of ``step``; the manifest goes last, so a crash at any point leaves the
+        previous checkpoints as they were."""
+        name = checkpoint_name(step)
+        self.storage.remove(name)  # an unfinished (or damaged) earlier attempt at this step
+        for file, data in files.items():
+            self.storage.write_bytes(f"{name}/{file}", data)
+        manifest = {"step": step, "format": FORMAT, "identity": self.identity,
+                    "objective": evaluation.objective if evaluation else None,
+                    "metrics": evaluation.metrics if evaluation else None,  # what a fallback best needs
+                    **({"continued": self.continued} if self.continued else {}),
+                    "files": {file: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                              for file, data in files.items()}}
+        self.storage.write_text(f"{name}/{MANIFEST}", json.dumps(manifest, indent=1))
+        return name
+
+    def prune(self, *, keep_step: Optional[int]) -> None:
+        """Keep the newest ``keep`` complete checkpoints and that of ``keep_step`` (the best); drop
+        the rest, and unfinished saves older than the newest complete checkpoint."""
+        complete = self._complete()
+        keep = set(complete[-self.keep:])
+        if keep_step is not None:
+            keep.add(checkpoint_name(keep_step))
+        newest = _step(complete[-1]) if complete else -1
+        for name in self._names():
+            finished = name in complete
+            if (finished and name not in keep) or (not finished and _step(name) < newest):
+                self.storage.remove(name)
+
+    def _names(self) -> List[str]:
+        return sorted((n for n in self.storage.list("") if _NAME.match(n)), key=_step)
+
+    def _complete(self) -> List[str]:
+        return [n for n in self._names() if self.storage.exists(f"{n}/{MANIFEST}")]
+
+    def _load(self, name: str) -> Snapshot:
+        manifest = self._manifest(name)
+        files = {file: self._verified(name, file, expected) for file, expected in manifest["files"].items()}
+        state = torch.load(io.BytesIO(files.pop(STATE)), map_location="cpu", weights_only=True)
+        return Snapshot(name=name, step=manifest["step"], state=state["parts"],
+                        tokenizer_files={Path(file).name: data for file, data in files.items()})
+
+    def _verified(self, name: str, file: str, expected: Dict[str, Any]) -> bytes:
+        """The bytes of ``file``, checked against the manifest's size and SHA-256."""
+        try:
+            data = self.storage.read_bytes(f"{name}/{file}")
+        except FileNotFoundError:
+            raise _Damaged(f"{file} is missing") from None
+        if len(data) != expected["size"]:
+            raise _Damaged(f"{file} is truncated ({len(data)} of {expected['size']} bytes)")
+        if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            raise _Damaged(f"{file} is corrupt (its SHA-256 does not match the manifest)")
+        return data
+
+    def _manifest(self, name: str) -> Dict[str, Any]:
+        try:
+            manifest = json.loads(self.storage.read_bytes(f"{name}/{MANIFEST}"))
+        except (OSError, ValueError) as err:
+            raise _Damaged(f"{MANIFEST} cannot be read ({err})") from None
+        if manifest.get("format") != FORMAT:
+            raise CheckpointError(f"{self.where(name)} was written by another version of this project (checkpoint "
+                                  f"format {manifest.get('format', 1)}, this one reads {FORMAT}). Continue it with "
+                                  "that version, or start afresh in a new output_dir")
+        return manifest
+
+
+class Checkpointer:
+    """Writes the run's checkpoints: every registered part, and the tokenizer. Every rank calls
+    :meth:`save` (the random generators are gathered from all of them); rank 0 alone writes, and the
+    others wait until the checkpoint is whole, since the export and a later resume read it."""
+
+    def __init__(self, checkpoints: Checkpoints, state: TrainingState, tokenizer: PreTrainedTokenizerBase,
+                 world: World, claim: Optional[Claim] = None) -> None:
+        self.checkpoints, self.state, self.tokenizer, self.world = checkpoints, state, tokenizer, world
+        self.claim = claim  # rank 0's hold on the output folder: nothing is written once it is lost
+
+    def save(self, *, step: int, evaluation: Optional[Evaluation], best_step: Optional[int]) -> str:
+        """The checkpoint of ``step``, with its ``evaluation`` where it was evaluated; ``best_step``'s
+        checkpoint is kept when older ones are pruned."""
+        state = self.state.state_dict()
+        name = checkpoint_name(step)
+        if self.world.is_main:
+            if self.claim is not None:
+                self.claim.check()
+            files = {STATE: _serialize({"format": FORMAT, "parts": state}),
+                     **{f"tokenizer/{file}": data for file, data in tokenizer_files(self.tokenizer).items()}}
+            self.checkpoints.write(step, files, evaluation=evaluation)
+            self.checkpoints.prune(keep_step=best_step)
+            log.info("step %d: checkpoint written to %s", step, self.checkpoints.where(name))
+        self.world.barrier()
+        return self.checkpoints.where(name)
+
+
+class _Damaged(Exception):
+    pass
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def _step(name: str) -> int:
+    match = _NAME.match(name)
+    assert match, name
+    return int(match.group(1))
+
+
+def _serialize(state: Dict[str, Any]) -> bytes:
+    """``state`` in torch's format, every tensor copied to host memory first: a checkpoint reads back on any
+    device, and XLA's tensors have no storage of their own to write (the copy runs their pending graph)."""
+    buffer = io.BytesIO()
+    torch.save(tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, state), buffer)
+    return buffer.getvalue()
