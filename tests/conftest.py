@@ -54,6 +54,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from nli.config.schema import Config, register_configs  # noqa: E402
 from tests.runs import CONF, finished_run  # noqa: E402
+from tests.tiers import mark_quick  # noqa: E402
 
 register_configs()
 
@@ -62,6 +63,7 @@ def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
     """Tests that start processes first: they are the long ones (10 to 45 s each), so that on two workers
     the many short ones fill in around them instead of one long test running on alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("process") is None)
+    mark_quick(items)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -3,21 +3,27 @@ supported family's real module layout, crossed with no weight decay on biases an
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
 
 import pytest
 import torch
+import transformers
 from transformers import AutoConfig, AutoModelForSequenceClassification
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from nli.config.schema import AdamConfig, LoraConfig
+from nli.config.schema import (
+    AdamConfig,
+    LoraConfig,
+    SGDConfig,
+)
 from nli.errors import ConfigError
 from nli.model import lora
 from nli.model.build import build_model, unwrap
 from nli.train.loop import training_loss
-from nli.train.optim import build_optimizer, build_scheduler, depth_rates
+from nli.train.optim import build_optimizer, build_scheduler, depth_rates, param_groups
 from tests.conftest import build_config
 from tests.families import FAMILIES, LAYERS, small_model
 from tests.runs import FAST, read_results, run_app
@@ -167,3 +173,58 @@ def test_a_run_with_layer_decay_head_rate_smoothing_head_dropout_and_checkpointi
     initial = sorted({group["initial_lr"] for group in groups})
     layers = build_config(FAST).model.scratch.num_hidden_layers
     assert initial == pytest.approx(sorted({1e-3 * 0.5 ** k for k in range(1, layers + 2)} | {1e-3 * 4}))
+
+
+def _tiny_model() -> torch.nn.Module:
+    config = AutoConfig.for_model("roberta", vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=32, num_labels=3)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+def test_no_weight_decay_on_biases_and_layernorm() -> None:
+    model = _tiny_model()
+    decay, no_decay = param_groups(model, AdamConfig(_target_="torch.optim.AdamW", lr=1e-3, weight_decay=0.1))
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] for p in no_decay["params"])
+    assert any("LayerNorm.weight" in names[id(p)] for p in no_decay["params"])
+    assert all(names[id(p)].endswith("weight") and "LayerNorm" not in names[id(p)] for p in decay["params"])
+
+
+def test_optimizer_class_comes_from_config() -> None:
+    model = _tiny_model()
+    adamw = build_optimizer(AdamConfig(_target_="torch.optim.AdamW", lr=1e-3, weight_decay=0.1,
+                                       betas=[0.9, 0.98], eps=1e-6), model)
+    assert isinstance(adamw, torch.optim.AdamW) and list(adamw.defaults["betas"]) == [0.9, 0.98]
+    sgd = build_optimizer(SGDConfig(_target_="torch.optim.SGD", lr=0.1, momentum=0.5), model)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.5
+    assert adamw.defaults["fused"] is True  # the default: one kernel per update, as the Trainer's adamw_torch_fused
+    unfused = build_optimizer(AdamConfig(_target_="torch.optim.AdamW", lr=1e-3, fused=False), model)
+    assert not unfused.defaults["fused"]
+
+
+@pytest.mark.parametrize("schedule,transformers_name", [("linear", "linear"), ("cosine", "cosine"),
+                                                        ("constant", "constant_with_warmup")])
+def test_each_schedule_is_the_transformers_schedule_it_names(schedule: str, transformers_name: str) -> None:
+    """conf/schedule/ picks its function by _target_, as optimizers and loggers do: the learning rates
+    are transformers' own, warm-up included."""
+    from tests.conftest import build_config
+
+    cfg = build_config([f"schedule={schedule}", "schedule.warmup_steps=3"]).schedule
+
+    def rates(make) -> List[float]:
+        optimizer = torch.optim.SGD(_tiny_model().parameters(), lr=0.1)
+        scheduler, seen = make(optimizer), []
+        for _ in range(10):
+            seen.append(scheduler.get_last_lr()[0])
+            optimizer.step()
+            scheduler.step()
+        return seen
+
+    ours = rates(lambda optimizer: build_scheduler(cfg, optimizer, total_steps=10))
+    theirs = rates(lambda optimizer: transformers.get_scheduler(transformers_name, optimizer, num_warmup_steps=3,
+                                                                num_training_steps=10))
+    assert ours == theirs and ours[0] == 0.0 and max(ours) == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="schedule._target_=nli.train.optim.nowhere names no function"):
+        build_scheduler(dataclasses.replace(cfg, _target_="nli.train.optim.nowhere"), torch.optim.SGD(
+            _tiny_model().parameters(), lr=0.1), total_steps=10)

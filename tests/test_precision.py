@@ -7,11 +7,16 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Dict
 
 import pytest
 import torch
 
-from nli.config.schema import Accelerator, HardwareConfig, Precision
+from nli.config.schema import (
+    Accelerator,
+    HardwareConfig,
+    Precision,
+)
 from nli.errors import ConfigError
 from nli.runtime.device import Native, choose_precision, continued_precision, gpu_native
 from tests.runs import FAST, run_app
@@ -128,3 +133,47 @@ def test_bf16_begun_on_a_cpu_with_amx_goes_on_in_bf16_on_one_without(monkeypatch
     assert "precision bf16 (the run started in bf16 and goes on in it, emulated (slower) on the CPU" in second.stdout
     results = json.loads((run_dir / "results.json").read_text())
     assert results["train_steps"] == 12 and results["provenance"]["device"]["precision"] == "bf16"
+
+
+@pytest.mark.parametrize("asked,computed", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_on_the_cpu_precision_is_what_was_asked(asked: str, computed: torch.dtype) -> None:
+    from nli.config.schema import Precision, PrecisionConfig
+    from nli.runtime.device import resolve_precision
+
+    assert resolve_precision(PrecisionConfig(dtype=Precision(asked)), torch.device("cpu")) == computed
+
+
+@pytest.mark.parametrize("bf16, amx, capability, env, computed, why", [
+    (True, False, "AVX512", {}, torch.bfloat16, "the CPU computes bf16 natively; precision=fp32 keeps fp32"),
+    (False, True, "AVX512", {}, torch.bfloat16, "the CPU computes bf16 natively"),  # AMX alone
+    (False, False, "AVX2", {}, torch.float32, "no native bf16 (AVX512-BF16 or AMX) on this CPU"),
+    # The reference runs' pins (tests/reference.py) take the bf16 instructions away: they stay fp32.
+    (True, False, "AVX512", {"ONEDNN_MAX_CPU_ISA": "SSE41"}, torch.float32,
+     "ONEDNN_MAX_CPU_ISA=SSE41 keeps oneDNN from its bf16 instructions"),
+    (True, False, "AVX512", {"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"}, torch.bfloat16, "natively"),
+    (True, False, "DEFAULT", {}, torch.float32, "torch's kernels are its DEFAULT ones (ATEN_CPU_CAPABILITY)"),
+])
+def test_on_the_cpu_auto_is_bf16_where_the_cpu_computes_it_natively(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, bf16: bool, amx: bool, capability: str,
+        env: Dict[str, str], computed: torch.dtype, why: str) -> None:
+    from nli.config.schema import Precision, PrecisionConfig
+    from nli.runtime.device import resolve_precision
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)  # the suite's pin (tests/conftest.py): the case's own
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with caplog.at_level(logging.INFO, logger="nli.runtime.device"):
+        assert resolve_precision(PrecisionConfig(dtype=Precision.auto), torch.device("cpu")) == computed
+    name = "bf16" if computed == torch.bfloat16 else "fp32"
+    assert f"precision {name} (precision=auto: " in caplog.text and why in caplog.text
+
+
+def test_on_the_cpu_fp16_is_refused_with_what_runs() -> None:
+    from nli.config.schema import Precision, PrecisionConfig
+    from nli.runtime.device import resolve_precision
+
+    with pytest.raises(ConfigError, match=r"precision=fp16 cannot run on the CPU .*use precision=auto"):
+        resolve_precision(PrecisionConfig(dtype=Precision.fp16), torch.device("cpu"))

@@ -200,3 +200,19 @@ def test_a_signal_relayed_before_the_run_starts_stops_it_when_it_does(relay: Non
     thread.start()
     thread.join(15)
     assert seen == ["SIGTERM"]
+
+
+def test_a_signal_stops_at_once_except_between_steps_where_the_second_does() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be set from the main thread")
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequest() as stop:
+        with pytest.raises(Interrupted, match="SIGTERM"):  # start-up, data loading, export: at once
+            os.kill(os.getpid(), signal.SIGTERM)
+    with StopRequest() as stop:
+        with stop.at_step_boundaries():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.signal == "SIGTERM"  # noted, not fatal: the loop stops after its step
+            with pytest.raises(Interrupted, match="SIGINT"):  # a second signal does not wait
+                os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nli.config import runfolder
-from nli.config.keys import check_known, check_override_key
+from nli.config.keys import as_typed, check_known, check_override_key
 from nli.errors import ConfigError, UserError
 
 MULTIRUN = ("-m", "--multirun")
@@ -139,11 +139,11 @@ def _check_values(config_name: str, overrides: List[Override], groups: set[str],
     for override in overrides:
         if not override.is_discrete_sweep() or override.key_or_group.startswith("hydra."):
             continue
-        key = _line(override).split("=", 1)[0]
+        key = as_typed(_line(override))
         for value, text in zip(override.sweep_iterator(), override.sweep_string_iterator()):
             try:
                 if _chooses(override, groups):
-                    _compose(config_name, [*(c for c in choices if c.split("=", 1)[0] != key), f"{key}={text}"])
+                    _compose(config_name, [*(c for c in choices if as_typed(c) != key), f"{key}={text}"])
                 else:
                     with open_dict(base):
                         OmegaConf.update(base, override.key_or_group, value, merge=True)
@@ -189,7 +189,7 @@ def _first(override: Override) -> str:
     """A sweep over a group's options, as its first option: the keys it gives are what the check needs."""
     if not override.is_sweep_override():
         return _line(override)
-    key = _line(override).split("=", 1)[0]
+    key = as_typed(_line(override))
     return f"{key}={next(iter(override.sweep_string_iterator()))}"
 
 

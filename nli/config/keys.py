@@ -33,6 +33,17 @@ NULL_NODES = {
 }
 
 
+def as_typed(override: str) -> str:
+    """An override's key or group as typed, before its ``=``: ``+optimizer.lr=1`` -> ``+optimizer.lr``."""
+    return override.split("=", 1)[0]
+
+
+def key_of(override: str) -> str:
+    """An override's key or group, without Hydra's prefix or package: ``+optimizer.lr=1`` -> ``optimizer.lr``,
+    ``model@x=tiny`` -> ``model``."""
+    return as_typed(override).lstrip("+~").split("@", 1)[0]
+
+
 def fields_of(node: Any) -> Optional[List[str]]:
     """The keys a typed node takes (its dataclass's fields); None for a free-form mapping."""
     kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
@@ -83,7 +94,7 @@ def check_override_key(cfg: DictConfig, key: str, typed: str) -> None:
             raise ConfigError(not_a_key(".".join(parts[:depth + 1]), known, every_key(cfg)))
         if part not in node:  # a free-form mapping's new key: it takes any, but for a logger the run does not select
             if path == "logger" and depth + 1 < len(parts):
-                raise ConfigError(unselected_logger(typed.split("=", 1)[0].lstrip("+~"), part, list(map(str, node))))
+                raise ConfigError(unselected_logger(key_of(typed), part, list(map(str, node))))
             return
         node = node._get_node(part)
 

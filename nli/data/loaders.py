@@ -317,3 +317,14 @@ class TextIds:
         batch: Dict[str, Any] = self.collator([{k: v for k, v in f.items() if k != "idx"} for f in features])
         batch["idx"] = [f["idx"] for f in features]
         return batch
+
+
+def collator(tokenizer: PreTrainedTokenizerBase, max_seq_length: int, device_type: str, *, compiled: bool) -> Collator:
+    """How examples become a batch on ``device_type``: padded to the longest in the batch, or on XLA to a
+    few bucket lengths (a graph compiled per input shape: a few lengths, not one per batch)."""
+    if device_type == "xla":
+        return BucketPadding(tokenizer, max_seq_length)
+    # Multiples of 8 let fp16/bf16 tensor cores run at full speed, and leave a compiled model a
+    # handful of shapes to compile for, not one per length; on the CPU they only add padding.
+    pad = 8 if device_type == "cuda" or compiled else None
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad)

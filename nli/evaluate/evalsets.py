@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, cast
 
+import datasets
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -109,39 +110,57 @@ def _normal(name: str) -> str:
     return SYNONYMS.get(name, name)
 
 
-def prepare(task: TaskConfig, source: DataConfig, *, prefix: str, eval_batch_size: int, seed: int,
-            labels: Sequence[str], model: str, tokenizer: PreTrainedTokenizerBase, collator: data.Collator,
-            compute: Compute, world: World, predict: bool = False, dir_key: str = "data.dir") -> EvalSet:
-    """``task``'s eval splits (and test splits, to ``predict``) from ``source``, tokenized, in batches of
-    ``eval_batch_size``, for a model whose labels are ``labels``; metrics named ``<prefix><metric>``. The
-    labels are matched before any data loads."""
-    mapping = label_map(labels, task, model=model)
-    splits = data.load_splits(task, source, seed=seed, predict=predict, train=False, dir_key=dir_key)
+@dataclass(frozen=True)
+class Scoring:
+    """What every set is read and scored with: the model's tokenizer and the collator, the model's labels
+    (its id2label in id order; empty for a regression) and its name in messages, the device and
+    processes, and the batches' size, loader workers and seed."""
+
+    tokenizer: PreTrainedTokenizerBase
+    collator: data.Collator
+    labels: Sequence[str]
+    model: str  # "model.name_or_path=...", "the model of task=rte"
+    compute: Compute
+    world: World
+    batch_size: int  # train.eval_batch_size
+    num_workers: int  # data.num_workers, as the device takes it
+    seed: int
+
+
+def prepare(task: TaskConfig, source: DataConfig, scoring: Scoring, *, prefix: str = "", predict: bool = False,
+            dir_key: str = "data.dir") -> EvalSet:
+    """``task``'s eval splits (and test splits, to ``predict``) from ``source``, tokenized, for ``scoring``'s
+    model; metrics named ``<prefix><metric>``. The labels are matched before any data loads."""
+    mapping = label_map(scoring.labels, task, model=scoring.model)
+    splits = data.load_splits(task, source, seed=scoring.seed, predict=predict, train=False, dir_key=dir_key)
     examples = splits.eval  # as loaded, for the predictions files (nli.evaluate.per_class)
-    splits = data.tokenize(splits, tokenizer, task, source.max_seq_length)
-    loaders = {name: data.eval_loader(ds, collator, batch_size=eval_batch_size, world=world,
-                                      num_workers=source.workers(compute.device.type),
-                                      pin_memory=compute.device.type == "cuda")
+    return from_splits(task, data.tokenize(splits, scoring.tokenizer, task, source.max_seq_length), examples,
+                       scoring, label_map=mapping, prefix=prefix)
+
+
+def from_splits(task: TaskConfig, splits: data.Splits, examples: Dict[str, datasets.Dataset], scoring: Scoring, *,
+                label_map: Optional[np.ndarray] = None, prefix: str = "") -> EvalSet:
+    """The eval and test splits of ``splits`` (tokenized; ``examples``: the eval splits as loaded), in
+    loaders of this rank's slice, and the evaluator of the eval splits."""
+    loaders = {name: data.eval_loader(ds, scoring.collator, batch_size=scoring.batch_size, world=scoring.world,
+                                      num_workers=scoring.num_workers,
+                                      pin_memory=scoring.compute.device.type == "cuda")
                for name, ds in {**splits.eval, **splits.test}.items()}
-    evaluator = Evaluator({name: loaders[name] for name in splits.eval}, task, compute, world, groups=splits.groups,
-                          label_map=mapping, prefix=prefix, examples=examples)
+    evaluator = Evaluator({name: loaders[name] for name in splits.eval}, task, scoring.compute, scoring.world,
+                          groups=splits.groups, label_map=label_map, prefix=prefix, examples=examples)
     return EvalSet(Evaluations(evaluator), {name: loaders[name] for name in splits.test})
 
 
-def extras(evaluation: EvalConfig, run_data: DataConfig, *, eval_batch_size: int, seed: int, labels: Sequence[str],
-           model: str, tokenizer: PreTrainedTokenizerBase, collator: data.Collator, compute: Compute,
-           world: World) -> List[Evaluations]:
+def extras(evaluation: EvalConfig, run_data: DataConfig, scoring: Scoring) -> List[Evaluations]:
     """The sets of eval.extra, from ``eval.dir`` (their original downloads) or the Hub, each keyed
     ``<task>/<metric>`` (hans/accuracy, anli_r1/accuracy_test), cut and tokenized as the run's own data
     (``run_data``). Every set's labels are matched to the model's first: a mismatch stops the run before
     any set loads."""
     tasks = extra_tasks(evaluation)
     for task in tasks:
-        label_map(labels, task, model=model)
+        label_map(scoring.labels, task, model=scoring.model)
     source = dataclasses.replace(run_data, dir=evaluation.dir, files={}, columns={})
-    return [prepare(task, source, prefix=f"{task.name}/", eval_batch_size=eval_batch_size, seed=seed, labels=labels,
-                    model=model, tokenizer=tokenizer, collator=collator, compute=compute, world=world,
-                    dir_key="eval.dir").evaluate for task in tasks]
+    return [prepare(task, source, scoring, prefix=f"{task.name}/", dir_key="eval.dir").evaluate for task in tasks]
 
 
 def evaluations(evaluators: Sequence[Evaluations], model: torch.nn.Module, step: int) -> List[Evaluation]:

@@ -1,11 +1,6 @@
 """Storage, claims and copies: a run's output folder on local disk or ``gs://`` (every write all-or-nothing),
 the claim that keeps one writer to a folder, data files in a bucket fetched once into a local cache, and
-Hugging Face Hub downloads that fail once, early and clearly.
-
-- ``storage``: the output directory, local or ``gs://``, through fsspec
-- ``claim``: one run at a time in a folder: a claim with a heartbeat
-- ``remote``: data files in a bucket, as the local files the readers take
-- ``hub``: Hub downloads that fail once, early and clearly"""
+Hugging Face Hub downloads that fail once, early and clearly."""
 
 from nli._face import face
 

@@ -1,10 +1,5 @@
 """The model: tokenizer and sequence classifier from config (pretrained, or from scratch with a learnt
-BPE), LoRA adapters, the CPU and first-token fast paths, and a model folder read from a bucket.
-
-- ``build``: tokenizer and model from config, weights in float32 whatever the checkpoint stores
-- ``lora``: LoRA through peft: adapters and head, their checkpoint state, the merged export
-- ``fastpaths/``: the fast forwards, and the one ``install()`` that decides
-- ``bucket``: a model folder in a bucket, copied once per version and checked against its record"""
+BPE), LoRA adapters, the CPU and first-token fast paths, and a model folder read from a bucket."""
 
 from nli._face import face
 

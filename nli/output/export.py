@@ -28,12 +28,11 @@ from nli import contract
 from nli.config.schema import ModelConfig, TaskConfig
 from nli.errors import CheckpointError
 from nli.evaluate.evaluation import Evaluation
-from nli.io.claim import Claim
 from nli.io.storage import Storage
 from nli.model import integrity, lora
 from nli.model.build import build_model, load_export, save_pretrained, tokenizer_from_files, unwrap
+from nli.output.folder import Outputs
 from nli.output.modelcard import CARD_FILE, Card
-from nli.runtime.distributed import World
 from nli.train.checkpoint import Checkpoints, Snapshot, checkpoint_name
 from nli.train.hooks import Hook
 
@@ -108,6 +107,21 @@ def fallback(checkpoints: Checkpoints, storage: Storage, lost: Evaluation, damag
     return instead
 
 
+def resume_point(checkpoints: Checkpoints, storage: Storage) -> Optional[Snapshot]:
+    """The newest intact checkpoint, with the best checkpoint it names verified now, not at the end:
+    where that one is damaged, the best intact evaluated checkpoint (or the export written when it
+    became best, which holds its weights) takes its place (:func:`fallback`)."""
+    snapshot = checkpoints.latest()
+    best = snapshot.state["best"]["evaluation"] if snapshot else None
+    if snapshot is None or best is None:
+        return snapshot
+    damage = checkpoints.damage(best["step"])
+    if damage is not None:
+        instead = fallback(checkpoints, storage, Evaluation(**best), damage)
+        snapshot.state["best"] = {**snapshot.state["best"], "evaluation": asdict(instead) if instead else None}
+    return snapshot
+
+
 def exported_weights(storage: Storage) -> Dict[str, torch.Tensor]:
     """The weights of the model in ``storage``'s ``model/``, as the model's state dict."""
     with tempfile.TemporaryDirectory() as folder:
@@ -137,26 +151,25 @@ def best_weights(checkpoints: Checkpoints, storage: Storage, best: Evaluation, *
 # ------------------------------------------------------------------------- a finished run's model
 
 
-def check_finished(results: Mapping[str, Any], model_cfg: ModelConfig, task: TaskConfig, *, seed: int,
-                   storage: Storage, checkpoints: Checkpoints, world: World, claim: Optional[Claim],
-                   card: Optional[Card] = None) -> None:
+def check_finished(results: Mapping[str, Any], model_cfg: ModelConfig, task: TaskConfig, out: Outputs, *,
+                   seed: int, card: Optional[Card] = None) -> None:
     """A finished run's ``model/``, checked against its export.json (rank 0 reads it; a training run's
     results name its ``best_step``, an evaluation-only run exports nothing). Where the model is missing
     or damaged, it is exported again from the best checkpoint, with a warning that names what was
     wrong (with ``card``, the run's model card, as it was: nli.output.modelcard); where that checkpoint is gone
     too, a CheckpointError that says so, and nothing is touched."""
     step = results.get("best_step")
-    if step is not None and world.is_main:
-        problems = integrity.damage(storage, int(step))
+    if step is not None and out.world.is_main:
+        problems = integrity.damage(out.storage, int(step))
         if problems:
-            _export_again(problems, int(step), model_cfg, task, seed=seed, storage=storage, checkpoints=checkpoints,
-                          claim=claim, card=card)
-    world.barrier()  # no rank reports the run before its model is whole again
+            _export_again(problems, int(step), model_cfg, task, out, seed=seed, card=card)
+    out.world.barrier()  # no rank reports the run before its model is whole again
 
 
-def _export_again(problems: List[str], step: int, model_cfg: ModelConfig, task: TaskConfig, *, seed: int,
-                  storage: Storage, checkpoints: Checkpoints, claim: Optional[Claim], card: Optional[Card]) -> None:
+def _export_again(problems: List[str], step: int, model_cfg: ModelConfig, task: TaskConfig, out: Outputs, *,
+                  seed: int, card: Optional[Card]) -> None:
     """``model/`` written again from the checkpoint of ``step``, the best, with the evaluation it records."""
+    storage, checkpoints, claim = out.storage, out.checkpoints, out.claim
     what = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
     where = checkpoints.where(checkpoint_name(step))
     lost = _lost(checkpoints, step)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 import yaml
@@ -23,11 +24,41 @@ from nli import contract
 from nli.config.identity import differences, digest, identity, refuse
 from nli.config.schema import TrainConfig
 from nli.errors import CheckpointError, RunChanged
+from nli.io.claim import Claim
 from nli.io.storage import Storage
+from nli.runtime.context import RunContext
+from nli.runtime.distributed import World
 from nli.train.checkpoint import Checkpoints, Snapshot
 from nli.train.hooks import judge
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outputs:
+    """Where the run writes, and what an earlier attempt of it left there."""
+
+    storage: Storage  # the output directory
+    checkpoints: Checkpoints
+    context: RunContext
+    world: World
+    identity: Dict[str, Any]  # what the run computes (nli.config.identity): kept with every checkpoint
+    claim: Optional[Claim]  # rank 0's hold on the folder: checked before each write of the run's state
+    snapshot: Optional[Snapshot]  # the newest intact checkpoint, when resuming
+    finished: Optional[Dict[str, Any]]  # results.json, when the run already finished
+    warnings: List[str] = field(default_factory=list)  # settings that cannot take effect: logged, in results.json
+    # The code, libraries, device, command (nli.runtime.provenance).
+    provenance: Dict[str, Any] = field(default_factory=dict)
+
+    def warn(self, message: str) -> None:
+        log.warning("%s", message)
+        self.warnings.append(message)
+
+
+def recorded_config(context: RunContext, output_dir: str) -> Dict[str, Any]:
+    """The resolved config with the directories the run writes to, as the folder's config.yaml records it."""
+    train = {**context.resolved["train"], "checkpoint_dir": context.checkpoint_dir}
+    return {**context.resolved, "output_dir": output_dir, "train": train}
 
 
 def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,

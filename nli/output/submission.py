@@ -12,10 +12,35 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Tuple
+import logging
+from typing import Dict, Tuple
 
+import torch
+from torch.utils.data import DataLoader
+
+from nli import contract
 from nli.config.schema import TaskConfig
-from nli.evaluate.evaluation import Predictions
+from nli.evaluate import oom
+from nli.evaluate.evaluation import Predictions, gather, predict, relabel
+from nli.io.storage import Storage
+from nli.runtime.distributed import World
+
+log = logging.getLogger(__name__)
+
+
+def write_predictions(task: TaskConfig, loaders: Dict[str, DataLoader], model: torch.nn.Module,
+                      evaluations: oom.Evaluations, storage: Storage, world: World) -> None:
+    """Each test split's predictions in GLUE's submission format, under predictions/: in the batches the
+    evaluations found to fit (or smaller, where these do not), with their labels' map."""
+    evaluator, size = evaluations.evaluator, evaluations.batch_size()
+    for split, loader in loaders.items():
+        predicted, size = oom.fitting(lambda each: relabel(gather(predict(model, each, task, evaluator.compute),
+                                                                  world), evaluator.label_map),
+                                      oom.at_most(loader, size), evaluator.compute, world)
+        name, text = submission(task, split, predicted)
+        if world.is_main:
+            storage.write_text(f"{contract.PREDICTIONS_DIR}/{name}", text)
+        log.info("test predictions for %s written to %s", split, storage.describe(contract.PREDICTIONS_DIR, name))
 
 
 def submission(task: TaskConfig, split: str, predictions: Predictions) -> Tuple[str, str]:

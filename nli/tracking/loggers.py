@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence
 
@@ -19,8 +20,10 @@ from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
 from nli.config.schema import LoggerConfig, WandbConfig, WandbMode
-from nli.contract import CLASS_FIGURES
+from nli.contract import CLASS_FIGURES, MODEL_DIR
 from nli.errors import ConfigError
+from nli.io.storage import Storage
+from nli.runtime.context import RunContext
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_settings import Settings
@@ -403,3 +406,28 @@ class LogMirror:
             if self._copied.get(path) != (stat.st_size, stat.st_mtime_ns):
                 self._fs.put_file(str(path), f"{self._root}/{path.relative_to(self.local).as_posix()}")
                 self._copied[path] = (stat.st_size, stat.st_mtime_ns)
+
+
+def start(trackers: Trackers, context: RunContext, storage: Storage, *, resume_step: Optional[int] = None) -> None:
+    """The run's loggers started under its name and group, writing their files where :func:`log_dirs` says.
+    ``resume_step``: a training run's first step less one (:class:`RunInfo`); a training run (one with a
+    ``resume_step``) exports its model to model/."""
+    log_dir, remote = log_dirs(context, storage)
+    model_dir = storage.describe(MODEL_DIR) if resume_step is not None else None
+    trackers.start(RunInfo(name=context.run_name, group=context.group, config=context.resolved, log_dir=log_dir,
+                           resume_id=None, overrides=context.overrides, resume_step=resume_step, model_dir=model_dir),
+                   remote=remote)
+
+
+def log_dirs(context: RunContext, storage: Storage) -> tuple[Path, Optional[str]]:
+    """Where the loggers write their files (their writers need a local disk), and the bucket folder
+    those files belong in, if any: the platform's log directory (Vertex AI's AIP_TENSORBOARD_LOG_DIR),
+    else the output directory. Where that is local, they write there; else in the context's local
+    folder (the Hydra run directory), or a temporary one, copied to the bucket at every checkpoint and
+    at the end."""
+    target = context.log_dir or storage.url
+    if "://" not in target:
+        return Path(target), None
+    if context.local_dir is not None:
+        return Path(context.local_dir), target
+    return Path(tempfile.mkdtemp(prefix="nli-logs-")), target

@@ -1,16 +1,11 @@
 """Training: the loop (mixed precision, accumulation, clipping, evaluation and checkpoints on schedule), the
-optimizer and schedule, checkpoints written whole and verified, and the hooks the loop calls.
-
-- ``loop``: the training loop
-- ``optim``: the optimizer (any torch.optim class) and the learning-rate schedule
-- ``checkpoint``: the registry of stateful parts, and checkpoints written whole and verified
-- ``hooks``: what the loop calls at each step, evaluation, checkpoint and stop: logging, early stopping"""
+optimizer and schedule, checkpoints written whole and verified, and the hooks the loop calls."""
 
 from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
     "checkpoint": ["BestEvaluation", "Checkpointer", "Checkpoints", "Progress", "RandomState", "Snapshot", "Stateful",
-                   "TrainingState", "checkpoint_name", "seed_rank"],
+                   "TrainingState", "checkpoint_name", "run_checkpoints", "seed_rank"],
     "hooks": ["EarlyStopping", "Hook", "MetricsLog", "ProgressBar", "Revisit", "SyncLogs", "judge"],
     "loop": ["Loop", "Optimization", "Plan", "Scaler", "TrainResult", "grad_scaler"],
     "optim": ["build_optimizer", "build_scheduler", "constant", "cosine", "linear"],

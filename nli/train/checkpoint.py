@@ -28,6 +28,7 @@ import torch
 from torch.utils._pytree import tree_map
 from transformers import PreTrainedTokenizerBase
 
+from nli import contract
 from nli.errors import CheckpointError
 from nli.evaluate.evaluation import Evaluation
 from nli.io.claim import Claim
@@ -417,3 +418,14 @@ def _serialize(state: Dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
     torch.save(tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, state), buffer)
     return buffer.getvalue()
+
+
+def run_checkpoints(checkpoint_dir: Optional[str], storage: Storage, identity: Dict[str, Any], *, keep: int,
+                    writes: bool) -> Checkpoints:
+    """A run's checkpoints: in ``<output_dir>/checkpoints``, or in ``checkpoint_dir`` (train.checkpoint_dir
+    or the platform's), each marked with the run's identity. A run that ``writes`` none (evaluation only)
+    does not check that it could."""
+    folder = Storage(checkpoint_dir or storage.describe(contract.CHECKPOINTS_DIR))
+    if checkpoint_dir and writes:
+        folder.check_writable()
+    return Checkpoints(folder, keep=keep, identity=identity)

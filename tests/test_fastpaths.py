@@ -1,130 +1,31 @@
-"""The pieces under train.py: metrics, the synthetic task, the optimizer's parameter groups, the
-fast paths (nli.model.fastpaths)."""
+"""The fast paths (nli/model/fastpaths/): installed as the config says, for the architectures and
+transformers they were written for, computing what the stock forward computes."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import importlib.util
 import json
 import logging
-import os
-import signal
 import subprocess
 import sys
-import threading
-from collections import Counter
 from typing import Dict, List
 
-import numpy as np
 import pytest
 import torch
 import transformers
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from nli.config.schema import (
-    AdamConfig,
     Attention,
     ConfigError,
     ModelConfig,
     ScratchArchitecture,
-    SGDConfig,
     TaskConfig,
 )
-from nli.data import synthetic
-from nli.evaluate import metrics
 from nli.model import fastpaths
 from nli.model.build import build_model, train_bpe_tokenizer
 from nli.model.fastpaths import cpu_dropout, first_token, unpadded
-from nli.runtime.signals import Interrupted, StopRequest
-from nli.train.optim import build_optimizer, build_scheduler, param_groups
-
-
-def test_metrics_agree_with_hand_computed_values() -> None:
-    pred, ref = np.array([1, 0, 1, 1, 0, 1]), np.array([1, 0, 0, 1, 1, 1])
-    # tp=3 fp=1 fn=1 tn=1: accuracy 4/6, F1 = 2*3 / (2*3 + 1 + 1) = 0.75,
-    # MCC = (3*1 - 1*1) / sqrt(4 * 4 * 2 * 2) = 2 / 8.
-    scores = metrics.compute(["accuracy", "f1", "matthews_correlation"], pred, ref)
-    assert scores["accuracy"] == pytest.approx(4 / 6)
-    assert scores["f1"] == pytest.approx(0.75)
-    assert scores["matthews_correlation"] == pytest.approx(0.25)
-    assert scores["combined_score"] == pytest.approx(np.mean([4 / 6, 0.75, 0.25]))
-
-
-def test_correlations_and_split_suffix() -> None:
-    pred, ref = np.array([1.0, 2.0, 3.0, 4.0]), np.array([2.0, 4.0, 6.0, 9.0])
-    scores = metrics.compute(["pearson", "spearmanr"], pred, ref, suffix="_mm")
-    assert scores["spearmanr_mm"] == pytest.approx(1.0)  # same order
-    assert scores["pearson_mm"] == pytest.approx(np.corrcoef(pred, ref)[0, 1])
-    assert set(scores) == {"pearson_mm", "spearmanr_mm", "combined_score_mm"}
-
-
-def test_synthetic_task_is_deterministic_and_balanced() -> None:
-    a, b = synthetic.generate(3000, seed=0), synthetic.generate(3000, seed=0)
-    assert a == b and synthetic.generate(10, seed=1) != synthetic.generate(10, seed=0)
-    counts = Counter(a["label"])
-    assert set(counts) == {0, 1, 2} and min(counts.values()) > 900
-    # Contradictions negate; entailments only repeat the premise's words.
-    for premise, hypothesis, label in zip(a["premise"], a["hypothesis"], a["label"]):
-        if synthetic.LABELS[label] == "entailment":
-            assert set(hypothesis.split()) <= set(premise.split())
-        if synthetic.LABELS[label] == "contradiction":
-            assert {"not", "nobody"} & set(hypothesis.split())
-
-
-def _tiny_model() -> torch.nn.Module:
-    config = AutoConfig.for_model("roberta", vocab_size=50, hidden_size=16, num_hidden_layers=1,
-                                  num_attention_heads=2, intermediate_size=32, num_labels=3)
-    return AutoModelForSequenceClassification.from_config(config)
-
-
-def test_no_weight_decay_on_biases_and_layernorm() -> None:
-    model = _tiny_model()
-    decay, no_decay = param_groups(model, AdamConfig(_target_="torch.optim.AdamW", lr=1e-3, weight_decay=0.1))
-    names = {id(p): n for n, p in model.named_parameters()}
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] for p in no_decay["params"])
-    assert any("LayerNorm.weight" in names[id(p)] for p in no_decay["params"])
-    assert all(names[id(p)].endswith("weight") and "LayerNorm" not in names[id(p)] for p in decay["params"])
-
-
-def test_optimizer_class_comes_from_config() -> None:
-    model = _tiny_model()
-    adamw = build_optimizer(AdamConfig(_target_="torch.optim.AdamW", lr=1e-3, weight_decay=0.1,
-                                       betas=[0.9, 0.98], eps=1e-6), model)
-    assert isinstance(adamw, torch.optim.AdamW) and list(adamw.defaults["betas"]) == [0.9, 0.98]
-    sgd = build_optimizer(SGDConfig(_target_="torch.optim.SGD", lr=0.1, momentum=0.5), model)
-    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.5
-    assert adamw.defaults["fused"] is True  # the default: one kernel per update, as the Trainer's adamw_torch_fused
-    unfused = build_optimizer(AdamConfig(_target_="torch.optim.AdamW", lr=1e-3, fused=False), model)
-    assert not unfused.defaults["fused"]
-
-
-@pytest.mark.parametrize("schedule,transformers_name", [("linear", "linear"), ("cosine", "cosine"),
-                                                        ("constant", "constant_with_warmup")])
-def test_each_schedule_is_the_transformers_schedule_it_names(schedule: str, transformers_name: str) -> None:
-    """conf/schedule/ picks its function by _target_, as optimizers and loggers do: the learning rates
-    are transformers' own, warm-up included."""
-    from tests.conftest import build_config
-
-    cfg = build_config([f"schedule={schedule}", "schedule.warmup_steps=3"]).schedule
-
-    def rates(make) -> List[float]:
-        optimizer = torch.optim.SGD(_tiny_model().parameters(), lr=0.1)
-        scheduler, seen = make(optimizer), []
-        for _ in range(10):
-            seen.append(scheduler.get_last_lr()[0])
-            optimizer.step()
-            scheduler.step()
-        return seen
-
-    ours = rates(lambda optimizer: build_scheduler(cfg, optimizer, total_steps=10))
-    theirs = rates(lambda optimizer: transformers.get_scheduler(transformers_name, optimizer, num_warmup_steps=3,
-                                                                num_training_steps=10))
-    assert ours == theirs and ours[0] == 0.0 and max(ours) == pytest.approx(0.1)
-    with pytest.raises(ConfigError, match="schedule._target_=nli.train.optim.nowhere names no function"):
-        build_scheduler(dataclasses.replace(cfg, _target_="nli.train.optim.nowhere"), torch.optim.SGD(
-            _tiny_model().parameters(), lr=0.1), total_steps=10)
 
 
 def test_attention_implementation_and_fast_paths_come_from_config() -> None:
@@ -151,22 +52,6 @@ def test_attention_implementation_and_fast_paths_come_from_config() -> None:
         with pytest.raises(ConfigError, match="needs the flash-attn package"):
             build_model(ModelConfig(name_or_path=None, scratch=ScratchArchitecture(vocab_size=300),
                                     attention=Attention.flash_attention_2), task, tokenizer)
-
-
-def test_a_signal_stops_at_once_except_between_steps_where_the_second_does() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("signal handlers can only be set from the main thread")
-    before = signal.getsignal(signal.SIGTERM)
-    with StopRequest() as stop:
-        with pytest.raises(Interrupted, match="SIGTERM"):  # start-up, data loading, export: at once
-            os.kill(os.getpid(), signal.SIGTERM)
-    with StopRequest() as stop:
-        with stop.at_step_boundaries():
-            os.kill(os.getpid(), signal.SIGTERM)
-            assert stop.signal == "SIGTERM"  # noted, not fatal: the loop stops after its step
-            with pytest.raises(Interrupted, match="SIGINT"):  # a second signal does not wait
-                os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_cpu_dropout_drops_p_of_the_elements_and_scales_the_rest() -> None:
@@ -435,47 +320,3 @@ print(json.dumps({"imported": imported, "installed": installed, "after": registe
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"imported": [False, False], "installed": list(fastpaths.PATHS), "after": [True, True]}
-
-
-@pytest.mark.parametrize("asked,computed", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
-def test_on_the_cpu_precision_is_what_was_asked(asked: str, computed: torch.dtype) -> None:
-    from nli.config.schema import Precision, PrecisionConfig
-    from nli.runtime.device import resolve_precision
-
-    assert resolve_precision(PrecisionConfig(dtype=Precision(asked)), torch.device("cpu")) == computed
-
-
-@pytest.mark.parametrize("bf16, amx, capability, env, computed, why", [
-    (True, False, "AVX512", {}, torch.bfloat16, "the CPU computes bf16 natively; precision=fp32 keeps fp32"),
-    (False, True, "AVX512", {}, torch.bfloat16, "the CPU computes bf16 natively"),  # AMX alone
-    (False, False, "AVX2", {}, torch.float32, "no native bf16 (AVX512-BF16 or AMX) on this CPU"),
-    # The reference runs' pins (tests/reference.py) take the bf16 instructions away: they stay fp32.
-    (True, False, "AVX512", {"ONEDNN_MAX_CPU_ISA": "SSE41"}, torch.float32,
-     "ONEDNN_MAX_CPU_ISA=SSE41 keeps oneDNN from its bf16 instructions"),
-    (True, False, "AVX512", {"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"}, torch.bfloat16, "natively"),
-    (True, False, "DEFAULT", {}, torch.float32, "torch's kernels are its DEFAULT ones (ATEN_CPU_CAPABILITY)"),
-])
-def test_on_the_cpu_auto_is_bf16_where_the_cpu_computes_it_natively(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, bf16: bool, amx: bool, capability: str,
-        env: Dict[str, str], computed: torch.dtype, why: str) -> None:
-    from nli.config.schema import Precision, PrecisionConfig
-    from nli.runtime.device import resolve_precision
-
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)  # the suite's pin (tests/conftest.py): the case's own
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    with caplog.at_level(logging.INFO, logger="nli.runtime.device"):
-        assert resolve_precision(PrecisionConfig(dtype=Precision.auto), torch.device("cpu")) == computed
-    name = "bf16" if computed == torch.bfloat16 else "fp32"
-    assert f"precision {name} (precision=auto: " in caplog.text and why in caplog.text
-
-
-def test_on_the_cpu_fp16_is_refused_with_what_runs() -> None:
-    from nli.config.schema import Precision, PrecisionConfig
-    from nli.runtime.device import resolve_precision
-
-    with pytest.raises(ConfigError, match=r"precision=fp16 cannot run on the CPU .*use precision=auto"):
-        resolve_precision(PrecisionConfig(dtype=Precision.fp16), torch.device("cpu"))

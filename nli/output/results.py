@@ -1,0 +1,71 @@
+"""What a run writes at its end: each class's figures and each eval example's prediction, results.json
+(written last: its presence says the run is done), and the list of the run's files."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from nli import contract
+from nli.evaluate import per_class
+from nli.evaluate.evaluation import Evaluation
+from nli.evaluate.oom import Evaluations
+from nli.output.folder import Outputs
+from nli.tracking.loggers import Trackers
+
+log = logging.getLogger(__name__)
+
+
+def analyse(evaluated: List[Tuple[Evaluations, Evaluation]], trackers: Trackers, out: Outputs, *, step: int,
+            save_predictions: bool) -> Dict[str, Any]:
+    """The final evaluations' per-class figures and confusion matrices, to the loggers (at ``step``) and
+    for results.json; with ``save_predictions``, each eval split's predictions under eval_predictions/."""
+    scored = [(evaluations.evaluator, evaluation) for evaluations, evaluation in evaluated]  # the batches that fit
+    analyses = per_class.analyse(scored)
+    if out.world.is_main:
+        trackers.log_classes(analyses, step=step)
+        if save_predictions:
+            if out.claim is not None:
+                out.claim.check()
+            for name, text in per_class.files(scored):
+                out.storage.write_text(name, text)
+    if save_predictions:
+        log.info("each eval example's prediction written to %s", out.storage.describe(per_class.FOLDER))
+    return per_class.results(analyses)
+
+
+def finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[str, Any]:
+    """results.json, written last (its presence says the run is done), and the loggers' summary."""
+    # Before the status, which stays last: where the numbers came from, and what could not take effect.
+    extra = {**({"provenance": out.provenance} if out.provenance else {}),
+             **({"warnings": out.warnings} if out.warnings else {})}
+    results = {**{k: v for k, v in results.items() if k != "status"}, **extra, "status": results.get("status")}
+    if out.world.is_main:
+        if out.claim is not None:
+            out.claim.check()
+        out.storage.write_text(contract.RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+    trackers.finish(results)
+    log.info("results: %s", json.dumps(results))
+    if out.world.is_main:
+        log.info("%s", _files(out, trackers, exported="evaluated_model" not in results))
+    out.world.barrier()  # no rank returns before the run's outputs are written
+    return results
+
+
+def _files(out: Outputs, trackers: Trackers, *, exported: bool) -> str:
+    """The run's last lines: where its results, model, log and metrics are."""
+    places = {"results": out.storage.describe(contract.RESULTS_FILE)}
+    if exported:
+        places["model"] = out.storage.describe(contract.MODEL_DIR)
+    if out.storage.list(contract.PREDICTIONS_DIR):
+        places["predictions"] = out.storage.describe(contract.PREDICTIONS_DIR)
+    if out.storage.list(per_class.FOLDER):
+        places["eval predictions"] = out.storage.describe(per_class.FOLDER)
+    log_file = Path(out.context.local_dir, "train.log") if out.context.local_dir else None
+    if log_file is not None and log_file.is_file():
+        places["log"] = str(log_file)
+    places.update(trackers.places())
+    width = max(map(len, places))
+    return "The run's files:\n" + "\n".join(f"  {name:<{width}}  {where}" for name, where in places.items())

@@ -1,0 +1,35 @@
+"""The quick tier's placement (tests/tiers.py): a test that reaches a run or a process through its module's
+helpers or fixtures leaves the tier; one that does not stays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import tiers
+
+
+def test_a_run_reached_through_helpers_leaves_the_tier(tmp_path: Path) -> None:
+    module = tmp_path / "test_example.py"
+    module.write_text(
+        "def helper(x):\n    return run_app(x)\n\n"
+        "def indirect():\n    return helper(1)\n\n"
+        "def test_runs():\n    indirect()\n\n"
+        "def test_pure():\n    assert sum([1, 2]) == 3\n\n"
+        "def test_process():\n    subprocess.run(['true'])\n\n"
+        "class TestLauncher:\n    def test_inside(self):\n        shared_run('x', [])\n")
+    assert tiers._runs(module, "test_runs", set())
+    assert not tiers._runs(module, "test_pure", set())
+    assert tiers._runs(module, "test_process", set())
+    assert tiers._runs(module, "TestLauncher", set())
+
+
+def test_this_suite_places_unit_tests_in_the_tier_and_runs_outside(request: pytest.FixtureRequest) -> None:
+    items = {item.nodeid: item for item in request.session.items}
+    quick = {nodeid for nodeid, item in items.items() if item.get_closest_marker("quick")}
+    if "tests/test_legacy.py::test_an_old_run_folder_evaluates_to_what_its_run_recorded" not in items:
+        pytest.skip("the test files this checks were not collected (a selection by -k or a path)")
+    assert "tests/test_metrics.py::test_metrics_agree_with_hand_computed_values" in quick
+    assert "tests/test_legacy.py::test_an_old_run_folder_evaluates_to_what_its_run_recorded" not in quick
+    assert not any(items[nodeid].get_closest_marker("process") for nodeid in quick)
