@@ -12,8 +12,8 @@ packages below lives with them. What the run is told besides its config (where i
 called) comes in a :class:`~nli.runtime.context.RunContext`: a run is a plain call, from the command
 line (nli.cli) or from Python::
 
-    from nli.config.schema import compose
-    from nli.runtime.context import local
+    from nli.config import compose
+    from nli.runtime import local
     from nli.recipe import run
 
     cfg = compose(["experiment=quickstart"])

@@ -224,9 +224,9 @@ def test_a_run_is_a_function_call_from_python(fast_run: Path, tmp_path: Path) ->
     app. It computes what train.py computes, writes the same files, and leaves the config it was given as it was."""
     import copy
 
-    from nli.config.schema import compose
+    from nli.config import compose  # the imports as README.md writes them: through the packages' faces
     from nli.recipe import run
-    from nli.runtime.context import local
+    from nli.runtime import local
 
     cfg = compose(FAST)
     before = copy.deepcopy(cfg)
