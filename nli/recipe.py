@@ -169,20 +169,21 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
                 stage = "evaluating"
                 with compute.inference():  # the model trains no more
                     return evaluate_only(Run(cfg, out, compute), stop)
-            this = Run(dataclasses.replace(cfg, model=from_bucket(cfg.model)), out, compute)  # a bucket's: local
-            loaded = load_data(this)
+            # A model in a bucket is read from its local copy (nli.model.bucket).
+            this_run = Run(dataclasses.replace(cfg, model=from_bucket(cfg.model)), out, compute)
+            loaded = load_data(this_run)
             stop.check()  # a signal some library swallowed (nli.runtime.signals) stops the run between phases
-            model = build(this, loaded)
-            training = optimization(this, model, loaded)
+            model = build(this_run, loaded)
+            training = optimization(this_run, model, loaded)
             stop.check()
             stage = "training"
-            result = fit(this, training, loaded, stop, sharing)
+            result = fit(this_run, training, loaded, stop, sharing)
             stage = "finishing"
             if stop.signal:  # it came with the last step: training is whole and checkpointed
                 raise Interrupted(stop.signal)
-            best_model = finish_export(this, model, training, loaded, result)
+            best_model = finish_export(this_run, model, training, loaded, result)
             with compute.inference():  # the model trains no more
-                return report(this, training, loaded, result, best_model)
+                return report(this_run, training, loaded, result, best_model)
     except BaseException as error:
         stopped = interruption(error)  # the signal, or an error it caused (nli.runtime.signals.interruption)
         if stopped is None:
