@@ -19,10 +19,17 @@ def test_a_run_reached_through_helpers_leaves_the_tier(tmp_path: Path) -> None:
         "def test_pure():\n    assert sum([1, 2]) == 3\n\n"
         "def test_process():\n    subprocess.run(['true'])\n\n"
         "class TestLauncher:\n    def test_inside(self):\n        shared_run('x', [])\n")
-    assert tiers._runs(module, "test_runs", set())
-    assert not tiers._runs(module, "test_pure", set())
-    assert tiers._runs(module, "test_process", set())
-    assert tiers._runs(module, "TestLauncher", set())
+    assert tiers.runs((module, "test_runs"), set())
+    assert not tiers.runs((module, "test_pure"), set())
+    assert tiers.runs((module, "test_process"), set())
+    assert tiers.runs((module, "TestLauncher"), set())
+
+
+def test_a_run_reached_through_a_helper_of_another_test_module_leaves_the_tier() -> None:
+    """tests/test_report.py's tests reach runs through test_sweep.py's rerun_sweep."""
+    here = tiers.TESTS / "test_report.py"
+    assert tiers._module(here)[1]["rerun_sweep"] == (tiers.TESTS / "test_sweep.py", "rerun_sweep")
+    assert tiers.runs((tiers.TESTS / "test_sweep.py", "rerun_sweep"), set())
 
 
 def test_this_suite_places_unit_tests_in_the_tier_and_runs_outside(request: pytest.FixtureRequest) -> None:
