@@ -113,8 +113,7 @@ class Run:
 @dataclass
 class Data:
     tokenizer: PreTrainedTokenizerBase
-    train: DataLoader  # this rank's micro-batches of each global batch
-    sampler: data.EpochSampler  # the order of each epoch
+    train: data.TrainBatches  # this rank's micro-batches of each global batch, and the order of each epoch
     evaluate: oom.Evaluations  # the eval splits' metrics, in smaller batches where they run out of memory
     test: Dict[str, DataLoader]  # test split -> this rank's slice, when predicting
     examples_per_epoch: int
@@ -264,12 +263,12 @@ def load_data(run: Run) -> Data:
     examples = splits.eval  # as loaded, for the predictions files (nli.evaluate.per_class)
     splits = data.tokenize(splits, scoring.tokenizer, task, source.max_seq_length)
     assert splits.train is not None
-    loader, sampler = data.train_loader(splits.train, scoring.collator, batch_size=train.batch_size,
-                                        micro_batch_size=run.micro_batch_size, seed=cfg.seed, world=run.world,
-                                        num_workers=scoring.num_workers, pin_memory=run.compute.device.type == "cuda",
-                                        bucket=source.bucket)
+    batches = data.train_loader(splits.train, scoring.collator,
+                                data.Batching(train.batch_size, run.micro_batch_size, bucket=source.bucket),
+                                seed=cfg.seed, world=run.world, num_workers=scoring.num_workers,
+                                pin_memory=run.compute.device.type == "cuda")
     own = evalsets.from_splits(task, splits, examples, scoring)
-    return Data(scoring.tokenizer, loader, sampler, own.evaluate, own.test, examples_per_epoch=len(splits.train),
+    return Data(scoring.tokenizer, batches, own.evaluate, own.test, examples_per_epoch=len(splits.train),
                 extras=extras)
 
 
@@ -374,7 +373,7 @@ def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: 
     hooks.append(export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main,
                                    card=Card(out.context.resolved, out.provenance)))
     checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world, out.claim)
-    loop = Loop(training.opt, loaded.train, loaded.sampler, training.plan, evaluate=loaded.evaluate,
+    loop = Loop(training.opt, loaded.train, training.plan, evaluate=loaded.evaluate,
                 checkpointer=checkpointer, hooks=hooks, micro_batches=training.micro_batches)
     with stop.at_step_boundaries():
         result = loop.run(training.progress, training.best, stop)

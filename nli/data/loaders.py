@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import datasets
 import numpy as np
@@ -225,21 +225,38 @@ def bucket_lengths(max_length: int) -> List[int]:
     return [*lengths, max_length]
 
 
-def train_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, micro_batch_size: int,
-                 seed: int, world: World, num_workers: int, pin_memory: bool,
-                 bucket: int = 0) -> Tuple[DataLoader, EpochSampler]:
+@dataclass(frozen=True)
+class Batching:
+    """How training batches are cut: ``size`` examples a step (the global batch, over every rank),
+    ``micro_size`` a forward pass on each rank, grouped by length in buckets of ``bucket`` batches
+    (``data.bucket``; 0: not grouped)."""
+
+    size: int
+    micro_size: int
+    bucket: int = 0
+
+
+class TrainBatches(NamedTuple):
+    """This rank's micro-batches of each global batch, and the sampler that sets each epoch's order."""
+
+    loader: DataLoader
+    sampler: EpochSampler
+
+
+def train_loader(ds: datasets.Dataset, collator: Collator, batching: Batching, *, seed: int, world: World,
+                 num_workers: int, pin_memory: bool) -> TrainBatches:
     """This rank's shuffled micro-batches of each global batch, and the sampler that sets each
-    epoch's order (length-bucketed when ``bucket`` > 0)."""
+    epoch's order (length-bucketed when ``batching.bucket`` > 0)."""
     lengths = pyarrow.compute.list_value_length(ds.with_format("arrow")[:]["input_ids"]).to_pylist()
-    sampler = EpochSampler(len(ds), seed=seed, batch_size=batch_size, rank=world.rank, world_size=world.world_size,
-                           lengths=lengths, bucket=bucket)
+    sampler = EpochSampler(len(ds), seed=seed, batch_size=batching.size, rank=world.rank, world_size=world.world_size,
+                           lengths=lengths, bucket=batching.bucket)
     # The loader's own generator seeds its workers, so that it never draws from the global
     # generator: dropout must see the same random numbers whether or not the run resumed.
     # Workers that stay from epoch to epoch: none is started again at each.
-    loader = DataLoader(ds, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
+    loader = DataLoader(ds, batch_size=batching.micro_size, sampler=sampler, collate_fn=collator,
                         num_workers=num_workers, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
                         persistent_workers=num_workers > 0)
-    return loader, sampler
+    return TrainBatches(loader, sampler)
 
 
 def eval_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, world: World,

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, cast
 
 import torch
-from torch.utils.data import DataLoader
 
 from nli.config.schema import TrainConfig
-from nli.data.loaders import EpochSampler
+from nli.data.loaders import TrainBatches
 from nli.errors import ConfigError, Diverged
 from nli.evaluate import oom
 from nli.evaluate.evaluation import Evaluation
@@ -146,12 +145,13 @@ class Loop:
     every ``plan.checkpoint_every`` steps, and when a signal asks it to stop. Under data parallelism
     every rank runs it in step with the others."""
 
-    def __init__(self, opt: Optimization, loader: DataLoader, sampler: EpochSampler, plan: Plan, *,
+    def __init__(self, opt: Optimization, batches: TrainBatches, plan: Plan, *,
                  evaluate: Callable[[torch.nn.Module, int], Evaluation], checkpointer: Checkpointer,
                  hooks: Sequence[Hook], micro_batches: Optional[oom.MicroBatches] = None) -> None:
         # The micro-batch size that fits (nli.evaluate.oom): the configured one, or a checkpoint's smaller one.
+        loader = batches.loader
         self.micro_batches = micro_batches or oom.MicroBatches(loader.batch_size or 1, opt.compute, opt.world)
-        self.opt, self.loader, self.sampler, self.plan = opt, self.micro_batches.loader(loader), sampler, plan
+        self.opt, self.loader, self.sampler, self.plan = opt, self.micro_batches.loader(loader), batches.sampler, plan
         self.evaluate, self.checkpointer, self.hooks = evaluate, checkpointer, hooks
         self.window = _Window(opt.compute.device)
         # Steps skipped on the device, not yet counted (Optimization.skips_on_device); made only where used.

@@ -159,7 +159,7 @@ class Sweep:
             settings=self.settings, cfg=job.config, name=_spec.display_name(self.name, job.num, job.overrides),
             job_labels=_spec.labels(self.name, job.num, job.overrides, job_labels),
             args=_spec.container_args(job.config, job.overrides, run_dir), output_dir=job.remote_dir,
-            package_uri=package_uri, image_uri=image.uri, provenance=self._provenance(image))
+            code=_spec.Code(package_uri, image.uri, self._provenance(image)))
 
     def _image_to_run(self) -> Image:
         """The image every job of the sweep runs, found (or built) once per sweep, before any job is submitted."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -98,22 +98,29 @@ def display_name(sweep_name: str, job_num: int, overrides: List[str]) -> str:
     return f"{sweep_name}-{job_num} {' '.join(overrides)}".strip()[:128]
 
 
+@dataclass(frozen=True)
+class Code:
+    """What a job runs: the uploaded package (a Python-package job's), the container image (settings.image_uri
+    when None), and the variables that say what it runs, set after the user's own, which cannot change them."""
+
+    package_uri: Optional[str] = None
+    image_uri: Optional[str] = None
+    provenance: Dict[str, str] = field(default_factory=dict)
+
+
 def custom_job(*, settings: VertexLauncherConf, cfg: DictConfig, name: str, job_labels: Dict[str, str],
-               args: List[str], output_dir: str, package_uri: Optional[str], image_uri: Optional[str] = None,
-               provenance: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """The CustomJob resource, in the API's (snake_case) field names. ``image_uri``: the container's
-    image (settings.image_uri when None); ``provenance``: variables that say what the job runs, after
-    the user's own, which cannot change them."""
+               args: List[str], output_dir: str, code: Code) -> Dict[str, Any]:
+    """The CustomJob resource, in the API's (snake_case) field names."""
     hw = machine(cfg, settings)
     pool: Dict[str, Any] = {"machine_spec": machine_spec(hw), "replica_count": 1}
-    env = [{"name": key, "value": value} for key, value in {**settings.env, **(provenance or {})}.items()]
+    env = [{"name": key, "value": value} for key, value in {**settings.env, **code.provenance}.items()]
     if settings.secrets:  # references only: the job resolves them with its own service account
         env.append({"name": SECRETS_VARIABLE, "value": json.dumps(dict(settings.secrets), sort_keys=True)})
     if not settings.python_package():
-        pool["container_spec"] = {"image_uri": image_uri or settings.image_uri, "args": args, "env": env}
+        pool["container_spec"] = {"image_uri": code.image_uri or settings.image_uri, "args": args, "env": env}
     else:
         pool["python_package_spec"] = {"executor_image_uri": settings.executor_image_uri,
-                                       "package_uris": [package_uri], "python_module": settings.python_module,
+                                       "package_uris": [code.package_uri], "python_module": settings.python_module,
                                        "args": args, "env": env}
     job_spec: Dict[str, Any] = {"worker_pool_specs": _pools(pool, hw.nodes, settings),
                                 "base_output_directory": {"output_uri_prefix": output_dir},
