@@ -6,7 +6,7 @@ build the same network with random weights, offline (these machines cannot reach
 
 Only what changes a network's shapes or what its forward pass keeps is here (widths, depths, vocabulary,
 positions, the attention's layout, dropout); tokenizers and weights are not. Every ``name_or_path`` of
-conf/model/*.yaml has an entry (tests/test_memory.py checks it, and checks each entry's parameter count
+conf/model/*.yaml has an entry (tests/benchmarks/test_memory.py checks it, and checks each entry's parameter count
 against the count its conf/model file states).
 """
 

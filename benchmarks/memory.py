@@ -57,8 +57,8 @@ What this cannot see, and what it does about it:
 - The backward's transient peak: as it goes through a layer it holds that layer's gradients beside the saved
   tensors not yet freed; each has the shape of a tensor the layer made in the forward pass and is freed once
   used. One layer's saved bytes is allowed: measured with every live tensor counted (LiveTensors,
-  tests/test_memory.py), the CPU's backward holds at most a quarter of a layer more; the rest is room for what
-  CUDA's backward kernels allocate and the CPU's do not (flash attention's float32 accumulators, say). Under
+  tests/benchmarks/test_memory.py), the CPU's backward holds at most a quarter of a layer more; the rest is room
+  for what CUDA's backward kernels allocate and the CPU's do not (flash attention's float32 accumulators, say). Under
   gradient checkpointing the backward first runs the layer again, keeping its saved tensors: two layers are
   allowed (measured: at most 1.2).
 - The allocator's slack: the caching allocator rounds blocks up and, as batches change length, keeps freed
@@ -102,8 +102,8 @@ MIB, GIB = 2**20, 2**30
 CONTEXT = 768 * MIB
 NCCL = 512 * MIB
 SLACK = 0.10  # of the batch-dependent memory
-# The backward's transient peak over the saved tensors, in layers' worth of saved activations (tests/test_memory.py
-# measures it on small models and checks that it stays under these).
+# The backward's transient peak over the saved tensors, in layers' worth of saved activations
+# (tests/benchmarks/test_memory.py measures it on small models and checks that it stays under these).
 BACKWARD_LAYERS = 1.0
 CHECKPOINTED_LAYERS = 2.0
 
@@ -185,7 +185,7 @@ class WeightCasts(TorchDispatchMode):
 class LiveTensors(TorchDispatchMode):
     """Every storage that ops make while active, counted until it is freed: the bytes alive now (:attr:`live`)
     and at most since :meth:`reset_peak` (:attr:`peak`). It sees the transient tensors that the saved-tensor
-    count does not: what the backward's allowances are checked against (tests/test_memory.py). ``existing``:
+    count does not: what the backward's allowances are checked against (tests/benchmarks/test_memory.py). ``existing``:
     the storage keys of tensors made before (the weights), whose views are not new memory."""
 
     def __init__(self, existing: Iterable[int] = ()) -> None:
@@ -624,7 +624,7 @@ def hw_overrides(recipe: str) -> Dict[str, Any]:
 
 def with_preset(cfg: Any, hw: Any, overrides: Dict[str, Any]) -> Any:
     """``cfg`` (a recipe, composed once) on the preset ``hw`` with the recipe's own ``hw`` keys on top: the config
-    ``experiment=RECIPE hw=PRESET`` composes (tests/test_memory.py compares them), its rules checked again
+    ``experiment=RECIPE hw=PRESET`` composes (tests/benchmarks/test_memory.py compares them), its rules checked again
     (a ConfigError where the pair is refused). Hydra takes a third of a second to compose each pair."""
     from omegaconf import OmegaConf
 

@@ -3,7 +3,7 @@ asked for. Importing a package thus costs nothing until a name is used (``python
 answers before torch loads), and a class path a config records (``nli.sweep.SweepResults``) resolves.
 
 Packages import each other's modules by their full names (``from nli.runtime.device import Compute``),
-so that type checkers and editors follow them; tests/test_layers.py holds every such import to the names
+so that type checkers and editors follow them; tests/project/test_imports.py holds every such import to the names
 a face lists."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The suite's environment and shared fixtures. How tests run the project: tests/runs.py.
+"""The suite's environment and shared fixtures. How tests run the project: tests/support/runs.py.
 
 The environment is the suite's own, whatever the shell that starts it: the variables that change what
 a run does (the Hugging Face and W&B ones, a platform's, the CPU kernels') are cleared before any
@@ -53,8 +53,8 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from nli.config.schema import Config, register_configs  # noqa: E402
-from tests.runs import CONF, finished_run  # noqa: E402
-from tests.tiers import mark_quick  # noqa: E402
+from tests.support.runs import CONF, finished_run  # noqa: E402
+from tests.support.tiers import mark_quick  # noqa: E402
 
 register_configs()
 
@@ -103,7 +103,7 @@ def build_config(overrides: List[str]) -> Config:
 @pytest.fixture(scope="session")
 def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A folder inside pytest's temporary directory that every xdist worker of this session sees
-    (tests/runs.py: shared_folder)."""
+    (tests/support/runs.py: shared_folder)."""
     base = tmp_path_factory.getbasetemp()
     return (base if worker_id == "master" else base.parent) / "session-runs"
 
@@ -111,7 +111,7 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pat
 @pytest.fixture(scope="session")
 def shared_run(shared_root: Path) -> Callable[[str, Sequence[str]], Path]:
     """``shared_run(name, args)``: the folder of a finished run of ``args``, trained once per session and
-    shared by every worker (tests/runs.py). Read it; copy it to change it (tests.runs.copy_run)."""
+    shared by every worker (tests/support/runs.py). Read it; copy it to change it (tests.support.runs.copy_run)."""
 
     def get(name: str, args: Sequence[str]) -> Path:
         return finished_run(shared_root, name, args)

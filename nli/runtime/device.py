@@ -151,7 +151,7 @@ def cpu_native_bf16(env: Mapping[str, str]) -> Tuple[bool, str]:
     """Whether this CPU computes bf16 natively for a run started with ``env``, and why, for the log.
     The CPU's flags (AVX512-BF16, AMX) are not enough: ``ONEDNN_MAX_CPU_ISA`` below oneDNN's bf16
     kernels, or ``ATEN_CPU_CAPABILITY`` below torch's AVX-512 ones, take them away (the reference runs
-    of tests/reference.py pin both, for the same bits on any x86-64 CPU), and bf16 is then emulated."""
+    of tests/support/reference.py pin both, for the same bits on any x86-64 CPU), and bf16 is then emulated."""
     native = [name for name, has in (("AVX512-BF16", torch.cpu._is_avx512_bf16_supported()),
                                      ("AMX", torch.cpu._is_amx_tile_supported())) if has]
     if not native:

@@ -1,6 +1,6 @@
 """A Hydra launcher that runs every job of a sweep as a Vertex AI CustomJob: ``hydra/launcher=vertex``.
 
-What it uses of the framework, and nothing else (tests/test_imports.py holds it to this):
+What it uses of the framework, and nothing else (tests/project/test_imports.py holds it to this):
 
 - ``nli.contract``: what a run and its launcher agree on: the job's folders, files and needs;
 - ``nli.errors``: ``UserError``, the one-line errors a user can fix;

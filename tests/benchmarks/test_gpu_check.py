@@ -1,0 +1,123 @@
+"""The GPU check (benchmarks/gpu_check.py): its kit, its report, and its CPU rehearsal.
+
+The rehearsal runs the check's CPU lines (the quickstart, an evaluation-only run with and without the
+fast paths, SIGTERM and resume, torchrun with one process, an fp16-stored checkpoint, gradient
+checkpointing) with ``--device cpu``, as the offline GPU machines run it: from the repository root, in
+an environment with their library versions (transformers 5.17, huggingface_hub 1.33, ...:
+requirements/gpu-machine.txt) and without Hydra or datasets until the check installs its kit with pip
+--target. So it proves that the
+kit is complete and that the project runs on those versions, before a GPU is there.
+
+    bash .ci/gpu-check-env && python -m pytest -m gpu_rehearsal tests/benchmarks/test_gpu_check.py
+
+Measured on 2 cores (AMD EPYC): building the environment took 3 minutes with a cold pip cache (1.6 GB,
+torch's CPU build most of it); the rehearsal then about 4 minutes. Too long for ``-m bench``: CI runs it
+as a phase of its own (.ci/run), the environment built once and kept. NLI_GPU_CHECK_PYTHON names the
+Python of another such environment.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import save_file
+
+from benchmarks import gpu_check
+from tests.support.runs import ROOT, environment_python, process_env
+
+
+def test_the_kit_pins_every_package_by_version_and_names_its_wheels() -> None:
+    pins = gpu_check.pins()
+    names = [pin.split("==")[0] for pin in pins]
+    assert all("==" in pin for pin in pins)
+    # What train.py imports that the GPU machines lack (their list: requirements/gpu-check.txt's header).
+    assert {"hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", "dill", "multiprocess"} == set(names)
+    assert gpu_check.wheel_name("antlr4-python3-runtime==4.9.3") == "antlr4_python3_runtime-4.9.3"
+    assert gpu_check.wheel_name("hydra-core==1.3.8") == "hydra_core-1.3.8"
+
+
+def test_the_kit_pins_what_hydra_and_omegaconf_ask_for() -> None:
+    """Installed without dependencies, the kit must pin what its own packages require."""
+    from importlib.metadata import requires
+
+    pins = dict(pin.split("==") for pin in gpu_check.pins())
+    assert pins["antlr4-python3-runtime"].startswith("4.9.")  # hydra-core and omegaconf: ==4.9.*
+    assert any("antlr4-python3-runtime==4.9" in r for r in requires("omegaconf") or [])
+
+
+def test_a_preset_cell_says_what_was_measured_or_why_not() -> None:
+    row = {"hw": "v100", "recipe": "roberta-large-mnli", "micro_batch": 16, "length": 128, "dtype": "fp16",
+           "card_memory": 16 * 2**30}
+    assert gpu_check.preset_cell({**row, "need": 9.25 * 2**30}) == "v100 roberta-large-mnli 16x128 fp16: 9.2 of 16 GiB"
+    assert gpu_check.preset_cell({**row, "skipped": "not measured: out of the line's time"}) \
+        == "v100 roberta-large-mnli 16x128 fp16: not measured: out of the line's time"
+
+
+def test_stored_dtypes_reads_the_safetensors_header(tmp_path: Path) -> None:
+    import torch
+
+    save_file({"a": torch.zeros(2, dtype=torch.float16), "b": torch.zeros(2), "c": torch.zeros(2, dtype=torch.long)},
+              tmp_path / "m.safetensors")
+    assert gpu_check.stored_dtypes(tmp_path / "m.safetensors") == ["float16", "float32"]  # integers are not weights
+
+
+def test_a_report_says_what_ran_where_and_skips_are_not_passes(tmp_path: Path) -> None:
+    lines = [gpu_check.Line("oom", "e. oom", status="skipped: no GPU"),
+             gpu_check.Line("resume", "d. resume", status="fail", detail="exit 1; last line: boom",
+                            logs=["logs/resume-stopped.log"])]
+    gpu_check.write_report(tmp_path, {"device": "CPU", "ran_on": "cpu", "environment": {"torch": "2.13.0"}}, lines, 3)
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [line["status"] for line in report["lines"]] == ["skipped: no GPU", "fail"]
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "a CPU rehearsal: no GPU figures" in md and "| e. oom | skipped: no GPU |" in md
+    assert "| d. resume | fail: exit 1; last line: boom |" in md and "logs/resume-stopped.log" in md
+
+
+@pytest.mark.process
+def test_asking_for_cuda_without_a_gpu_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "run", "--out", str(tmp_path / "out"),
+                           "--device", "cuda", "--kit", str(tmp_path / "no-kit"), "--only", "torchrun"],
+                          cwd=ROOT, capture_output=True, text=True, env=process_env(), timeout=300)
+    assert proc.returncode == 1 and "--device cuda: no CUDA GPU here" in proc.stderr
+
+
+@pytest.fixture(scope="session")
+def machine_python() -> str:
+    return environment_python("NLI_GPU_CHECK_PYTHON", ROOT / ".venv-gpu-check" / "bin" / "python",
+                              what="GPU-machine environment", build="bash .ci/gpu-check-env")
+
+
+CPU_LINES = ["quickstart_bf16", "quickstart_fp16", "eval_only", "resume", "torchrun", "fp16_checkpoint",
+             "checkpointing"]
+
+
+@pytest.mark.gpu_rehearsal
+@pytest.mark.process
+def test_the_check_rehearsed_on_the_cpu_with_the_gpu_machines_libraries(machine_python: str, tmp_path: Path) -> None:
+    version = subprocess.run([machine_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    kit = tmp_path / "kit"
+    subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "prepare", "--python-version", version,
+                    "--kit", str(kit)], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    env = {key: value for key, value in process_env().items() if key != "PYTHONPATH"}
+    out = tmp_path / "report"
+    proc = subprocess.run([machine_python, "-m", "benchmarks.gpu_check", "run", "--out", str(out), "--device", "cpu",
+                           "--kit", str(kit), "--budget", "900"], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=1200)
+    report = json.loads((out / "gpu_check.json").read_text())
+    status = {line["name"]: line["status"] for line in report["lines"]}
+    assert proc.returncode == 0, (status, proc.stdout, proc.stderr)
+    assert report["ran_on"] == "cpu" and report["environment"]["transformers"] == "5.17.0"
+    assert "step aside" in report["environment"]["fast_paths"]  # written against 5.23: not installed on 5.17
+    fp16 = "skipped: no GPU (fp16 autocast needs CUDA)"
+    expected = {**{name: "pass" for name in CPU_LINES}, "quickstart_fp16": fp16}
+    assert {name: status[name] for name in CPU_LINES} == expected
+    assert all(status[name] == "skipped: no GPU" for name in status if name not in CPU_LINES)
+    lines = {line["name"]: line for line in report["lines"]}
+    assert lines["resume"]["figures"]["relative_weight_gap"] == 0  # on the CPU, with its threads fixed: bit for bit
+    assert lines["fp16_checkpoint"]["figures"]["bf16"]["exported_dtypes"] == ["float32"]
+    assert "a CPU rehearsal: no GPU figures" in (out / "gpu_check.md").read_text()

@@ -1,0 +1,177 @@
+"""What is typed is what runs: every key is the schema's or refused by name, whatever its prefix, and a
+command refused before it starts writes nothing (nli/config/keys.py, nli/config/command.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Iterator, List, Tuple
+
+import pytest
+from omegaconf import DictConfig, OmegaConf
+
+from nli.config.command import check
+from nli.config.keys import check_known, fields_of
+from nli.config.schema import compose
+from nli.errors import ConfigError
+from tests.conftest import compose_config
+from tests.support.runs import CONF, FAST, run_app
+
+# One misspelt key in every config group and block, as a user types it: the override, the key named,
+# and the key meant.
+MISSPELT = {
+    "model": (["+model.revison=v1"], "model.revison", "model.revision"),
+    "model/peft": (["model/peft=lora", "+model.peft.alpah=4"], "model.peft.alpah", "model.peft.alpha"),
+    "model.scratch": (["+model.scratch.hiden_size=64"], "model.scratch.hiden_size", "model.scratch.hidden_size"),
+    "task": (["+task.metrcs=[accuracy]"], "task.metrcs", "task.metrics"),
+    "task.glue": (["task=rte", "+task.glue.index_colum=idx"], "task.glue.index_colum", "task.glue.index_column"),
+    "optimizer": (["+optimizer.lrr=1e-3"], "optimizer.lrr", "optimizer.lr"),
+    "schedule": (["+schedule.warmup_ratoi=0.1"], "schedule.warmup_ratoi", "schedule.warmup_ratio"),
+    "precision": (["+precision.dtpye=fp32"], "precision.dtpye", "precision.dtype"),
+    "hw": (["+hw.cpu_thread=1"], "hw.cpu_thread", "hw.cpu_threads"),
+    "logger": (["+logger.csv.fiel=x.csv"], "logger.csv.fiel", "logger.csv.file"),
+    "data": (["+data.max_seq_lenght=32"], "data.max_seq_lenght", "data.max_seq_length"),
+    "train": (["++train.epocs=3"], "train.epocs", "train.epochs"),
+    "train.early_stopping": (["+train.early_stopping.patiense=2"], "train.early_stopping.patiense",
+                             "train.early_stopping.patience"),
+    "eval": (["+eval.extras=[hans]"], "eval.extras", "eval.extra"),
+    "root": (["+sed=1"], "sed", "seed"),
+    "hydra": (["hydra.run.dri=x"], "hydra.run.dri", "hydra.run.dir"),
+    "another block": (["+train.max_seq_length=32"], "train.max_seq_length", "data.max_seq_length"),
+}
+
+
+@pytest.mark.parametrize("group", MISSPELT)
+def test_a_misspelt_key_is_refused_with_the_key_meant_before_anything_is_written(tmp_path: Path, group: str) -> None:
+    overrides, key, meant = MISSPELT[group]
+    run_dir = tmp_path / "run"
+    proc = run_app(["experiment=quickstart", *overrides, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout
+    assert f"error: {key} is not a key of this config: did you mean {meant}" in proc.stderr
+    assert proc.stderr.count("error:") == 1 and "Traceback" not in proc.stderr
+    assert not run_dir.exists()  # refused before Hydra made the folder
+
+
+def test_a_plain_misspelling_suggests_the_key_never_a_plus(tmp_path: Path) -> None:
+    # Hydra's own answer was "To append to your config use +optimizer.lrr=1e-3": the silent path.
+    proc = run_app(["experiment=quickstart", "optimizer.lrr=1e-3"], cwd=tmp_path)
+    assert proc.returncode == 1 and "did you mean optimizer.lr?" in proc.stderr
+    assert "+optimizer" not in proc.stderr and "To append" not in proc.stderr
+
+
+def test_a_sweep_with_an_unknown_key_is_refused_before_any_job(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = run_app(["-m", *FAST, "seed=1,2", "++optimizer.lrr=1e-3", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "error: optimizer.lrr is not a key of this config" in proc.stderr
+    assert not sweep.exists()
+
+
+@pytest.mark.parametrize("typed, refused", [
+    ("optimizer.lr=5e-4,abc", "optimizer.lr=abc, one job of the sweep optimizer.lr=5e-4,abc: Value 'abc' of type "
+                              "'str' could not be converted to Float"),
+    ("+optimizer.lr=5e-4,abc", "+optimizer.lr=abc, one job of the sweep +optimizer.lr=5e-4,abc: Value 'abc'"),
+    ("seed=1,2,x", "seed=x, one job of the sweep seed=1,2,x: Value 'x' of type 'str' could not be converted to "
+                   "Integer"),
+    ("optimizer=adamw,adamm", "optimizer=adamm, one job of the sweep optimizer=adamw,adamm: In 'train': Could not "
+                              "find 'optimizer/adamm'"),
+])
+def test_a_typo_in_one_value_of_a_sweep_is_named_before_any_job_runs(tmp_path: Path, typed: str,
+                                                                      refused: str) -> None:
+    sweep = tmp_path / "sweep"
+    proc = run_app(["-m", *FAST, typed, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert proc.returncode == 1 and not sweep.exists(), proc.stderr  # refused before Hydra made the folder
+    assert proc.stderr.startswith(f"error: {refused}") and "HYDRA_FULL_ERROR" not in proc.stderr, proc.stderr
+
+
+def test_a_sweeps_values_are_set_not_composed_one_by_one(tmp_path: Path) -> None:
+    """Valid values of every kind pass, a hundred seeds among them; no rule of the schema is judged here
+    (a value may be valid only beside another group's option): each job checks its own."""
+    assert check(["-m", "experiment=quickstart", "seed=range(1,101)", "optimizer.lr=1e-3,2e-3",
+                  "model=tiny,roberta-base", "train.max_steps=5,-3", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                 CONF, "train") == []
+
+
+def test_a_job_checks_its_own_keys_where_the_command_line_is_left_to_hydra(tmp_path: Path) -> None:
+    # With Hydra's own flags (here --config-dir) the command line is Hydra's alone; the job refuses the key.
+    proc = run_app(["--config-dir", str(CONF), *FAST, "+optimizer.lrr=1e-3", f"hydra.run.dir={tmp_path / 'run'}"],
+                   cwd=tmp_path)
+    assert proc.returncode == 1 and "error: optimizer.lrr is not a key of this config" in proc.stderr
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_a_run_from_python_refuses_an_unknown_key() -> None:
+    with pytest.raises(ConfigError, match=r"train\.epocs is not a key of this config: did you mean train\.epochs"):
+        compose(["experiment=quickstart", "++train.epocs=3"])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["+model.peft.r=4"], "error: +model.peft.r=4 sets a key of model.peft, which is null in this config: select the "
+     "adapters first: model/peft=lora"),
+    (["+task.glue.columns.x=y"], "error: +task.glue.columns.x=y sets a key of task.glue, which is null in this config"),
+    (["seed.x=1"], "error: seed.x=1: seed is a value, not a group of keys"),
+])
+def test_a_key_under_null_or_under_a_value_is_named_with_its_fix(tmp_path: Path, overrides: List[str],
+                                                                  message: str) -> None:
+    proc = run_app(["experiment=quickstart", *overrides], cwd=tmp_path)
+    assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["train.epochs=abc"], "Value 'abc' of type 'str' could not be converted to Float"),
+    (["model=robrta"], "Could not find 'model/robrta'"),
+    (["~train.epochs"], "does not support deletion"),
+    (["optimizer.lr=-1"], "optimizer.lr=-1.0 must be positive"),
+])
+def test_a_command_hydra_or_the_schema_refuses_is_one_message_and_no_folder(tmp_path: Path, overrides: List[str],
+                                                                            message: str) -> None:
+    proc = run_app(["experiment=quickstart", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: ") and message in proc.stderr
+    assert proc.stderr.count(message) == 1 and "Traceback" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_dir_that_cannot_be_made_is_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("a file where the folder would go")
+    proc = run_app([*FAST, f"hydra.run.dir={tmp_path / 'taken' / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"error: hydra.run.dir={tmp_path / 'taken' / 'run'}: {tmp_path / 'taken'} is a file, not a folder" \
+        in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["experiment=quickstart", "+data.files.train=a.csv", "+data.files.validation=b.csv", "+data.columns.label=y"],
+    ["task=rte", "+task.glue.columns.extra=Extra"],
+    ["-m", "hydra/launcher=vertex", "+hydra.launcher.env.MY_VAR=1", "+hydra.job.env_set.OTHER=2"],  # a sweep's: -m
+])
+def test_free_form_mappings_take_new_keys(argv: List[str]) -> None:
+    check(argv, CONF, "train")  # no SystemExit: these mappings are meant to take keys of the user's
+
+
+def _typed_nodes(node: DictConfig, prefix: str = "") -> Iterator[Tuple[str, List[str]]]:
+    """Every node of the config typed by a schema, with its fields."""
+    known = fields_of(node)
+    if known is not None and prefix:
+        yield prefix[:-1], known
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            yield from _typed_nodes(child, f"{prefix}{key}.")
+
+
+# Options that give every optional node keys: adapters, a model from scratch, every logger, GLUE files.
+EVERY_NODE = [["experiment=quickstart", "model/peft=lora", "logger=[csv,wandb,tensorboard]"], ["task=rte"]]
+
+
+@pytest.mark.parametrize("options", EVERY_NODE)
+def test_every_node_of_the_schema_refuses_an_unknown_key(options: List[str]) -> None:
+    nodes = dict(_typed_nodes(compose_config(options)))
+    assert {"model", "task", "optimizer", "schedule", "precision", "hw", "data", "train", "eval",
+            "train.early_stopping"} <= set(nodes)
+    for path, known in nodes.items():
+        misspelt = f"{known[-1]}x"
+        with pytest.raises(ConfigError, match=rf"^{path}\.{misspelt} is not a key of this config: did you mean "
+                                              rf"{path}\.{known[-1]}\b"):
+            check_known(compose_config([*options, f"++{path}.{misspelt}=1"]))
+    assert dataclasses.is_dataclass(OmegaConf.get_type(compose_config(options)))  # the root too
+    with pytest.raises(ConfigError, match="^nonsense is not a key of this config"):
+        check_known(compose_config([*options, "+nonsense=1"]))

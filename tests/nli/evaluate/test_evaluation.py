@@ -1,0 +1,198 @@
+"""Evaluation at its speed: eval batches grouped by length give the predictions and metrics of batches in
+the split's order (in one process or split over ranks), evaluation-only runs use the fast paths, and the
+end of a run reuses the best checkpoint's evaluation where this process made it, with the figures a fresh
+evaluation of the exported model gives."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import random
+from pathlib import Path
+from typing import Callable, Dict, Sequence
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from transformers import DataCollatorWithPadding, PreTrainedTokenizerFast
+
+from nli.data import loaders as data
+from nli.evaluate.evaluation import Predictions, gather, predict
+from nli.runtime.distributed import World
+from tests.conftest import build_config
+from tests.runs.test_folder import STILL
+from tests.support.glue_layouts import stsb_dir
+from tests.support.runs import FAST, copy_run, read_results, run_app
+
+ShareRun = Callable[[str, Sequence[str]], Path]
+EVAL = ["eval.only=true", "train.progress_bar=false"]
+REUSED = "was evaluated at its step; that evaluation is its final one"
+
+
+# ------------------------------------------------------------------------- length groups, in order
+
+
+def test_length_groups_batch_by_length_and_restore_each_ranks_slice_to_the_splits_order() -> None:
+    """Two ranks each predict their contiguous slice in batches of one length, longest first; each puts
+    its predictions back in its slice's order, and the slices joined in rank order are the split's."""
+    rng = random.Random(0)
+    lengths = [rng.randint(3, 40) for _ in range(23)]
+    ds = datasets.Dataset.from_dict({"input_ids": [[7] * n for n in lengths], "labels": list(range(23))})
+    joined = []
+    for rank in (0, 1):
+        loader = data.eval_loader(ds, lambda rows: rows, batch_size=4, world=World(rank=rank, world_size=2),
+                                  num_workers=0, pin_memory=False)
+        batches = list(loader)
+        seen = [[len(row["input_ids"]) for row in batch] for batch in batches]
+        flat = [n for batch in seen for n in batch]
+        assert flat == sorted(flat, reverse=True) and all(len(batch) <= 4 for batch in seen)
+        # What predict() returns: one row per example in the loader's order (a 2-D array: logits).
+        made = np.array([row["labels"] for batch in batches for row in batch])
+        ordered = data.in_split_order(loader, Predictions(values=np.stack([made, -made], axis=1), labels=made,
+                                                          idx=None))
+        joined.append(ordered)
+    assert np.concatenate([p.labels for p in joined]).tolist() == list(range(23))
+    assert np.concatenate([p.values for p in joined]).tolist() == [[i, -i] for i in range(23)]
+
+
+def test_ungrouped_loaders_keep_the_splits_order() -> None:
+    ds = datasets.Dataset.from_dict({"input_ids": [[1] * n for n in (5, 9, 2)], "labels": [0, 1, 2]})
+    loader = data.eval_loader(ds, lambda rows: rows, batch_size=2, world=World(), num_workers=0, pin_memory=False,
+                              grouped=False)
+    assert [row["labels"] for batch in loader for row in batch] == [0, 1, 2]
+    assert data.in_split_order(loader, "anything") == "anything"
+
+
+def test_a_model_predicts_the_same_in_length_groups_as_in_the_splits_order(tmp_path: Path) -> None:
+    """A real (random) RoBERTa with the fast paths, in fp32: label ids equal; the scores before the arg-max
+    equal to float rounding (a batch's padding changes the shapes the matrix products run on)."""
+    from nli.model import fastpaths
+    from nli.model.build import build_model, train_bpe_tokenizer
+    from nli.runtime.device import Compute
+
+    cfg = build_config(["experiment=quickstart"])
+    rng = random.Random(1)
+    words = "the a man woman dog cat plays runs eats sees big small red green".split()
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 30))) for _ in range(70)]
+    tokenizer = train_bpe_tokenizer(texts, vocab_size=300, max_seq_length=64)
+    assert isinstance(tokenizer, PreTrainedTokenizerFast)
+    model = build_model(cfg.model, cfg.task, tokenizer)
+    fastpaths.install(model, device=torch.device("cpu"))
+    ds = datasets.Dataset.from_dict({"labels": [i % 3 for i in range(70)], **tokenizer(texts, texts[::-1])})
+    compute = Compute(torch.device("cpu"), torch.float32)
+    collator = DataCollatorWithPadding(tokenizer)
+    made = {}
+    for grouped in (True, False):
+        loader = data.eval_loader(ds, collator, batch_size=16, world=World(), num_workers=0, pin_memory=False,
+                                  grouped=grouped)
+        made[grouped] = gather(predict(model, loader, cfg.task, compute), World())
+    assert made[True].labels.tolist() == made[False].labels.tolist() == ds["labels"]
+    assert made[True].values.tolist() == made[False].values.tolist()
+    regression = dataclasses.replace(cfg.task, label_names=[])  # predict() keeps the raw scores
+    assert regression.is_regression
+    scores = {grouped: predict(model, data.eval_loader(ds, collator, batch_size=16, world=World(), num_workers=0,
+                                                       pin_memory=False, grouped=grouped), regression, compute)
+              for grouped in (True, False)}
+    grouped_loader = data.eval_loader(ds, collator, batch_size=16, world=World(), num_workers=0, pin_memory=False)
+    order = grouped_loader.batch_sampler.order  # type: ignore[union-attr]
+    assert order != sorted(order)  # the model saw the examples by length, not in the split's order
+    np.testing.assert_allclose(scores[True].values[:, 0], scores[False].values[:, 0], rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ whole runs
+
+
+def stsb_varied(root: Path) -> Path:
+    """STS-B in GLUE's layout with sentences of 2 to 20 words, so that length groups reorder them."""
+    return stsb_dir(root, words=(2, 20), sizes=(96, 40, 30), seed=3)
+
+
+def submitted(path: Path) -> Dict[str, float]:
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["index", "prediction"]
+    return {row[0]: float(row[1]) for row in rows[1:]}
+
+
+def random_stsb_model(folder: Path, glue: Path) -> Path:
+    """A tiny RoBERTa regressor with random weights and its tokenizer, saved: its scores differ from one
+    pair to the next (a few steps of training bring every score to the mean)."""
+    from nli.model.build import build_model, train_bpe_tokenizer
+
+    cfg = build_config(["task=stsb", "model=tiny", "data.max_seq_length=64"])
+    rows = [line.split("\t") for line in (glue / "STS-B" / "train.tsv").read_text().splitlines()[1:]]
+    tokenizer = train_bpe_tokenizer([text for row in rows for text in row[7:9]], vocab_size=300, max_seq_length=64)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.task, tokenizer)
+    head = model.classifier  # transformers' init (std 0.02) scores every pair alike to 3 decimals
+    with torch.no_grad():
+        head.dense.weight.normal_(0, head.dense.in_features ** -0.5)
+        head.out_proj.weight.normal_(0, 1.0)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_grouped_evaluation_scores_and_submits_what_the_splits_order_does(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A regression task (scores, not arg-maxes: where padding shows), evaluated with and without length
+    groups, in fp32: the same metrics and submission file to float rounding, each row under its own index."""
+    glue = stsb_varied(tmp_path / "glue_data")
+    model = random_stsb_model(tmp_path / "model", glue)
+    outs = {}
+    for grouped in (True, False):
+        with monkeypatch.context() as patched:
+            if not grouped:
+                patched.setattr(data, "eval_loader", functools.partial(data.eval_loader, grouped=False))
+            outs[grouped] = tmp_path / f"eval-grouped-{grouped}"
+            proc = run_app([*EVAL, "task=stsb", f"model.name_or_path={model}", f"data.dir={glue}",
+                            "data.max_seq_length=64", "train.eval_batch_size=8", "hw=cpu", "precision=fp32",
+                            "train.predict=true", f"hydra.run.dir={outs[grouped]}"], cwd=tmp_path)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+    grouped, ordered = read_results(outs[True]), read_results(outs[False])
+    for key in ("pearson", "spearmanr", "combined_score", "objective"):  # scores apart by ~1e-6: correlations too
+        assert grouped[key] == pytest.approx(ordered[key], abs=1e-5)
+    files = [submitted(folder / "predictions" / "STS-B.tsv") for folder in (outs[True], outs[False])]
+    assert list(files[0]) == [str(i) for i in range(30)] == list(files[1])
+    # Written with 3 decimals: a last digit may round the other way.
+    assert all(abs(files[0][key] - files[1][key]) <= 1.001e-3 for key in files[0])
+    assert len(set(files[0].values())) > 10  # scores that tell the rows apart: a reordering would show
+
+
+def test_an_evaluation_only_run_uses_the_fast_paths(shared_run: ShareRun, tmp_path: Path) -> None:
+    trained = shared_run("fast", FAST)
+    proc = run_app([*EVAL, f"model.name_or_path={trained}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fast paths: first_token, cpu_dropout, unpadded" in proc.stdout
+    results = read_results(tmp_path / "eval")
+    assert results["eval_examples_per_second"] > 0
+
+
+def test_the_best_checkpoints_evaluation_is_the_runs_final_one(shared_run: ShareRun, tmp_path: Path) -> None:
+    """Not evaluated again at the end; its figures are those of the exported model evaluated afresh."""
+    trained = shared_run("fast", FAST)
+    results = read_results(trained)
+    log = (trained / "train.log").read_text()
+    assert f"the best checkpoint (step {results['best_step']}) {REUSED}" in log
+    assert results["eval_examples_per_second"] > 0 and results["train_examples_per_second"] > 0
+    out = tmp_path / "eval"
+    proc = run_app([*EVAL, f"model.name_or_path={trained}", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fresh = read_results(out)
+    assert (fresh["objective"], fresh["accuracy"]) == (results["objective"], results["accuracy"])
+
+
+def test_a_resumed_run_evaluates_a_best_an_earlier_attempt_evaluated(shared_run: ShareRun, tmp_path: Path) -> None:
+    """Its best (step 3) comes from a checkpoint: the exported model is evaluated at the end, to the same
+    figures the first attempt reported."""
+    finished = shared_run("still", STILL)
+    run_dir = copy_run(finished, tmp_path / "stalled")
+    (run_dir / "results.json").unlink()
+    proc = run_app([*STILL, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert REUSED not in proc.stdout and "final evaluation of the best checkpoint by accuracy (step 3 of" in proc.stdout
+    again, first = read_results(run_dir), read_results(finished)
+    assert (again["objective"], again["accuracy"], again["best_step"]) == \
+        (first["objective"], first["accuracy"], first["best_step"])

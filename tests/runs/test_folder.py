@@ -1,0 +1,267 @@
+"""A folder holds one run: asked again with other settings it refuses, listing them, and touches
+nothing; what cannot change the result may change; a damaged best checkpoint never loses a finished
+training. The real train.py, in this process; a run that holds the folder, in another."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from nli.config.identity import CONTINUABLE, digest, identity
+from tests.conftest import build_config, compose_config
+from tests.support.runs import FAST, MEASURED, ROOT, copy_run, process_env, read_results, run_app
+
+# Evaluated at steps 3, 6, 9, 12; at this learning rate the metric cannot move, so the first
+# evaluation stays the best and the last two checkpoints are kept beside it.
+STILL = [*FAST, "train.eval_every=3", "optimizer.lr=1e-9"]
+
+
+def files(run_dir: Path) -> Dict[str, bytes]:
+    """Every file of the run, but its log (each attempt appends to it) and Hydra's record of the command."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != "train.log" and ".hydra" not in p.parts}
+
+
+def train(run_dir: Path, *args: str) -> str:
+    proc = run_app([*args, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def finished(shared_run: Callable[[str, Sequence[str]], Path]) -> Path:
+    """The suite's short quickstart, finished (read only: tests change copies of it)."""
+    return shared_run("fast", FAST)
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    return copy_run(run_dir, tmp_path / "run")
+
+
+def test_results_carry_the_runs_identity(finished: Path) -> None:
+    """results.json names the identity, every checkpoint holds it, and config.yaml gives the same."""
+    results = read_results(finished)
+    manifests = [json.loads(p.read_text()) for p in (finished / "checkpoints").glob("*/checkpoint.json")]
+    from_config = identity(yaml.safe_load((finished / "config.yaml").read_text()))
+    assert all(m["identity"] == from_config for m in manifests) and results["identity"] == digest(from_config)
+    assert "optimizer.lr" in from_config and "seed" in from_config
+    assert "train.log_every" not in from_config and "hw.accelerator" not in from_config
+
+
+def test_a_finished_run_asked_again_with_other_settings_is_refused(finished: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    before = files(run_dir)
+    proc = run_app([*FAST, "optimizer.lr=2e-3", "train.max_steps=14", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (f"{run_dir} holds a finished run with other settings:\n  optimizer.lr: 0.001 -> 0.002\n"
+            "  train.max_steps: 12 -> 14\nNothing was changed.") in proc.stderr
+    assert "only new values of train.epochs" in proc.stderr  # the learning rate cannot be continued with
+    assert files(run_dir) == before
+
+
+def test_a_finished_run_asked_again_with_the_same_settings_reports_its_results(finished: Path,
+                                                                               tmp_path: Path) -> None:
+    """Settings that cannot change the result (logging, checkpoints kept, the hardware) may differ."""
+    run_dir = copy_of(finished, tmp_path)
+    before = files(run_dir)
+    output = train(run_dir, *FAST, "train.log_every=1", "train.keep_checkpoints=5", "hw=cpu", "logger=csv")
+    assert "this run already finished" in output and files(run_dir) == before
+
+
+def test_a_finished_run_trains_on_with_accepted_changes(finished: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    refused = run_app([*FAST, "train.max_steps=18", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert refused.returncode == 1 and "train.accept_changes=[train.max_steps] continues it" in refused.stderr
+    output = train(run_dir, *FAST, "train.max_steps=18", "train.accept_changes=[train.max_steps]")
+    assert (f"{run_dir} holds a finished run at step 12; continuing it from there with new values "
+            "(train.accept_changes): train.max_steps: 12 -> 18") in output
+    assert "resuming from checkpoint" in output and read_results(run_dir)["train_steps"] == 18
+    assert read_results(run_dir)["continued"] == [{"step": 12, "changes": {"train.max_steps": "12 -> 18"}}]
+    again = train(run_dir, *FAST, "train.max_steps=18")  # now the folder's run is the longer one
+    assert "this run already finished" in again
+
+
+@pytest.mark.parametrize("keys", [["optimizer.lr"], ["train.max_steps", "seed"]])
+def test_only_keys_where_continuing_makes_sense_can_be_accepted(keys: List[str]) -> None:
+    from nli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="a run cannot continue with new values of"):
+        build_config([f"train.accept_changes=[{','.join(keys)}]"])
+    assert "train.max_steps" in CONTINUABLE and "optimizer.lr" not in CONTINUABLE
+
+
+@pytest.fixture
+def stalled(shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path) -> Path:
+    """A finished run whose best is its first evaluation, step 3, with results.json removed: as if it had
+    been stopped after its last checkpoint, before the end (a copy of this test's own)."""
+    run_dir = copy_run(shared_run("still", STILL), tmp_path / "stalled")
+    assert read_results(run_dir)["best_step"] == 3
+    (run_dir / "results.json").unlink()
+    return run_dir
+
+
+def damage_best(run_dir: Path) -> None:
+    state = run_dir / "checkpoints" / "step-000003" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[1000:1002] = b"xx"
+    state.write_bytes(bytes(data))
+
+
+def test_a_damaged_best_checkpoint_is_found_at_resume_and_its_export_keeps_its_weights(stalled: Path) -> None:
+    run_dir = stalled
+    exported = (run_dir / "model" / "model.safetensors").read_bytes()
+    assert json.loads((run_dir / "model" / "export.json").read_text())["step"] == 3
+    damage_best(run_dir)
+    output = train(run_dir, *STILL)
+    warning = output.index(f"the best checkpoint, {run_dir / 'checkpoints' / 'step-000003'}, is damaged: state.pt is "
+                           "corrupt")
+    assert warning < output.index("resuming from checkpoint")  # verified at resume, not at the end
+    assert "Its weights are safe in" in output
+    assert read_results(run_dir)["best_step"] == 3
+    assert (run_dir / "model" / "model.safetensors").read_bytes() == exported
+
+
+def test_with_the_best_checkpoint_and_its_export_lost_the_best_intact_one_is_exported(stalled: Path) -> None:
+    run_dir = stalled
+    damage_best(run_dir)
+    shutil.rmtree(run_dir / "model")
+    output = train(run_dir, *STILL)
+    assert "and its export is gone: its weights are lost. The best intact evaluated checkpoint, step 9" in output
+    results = read_results(run_dir)
+    assert results["best_step"] == 9 and results["status"] == "completed"
+    assert json.loads((run_dir / "model" / "export.json").read_text())["step"] == 9
+
+
+@pytest.mark.process
+def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_is_untouched(tmp_path: Path) -> None:
+    """A run in another process holds the folder (it would train for minutes); a second run, with other
+    settings, is refused naming it, and changes nothing; the first, stopped, saved its own config."""
+    run_dir = tmp_path / "run"
+    first_args = [*FAST, "train.max_steps=100000", "data.synthetic_train_size=4800"]
+    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *first_args, f"hydra.run.dir={run_dir}"],
+                             cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=process_env())
+    try:
+        log = run_dir / "train.log"
+        deadline = time.monotonic() + 180
+        while not (log.exists() and "step 3: loss" in log.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        second = run_app([*FAST, "optimizer.lr=5e-3", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        assert first.poll() is None  # still training: the refusal below is the claim's
+    finally:
+        first.send_signal(signal.SIGTERM)
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    assert re.search(rf"{run_dir} is in use by another run: host \S+, pid {first.pid}, started ", second.stderr)
+    assert first.wait(timeout=120) == 75, first.communicate()  # stopped by the signal, with a checkpoint
+    assert not (run_dir / ".claim.json").exists()  # released as it stopped
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["optimizer"]["lr"] == 1e-3 and saved["train"]["max_steps"] == 100000  # the first run's own
+
+
+def test_outputs_are_written_with_the_users_umask(tmp_path: Path) -> None:
+    """A group that shares a cluster reads each other's results: model/ and its files as umask 002 gives."""
+    finished = tmp_path / "run"
+    before = os.umask(0o002)  # the run's process has it
+    try:
+        train(finished, *FAST)
+    finally:
+        os.umask(before)
+    last = finished / "checkpoints" / "step-000012"
+    modes = {path.relative_to(finished).as_posix(): stat.S_IMODE(path.stat().st_mode)
+             for path in [finished / "model", *(finished / "model").iterdir(), finished / "results.json", last,
+                          last / "state.pt"]}
+    assert modes == {name: 0o775 if (finished / name).is_dir() else 0o664 for name in modes}
+
+
+def test_a_run_from_before_a_key_existed_resumes_where_the_key_keeps_its_old_behaviour() -> None:
+    from nli.config.identity import ADDED, differences, identity
+
+    new = identity(OmegaConf.to_container(compose_config(["experiment=quickstart"]), resolve=True))
+    old = {key: value for key, value in new.items() if key not in ADDED}  # written before those keys existed
+    assert set(ADDED) <= set(new) and differences(old, new) == {}
+    changed = {**new, "optimizer.layer_decay": 0.8}
+    assert differences(old, changed) == {"optimizer.layer_decay": "(none) -> 0.8"}
+
+
+def measured_apart(results: Dict[str, object]) -> Dict[str, object]:
+    return {key: value for key, value in results.items() if key not in {*MEASURED, "continued"}}
+
+
+def test_a_run_that_early_stopping_ended_goes_on_under_a_larger_patience_as_a_run_started_with_it(
+        shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path) -> None:
+    """The metric cannot move: patience 1 stops at step 6, the second evaluation; continued with patience 2
+    (accepted), the run trains on from its checkpoint of step 6, with the evaluations it had, and stops at
+    step 9, as a run started with patience 2 does: the same results, weights and metrics.csv."""
+    started = shared_run("still-patience-2", [*STILL, "train.early_stopping.patience=2"])
+    run_dir = tmp_path / "run"
+    train(run_dir, *STILL, "train.early_stopping.patience=1")
+    assert read_results(run_dir)["stopped_early"] == 6
+    output = train(run_dir, *STILL, "train.early_stopping.patience=2",
+                   "train.accept_changes=[train.early_stopping.patience]")
+    assert (f"{run_dir} holds a finished run at step 6; continuing it from there with new values "
+            "(train.accept_changes): train.early_stopping.patience: 1 -> 2") in output
+    assert "step 9: stopping early" in output
+    results, theirs = read_results(run_dir), read_results(started)
+    assert results["stopped_early"] == results["train_steps"] == 9
+    assert measured_apart(results) == measured_apart(theirs)  # the identity too: this run's settings are theirs
+    assert results["continued"] == [{"step": 6, "changes": {"train.early_stopping.patience": "1 -> 2"}}]
+    weights = [(folder / "model" / "model.safetensors").read_bytes() for folder in (run_dir, started)]
+    assert weights[0] == weights[1]
+    measured = ("train/examples_per_second", "train/tokens_per_second")
+    rows = [[line for line in (folder / "metrics.csv").read_text().splitlines() if line.split(",")[1] not in measured]
+            for folder in (run_dir, started)]
+    assert rows[0] == rows[1]
+    assert "this run already finished" in train(run_dir, *STILL, "train.early_stopping.patience=2")
+
+
+@pytest.mark.parametrize("change,removed,message", [
+    # The metric never moves: patience 1 would have stopped the finished run at step 6, of 12.
+    (["train.early_stopping.patience=1", "train.accept_changes=[train.early_stopping.patience]"], None,
+     "early stopping would have ended it at step 6: a run cannot go back"),
+    (["train.max_steps=8", "train.accept_changes=[train.max_steps]"], None,
+     "train.max_steps=8 plans 8 steps, and the run already trained 12: it cannot be shortened"),
+    (["train.skip_nonfinite=3", "train.accept_changes=[train.skip_nonfinite]"], None,
+     "it would train no further and write nothing new: it has trained all the 12 steps"),
+    (["train.max_steps=18", "train.accept_changes=[train.max_steps]"], "checkpoints",
+     "holds a finished run but no checkpoint to continue it from"),
+])
+def test_new_values_that_a_finished_run_cannot_carry_out_are_refused_with_the_reason(
+        shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path, change: List[str], removed: str,
+        message: str) -> None:
+    run_dir = copy_of(shared_run("still", STILL), tmp_path)
+    if removed:
+        shutil.rmtree(run_dir / removed)
+    before = files(run_dir)
+    proc = run_app([*STILL, *change, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert message in proc.stderr and "Nothing was changed" in proc.stderr
+    assert "continuing it" not in proc.stdout and files(run_dir) == before
+
+
+def test_a_finished_run_given_extra_sets_scores_them_and_trains_no_further(finished: Path, tmp_path: Path) -> None:
+    from tests.support.nli_layouts import write_sets
+
+    run_dir = copy_of(finished, tmp_path)
+    sets = write_sets(tmp_path / "sets")
+    earlier = read_results(run_dir)
+    output = train(run_dir, *FAST, "eval.extra=[hans]", f"eval.dir={sets}",
+                   "train.accept_changes=[eval.extra,eval.dir]")
+    assert "continuing it from there with new values" in output and not re.search(r"step \d+: loss", output)
+    results = read_results(run_dir)
+    assert "hans/accuracy" in results and results["train_steps"] == 12 and results["best_step"] == earlier["best_step"]
+    assert results["accuracy"] == earlier["accuracy"]
+    assert [each["step"] for each in results["continued"]] == [12]

@@ -1,0 +1,144 @@
+"""What a researcher looks at after a run (nli/evaluate/per_class.py), through real runs of train.py: each class's
+precision, recall and F1 and the confusion matrix in results.json and in every logger, each eval example's
+prediction in eval_predictions/, and the evaluation loss at every evaluation; all read back as a reader
+would (pandas, datasets, TensorBoard's EventAccumulator, W&B's offline run file)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List
+
+import datasets
+import numpy as np
+import pandas
+import pytest
+from sklearn.metrics import precision_recall_fscore_support
+
+from tests.runs.test_glue import TINY, mnli_dir
+from tests.support.runs import FAST, read_results, run_app
+from tests.support.wandb_records import records
+
+LABELS = ["entailment", "neutral", "contradiction"]
+SPLITS = {"validation_matched": ("", 48), "validation_mismatched": ("_mm", 40)}  # split -> (suffix, examples)
+
+
+@pytest.fixture(scope="module")
+def mnli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MNLI in GLUE's layout (two dev splits, three classes), logged by all three loggers (W&B offline)."""
+    tmp = tmp_path_factory.mktemp("mnli")
+    out = tmp / "run"
+    proc = run_app(["task=mnli", f"data.dir={mnli_dir(tmp / 'glue_data')}", *TINY, "train.max_steps=8",
+                    "train.eval_every=4", "optimizer.lr=3e-3", "logger=[csv,tensorboard,wandb]",
+                    "logger.wandb.mode=offline", f"hydra.run.dir={out}"], cwd=tmp, env={"WANDB_SILENT": "true"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_each_dev_split_has_its_predictions_per_class_figures_and_confusion_matrix(mnli_run: Path) -> None:
+    results = read_results(mnli_run)
+    assert set(results["per_class"]) == set(results["confusion_matrix"]) == set(SPLITS)
+    for split, (suffix, size) in SPLITS.items():
+        path = mnli_run / "eval_predictions" / f"{split}.jsonl"
+        rows = read_jsonl(path)
+        assert len(rows) == size and [row["idx"] for row in rows] == list(range(size))
+        assert set(rows[0]) == {"idx", "premise", "hypothesis", "label", "prediction",
+                                *(f"probability_{label}" for label in LABELS)}
+        gold, predicted = [row["label"] for row in rows], [row["prediction"] for row in rows]
+        # The file's own accuracy is the one reported.
+        assert sum(g == p for g, p in zip(gold, predicted)) / size == results[f"accuracy{suffix}"]
+        # Each class's figures, recomputed from the file, are results.json's.
+        figures = precision_recall_fscore_support(gold, predicted, labels=LABELS, zero_division=0)
+        assert results["per_class"][split] == {label: {"precision": pytest.approx(figures[0][i]),
+                                                       "recall": pytest.approx(figures[1][i]),
+                                                       "f1": pytest.approx(figures[2][i]), "support": figures[3][i]}
+                                               for i, label in enumerate(LABELS)}
+        matrix = results["confusion_matrix"][split]
+        assert matrix["labels"] == LABELS and sum(map(sum, matrix["matrix"])) == size
+        assert matrix["matrix"] == [[sum(g == a and p == b for g, p in zip(gold, predicted)) for b in LABELS]
+                                    for a in LABELS]  # rows gold, columns predicted
+        # The probabilities are a softmax whose most probable class is the prediction; their cross-entropy
+        # is the reported loss.
+        probabilities = np.array([[row[f"probability_{label}"] for label in LABELS] for row in rows])
+        assert probabilities.sum(axis=1) == pytest.approx(np.ones(size), abs=1e-5)
+        assert [LABELS[i] for i in probabilities.argmax(axis=1)] == predicted
+        cross_entropy = -np.mean(np.log([p[LABELS.index(g)] for p, g in zip(probabilities, gold)]))
+        assert results[f"loss{suffix}"] == pytest.approx(cross_entropy, rel=1e-5)
+        # pandas and datasets read the file as it is.
+        frame = pandas.read_json(path, lines=True)
+        assert list(frame["prediction"]) == predicted
+        loaded = datasets.load_dataset("json", data_files=str(path), split="train")
+        assert loaded["label"] == gold and loaded.num_rows == size
+
+
+def test_the_loggers_hold_the_loss_the_per_class_figures_and_the_confusion_matrices(mnli_run: Path) -> None:
+    results = read_results(mnli_run)
+    with open(mnli_run / "metrics.csv", newline="") as stream:
+        logged = list(csv.DictReader(stream))
+    for suffix in ("", "_mm"):  # at every evaluation
+        assert [int(row["step"]) for row in logged if row["metric"] == f"eval/loss{suffix}"] == [4, 8]
+    with open(mnli_run / "per_class.csv", newline="") as stream:
+        per_class = list(csv.DictReader(stream))
+    assert {(row["split"], row["label"]): {key: float(row[key]) for key in ("precision", "recall", "f1", "support")}
+            for row in per_class} == {(split, label): pytest.approx(figures)
+                                      for split, table in results["per_class"].items()
+                                      for label, figures in table.items()}
+    with open(mnli_run / "confusion.csv", newline="") as stream:
+        cells = list(csv.DictReader(stream))
+    assert len(cells) == 2 * 9 and {
+        (row["split"], row["gold"], row["predicted"]): int(row["count"]) for row in cells} == {
+        (split, gold, predicted): matrix["matrix"][i][j] for split, matrix in results["confusion_matrix"].items()
+        for i, gold in enumerate(LABELS) for j, predicted in enumerate(LABELS)}
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(mnli_run / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert [event.step for event in events.Scalars("eval/loss_mm")] == [4, 8]
+    text = {tag: events.Tensors(tag)[-1].tensor_proto.string_val[0].decode() for tag in events.Tags()["tensors"]}
+    matched = text["eval/confusion_matrix/validation_matched/text_summary"]
+    assert matched.splitlines()[0] == "| gold \\ predicted | entailment | neutral | contradiction |"
+    first = results["confusion_matrix"]["validation_matched"]["matrix"][0]
+    assert f"| entailment | {' | '.join(map(str, first))} |" in matched
+    assert "| neutral |" in text["eval/per_class/validation_mismatched/text_summary"]
+
+    (run_file,) = (mnli_run / "wandb").glob("offline-run-*/run-*.wandb")
+    logged_wandb: Dict[str, Dict[str, Any]] = {}  # key -> its value, or a table's fields (path, nrows, ...)
+    for record in records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            for item in record.history.item:
+                key, *field = list(item.nested_key) or [item.key]
+                logged_wandb.setdefault(key, {})[field[0] if field else ""] = json.loads(item.value_json)
+    assert {"eval/loss", "eval/loss_mm"} <= set(logged_wandb)
+    for split in SPLITS:  # W&B's tables, in its run folder's files, hold the figures and the counts
+        per_class_table = json.loads((run_file.parent / "files" / logged_wandb[f"eval/per_class/{split}"]["path"])
+                                     .read_text())
+        assert per_class_table["columns"] == ["label", "precision", "recall", "f1", "support"]
+        assert {row[0]: dict(zip(per_class_table["columns"][1:], row[1:])) for row in per_class_table["data"]} == \
+            results["per_class"][split]
+        chart = logged_wandb[f"eval/confusion_matrix/{split}_table"]  # wandb.plot.confusion_matrix's own table
+        cells = json.loads((run_file.parent / "files" / chart["path"]).read_text())
+        assert cells["columns"] == ["Actual", "Predicted", "nPredictions"]
+        matrix = results["confusion_matrix"][split]["matrix"]
+        assert cells["data"] == [[gold, predicted, matrix[i][j]] for i, gold in enumerate(LABELS)
+                                 for j, predicted in enumerate(LABELS)]
+
+
+def test_no_predictions_files_with_save_predictions_false_and_a_wrong_value_is_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_app([*FAST, "eval.save_predictions=false", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not (out / "eval_predictions").exists() and "eval predictions" not in proc.stdout
+    results = read_results(out)
+    assert set(results["per_class"]) == {"validation"} and math.isfinite(results["loss"])  # the figures stay
+
+    wrong = run_app([*FAST, "eval.save_predictions=sometimes", f"hydra.run.dir={tmp_path / 'wrong'}"], cwd=tmp_path)
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
+    assert "Value 'sometimes' is not a valid bool" in wrong.stderr and "full_key: eval.save_predictions" in wrong.stderr
+    assert not (tmp_path / "wrong").exists()

@@ -1,0 +1,87 @@
+"""What a folder says is what happened: a refused command changes nothing in it, its record of the command is
+the run's own, and settings that cannot take effect are refused or said (in the log and results.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Dict, Sequence
+
+import yaml
+
+from nli.sweep import report
+from tests.support.runs import FAST, copy_run, run_app
+
+ShareRun = Callable[[str, Sequence[str]], Path]
+
+
+def _files(folder: Path) -> Dict[str, bytes]:
+    """Every file of a run folder but its log (a refused attempt's error is logged there)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "train.log"}
+
+
+def test_a_refused_command_changes_nothing_in_the_folder(shared_run: ShareRun, tmp_path: Path) -> None:
+    folder = copy_run(shared_run("fast", FAST), tmp_path / "run")
+    before = _files(folder)
+    assert yaml.safe_load((folder / "overrides.yaml").read_text()) == FAST  # the run's own record of its command
+    assert not (folder / ".hydra").exists()  # Hydra's record, rewritten by any later start, is not written
+    for refused in (["train.max_steps=20"], ["optimizer.lr=-1"], ["+optimizer.lrr=1"],
+                    ["schedule.warmup_steps=50"]):
+        proc = run_app([*FAST, *refused, f"hydra.run.dir={folder}"], cwd=tmp_path)
+        assert proc.returncode == 1, proc.stdout
+        assert _files(folder) == before, refused
+    assert report._run_row(folder, num=0)["overrides"] == FAST  # the report's: the command that ran there
+
+
+def test_the_report_reads_the_runs_own_record_of_its_command(shared_run: ShareRun, tmp_path: Path) -> None:
+    folder = copy_run(shared_run("fast", FAST), tmp_path / "run")
+    (folder / "overrides.yaml").write_text(yaml.safe_dump([*FAST, "seed=7"]))
+    row = report._run_row(folder, num=0)
+    assert row["overrides"] == [*FAST, "seed=7"] and row["seed"] == "7"
+
+
+def test_warm_up_past_the_end_of_the_run_is_refused(tmp_path: Path) -> None:
+    # Known from the command (train.max_steps): refused before Hydra makes the folder.
+    proc = run_app([*FAST, "schedule.warmup_steps=100000", f"hydra.run.dir={tmp_path / 'a'}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "error: schedule.warmup_steps=100000 warms up for 100000 optimizer steps, and " \
+        "the run has 12 (train.max_steps=12): the learning rate would still be rising" in proc.stderr
+    assert not (tmp_path / "a").exists()
+    # Known once the data is (train.epochs): refused before the first step.
+    proc = run_app([*FAST, "train.max_steps=null", "train.epochs=1", "schedule.warmup_ratio=0.999",
+                    f"hydra.run.dir={tmp_path / 'b'}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "error: schedule.warmup_ratio=0.999 warms up for 10 optimizer steps, and the " \
+        "run has 10 (train.epochs=1.0 of 320 examples in batches of 32)" in proc.stderr
+    assert not (tmp_path / "b" / "checkpoints").exists()
+
+
+def test_patience_the_run_cannot_reach_is_said_in_the_log_and_results(tmp_path: Path) -> None:
+    proc = run_app([*FAST, "train.early_stopping.patience=2", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    said = ("train.early_stopping.patience=2 ends a run after 2 evaluation(s) without a gain, and this run evaluates "
+            "2 time(s) in its 12 steps: early stopping cannot end it")
+    assert said in proc.stdout
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [said in each for each in results["warnings"]] == [True] and list(results)[-1] == "status"
+
+
+def test_patience_the_run_can_reach_says_nothing(tmp_path: Path) -> None:
+    proc = run_app([*FAST, "train.early_stopping.patience=1", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    assert proc.returncode == 0 and "early stopping cannot end it" not in proc.stdout
+    assert "warnings" not in json.loads((tmp_path / "results.json").read_text())
+
+
+def test_an_evaluation_only_run_refuses_adapters_and_says_what_it_ignores(shared_run: ShareRun, tmp_path: Path
+                                                                         ) -> None:
+    model = shared_run("fast", FAST) / "model"
+    evaluate = [*FAST, "eval.only=true", f"model.name_or_path={model}", "model.scratch=null"]
+    proc = run_app([*evaluate, "model/peft=lora", f"hydra.run.dir={tmp_path / 'lora'}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "error: eval.only=true evaluates a trained model as it is, and model/peft=lora " \
+        "adds new adapters to train: drop model/peft=lora" in proc.stderr
+    proc = run_app([*evaluate, "optimizer.lr=1e-3", "schedule=cosine", f"hydra.run.dir={tmp_path / 'e'}"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    said = ("eval.only=true trains nothing, so it ignores data.synthetic_train_size, train.max_steps, "
+            "train.eval_every, train.log_every, optimizer.lr, schedule (set on the command line)")
+    assert said in proc.stdout
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["warnings"] == [said]

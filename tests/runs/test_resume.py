@@ -1,0 +1,539 @@
+"""Runs that survive preemption: the real train.py stopped by SIGTERM or SIGKILL (in a process of its
+own), started again with the same command (in this process), must end exactly where an uninterrupted
+run ends, on local disk and on Cloud Storage (a local emulator); damaged checkpoints, another run's
+checkpoints, a full disk and an unwritable output directory must each stop or fall back with a clear
+message."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import pytest
+import torch
+from safetensors.torch import load
+
+from nli.io.storage import Storage
+from nli.train.checkpoint import Checkpoints
+from tests.support.runs import MEASURED, ROOT, copy_run, process_env, read_results, run_app, shared_folder
+from tests.support.wandb_records import records
+
+# 20 optimizer steps per epoch, 50 in all: the signal lands in the middle of the second epoch.
+ARGS = ["experiment=quickstart", "data.synthetic_train_size=640", "data.synthetic_eval_size=96", "hw=cpu",
+        "train.max_steps=50", "train.eval_every=15", "train.log_every=1", "train.checkpoint_every=5",
+        "train.progress_bar=false"]
+
+
+def start(args: List[str], cwd: Path, env: Dict[str, str] | None = None,
+          preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec_fn,
+                            env=process_env(env))
+
+
+def wait_for_step(proc: subprocess.Popen, log: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while f"step {step}: loss" not in (log.read_text() if log.exists() else ""):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"no step {step} in {log}"
+        time.sleep(0.05)
+
+
+def stop_with_sigterm(run_dir: Path, *, after_step: int = 23, env: Dict[str, str] | None = None,
+                      args: List[str] = ARGS) -> subprocess.CompletedProcess:
+    proc = start([*args, f"hydra.run.dir={run_dir}"], run_dir.parent, env)
+    wait_for_step(proc, run_dir / "train.log", after_step)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def weights(data: bytes) -> Dict[str, torch.Tensor]:
+    return load(data)
+
+
+Outcome = Tuple[Dict, Dict[str, torch.Tensor]]  # results.json, and the exported model's weights
+
+
+def assert_same_run(ours: Outcome, theirs: Outcome) -> None:
+    (our_results, our_weights), (their_results, their_weights) = ours, theirs
+    assert {k: v for k, v in our_results.items() if k not in MEASURED} == \
+        {k: v for k, v in their_results.items() if k not in MEASURED}
+    assert our_weights.keys() == their_weights.keys()
+    for key, tensor in their_weights.items():
+        assert torch.equal(our_weights[key], tensor), key  # exactly, on the CPU
+
+
+def local_outcome(run_dir: Path) -> Outcome:
+    return read_results(run_dir), weights((run_dir / "model" / "model.safetensors").read_bytes())
+
+
+def checkpoints(run_dir: Path) -> Dict[str, bool]:
+    """Checkpoint folder -> whether it is complete (has its manifest)."""
+    return {p.name: (p / "checkpoint.json").exists() for p in sorted((run_dir / "checkpoints").iterdir())}
+
+
+def intact(folder: Path) -> bool:
+    manifest = json.loads((folder / "checkpoint.json").read_text())
+    return all(hashlib.sha256((folder / name).read_bytes()).hexdigest() == entry["sha256"]
+               for name, entry in manifest["files"].items())
+
+
+def snapshot(run_dir: Path) -> Dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != "train.log" and ".hydra" not in p.parts}
+
+
+@pytest.fixture
+def uninterrupted(shared_run: Callable[[str, Sequence[str]], Path]) -> Outcome:
+    return local_outcome(shared_run("resume-uninterrupted", ARGS))
+
+
+def preempt(run_dir: Path) -> None:
+    """A run stopped by SIGTERM in the middle of its second epoch."""
+    proc = stop_with_sigterm(run_dir)
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    stopped_at = int(re.search(r"preempted, resumable: SIGTERM at step (\d+)", proc.stderr).group(1))
+    assert checkpoints(run_dir)[f"step-{stopped_at:06d}"]  # the step it stopped at is saved, whole
+
+
+@pytest.fixture
+def preempted(shared_root: Path) -> Path:
+    """A run stopped by SIGTERM in the middle of its second epoch (once per session); tests resume copies of it."""
+    return shared_folder(shared_root, "resume-preempted", [*ARGS, "SIGTERM after step 23"], preempt)
+
+
+def copy_of(preempted: Path, tmp_path: Path) -> Path:
+    return copy_run(preempted, tmp_path / "run")
+
+
+def resume(run_dir: Path, *extra: str, **kwargs: object) -> subprocess.CompletedProcess:
+    return run_app([*ARGS, *extra, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent, **kwargs)
+
+
+@pytest.mark.process
+def test_sigterm_mid_epoch_then_resume_ends_as_if_never_stopped(preempted: Path, tmp_path: Path,
+                                                                uninterrupted: Outcome) -> None:
+    run_dir = copy_of(preempted, tmp_path)
+    newest = max(name for name, complete in checkpoints(run_dir).items() if complete)
+    state = torch.load(run_dir / "checkpoints" / newest / "state.pt", weights_only=True)
+    progress = state["parts"]["progress"]
+    assert 0 < progress["examples_in_epoch"] < 640 and progress["epoch"] == 1, (newest, progress)  # mid-epoch
+    proc = resume(run_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"resuming from checkpoint {run_dir / 'checkpoints' / newest}: step {int(newest[5:])} of 50" in proc.stdout
+    assert_same_run(local_outcome(run_dir), uninterrupted)
+    # Started once more, the finished run reports its results and trains no further.
+    results = (run_dir / "results.json").read_bytes()
+    again = resume(run_dir)
+    assert again.returncode == 0 and "this run already finished" in again.stdout and "training:" not in again.stdout
+    assert (run_dir / "results.json").read_bytes() == results
+
+
+@pytest.mark.process
+def test_checkpoints_keep_the_newest_and_the_best(preempted: Path) -> None:
+    complete = [name for name, done in checkpoints(preempted).items() if done]
+    manifests = {n: json.loads((preempted / "checkpoints" / n / "checkpoint.json").read_text()) for n in complete}
+    evaluated = {n: m["objective"] for n, m in manifests.items() if m["objective"] is not None}
+    assert "step-000015" in evaluated  # the only evaluation before the signal, so the best
+    assert len(complete) == 3 and all(intact(preempted / "checkpoints" / n) for n in complete)
+
+
+@pytest.mark.process
+def test_sigkill_while_a_checkpoint_is_written(tmp_path: Path, uninterrupted: Outcome) -> None:
+    """Checkpoint every step, and kill the process while a checkpoint folder has no manifest yet."""
+    run_dir = tmp_path / "run"
+    args = [*ARGS, "train.checkpoint_every=1", f"hydra.run.dir={run_dir}"]
+    for _attempt in range(10):
+        proc = start(args, tmp_path)
+        caught = None
+        while proc.poll() is None and caught is None:
+            found = checkpoints(run_dir) if (run_dir / "checkpoints").is_dir() else {}
+            caught = next((n for n, done in found.items() if not done and n > "step-000005"), None)
+        proc.kill()
+        proc.communicate()
+        if caught and not checkpoints(run_dir).get(caught, True):
+            break  # killed with that checkpoint half-written
+    else:
+        pytest.fail("never caught a checkpoint being written")
+    previous = max(n for n, done in checkpoints(run_dir).items() if done and n < caught)
+    done = run_app(args, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"resuming from checkpoint {run_dir / 'checkpoints' / previous}" in done.stdout
+    assert_same_run(local_outcome(run_dir), uninterrupted)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kills", [3, pytest.param(15, marks=pytest.mark.slow)])
+def test_sigkill_at_random_moments_then_the_same_command_ends_as_if_never_stopped(tmp_path: Path, kills: int,
+                                                                                 uninterrupted: Outcome) -> None:
+    """Fault injection: a run that checkpoints every step, killed without warning at random moments (in
+    start-up, mid-step, mid-save, during the final export), then the same command: it ends bit for bit
+    where an uninterrupted run ends. The moments are drawn from a fixed seed, so a failure repeats."""
+    rng = random.Random(kills)
+    run_dir = tmp_path / "run"
+    args = [*ARGS, "train.checkpoint_every=1", f"hydra.run.dir={run_dir}"]
+    for _ in range(kills):
+        proc = start(args, tmp_path)
+        deadline = time.monotonic() + rng.uniform(2.0, 12.0)  # start-up alone takes seconds
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.kill()
+        proc.communicate()
+    done = run_app(args, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert_same_run(local_outcome(run_dir), uninterrupted)
+
+
+def damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "corrupt":
+        data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data if how == "corrupt" else data[: len(data) // 3]))
+
+
+def test_a_corrupt_checkpoint_falls_back_to_the_one_before(preempted: Path, tmp_path: Path,
+                                                           uninterrupted: Outcome) -> None:
+    run_dir = copy_of(preempted, tmp_path)
+    names = sorted(n for n, done in checkpoints(run_dir).items() if done)
+    damage(run_dir / "checkpoints" / names[-1] / "state.pt", "corrupt")
+    proc = resume(run_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"checkpoint {run_dir / 'checkpoints' / names[-1]} is damaged: state.pt is corrupt (its SHA-256 " \
+           "does not match the manifest)" in proc.stdout
+    assert f"resuming from checkpoint {run_dir / 'checkpoints' / names[-2]}" in proc.stdout
+    assert_same_run(local_outcome(run_dir), uninterrupted)
+
+
+@pytest.mark.parametrize("how,message", [("truncated", "state.pt is truncated"), ("missing", "state.pt is missing")])
+def test_which_file_is_damaged_is_named(preempted: Path, tmp_path: Path, how: str, message: str,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    """The checkpointer on its own, in this process: the run's resume path, without the run."""
+    run_dir = copy_of(preempted, tmp_path)
+    names = sorted(n for n, done in checkpoints(run_dir).items() if done)
+    state = run_dir / "checkpoints" / names[-1] / "state.pt"
+    if how == "missing":
+        state.unlink()
+    else:
+        damage(state, how)
+    saved = json.loads((run_dir / "checkpoints" / names[-1] / "checkpoint.json").read_text())["identity"]
+    resumed = Checkpoints(Storage(str(run_dir / "checkpoints")), keep=2, identity=saved).latest()
+    assert resumed is not None and resumed.name == names[-2] and resumed.state["progress"]["step"] == int(names[-2][5:])
+    assert f"checkpoint {run_dir / 'checkpoints' / names[-1]} is damaged: {message}" in caplog.text
+    assert "tokenizer.json" in resumed.tokenizer_files
+
+
+def test_a_checkpoint_of_another_version_is_refused_and_left_alone(preempted: Path, tmp_path: Path) -> None:
+    """A checkpoint written before the checkpoint registry (format 1: no format in its manifest) is not
+    read as if it were one of today's: the run stops, says why, and changes nothing."""
+    run_dir = copy_of(preempted, tmp_path)
+    newest = run_dir / "checkpoints" / max(n for n, done in checkpoints(run_dir).items() if done)
+    manifest = json.loads((newest / "checkpoint.json").read_text())
+    del manifest["format"]
+    (newest / "checkpoint.json").write_text(json.dumps(manifest))
+    before = snapshot(run_dir)
+    proc = resume(run_dir)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (f"{newest} was written by another version of this project (checkpoint format 1, this one reads 2)"
+            in proc.stderr)
+    assert snapshot(run_dir) == before
+
+
+def test_every_checkpoint_damaged_is_a_clear_error(preempted: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(preempted, tmp_path)
+    for folder in (run_dir / "checkpoints").iterdir():
+        (folder / "state.pt").write_bytes(b"not a checkpoint")
+    proc = resume(run_dir)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"no intact checkpoint in {run_dir / 'checkpoints'}: every one is damaged" in proc.stderr
+
+
+@pytest.mark.parametrize("changed,listed", [
+    (["model.scratch.hidden_size=64"], ["model.scratch.hidden_size: 128 -> 64"]),
+    # A bigger global batch would make "step 23 of 25" of a run planned in steps of 32.
+    (["train.batch_size=64", "optimizer.lr=2e-3"], ["optimizer.lr: 0.001 -> 0.002", "train.batch_size: 32 -> 64"]),
+    (["seed=7"], ["seed: 42 -> 7"]),
+])
+def test_a_stopped_run_asked_again_with_other_settings_is_refused_and_left_alone(
+        preempted: Path, tmp_path: Path, changed: List[str], listed: List[str]) -> None:
+    run_dir = copy_of(preempted, tmp_path)
+    before = snapshot(run_dir)
+    proc = resume(run_dir, *changed)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    stopped_at = max(int(n[5:]) for n, done in checkpoints(run_dir).items() if done)
+    assert f"{run_dir} holds a run stopped at step {stopped_at} with other settings:" in proc.stderr
+    assert "\n".join(f"  {line}" for line in listed) in proc.stderr and "Nothing was changed" in proc.stderr
+    assert snapshot(run_dir) == before
+
+
+def test_what_cannot_change_the_result_may_change_on_resume(preempted: Path, tmp_path: Path,
+                                                            uninterrupted: Outcome) -> None:
+    """Logging, checkpoint frequency and the hardware are not the run's identity: changed, the run continues
+    and ends where it would have."""
+    run_dir = copy_of(preempted, tmp_path)
+    proc = resume(run_dir, "train.log_every=2", "train.checkpoint_every=7", "train.keep_checkpoints=3",
+                  "logger=csv")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_same_run(local_outcome(run_dir), uninterrupted)
+
+
+def test_resume_false_refuses_and_says_how_to_start_afresh(preempted: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(preempted, tmp_path)
+    before = snapshot(run_dir)
+    proc = resume(run_dir, "train.resume=false")
+    assert proc.returncode == 1
+    assert "train.resume=false refuses to continue or overwrite it. Choose another output_dir" in proc.stderr
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.process
+def test_a_full_disk_during_a_checkpoint_keeps_the_earlier_ones(preempted: Path, tmp_path: Path,
+                                                                uninterrupted: Outcome) -> None:
+    """A file-size limit makes the next checkpoint's write fail as a full disk would."""
+    run_dir = copy_of(preempted, tmp_path)
+    earlier = {n for n, done in checkpoints(run_dir).items() if done}
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG instead of dying
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    proc = start([*ARGS, f"hydra.run.dir={run_dir}"], tmp_path, preexec_fn=small_files)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in err, out + err
+    assert "could not write" in err and "state.pt: [Errno 27] File too large" in err
+    assert {n for n, done in checkpoints(run_dir).items() if done} == earlier
+    assert all(intact(run_dir / "checkpoints" / n) for n in earlier)
+    proc = resume(run_dir)  # space again: it goes on from the newest intact checkpoint
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_same_run(local_outcome(run_dir), uninterrupted)
+
+
+def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    diverge = [*ARGS, "optimizer.lr=1e4", "train.max_grad_norm=null", "schedule.warmup_ratio=0",
+               "train.checkpoint_every=2"]
+    run_dir = tmp_path / "run"
+    proc = run_app([*diverge, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "error: the training loss is nan at step 4: stopped, and the last good checkpoint, step 2, is kept" \
+        in proc.stderr
+    assert checkpoints(run_dir) == {"step-000002": True}
+    skipping = tmp_path / "skipping"
+    proc = run_app([*diverge, "train.skip_nonfinite=100", f"hydra.run.dir={skipping}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "step 4: the loss is nan; skipping this update (1 of train.skip_nonfinite=100)" in proc.stdout
+
+
+def test_an_unwritable_output_dir_fails_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = run_app([*ARGS, f"output_dir={blocker}/run", f"hydra.run.dir={tmp_path}/hydra"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"error: output_dir={blocker}/run is not writable" in proc.stderr and "Not a directory" in proc.stderr
+    assert "training:" not in proc.stdout
+
+
+@pytest.mark.process
+def test_on_cloud_storage_sigterm_then_resume_ends_as_if_never_stopped(tmp_path: Path, gcs_emulator: Dict[str, str],
+                                                                      uninterrupted: Outcome) -> None:
+    import gcsfs
+
+    url = "gs://test-bucket/runs/preempted"
+    args = [*ARGS, f"output_dir={url}", "logger=[csv,tensorboard,wandb]", "logger.wandb.mode=offline"]
+    proc = stop_with_sigterm(tmp_path / "hydra", env=gcs_emulator, args=args)
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    fs = gcsfs.GCSFileSystem()
+    # The loggers' files, written on local disk, are in the bucket as they were at the stop's checkpoint.
+    stopped_at = int(re.search(r"SIGTERM at step (\d+)", proc.stderr)[1])
+    assert tensorboard_steps(fs, "test-bucket/runs/preempted/tensorboard", tmp_path / "tb-stopped") == \
+        list(range(1, stopped_at + 1))
+    assert f"\n{stopped_at},train/loss," in fs.cat_file("test-bucket/runs/preempted/metrics.csv").decode()
+    assert fs.glob("test-bucket/runs/preempted/wandb/offline-run-*/run-*.wandb")  # W&B's offline run, too
+    names = [p.rsplit("/", 1)[-1] for p in fs.ls("test-bucket/runs/preempted/checkpoints")]
+    newest = max(n for n in names if fs.exists(f"test-bucket/runs/preempted/checkpoints/{n}/checkpoint.json"))
+    proc = run_app([*args, f"hydra.run.dir={tmp_path}/hydra-again"], cwd=tmp_path, env=gcs_emulator)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"resuming from checkpoint {url}/checkpoints/{newest}" in proc.stdout
+    results = json.loads(fs.cat_file("test-bucket/runs/preempted/results.json"))
+    assert_same_run((results, weights(fs.cat_file("test-bucket/runs/preempted/model/model.safetensors"))),
+                    uninterrupted)
+    assert fs.exists("test-bucket/runs/preempted/model/tokenizer.json")
+    events = tensorboard_events(fs, "test-bucket/runs/preempted/tensorboard", tmp_path / "tb-done")
+    assert [event.step for event in events.Scalars("train/loss")] == list(range(1, 51))
+    assert [event.value for event in events.Scalars("objective")] == [pytest.approx(results["objective"])]
+    assert "task:\n  name: synthetic" in events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    logged = hparams_of(events)
+    assert logged["optimizer.lr"] == 1e-3 and logged["task.name"] == "synthetic" and logged["train.max_steps"] == 50
+
+
+def tensorboard_events(fs: Any, folder: str, local: Path) -> Any:
+    """The event files of a bucket folder, downloaded and read as TensorBoard reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    fs.invalidate_cache()
+    fs.get(f"{folder}/", str(local), recursive=True)
+    events = EventAccumulator(str(local), size_guidance={"scalars": 0})
+    events.Reload()
+    return events
+
+
+def tensorboard_steps(fs: Any, folder: str, local: Path) -> List[int]:
+    return [event.step for event in tensorboard_events(fs, folder, local).Scalars("train/loss")]
+
+
+def hparams_of(events: Any) -> Dict[str, Any]:
+    """The hyperparameters a run logged for TensorBoard's HParams view."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    return {key: value.number_value if value.HasField("number_value") else value.string_value
+            for key, value in info.hparams.items()}
+
+
+def test_a_missing_bucket_fails_before_training(tmp_path: Path, gcs_emulator: Dict[str, str]) -> None:
+    proc = run_app([*ARGS, "output_dir=gs://no-such-bucket/run", f"hydra.run.dir={tmp_path}/hydra"],
+                   cwd=tmp_path, env=gcs_emulator)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert ("error: output_dir=gs://no-such-bucket/run: bucket no-such-bucket does not exist (create it: gcloud "
+            "storage buckets create gs://no-such-bucket)") in proc.stderr and "training:" not in proc.stdout
+
+
+@pytest.mark.process
+def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    wandb_env = {"WANDB_SILENT": "true"}
+    args = [*ARGS, "logger=wandb", "logger.wandb.mode=offline"]
+    assert stop_with_sigterm(run_dir, env=wandb_env, args=args).returncode == 75
+    proc = run_app([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=wandb_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 2  # one file per attempt, as W&B writes them
+    ids = {record.run.run_id for f in files for record in records(f) if record.WhichOneof("record_type") == "run"}
+    assert len(ids) == 1 and {f.stem for f in files} == {f"run-{next(iter(ids))}"}
+
+
+# Logged every 4 steps and checkpointed every 5 (and at the evaluations, every 15): the checkpoints before
+# step 20 fall inside a logging window.
+LOGGED = [*ARGS, "train.log_every=4", "logger=[csv,tensorboard]"]
+
+
+def metric_rows(run_dir: Path) -> List[Tuple[str, str, str]]:
+    """metrics.csv's rows, the measured throughput left out."""
+    rows = [tuple(line.split(",")) for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    return [row for row in rows if not row[1].endswith("_per_second")]  # type: ignore[misc]
+
+
+@pytest.mark.process
+def test_sigkill_between_checkpoints_then_resume_logs_each_step_once_with_an_unbroken_runs_values(
+        tmp_path: Path, shared_run: Callable[[str, Sequence[str]], Path]) -> None:
+    """Killed after logging step 12, past its checkpoint of step 10 (or 15): resumed, the rows logged after
+    that checkpoint are dropped and logged again, and the first loss logged after it is the mean over the
+    same four steps, some of them trained before the kill: metrics.csv and TensorBoard's scalars are an
+    unbroken run's, row for row."""
+    whole = shared_run("resume-logged", LOGGED)
+    run_dir = tmp_path / "run"
+    for _attempt in range(5):
+        proc = start([*LOGGED, f"hydra.run.dir={run_dir}"], tmp_path)
+        wait_for_step(proc, run_dir / "train.log", 12)
+        proc.kill()
+        proc.communicate()
+        newest = max(int(n[5:]) for n, done in checkpoints(run_dir).items() if done)
+        if newest % 4 and any(int(row[0]) > newest for row in metric_rows(run_dir)[1:]):
+            break  # killed inside a logging window, with rows logged past the checkpoint
+        shutil.rmtree(run_dir)
+    else:
+        pytest.fail("never killed between a checkpoint and the next one")
+    done = run_app([*LOGGED, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"resuming from checkpoint {run_dir / 'checkpoints' / f'step-{newest:06d}'}" in done.stdout
+    assert "which this run logs again" in done.stdout
+    assert metric_rows(run_dir) == metric_rows(whole)
+    steps = [row[0] for row in metric_rows(run_dir) if row[1] == "train/loss"]
+    assert steps == [str(step) for step in range(4, 51, 4)]  # each once
+    assert scalars(run_dir / "tensorboard") == scalars(whole / "tensorboard")
+
+
+def scalars(folder: Path) -> Dict[str, List[Tuple[int, float]]]:
+    """Every scalar TensorBoard shows of a run, by tag: (step, value), in order; the throughput left out."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+            if not tag.endswith("_per_second")}
+
+
+# ------------------------------------------------------------------- random generators, any GPU count
+
+
+class VisibleGpus:
+    """The generators of the GPUs a process sees, as torch.cuda keeps them: one per GPU, indexed by its number
+    (torch.cuda.default_generators[i]), which fails past the last. The CPU has none to test with."""
+
+    def __init__(self, count: int, current: int = 0) -> None:
+        self.states = {i: torch.tensor([i], dtype=torch.uint8) for i in range(count)}
+        self.current = current
+
+    def set_rng_state(self, state: torch.Tensor, device: Any = "cuda") -> None:
+        index = self.current if device == "cuda" else int(device)
+        if index not in self.states:
+            raise IndexError(f"tuple index out of range (no GPU {index} among {len(self.states)})")
+        self.states[index] = state
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.states))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": self.states[int(device)])
+        for module in (torch.cuda, torch.cuda.random):  # set_rng_state_all calls the module's own name
+            monkeypatch.setattr(module, "set_rng_state", self.set_rng_state)
+
+
+def test_each_rank_saves_its_own_gpus_generator_and_one_gpu_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nli.train.checkpoint import restore_rng, rng_state
+
+    rank3 = VisibleGpus(count=8, current=3)  # rank 3 of a node whose 8 GPUs every rank sees
+    rank3.install(monkeypatch)
+    saved = rng_state()
+    assert torch.equal(saved["cuda"], torch.tensor([3], dtype=torch.uint8))  # its own GPU's, not all eight
+    alone = VisibleGpus(count=1)
+    alone.install(monkeypatch)
+    restore_rng(saved)
+    assert torch.equal(alone.states[0], saved["cuda"])
+
+
+def test_a_checkpoint_written_seeing_eight_gpus_resumes_on_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints of earlier versions hold every visible GPU's state; restored where fewer are seen, each GPU
+    takes its own (set_rng_state_all indexed GPUs that are not there: IndexError on the first step)."""
+    from nli.train.checkpoint import restore_rng, rng_state
+
+    VisibleGpus(count=1).install(monkeypatch)
+    state = rng_state()
+    state["cuda"] = [torch.tensor([10 + i], dtype=torch.uint8) for i in range(8)]
+    alone = VisibleGpus(count=1)
+    alone.install(monkeypatch)
+    restore_rng(state)
+    assert torch.equal(alone.states[0], torch.tensor([10], dtype=torch.uint8))
+
+
+def test_a_gpu_checkpoint_resumes_on_the_cpu_with_its_cpu_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nli.train.checkpoint import restore_rng, rng_state
+
+    state = rng_state()  # this machine's: no GPU
+    expected = torch.rand(4)
+    torch.set_rng_state(state["torch"])
+    state["cuda"] = torch.tensor([7], dtype=torch.uint8)  # as a GPU run saved it
+    torch.rand(3)
+    restore_rng(state)
+    assert torch.equal(torch.rand(4), expected)

@@ -1,0 +1,218 @@
+"""SIGTERM and SIGINT in every phase of a run: before training (nothing saved, said so), during training
+(a checkpoint at the next step; a second signal stops at once), after training (the run stops, its
+training whole, and the same command finishes it). The real train.py, signalled in a process of its own,
+started again in this one."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator, List, Sequence
+
+import pytest
+
+from nli.contract import PREEMPTED
+from nli.runtime import signals
+from nli.runtime.signals import Interrupted, StopRequest, interruption, relay_to_threads
+from tests.support.runs import FAST, ROOT, process_env, read_results, run_app
+
+
+def start(args: List[str], run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+                            cwd=run_dir.parent, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=process_env())
+
+
+def wait_for(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never got there"
+        time.sleep(0.02)
+
+
+def logged(run_dir: Path, text: str) -> Callable[[], bool]:
+    log = run_dir / "train.log"
+    return lambda: log.exists() and text in log.read_text()
+
+
+def stopped(proc: subprocess.Popen, *signals: signal.Signals) -> str:
+    for sig in signals:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == PREEMPTED, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("when", ["start-up", "data loading"])
+def test_before_training_a_signal_stops_the_run_at_once_and_says_nothing_was_saved(tmp_path: Path, when: str) -> None:
+    run_dir = tmp_path / "run"
+    # Enough examples that tokenizing them takes seconds.
+    proc = start([*FAST, "data.synthetic_train_size=100000"], run_dir)
+    if when == "start-up":  # the task function has begun: torch is loading
+        wait_for(proc, lambda: (run_dir / "train.log").exists())
+        time.sleep(0.3)
+    else:
+        wait_for(proc, logged(run_dir, "data: 100000 training examples"))
+    err = stopped(proc, signal.SIGTERM)
+    assert "stopped by SIGTERM before training began: nothing new was saved" in err
+    assert not {"checkpoints", "model", "results.json"} & {p.name for p in run_dir.iterdir()}
+    assert "Run the same command again to start" in (run_dir / "train.log").read_text()
+
+
+@pytest.mark.process
+def test_a_signal_during_an_evaluation_only_run_stops_it_and_the_same_command_evaluates(
+        tmp_path: Path, shared_run: Callable[[str, Sequence[str]], Path]) -> None:
+    trained = shared_run("fast", FAST)
+    run_dir = tmp_path / "evaluation"
+    evaluate = ["eval.only=true", f"model.name_or_path={trained}", "task=synthetic", "data.max_seq_length=64",
+                "train.progress_bar=false"]
+    evaluate.append("data.synthetic_eval_size=12000")  # seconds of tokenizing and predicting to stop in
+    proc = start(evaluate, run_dir)
+    wait_for(proc, logged(run_dir, "no training set; eval validation=12000"))
+    err = stopped(proc, signal.SIGTERM)
+    assert "stopped by SIGTERM during an evaluation-only run: it writes nothing until its results" in err
+    assert not {"checkpoints", "results.json", "predictions"} & {p.name for p in run_dir.iterdir()}
+    proc = run_app([*evaluate, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert read_results(run_dir)["status"] == "completed"
+
+
+@pytest.mark.process
+def test_a_second_signal_during_training_stops_at_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start([*FAST, "train.max_steps=400", "data.synthetic_train_size=12800"], run_dir)
+    wait_for(proc, logged(run_dir, "step 3: loss"))
+    # Two signals (the kernel delivers pending ones lowest number first): the second does not wait for the step.
+    err = stopped(proc, signal.SIGTERM, signal.SIGINT)
+    assert re.search(r"stopped by SIG(TERM|INT) at once \(a second signal\), in the middle of a step: that step "
+                     "was not saved", err)
+
+
+@pytest.mark.process
+def test_after_training_a_signal_stops_the_run_and_the_same_command_finishes_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # A large evaluation set: the final evaluation takes seconds, after the last checkpoint.
+    args = [*FAST, "data.synthetic_eval_size=8000", "train.eval_every=12"]
+    proc = start(args, run_dir)
+    wait_for(proc, logged(run_dir, "step 12: checkpoint written"))
+    err = stopped(proc, signal.SIGTERM)
+    assert "stopped by SIGTERM after training, before its results were written: training is complete and " \
+           "checkpointed" in err
+    assert not (run_dir / "results.json").exists()
+    again = run_app([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resuming from checkpoint" in again.stdout + again.stderr and "step 12: loss" not in again.stdout
+    assert read_results(run_dir)["train_steps"] == 12
+
+
+def test_a_signal_whose_exception_a_library_swallowed_stops_the_run_at_the_next_check() -> None:
+    # datasets' fingerprinting hashes a transform inside a bare `except:`: the handler's Interrupted,
+    # raised there, is swallowed, and before StopRequest.check the run went on as if no signal had come.
+    with StopRequest() as stop:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs here, in the main thread
+        except:  # noqa: E722  as the library does
+            pass
+        assert stop.signal == "SIGTERM"
+        with pytest.raises(Interrupted):
+            stop.check()
+        with stop.at_step_boundaries():  # inside the training steps the loop acts on stop.signal itself
+            stop.check()
+
+
+class _HookOfClassCreation:
+    """A descriptor whose ``__set_name__`` (which Python calls as it creates a class) is where a signal lands."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler runs here
+
+
+def test_a_signal_that_python_turned_into_another_error_is_still_the_signal() -> None:
+    """A SIGTERM in a library's import, inside a class's __set_name__ (pandas' dataclasses): Python reports it
+    as "RuntimeError: Error calling __set_name__". Seen as a crash (exit 1, a traceback) when the signal came
+    while the run imported pandas; it is the signal, and the run stops as one."""
+    with StopRequest():
+        with pytest.raises(RuntimeError) as raised:
+            type("Imported", (), {"field": _HookOfClassCreation()})
+    assert isinstance(raised.value.__cause__, Interrupted)
+    stopped = interruption(raised.value)
+    assert stopped is not None and stopped.signal == "SIGTERM"
+    assert interruption(RuntimeError("no signal")) is None
+
+
+@pytest.fixture
+def relay() -> Iterator[None]:
+    """nli.runtime.signals.relay_to_threads in this process's main thread, undone afterwards."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    relay_to_threads()
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        signals._relayed = None
+
+
+def in_a_thread(started: threading.Event, seen: List[str | None]) -> threading.Thread:
+    """A run's StopRequest in a thread (not the main one: it sets no handler of its own), waiting for a signal."""
+
+    def run() -> None:
+        with StopRequest() as stop:
+            started.set()
+            deadline = time.monotonic() + 10
+            while stop.signal is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append(stop.signal)
+
+    return threading.Thread(target=run)
+
+
+def test_a_run_in_another_thread_learns_of_a_signal_from_the_main_thread(relay: None) -> None:
+    """PyTorch/XLA runs each device's run in a thread of its process (nli.runtime.xla), where no signal arrives:
+    the main thread's relay notes it for that run's StopRequest, which stops at its next step."""
+    seen: List[str | None] = []
+    started = threading.Event()
+    thread = in_a_thread(started, seen)
+    thread.start()
+    assert started.wait(10)
+    os.kill(os.getpid(), signal.SIGTERM)
+    thread.join(15)
+    assert seen == ["SIGTERM"]
+
+
+def test_a_signal_relayed_before_the_run_starts_stops_it_when_it_does(relay: None) -> None:
+    """The launcher may pass a signal on while the process is still importing, before the run's StopRequest."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)  # the handler runs in this thread at its next bytecode
+    seen: List[str | None] = []
+    thread = in_a_thread(threading.Event(), seen)
+    thread.start()
+    thread.join(15)
+    assert seen == ["SIGTERM"]
+
+
+def test_a_signal_stops_at_once_except_between_steps_where_the_second_does() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be set from the main thread")
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequest() as stop:
+        with pytest.raises(Interrupted, match="SIGTERM"):  # start-up, data loading, export: at once
+            os.kill(os.getpid(), signal.SIGTERM)
+    with StopRequest() as stop:
+        with stop.at_step_boundaries():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.signal == "SIGTERM"  # noted, not fatal: the loop stops after its step
+            with pytest.raises(Interrupted, match="SIGINT"):  # a second signal does not wait
+                os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before

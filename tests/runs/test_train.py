@@ -1,0 +1,270 @@
+"""The real train.py, end to end, on the tiny model and the synthetic task: in this process, and in a new one where
+the process is what is tested (python -m nli, W&B's reading of its environment)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Dict, Sequence
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from nli.data import synthetic
+from tests.support.runs import FAST, MEASURED, copy_run, read_results, run_app, run_process
+from tests.support.wandb_records import records
+
+GLUE_METRIC_KEYS = {"objective", "accuracy", "train_examples_per_second", "train_seconds", "status"}
+
+
+@pytest.fixture
+def fast_run(shared_run: Callable[[str, Sequence[str]], Path]) -> Path:
+    return shared_run("fast", FAST)
+
+
+def test_outputs_follow_the_contract(fast_run: Path) -> None:
+    results = read_results(fast_run)
+    assert GLUE_METRIC_KEYS <= set(results)
+    assert results["status"] == "completed"
+    assert results["objective"] == results["accuracy"] and 0 <= results["accuracy"] <= 1
+    assert results["train_examples_per_second"] > 0 and results["train_seconds"] > 0
+    # Real tokens per example: more than the four special tokens, fewer than the 64 allowed.
+    assert 4 < results["train_tokens_per_second"] / results["train_examples_per_second"] < 64
+    assert results["peak_memory_bytes"] > 100 * 2**20  # torch and the model alone hold more
+    assert results["train_steps"] == 12
+    saved = yaml.safe_load((fast_run / "config.yaml").read_text())
+    assert saved["task"]["name"] == "synthetic" and saved["train"]["max_steps"] == 12
+    assert saved["output_dir"] == str(fast_run)  # resolved, not an interpolation
+
+
+def test_exported_model_reloads_and_predicts_the_reported_accuracy(fast_run: Path) -> None:
+    model = AutoModelForSequenceClassification.from_pretrained(fast_run / "model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(fast_run / "model")
+    assert model.config.id2label == dict(enumerate(synthetic.LABELS))
+    dev = synthetic.generate(96, seed=1)  # the synthetic task's validation split
+    with torch.no_grad():
+        batch = tokenizer(dev["premise"], dev["hypothesis"], padding=True, truncation=True,
+                          max_length=64, return_tensors="pt")
+        predicted = model(**batch).logits.argmax(-1).numpy()
+    accuracy = float(np.mean(predicted == np.array(dev["label"])))
+    assert accuracy == pytest.approx(read_results(fast_run)["accuracy"], abs=1e-9)
+
+
+@pytest.mark.process
+def test_python_dash_m_nli_is_train_py(fast_run: Path, tmp_path: Path) -> None:
+    proc = run_process([*FAST, f"hydra.run.dir={tmp_path}"], cwd=tmp_path, module=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ours, theirs = read_results(tmp_path), read_results(fast_run)
+    assert ours["accuracy"] == theirs["accuracy"]
+    a, b = load_file(tmp_path / "model" / "model.safetensors"), load_file(fast_run / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_wandb_offline_writes_its_run_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)  # neither the config nor the environment names one
+    proc = run_app([*FAST, "logger=wandb", "logger.wandb.mode=offline", "logger.wandb.tags=[smoke]",
+                    f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env={"WANDB_SILENT": "true"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1
+    by_kind: Dict[str, list] = {}
+    for record in records(files[0]):
+        by_kind.setdefault(record.WhichOneof("record_type"), []).append(record)
+    run = by_kind["run"][0].run
+    assert list(run.tags) == ["smoke"] and run.project == "nli"  # the config's default project
+    assert "logger.wandb.mode=offline" in run.display_name  # named after the Hydra job's overrides
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["task"]["name"] == "synthetic" and config["train"]["max_steps"] == 12
+    summary = {item.key: json.loads(item.value_json) for r in by_kind["summary"] for item in r.summary.update
+               if item.key}
+    assert summary["accuracy"] == read_results(tmp_path)["accuracy"]
+    assert len(by_kind["history"]) >= 4  # a row per log and per evaluation
+
+
+def test_wandb_logs_the_exported_model_when_asked_and_its_summary_is_results_json(tmp_path: Path) -> None:
+    proc = run_app([*FAST, "logger=[csv,wandb]", "logger.wandb.mode=offline", "logger.wandb.log_model=true",
+                    f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env={"WANDB_SILENT": "true"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (path,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    by_kind: Dict[str, list] = {}
+    for record in records(path):
+        by_kind.setdefault(record.WhichOneof("record_type"), []).append(record)
+    # The model's artifact; the per-class tables (nli.evaluate.per_class) are artifacts of their own, of type run_table.
+    (artifact,) = [record.artifact for record in by_kind["artifact"] if record.artifact.type == "model"]
+    run_id = by_kind["run"][0].run.run_id
+    assert (artifact.name, artifact.type, set(artifact.aliases)) == (f"model-{run_id}", "model", {"best", "latest"})
+    model = tmp_path / "model"
+    exported = {str(p.relative_to(model)) for p in model.rglob("*") if p.is_file()}
+    assert {entry.path for entry in artifact.manifest.contents} == exported and "README.md" in exported
+    results = read_results(tmp_path)
+    assert json.loads(artifact.metadata) == {"best_step": results["best_step"], "objective": results["objective"]}
+    summary = {item.key: json.loads(item.value_json) for r in by_kind["summary"] for item in r.summary.update
+               if item.key}
+    assert {key: summary.get(key) for key in results} == results  # provenance and all
+
+
+def test_log_model_without_the_wandb_logger_is_one_line_before_the_run(shared_run: Callable[[str, Sequence[str]], Path],
+                                                                       tmp_path: Path) -> None:
+    """Typed with or without `+`, in a folder that holds a finished run: refused before Hydra writes a thing."""
+    run_dir = copy_run(shared_run("fast", FAST), tmp_path / "run")
+    before = {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    for typed in ("logger.wandb.log_model=true", "+logger.wandb.log_model=true"):
+        proc = run_app([*FAST, "logger=[csv,tensorboard]", typed, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        assert proc.returncode == 1 and proc.stdout == ""
+        assert proc.stderr == ("error: logger.wandb.log_model sets the wandb logger, which this run does not log to "
+                               "(logger=[csv,tensorboard]): select it too with logger=[csv,tensorboard,wandb], or "
+                               "leave logger.wandb.log_model out\n")
+    assert {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+# What wandb reads besides the config: a test sets what it needs, so that the shell's settings do not leak in.
+WANDB_VARIABLES = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY",
+                   "WANDB_BASE_URL", "WANDB_CONFIG_DIR", "NETRC")
+
+
+def no_wandb_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Dict[str, str]:
+    """The environment of a user who never logged in: no key, no netrc, no wandb settings file."""
+    for name in WANDB_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "home").mkdir()
+    return {"HOME": str(tmp_path / "home"), "WANDB_SILENT": "true"}
+
+
+@pytest.mark.parametrize("overrides,env,project", [
+    ([], {"WANDB_PROJECT": "from-env"}, "from-env"),
+    (["logger.wandb.project=from-config"], {"WANDB_PROJECT": "from-env"}, "from-config"),
+])
+def test_wandb_obeys_its_own_variables_unless_the_config_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              overrides: list[str], env: Dict[str, str],
+                                                              project: str) -> None:
+    env = {**no_wandb_credentials(tmp_path, monkeypatch), "WANDB_MODE": "offline", **env}
+    proc = run_app([*FAST, "logger=wandb", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "API key" not in proc.stdout + proc.stderr  # offline asks for nothing
+    files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1
+    runs = [record.run for record in records(files[0]) if record.WhichOneof("record_type") == "run"]
+    assert runs[0].project == project
+
+
+@pytest.mark.parametrize("overrides,env,why", [
+    ([], {}, "W&B's default mode"),
+    (["logger.wandb.mode=online"], {"WANDB_MODE": "offline"}, "logger.wandb.mode=online"),  # the config wins
+])
+def test_wandb_online_without_a_key_stops_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 overrides: list[str], env: Dict[str, str],
+                                                                 why: str) -> None:
+    env = {**no_wandb_credentials(tmp_path, monkeypatch), **env}
+    proc = run_app([*FAST, "logger=wandb", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"logger=wandb would log online ({why}" in proc.stderr and "finds no W&B API key" in proc.stderr
+    assert "`wandb login`" in proc.stderr and "WANDB_API_KEY" in proc.stderr
+    assert "logger.wandb.mode=offline" in proc.stderr and "Traceback" not in proc.stderr
+    assert " - model: " not in proc.stdout and " - data: " not in proc.stdout  # before the data and the model loaded
+    assert not (tmp_path / "run").exists()  # refused in a folder it made: the folder is gone again
+
+
+def test_tensorboard_logs_training_loss(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc = run_app([*FAST, "logger=tensorboard", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [3, 6, 9, 12]
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [6, 12]
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["task=synthetic", "model=roberta-base"], "cannot download tokenizer 'FacebookAI/roberta-base'"),
+    (["task=mnli", "model=tiny"], "cannot download dataset 'nyu-mll/glue' (mnli)"),
+])
+def test_unreachable_hub_gives_one_clear_message(tmp_path: Path, args: list[str], expected: str) -> None:
+    proc = run_app([*args, f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
+                   env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": None, "HF_DATASETS_OFFLINE": None})
+    assert proc.returncode == 1
+    assert expected in proc.stderr and "experiment=quickstart" in proc.stderr
+    assert "data.dir at a local GLUE directory" in proc.stderr  # the offline way to the GLUE data
+    assert "Traceback" not in proc.stderr and "Retrying" not in proc.stdout + proc.stderr
+
+
+def test_local_checkpoint_that_does_not_exist(tmp_path: Path) -> None:
+    proc = run_app([*FAST, "model=bert-base", f"model.name_or_path={tmp_path}/nowhere",
+                    f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path)
+    assert proc.returncode == 1
+    assert f"model.name_or_path={tmp_path}/nowhere is not a directory" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_compiled_model_trains_as_the_plain_one(checkpointing: bool, tmp_path: Path) -> None:
+    """train.compile=true (inductor, about a minute of compiling on a CPU) takes the same steps to the
+    same weights, to float rounding: fused kernels add in another order; with gradient checkpointing
+    too, the compiled graph recomputing the layers. Dropout off, since compiled code draws its masks
+    from another generator."""
+    weights = {}
+    for compiled in (False, True):
+        out = tmp_path / str(compiled)
+        proc = run_app([*FAST, "hw=cpu", "model.scratch.dropout=0", f"train.compile={str(compiled).lower()}",
+                          f"train.gradient_checkpointing={str(compiled and checkpointing).lower()}",
+                          f"hydra.run.dir={out}"], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        weights[compiled] = load_file(out / "model" / "model.safetensors")
+    assert weights[True].keys() == weights[False].keys()
+    for name, plain in weights[False].items():
+        torch.testing.assert_close(weights[True][name], plain, rtol=1e-3, atol=1e-4)
+
+
+def test_a_run_is_a_function_call_from_python(fast_run: Path, tmp_path: Path) -> None:
+    """The notebook example (README.md, docs/configuration.md): a typed config and an output folder, no Hydra
+    app. It computes what train.py computes, writes the same files, and leaves the config it was given as it was."""
+    import copy
+
+    from nli.config import compose  # the imports as README.md writes them: through the packages' faces
+    from nli.recipe import run
+    from nli.runtime import local
+
+    cfg = compose(FAST)
+    before = copy.deepcopy(cfg)
+    results = run(cfg, local(cfg, tmp_path / "notebook"))
+    assert cfg == before
+    assert results == read_results(tmp_path / "notebook")
+    computed = [{k: v for k, v in read_results(folder).items() if k not in MEASURED}
+                for folder in (tmp_path / "notebook", fast_run)]
+    assert computed[0] == computed[1]
+    a = load_file(tmp_path / "notebook" / "model" / "model.safetensors")
+    b = load_file(fast_run / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    written = yaml.safe_load((tmp_path / "notebook" / "config.yaml").read_text())
+    assert written == {**yaml.safe_load((fast_run / "config.yaml").read_text()),
+                       "output_dir": str(tmp_path / "notebook")}
+
+
+def test_a_run_from_python_needs_an_output_folder() -> None:
+    from nli.config.schema import compose
+    from nli.errors import ConfigError
+    from nli.runtime.context import local
+
+    with pytest.raises(ConfigError, match="pass output_dir=... or set it in the config"):
+        local(compose(FAST))
+
+
+def test_compose_outside_any_hydra_session_leaves_none_behind() -> None:
+    """In a notebook nothing has initialised Hydra: compose() does, for the one call, and leaves it as it was."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from nli.config.schema import Config, compose
+
+    session = GlobalHydra.instance().hydra  # the test session's (tests/conftest.py), put back below
+    GlobalHydra.instance().clear()
+    try:
+        cfg = compose([*FAST, "optimizer.lr=3e-3"])
+        assert not GlobalHydra.instance().is_initialized()
+    finally:
+        GlobalHydra.instance().clear()
+        GlobalHydra.instance().initialize(session)
+    assert isinstance(cfg, Config) and cfg.optimizer.lr == 3e-3 and cfg.task.name == "synthetic"

@@ -1,0 +1,253 @@
+"""`python -m nli.report` (nli/sweep/report.py) on a real sweep: one `train.py -m` over two learning rates
+and two seeds, shared by the module, and the report read back as a reader would read it: its
+tables parsed from the Markdown, its PNGs decoded."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import matplotlib.image
+import pytest
+
+from nli.sweep import report
+from nli.sweep import table as sweep
+from tests.support.runs import FAST, ROOT, copy_run, read_results, run_app, shared_folder
+from tests.sweeps.test_sweep import rerun_sweep
+
+LRS = ("0.001", "0.003")  # as Hydra's sweeper writes 1e-3,3e-3 back
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+OBJECTIVE_PNG = "objective_vs_optimizer.lr.png"
+
+
+SWEEP = ["-m", *FAST, "optimizer.lr=1e-3,3e-3", "seed=1,2"]
+
+
+def run_sweep(directory: Path) -> None:
+    proc = run_app([*SWEEP, f"hydra.sweep.dir={directory}"], cwd=directory.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def shared_sweep(shared_root: Path) -> Path:
+    """Four real jobs, each logging its metrics.csv: the fast quickstart, learning rate x seed (once per session;
+    read only)."""
+    return shared_folder(shared_root, "report-sweep", SWEEP, run_sweep)
+
+
+@pytest.fixture
+def sweep_dir(shared_sweep: Path) -> Path:
+    return shared_sweep
+
+
+def tables(markdown: str) -> Dict[str, List[Dict[str, str]]]:
+    """Each ``## section``'s table as dicts by column title (the separator line dropped)."""
+    found: Dict[str, List[Dict[str, str]]] = {}
+    for section in markdown.split("\n## ")[1:]:
+        title, _, body = section.partition("\n")
+        lines = [line for line in body.splitlines() if line.startswith("|")]
+        if lines:
+            header, _separator, *cells = [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+                                          for line in lines]
+            found[title] = [dict(zip(header, line)) for line in cells]
+    return found
+
+
+def images(markdown: str) -> List[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
+
+
+def assert_png(path: Path, size: Tuple[float, float]) -> None:
+    """A real PNG of the figure's size in pixels, with something drawn on it."""
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[:2] == (round(size[1] * report.DPI), round(size[0] * report.DPI))
+    assert pixels.shape[2] in (3, 4) and pixels.std() > 0
+
+
+def test_a_sweep_report_has_the_rows_the_seeds_means_and_the_plots(shared_sweep: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_dir = copy_run(shared_sweep, tmp_path / "sweep")  # the report is written into the sweep's folder
+    assert report.main([str(sweep_dir)]) == 0
+    markdown_file = sweep_dir / report.REPORT
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(markdown_file), str(sweep_dir / OBJECTIVE_PNG), str(sweep_dir / report.LEARNING_CURVES)]
+    markdown = markdown_file.read_text()
+    rows = {row["job"]: row for row in sweep.read_rows(sweep_dir)}
+    parsed = tables(markdown)
+
+    jobs = {int(line["job"]): line for line in parsed["Jobs"]}
+    assert sorted(jobs) == sorted(rows) == [0, 1, 2, 3]  # one line per row
+    for num, line in jobs.items():
+        row = rows[num]
+        assert line["state"] == "COMPLETED" and line["optimizer.lr"] == row["optimizer.lr"] in LRS
+        assert line["seed"] == row["seed"] and line["objective"] == f"{row['objective']:.4f}"
+        assert line["accuracy"] == f"{row['accuracy']:.4f}" and line["seconds"] == f"{row['train_seconds']:.4f}"
+    assert "experiment" not in parsed["Jobs"][0]  # the same in every job: not a column
+
+    groups = {line["optimizer.lr"]: line for line in parsed["Over seeds"]}
+    assert sorted(groups) == list(LRS)
+    for lr, line in groups.items():
+        objectives = [row["objective"] for row in rows.values() if row["optimizer.lr"] == lr]
+        mean, sd = (float(part) for part in line["objective"].split(" ± "))
+        assert line["n"] == "2"
+        assert mean == pytest.approx(statistics.mean(objectives), abs=5e-5)
+        assert sd == pytest.approx(statistics.stdev(objectives), abs=5e-5)
+
+    assert images(markdown) == [OBJECTIVE_PNG, report.LEARNING_CURVES]  # embedded, beside report.md
+    assert_png(sweep_dir / OBJECTIVE_PNG, report.OBJECTIVE_SIZE)
+    assert_png(sweep_dir / report.LEARNING_CURVES, report.CURVES_SIZE)
+    assert "Skipped" not in markdown  # every job logged its metrics.csv
+
+
+def test_the_per_class_table_is_each_settings_mean_over_seeds(sweep_dir: Path, tmp_path: Path) -> None:
+    assert report.main([str(sweep_dir), "--out", str(tmp_path)]) == 0
+    lines = tables((tmp_path / report.REPORT).read_text())["Per class"]
+    rows = sweep.read_rows(sweep_dir)
+    assert len(lines) == len(LRS) * 3  # each setting x the synthetic task's three labels, on its one split
+    for line in lines:
+        assert line["split"] == "validation" and line["n"] == "2"
+        figures = [row["per_class"]["validation"][line["label"]] for row in rows
+                   if row["optimizer.lr"] == line["optimizer.lr"]]
+        assert line["support"] == str(figures[0]["support"])
+        for name in ("precision", "recall", "f1"):
+            values = [each[name] for each in figures]
+            mean, _, sd = line[name].partition(" ± ")
+            assert float(mean) == pytest.approx(statistics.mean(values), abs=5e-5)
+            assert float(sd or 0) == pytest.approx(statistics.stdev(values), abs=5e-5)
+
+
+def test_the_learning_curves_are_each_runs_metrics_csv(sweep_dir: Path) -> None:
+    rows = sweep.read_rows(sweep_dir)
+    runs, notes = report.load_curves(rows, sweep.varying(rows))
+    assert notes == [] and len(runs) == len(rows)
+    for (label, curves, metric), row in zip(runs, rows):
+        assert label == f"optimizer.lr={row['optimizer.lr']}, seed={row['seed']}"
+        assert metric == "eval/accuracy"  # the objective of the synthetic task
+        with open(Path(row["output_dir"]) / report.METRICS_CSV) as stream:
+            losses = [line.split(",") for line in stream if ",train/loss," in line]
+        assert curves["train/loss"] == {int(step): float(value) for step, _, value in losses}
+        assert sorted(curves[metric]) == [6, 12]  # FAST evaluates every 6 of 12 steps
+
+
+def test_a_run_folder_is_a_report_of_one_job(sweep_dir: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    run = sweep_dir / "1"
+    out = tmp_path / "one"
+    assert report.main([str(run), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.split() == [str(out / report.REPORT), str(out / report.LEARNING_CURVES)]
+    markdown = (out / report.REPORT).read_text()
+    (line,) = tables(markdown)["Jobs"]
+    assert line["job"] == "0" and line["state"] == "COMPLETED"
+    assert line["objective"] == f"{read_results(run)['objective']:.4f}"
+    assert "Over seeds" not in markdown and images(markdown) == [report.LEARNING_CURVES]  # nothing swept
+    assert_png(out / report.LEARNING_CURVES, report.CURVES_SIZE)
+
+
+def test_failed_jobs_are_in_the_tables_and_not_in_the_plots(sweep_dir: Path, tmp_path: Path) -> None:
+    """The sweep again with a fifth job that failed, and a job whose folder lost its metrics.csv."""
+    copy = tmp_path / "sweep"
+    rows = sweep.read_rows(sweep_dir)
+    for row in rows:
+        (copy / str(row["job"])).mkdir(parents=True)
+        if row["job"] != 3:
+            shutil.copy(Path(row["output_dir"]) / report.METRICS_CSV, copy / str(row["job"]))
+        sweep.record(copy, {**row, "output_dir": str(copy / str(row["job"]))})
+    same = [override for override in rows[0]["overrides"] if not override.startswith(("optimizer.lr=", "seed="))]
+    sweep.record(copy, sweep.job_row(num=4, state=sweep.FAILED, overrides=[*same, "optimizer.lr=0.1", "seed=1"],
+                                     results=None, output_dir=str(copy / "4"), error="error: lr | went\nwrong",
+                                     sweep=rows[0]["sweep"], sweep_started=rows[0]["sweep_started"]))
+
+    assert report.main([str(copy)]) == 0
+    markdown = (copy / report.REPORT).read_text()
+    parsed = tables(markdown)
+    assert [line["state"] for line in parsed["Jobs"]] == ["COMPLETED"] * 4 + ["FAILED"]
+    assert list(parsed["Jobs"][0]) == ["job", "state", "optimizer.lr", "seed", "objective", "accuracy", "loss",
+                                       "examples/s", "seconds", "commit", "error"]
+    assert parsed["Jobs"][4]["objective"] == "" and parsed["Jobs"][4]["error"] == r"error: lr \| went wrong"
+    assert parsed["Jobs"][0]["commit"] == report.short_commit(rows[0]) and parsed["Jobs"][4]["commit"] == ""
+    assert {line["optimizer.lr"]: (line["n"], line["failed"]) for line in parsed["Over seeds"]} == {
+        "0.001": ("2", "0"), "0.003": ("2", "0"), "0.1": ("0", "1")}
+    rows = sweep.read_rows(copy)
+    assert set(report.objective_points(rows, "optimizer.lr", [])[""]) == set(LRS)
+    runs, notes = report.load_curves(rows, sweep.varying(rows))
+    assert [label for label, _, _ in runs] == [f"optimizer.lr={lr}, seed={seed}" for lr, seed in
+                                               [("0.001", "1"), ("0.001", "2"), ("0.003", "1")]]
+    assert notes == [f"job 3 ({copy / '3' / report.METRICS_CSV}): no {report.METRICS_CSV}"]
+    assert f"- {notes[0]}" in markdown
+
+
+@pytest.mark.process
+def test_python_m_nli_report(sweep_dir: Path, tmp_path: Path) -> None:
+    """The command as a user types it, in its own process, with a sweep and a run folder at once."""
+    proc = subprocess.run([sys.executable, "-m", "nli.report", str(sweep_dir), str(sweep_dir / "0"),
+                           "--out", str(tmp_path)], cwd=ROOT, env=dict(os.environ), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0] == str(tmp_path / report.REPORT)
+    jobs = tables((tmp_path / report.REPORT).read_text())["Jobs"]
+    # The run folder is job 4, after the sweep's four; the folder column tells the two job 0s apart.
+    assert [line["job"] for line in jobs] == ["0", "1", "2", "3", "4"]
+    assert jobs[0]["folder"] == jobs[4]["folder"] == f"{sweep_dir.name}/0"
+    assert jobs[4]["objective"] == jobs[0]["objective"]
+    for name in proc.stdout.splitlines()[1:]:
+        assert Path(name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_directory_swept_twice_is_reported_as_its_newest_sweep(shared_root: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The second sweep's two jobs (tests/sweeps/test_sweep.py: rerun_sweep), not the first's under the same job
+    numbers, and a line saying the first's were left out."""
+    sweep_dir = copy_run(rerun_sweep(shared_root), tmp_path / "sweep")
+    every = sweep.read_rows(sweep_dir)
+    assert report.main([str(sweep_dir)]) == 0
+    err = capsys.readouterr().err
+    markdown = (sweep_dir / report.REPORT).read_text()
+    jobs = tables(markdown)["Jobs"]
+    assert [(line["job"], line["state"], line["optimizer.lr"]) for line in jobs] == [("0", "COMPLETED", "0.001"),
+                                                                                    ("1", "FAILED", "0.0005")]
+    assert jobs[0]["objective"] == f"{every[2]['objective']:.4f}" and jobs[1]["objective"] == ""
+    # The plots' too: the first sweep's job 1 (lr 3e-3, whose run folder 1 holds) is in none.
+    assert [row["optimizer.lr"] for row in report.load_rows([sweep_dir])] == ["0.001", "0.0005"]
+    left_out = (f"{sweep_dir} holds the rows of 2 sweeps: the report is of the newest (sweep {every[2]['sweep']}); "
+                f"the 2 rows of the older ones are left out (they stay in {sweep.RESULTS_JSONL})")
+    assert f"\n\n{left_out}.\n\n" in markdown and err == f"note: {left_out}\n"
+    assert markdown.startswith("# Sweep report\n\n2 jobs, 1 completed, ")
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "file"])
+def test_a_path_that_is_neither_a_sweep_nor_a_run_is_one_line_and_status_2(
+        kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / kind
+    if kind == "empty":
+        path.mkdir()
+    elif kind == "file":
+        path.write_text("{}")
+    assert report.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {path}: ") and "Traceback" not in err
+    assert "expected a sweep directory (with sweep_results.jsonl) or a run folder (with results.json)" in err
+    assert not (path / report.REPORT).exists() and not (tmp_path / report.REPORT).exists()
+
+
+def test_a_resumed_runs_repeated_steps_keep_the_last_value(tmp_path: Path) -> None:
+    metrics = tmp_path / report.METRICS_CSV
+    metrics.write_text("step,metric,value\n5,train/loss,1.0\n10,train/loss,0.9\n10,eval/f1,0.5\n10,eval/accuracy,0.6\n"
+                       "10,train/loss,0.8\n10,eval/accuracy,0.7\n15,train/loss,0.6\n")  # resumed from step 5
+    curves = report.read_curves(str(metrics))
+    assert curves == {"train/loss": {5: 1.0, 10: 0.8, 15: 0.6}, "eval/f1": {10: 0.5}, "eval/accuracy": {10: 0.7}}
+    assert report.main_metric({"objective": 0.7}, curves) == "eval/accuracy"  # not the first eval/ metric
+    assert report.main_metric({"objective": 0.9, "f1": 0.9}, curves) == "eval/f1"  # results.json's final value
+    assert report.main_metric({"objective": 0.1}, curves) == "eval/f1"  # none matches: the first
+
+
+def test_the_x_axis_of_an_objective_plot() -> None:
+    assert report.x_axis(["1e-5", "1e-3"]) == ({"1e-5": 1e-5, "1e-3": 1e-3}, "log")  # more than a factor of 10
+    assert report.x_axis(["1e-3", "3e-3"])[1] == "linear"
+    assert report.x_axis(["linear", "cosine"]) == ({"linear": 0.0, "cosine": 1.0}, "category")

@@ -1,0 +1,370 @@
+"""Sweeps as researchers run them (nli/sweep/table.py): every launcher's table, failed jobs that do not stop
+the sweep, seeds summed up, Optuna searches that continue, one sweep at a time in a directory, and a
+sweep run again whose table is its own. Through the real `train.py -m`."""
+
+from __future__ import annotations
+
+import csv
+import json
+import multiprocessing
+import os
+import re
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+
+from nli.io.claim import HOST, Owner
+from nli.sweep import table as sweep
+from tests.support.runs import FAST, ROOT, process_env, read_results, run_app, shared_folder
+from tests.support.wandb_records import records
+
+BAD_LR = "optimizer.lr=-1.0 must be positive"
+SWEEP_CLAIM = sweep.CLAIM.file
+
+
+def rows_by_job(sweep_dir: Path) -> Dict[int, Dict[str, Any]]:
+    """The rows of the directory's newest sweep, by job number."""
+    rows, _ = sweep.newest_sweep(sweep.read_rows(sweep_dir))
+    assert len({row["job"] for row in rows}) == len(rows)  # one row per job
+    return {row["job"]: row for row in rows}
+
+
+def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *FAST, f"hydra.sweep.dir={sweep_dir}"]
+    proc = run_app([*args, "optimizer.lr=-1,1e-3"], cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    rows = rows_by_job(sweep_dir)
+    assert rows[0]["state"] == "FAILED" and BAD_LR in rows[0]["error"] and "objective" not in rows[0]
+    assert rows[1]["state"] == "COMPLETED" and rows[1]["optimizer.lr"] == "0.001" and rows[1]["error"] is None
+    results = read_results(sweep_dir / "1")  # the job after the failed one ran to the end
+    assert rows[1]["objective"] == results["objective"] and rows[1]["train_seconds"] == results["train_seconds"]
+    assert rows[1]["output_dir"] == str(sweep_dir / "1")
+    # The end of the output: the table, then the failed job by number and overrides, with its error.
+    table = proc.stdout[proc.stdout.index("Sweep results"):]
+    failed = table[table.index("1 of the sweep's jobs failed (the others ran):"):].splitlines()
+    assert failed[1].startswith("  #0 experiment=quickstart ") and f"optimizer.lr=-1: error: {BAD_LR}" in failed[1]
+    assert "Traceback" not in output
+    assert (sweep_dir / "sweep_results.csv").read_text().count("\n") == 3  # header and two rows
+
+    first = rows
+
+    # The same sweep again with job 0 mended: a table of its own, job 1 answering from its finished folder.
+    # With W&B (offline): job 0's run tagged with its overrides, and the table as a run of the sweep's group.
+    again = run_app([*args, "optimizer.lr=5e-4,1e-3", "logger=wandb", "logger.wandb.mode=offline"], cwd=tmp_path,
+                    env={"WANDB_SILENT": "true"})
+    assert again.returncode == 0, again.stdout + again.stderr
+    rows = rows_by_job(sweep_dir)
+    assert [rows[job]["state"] for job in (0, 1)] == ["COMPLETED", "COMPLETED"]
+    assert rows[0]["optimizer.lr"] == "0.0005" and rows[1]["objective"] == results["objective"]
+    assert rows[0]["sweep"] == rows[1]["sweep"] != first[0]["sweep"] == first[1]["sweep"]
+    assert sweep.read_rows(sweep_dir) == [first[0], first[1], rows[0], rows[1]]  # the first sweep's kept as they were
+    configs = {job: yaml.safe_load((sweep_dir / job / "config.yaml").read_text()) for job in ("0", "1")}
+    assert {c["optimizer"]["lr"] for c in configs.values()} == {5e-4, 1e-3}
+
+    job_run = wandb_run(sweep_dir / "0")
+    assert "optimizer.lr=0.0005" in job_run.tags and job_run.run_group == "sweep"
+    assert json.loads(next(item.value_json for item in job_run.config.update if item.key == "overrides"))[
+        "optimizer.lr"] == "0.0005"
+    summary_run = wandb_run(sweep_dir)
+    assert (summary_run.run_group, summary_run.job_type) == ("sweep", "sweep-summary")
+    (table,) = sweep_dir.glob("wandb/offline-run-*/files/media/table/sweep_results_*.table.json")
+    logged = json.loads(table.read_text())
+    objectives = [line[logged["columns"].index("objective")] for line in logged["data"]]
+    assert objectives == [rows[0]["objective"], rows[1]["objective"]]
+
+
+def wandb_run(folder: Path) -> Any:
+    """The run record of the one offline W&B run under ``folder``."""
+    (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
+    return next(record.run for record in records(path) if record.WhichOneof("record_type") == "run")
+
+
+def test_a_mistake_every_job_would_make_stops_the_sweep_before_any_job(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = run_app(["-m", *FAST, "optimizer.lrr=1e-3", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "error: optimizer.lrr is not a key of this config: did you mean optimizer.lr?" in proc.stderr
+    assert not (sweep_dir / "0").exists() and sweep.read_rows(sweep_dir) == []
+
+
+@pytest.mark.process
+def test_submitit_local_rows_from_each_job_and_seeds_summed_up(tmp_path: Path) -> None:
+    """Four jobs at once in their own processes, each writing its row; two fail."""
+    sweep_dir = tmp_path / "sweep"
+    proc = run_app(["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10", *FAST,
+                      "optimizer.lr=1e-3,-1", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    rows = sweep.read_rows(sweep_dir)
+    assert sorted(row["job"] for row in rows) == [0, 1, 2, 3]
+    good = [row for row in rows if row["optimizer.lr"] == "0.001"]  # as Hydra hands a swept value to the job
+    assert [row["state"] for row in good] == ["COMPLETED"] * 2
+    assert all(row["state"] == "FAILED" and BAD_LR in row["error"] for row in rows if row not in good)
+    assert "2 of the sweep's jobs failed" in output
+
+    with open(sweep_dir / sweep.SUMMARY_CSV) as stream:
+        groups = {group["optimizer.lr"]: group for group in csv.DictReader(stream)}
+    objectives = [row["objective"] for row in good]
+    speeds = [row["train_examples_per_second"] for row in good]
+    assert groups["0.001"]["n"] == "2" and groups["0.001"]["failed"] == "0"
+    assert sorted(groups["0.001"]["seeds"].split()) == ["1", "2"]
+    assert float(groups["0.001"]["objective_mean"]) == pytest.approx(statistics.mean(objectives))
+    assert float(groups["0.001"]["objective_sd"]) == pytest.approx(statistics.stdev(objectives))
+    assert float(groups["0.001"]["train_examples_per_second_sd"]) == pytest.approx(statistics.stdev(speeds))
+    assert groups["-1"]["n"] == "0" and groups["-1"]["failed"] == "2"
+    assert "Over seeds" in output
+
+
+# ------------------------------------------------------------------- one sweep at a time in a directory
+
+
+def start_sweep(args: List[str], *, cwd: Path, sweep_dir: Path) -> subprocess.Popen:
+    """`python train.py -m ARGS` in its own process, returned once it holds ``sweep_dir``: its claim written
+    whole (the file is created first, then filled: a process stopped in between holds a claim that names no one)."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", *args, f"hydra.sweep.dir={sweep_dir}"],
+                            cwd=cwd, env=process_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not _claim_written(sweep_dir / SWEEP_CLAIM):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    return proc
+
+
+def _claim_written(path: Path) -> bool:
+    try:
+        return "pid" in json.loads(path.read_text())
+    except (OSError, ValueError):  # not there yet, or created and not yet filled
+        return False
+
+
+@pytest.mark.process
+def test_a_second_sweep_into_a_directory_a_live_sweep_holds_is_refused_before_any_job(tmp_path: Path) -> None:
+    """Two sweeps at once into one directory: the second stops at its start, naming the first; the first,
+    with a job that fails, runs to its end with a table of its own jobs and lets the directory go."""
+    sweep_dir = tmp_path / "sweep"
+    first = start_sweep([*FAST, "optimizer.lr=1e-3,-1"], cwd=tmp_path, sweep_dir=sweep_dir)
+    os.kill(first.pid, signal.SIGSTOP)  # alive and holding the directory, whatever the speed of the machine
+    try:
+        second = run_app(["-m", *FAST, "optimizer.lr=3e-3,5e-4", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    output, _ = first.communicate(timeout=300)
+
+    assert second.returncode == 1 and "Traceback" not in second.stdout + second.stderr
+    refusal = second.stderr.strip()
+    assert "\n" not in refusal, refusal  # one line
+    assert re.fullmatch(rf"error: {re.escape(str(sweep_dir))} is in use by another sweep: host {HOST}, pid "
+                        rf"{first.pid}, started \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(heartbeat \d+ s ago\)\. "
+                        r"Wait for it to end, give this sweep another hydra\.sweep\.dir, or, if that sweep is gone, "
+                        rf"delete {re.escape(str(sweep_dir / SWEEP_CLAIM))}", refusal)
+    assert "Launching" not in second.stdout  # no job of the second sweep started
+
+    assert first.returncode == 1, output  # its own failed job
+    rows = sweep.read_rows(sweep_dir)
+    assert [(row["job"], row["optimizer.lr"], row["state"]) for row in rows] == [(0, "0.001", "COMPLETED"),
+                                                                                 (1, "-1", "FAILED")]
+    assert rows[0]["objective"] == read_results(sweep_dir / "0")["objective"] and "objective" not in rows[1]
+    assert yaml.safe_load((sweep_dir / "0" / "config.yaml").read_text())["optimizer"]["lr"] == 1e-3
+    assert sorted(path.name for path in sweep_dir.iterdir() if path.is_dir()) == ["0", "1"]
+    assert "optimizer.lr=1e-3,-1" in (sweep_dir / "multirun.yaml").read_text()  # the second wrote nothing there
+    table = output[output.index("Sweep results"):]
+    assert "0.003" not in table and "0.0005" not in table
+    assert not (sweep_dir / SWEEP_CLAIM).exists()  # let go at its end, a failed job and all
+
+
+@pytest.mark.process
+def test_a_sweep_killed_outright_leaves_a_directory_the_next_sweep_takes_over(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    killed = start_sweep([*FAST, "optimizer.lr=1e-3,5e-4"], cwd=tmp_path, sweep_dir=sweep_dir)
+    killed.kill()
+    killed.communicate(timeout=60)
+    assert Owner.decode((sweep_dir / SWEEP_CLAIM).read_bytes()).pid == killed.pid  # type: ignore[union-attr]
+
+    proc = run_app(["-m", *FAST, "optimizer.lr=3e-3", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"pid {killed.pid} no longer runs on {HOST}. Taking it over" in proc.stdout
+    assert [(row["job"], row["optimizer.lr"]) for row in sweep.read_rows(sweep_dir)] == [(0, "0.003")]
+    assert not (sweep_dir / SWEEP_CLAIM).exists()
+
+
+@pytest.mark.process
+def test_sigterm_to_a_sweep_lets_its_directory_go(tmp_path: Path) -> None:
+    """SIGTERM as the sweep starts, before any job has a handler of its own: a stop (75) that leaves the
+    directory to the next sweep at once."""
+    sweep_dir = tmp_path / "sweep"
+    proc = start_sweep([*FAST, "optimizer.lr=1e-3,5e-4"], cwd=tmp_path, sweep_dir=sweep_dir)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75 and "stopped by SIGTERM" in output and "Traceback" not in output, output
+    assert not (sweep_dir / SWEEP_CLAIM).exists()
+
+
+@pytest.mark.process
+def test_ctrl_c_as_a_sweep_starts_is_one_line_and_lets_its_directory_go(tmp_path: Path) -> None:
+    """SIGINT as the sweep starts: between jobs Python's KeyboardInterrupt (exit 130), inside the first job
+    the run's own stop (75); either way one line, no traceback, and the directory let go."""
+    sweep_dir = tmp_path / "sweep"
+    proc = start_sweep([*FAST, "optimizer.lr=1e-3,5e-4"], cwd=tmp_path, sweep_dir=sweep_dir)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode in (75, 130) and "Traceback" not in output, output
+    assert "interrupted (Ctrl-C)" in output if proc.returncode == 130 else "stopped by SIGINT" in output
+    assert not (sweep_dir / SWEEP_CLAIM).exists()
+
+
+RERUN = (["-m", *FAST, "optimizer.lr=1e-3,3e-3"], ["-m", *FAST, "optimizer.lr=1e-3,5e-4"])
+
+
+def rerun_sweep(root: Path) -> Path:
+    """Two sweeps, one after the other, into one directory: the second with other overrides. Its job 0
+    (lr 1e-3) answers from the first's finished folder; its job 1 (lr 5e-4) finds folder 1 holding the
+    first's lr 3e-3 run, and is refused. Shared (read only) with tests/sweeps/test_report.py."""
+
+    def make(sweep_dir: Path) -> None:
+        for args, status in zip(RERUN, (0, 1)):
+            proc = run_app([*args, f"hydra.sweep.dir={sweep_dir}"], cwd=root)
+            assert proc.returncode == status, proc.stdout + proc.stderr
+            (sweep_dir / f"output-{status}.txt").write_text(proc.stdout + proc.stderr)
+
+    return shared_folder(root, "rerun-sweep", [" ".join(args) for args in RERUN], make)
+
+
+def test_a_sweep_run_again_with_other_overrides_has_a_table_of_its_own_jobs(shared_root: Path) -> None:
+    sweep_dir = rerun_sweep(shared_root)
+    every = sweep.read_rows(sweep_dir)
+    first, second = every[:2], every[2:]
+    assert [row["optimizer.lr"] for row in first] == ["0.001", "0.003"] and len(second) == 2
+    assert len({row["sweep"] for row in first}) == len({row["sweep"] for row in second}) == 1
+    assert first[0]["sweep"] != second[0]["sweep"] and first[0]["sweep_started"] < second[0]["sweep_started"]
+
+    # The second sweep's table: its two jobs, job 1 refused without the results its folder holds (lr 3e-3's).
+    assert [(row["job"], row["optimizer.lr"], row["state"]) for row in second] == [(0, "0.001", "COMPLETED"),
+                                                                                   (1, "0.0005", "FAILED")]
+    assert second[0]["objective"] == first[0]["objective"] == read_results(sweep_dir / "0")["objective"]
+    assert "objective" not in second[1] and "holds a finished run" in second[1]["error"]
+    assert read_results(sweep_dir / "1")["objective"] == first[1]["objective"]  # the first's run, untouched
+    with open(sweep_dir / sweep.RESULTS_CSV) as stream:
+        assert [(line["job"], line["optimizer.lr"]) for line in csv.DictReader(stream)] == [("0", "0.001"),
+                                                                                            ("1", "0.0005")]
+    output = (sweep_dir / "output-1.txt").read_text()
+    table = output[output.index("Sweep results"):output.index("1 of the sweep's jobs failed")]  # the lines of jobs
+    assert "0.003" not in table and re.search(r"\n1 +FAILED +0\.0005 ", table), table
+
+
+def test_a_row_holds_the_results_of_the_job_that_returned_them(caplog: pytest.LogCaptureFixture) -> None:
+    """results.json read after the job returned: another run's objective there is not this job's row."""
+    mine = {"objective": 0.75, "accuracy": 0.75}
+    assert sweep.own_results(mine, 0.75, "out/0") is mine
+    assert sweep.own_results({**mine, "objective": float("nan")}, float("nan"), "out/0") is not None
+    assert sweep.own_results({"objective": 0.5, "accuracy": 0.5}, 0.75, "out/0") == {"objective": 0.75}
+    assert "out/0/results.json holds objective 0.5, not this job's 0.75" in caplog.text
+    assert sweep.own_results(None, 0.75, "out/0") == {"objective": 0.75}  # an app that writes no results.json
+
+
+def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "search"
+    args = ["-m", *FAST, "hparams_search=quickstart", f"hydra.sweep.dir={sweep_dir}"]
+    first = run_app([*args, "hydra.sweeper.n_trials=2"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = run_app([*args, "hydra.sweeper.n_trials=1"], cwd=tmp_path)  # the same search, continued
+    assert again.returncode == 0, again.stdout + again.stderr
+
+    rows = sweep.read_rows(sweep_dir)
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:
+        trials = db.execute("SELECT state FROM trials").fetchall()
+        lrs = [value for (value,) in db.execute(
+            "SELECT param_value FROM trial_params WHERE param_name = 'optimizer.lr'")]
+    assert len(trials) == 3 and all(state == "COMPLETE" for (state,) in trials)
+    assert len(rows) == 3 and all(row["state"] == "COMPLETED" for row in rows)
+    assert sorted(float(row["optimizer.lr"]) for row in rows) == pytest.approx(sorted(lrs))
+    assert all(1e-4 <= lr <= 1e-2 for lr in lrs)
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_value"] == max(row["objective"] for row in rows)
+    for row in rows:  # each trial in a folder of its own, named by its values
+        assert read_results(Path(row["output_dir"]))["objective"] == row["objective"]
+        assert Path(row["output_dir"]).name.startswith(f"lr={float(row['optimizer.lr'])},bs=")
+
+
+# -------------------------------------------------------------------------------- in process
+
+
+def _row(num: int, folder: str, objective: float | None, *, seed: int = 1, state: str = "COMPLETED") -> Dict[str, Any]:
+    results = None if objective is None else {"objective": objective, "accuracy": objective, "train_steps": 10}
+    return sweep.job_row(num=num, state=state, overrides=["optimizer.lr=1e-3", f"seed={seed}"], results=results,
+                         output_dir=folder, error=None if objective is not None else "error: it broke")
+
+
+def test_a_rerun_job_replaces_its_row_in_place(tmp_path: Path) -> None:
+    sweep.record(tmp_path, _row(0, "a", None, state="FAILED"))
+    sweep.record(tmp_path, _row(1, "b", 0.5))
+    sweep.record(tmp_path, _row(0, "a", 0.75))
+    rows = sweep.read_rows(tmp_path)
+    assert [(row["job"], row["state"], row.get("objective")) for row in rows] == [(0, "COMPLETED", 0.75),
+                                                                                   (1, "COMPLETED", 0.5)]
+    lines = (tmp_path / sweep.RESULTS_CSV).read_text().splitlines()
+    assert lines[0].startswith("job,state,overrides,optimizer.lr,seed,") and len(lines) == 3
+    assert lines[1].split(",")[2] == "optimizer.lr=1e-3 seed=1"
+
+
+def _write_rows(args: tuple[str, int]) -> None:
+    directory, worker = args
+    for num in range(10):
+        sweep.record(Path(directory), _row(worker * 10 + num, f"{worker}-{num}", 0.5))
+
+
+def test_jobs_that_end_at_once_lose_no_row(tmp_path: Path) -> None:
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        pool.map(_write_rows, [(str(tmp_path), worker) for worker in range(4)])
+    assert sorted(row["job"] for row in sweep.read_rows(tmp_path)) == list(range(40))
+    assert len((tmp_path / sweep.RESULTS_CSV).read_text().splitlines()) == 41
+
+
+def test_seed_groups_are_the_rows_own_mean_and_sd() -> None:
+    rows = [_row(0, "a", 0.5, seed=1), _row(1, "b", 0.7, seed=2), _row(2, "c", 0.9, seed=3),
+            _row(3, "d", None, seed=4, state="FAILED")]
+    (group,) = sweep.seed_groups(rows)
+    assert group["optimizer.lr"] == "1e-3" and group["n"] == 3 and group["failed"] == 1 and group["seeds"] == "1 2 3"
+    assert group["objective_mean"] == pytest.approx(0.7) and group["objective_sd"] == pytest.approx(0.2)
+    assert "train_steps_mean" not in group  # a counter, not a metric
+    assert sweep.seed_groups([{**row, "overrides": ["optimizer.lr=1e-3"]} for row in rows]) == []  # no seeds swept
+
+
+def test_only_this_sweeps_failures_end_it_non_zero(tmp_path: Path) -> None:
+    """A failed row from an earlier sweep in the same directory, not rerun, is neither in this sweep's
+    table nor fails it."""
+    callback = sweep.SweepResults()
+    config: Any = _config(tmp_path)
+    callback.on_multirun_start(config)
+    sweep.record(tmp_path, {**_row(0, "earlier", None, state="FAILED"), **callback.stamp()})
+    with pytest.raises(SystemExit):
+        callback.on_multirun_end(config)
+    callback.on_multirun_start(config)
+    sweep.record(tmp_path, {**_row(1, "now", 0.5), **callback.stamp()})
+    callback.on_multirun_end(config)  # no SystemExit
+    assert [row["output_dir"] for row in sweep.read_rows(tmp_path)] == ["earlier", "now"]
+    assert len((tmp_path / sweep.RESULTS_CSV).read_text().splitlines()) == 2  # header and this sweep's row
+    assert not (tmp_path / SWEEP_CLAIM).exists()
+
+
+def _config(sweep_dir: Path) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
+
+
+def test_columns_of_every_row_are_in_the_csv(tmp_path: Path) -> None:
+    rows: List[Dict[str, Any]] = [_row(0, "a", 0.5), {**_row(1, "b", 0.6), "vertex_job": "projects/p/jobs/1"}]
+    for row in rows:
+        sweep.record(tmp_path, row)
+    header = (tmp_path / sweep.RESULTS_CSV).read_text().splitlines()[0].split(",")
+    assert header[-1] == "vertex_job" and "objective" in header and "error" in header
