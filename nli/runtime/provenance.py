@@ -19,18 +19,19 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from nli import contract
-from nli.runtime import xla
-from nli.runtime.device import Compute
-from nli.runtime.distributed import World
+
+# torch loads where a run describes its device, not at import: the Vertex launcher reads the code's commit
+# from here in the process that launches a sweep, which never trains (2 s less for each sweep launched).
+if TYPE_CHECKING:
+    from nli.runtime.device import Compute
+    from nli.runtime.distributed import World
 
 PROJECT = "nli-glue"  # the distribution's name (pyproject.toml)
 LIBRARIES = ("torch", "transformers", "datasets", "huggingface-hub", "peft", "hydra-core", PROJECT)
-PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+PRECISIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # a torch.dtype's name -> the config's
 _GIT_SECONDS = 10  # a git that hangs (a network file system) must not hold the run
 
 
@@ -88,8 +89,13 @@ def versions() -> Dict[str, Optional[str]]:
 def device(compute: Compute, world: World) -> Dict[str, Any]:
     """The device the run computed on: its kind and name, the processes (one per device under data
     parallelism), and the CUDA or XLA version; the precision it computed in, as resolved (auto's pick)."""
+    import torch
+
+    from nli.runtime import xla
+
     kind = compute.device.type
-    found: Dict[str, Any] = {"type": kind, "processes": world.world_size, "precision": PRECISIONS[compute.dtype]}
+    precision = PRECISIONS[str(compute.dtype).removeprefix("torch.")]
+    found: Dict[str, Any] = {"type": kind, "processes": world.world_size, "precision": precision}
     if kind == "cuda":
         found.update(name=torch.cuda.get_device_name(compute.device), count=torch.cuda.device_count(),
                      cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
@@ -112,6 +118,8 @@ def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def threads() -> Dict[str, Any]:
     """The CPU threads torch computes with, and the CPUs the host has and this process may use."""
+    import torch
+
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {"torch": torch.get_num_threads(), "cpu_count": os.cpu_count(), "usable": usable}
 

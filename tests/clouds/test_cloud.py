@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -229,3 +230,43 @@ def test_a_folder_that_is_not_a_sweep_is_one_line_with_the_fix(tmp_path: Path, g
             assert cloud.main([command[0], where, *command[1:]]) == 2
             err = capsys.readouterr().err
             assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+# ----------------------------------------------------------------------- a sweep of older code
+
+LEGACY = ROOT / "tests" / "data" / "legacy" / "vertex-sweep"  # made by commit 056a8d0 (its README.md)
+
+
+@pytest.mark.process
+def test_attach_follows_a_sweep_that_the_launcher_before_the_packages_submitted(
+        gcs_emulator: Dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The sweep folder and the CustomJobs that the launcher of commit 056a8d0 wrote and sent (not waiting):
+    today's image runs the jobs as that launcher specified them (its callback's class path included), and
+    today's ``attach`` reads its record and fills its table."""
+    sweep_dir = tmp_path / "sweep"
+    shutil.copytree(LEGACY / "sweep", sweep_dir)
+    for blob in (LEGACY / "bucket").rglob("*"):  # what the launcher wrote to the bucket
+        if blob.is_file():
+            Storage("gs://" + blob.parent.relative_to(LEGACY / "bucket").as_posix()).write_bytes(blob.name,
+                                                                                                 blob.read_bytes())
+    job_env = {**gcs_emulator, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    (tmp_path / "image").mkdir()  # the image's WORKDIR, where the jobs' run directories (sweep/0) are made
+    with FakeVertex(log_dir=tmp_path / "job-logs", job_env=job_env, pending_seconds=0.05) as vertex:
+        vertex.add_image(IMAGE, entrypoint=[sys.executable, str(ROOT / "train.py")], workdir=tmp_path / "image")
+        record = json.loads((sweep_dir / "vertex_jobs.json").read_text())
+        # The only edit: the record names the endpoint of the fake that took the jobs then; Vertex AI's is fixed.
+        (sweep_dir / "vertex_jobs.json").write_text(json.dumps({**record, "api_endpoint": vertex.endpoint}))
+        for sent in json.loads((LEGACY / "requests.json").read_text()):  # the same requests: the same job names
+            vertex.handle("POST", sent["path"], json.dumps(sent["body"]).encode())
+        assert sorted(vertex.jobs) == [job["name"] for job in record["jobs"]]
+
+        assert cloud.main(["attach", str(sweep_dir), "--interval", "0.1"]) == 0
+    out = capsys.readouterr().out
+    rows = sorted(read_rows(sweep_dir), key=lambda row: int(row["job"]))
+    assert [(row["job"], row["state"], row["vertex_state"], row["seed"]) for row in rows] == [
+        ("0", "COMPLETED", "JOB_STATE_SUCCEEDED", "1"), ("1", "COMPLETED", "JOB_STATE_SUCCEEDED", "2")]
+    for num, row in enumerate(rows):
+        results = gcs_json(f"{BUCKET}/legacy/{num}/model/results.json")
+        assert float(row["objective"]) == results["objective"] and results["train_steps"] == 6
+        assert row["sweep"] == record["stamp"]["sweep"] and row["vertex_job"] == record["jobs"][num]["name"]
+        assert re.search(f"^#{num} .*seed={num + 1}: JOB_STATE_SUCCEEDED", out, re.MULTILINE)

@@ -339,10 +339,12 @@ def test_dry_run_writes_the_requests_with_the_seeds_machines(fake: FakeVertex, t
     before = len(fake.requests)
     proc = sweep_cli([*launcher(fake, hw=None), "hydra.launcher.dry_run=true", "hw=v100,8xa100", "optimizer.lr=2e-5",
                       "hydra.launcher.strategy=SPOT", "hydra.launcher.timeout=3600", "+hydra.launcher.labels.team=nlp",
-                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, output
     assert len(fake.requests) == before  # nothing submitted
+    # The launching process trains nothing: it loads no torch (2 s of each sweep's start on this machine).
+    assert not re.search(r"\|\s+torch$", output, re.MULTILINE), "launching the sweep imported torch"
     requests = [json.loads((tmp_path / "sweep" / "custom_jobs" / f"{num}.json").read_text()) for num in (0, 1)]
     machines = [request["customJob"]["jobSpec"]["workerPoolSpecs"][0]["machineSpec"] for request in requests]
     assert machines == [

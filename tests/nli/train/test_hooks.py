@@ -1,5 +1,5 @@
-"""The recipe's moving parts: the checkpoint registry, hooks (early stopping first), several loggers at
-once; end to end through the real train.py where a run is what they change."""
+"""Hooks of the training loop (nli/train/hooks.py), early stopping first, and several loggers at once: on their
+own, then end to end through the real train.py where a run is what they change."""
 
 from __future__ import annotations
 
@@ -7,66 +7,16 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import pytest
-import torch
 
-from nli.errors import CheckpointError
 from nli.evaluate.evaluation import Evaluation
-from nli.train.checkpoint import BestEvaluation, Progress, TrainingState
 from nli.train.hooks import EarlyStopping
 from tests.support.runs import FAST, read_results, run_app
 
 # The metric cannot move: at this learning rate the weights barely change.
 STALLED = [*FAST, "optimizer.lr=1e-9", "train.eval_every=2", "train.early_stopping.patience=2"]
-
-
-class Counter:
-    def __init__(self) -> None:
-        self.count = 0
-
-    def state_dict(self) -> Dict[str, int]:
-        return {"count": self.count}
-
-    def load_state_dict(self, state: Dict[str, int]) -> None:
-        self.count = state["count"]
-
-
-def test_the_registry_saves_and_restores_every_part_in_order() -> None:
-    model, progress, best, extra = torch.nn.Linear(2, 2), Progress(step=7), BestEvaluation(), Counter()
-    best.update(Evaluation(step=6, metrics={"accuracy": 0.5}, objective=0.5))
-    extra.count = 3
-    state = TrainingState()
-    for name, part in (("model", model), ("progress", progress), ("best", best)):
-        state.register(name, part)
-    state.register("extra", extra)  # a new part is one line
-    saved = state.state_dict()
-    assert list(saved) == ["model", "progress", "best", "extra"]
-
-    fresh_model, fresh_progress = torch.nn.Linear(2, 2), Progress()
-    fresh_best, fresh_extra = BestEvaluation(), Counter()
-    restored = TrainingState()
-    for name, part in (("model", fresh_model), ("progress", fresh_progress), ("best", fresh_best),
-                       ("extra", fresh_extra)):
-        restored.register(name, part)
-    restored.load_state_dict(saved)
-    assert torch.equal(fresh_model.weight, model.weight) and fresh_progress.step == 7 and fresh_extra.count == 3
-    assert fresh_best.evaluation == best.evaluation
-
-
-def test_a_missing_part_is_an_error_unless_it_is_optional() -> None:
-    state = TrainingState()
-    state.register("progress", Progress())
-    state.register("extra", Counter())
-    with pytest.raises(CheckpointError, match="holds no state for extra"):
-        state.load_state_dict({"progress": Progress(step=2).state_dict()})
-    lenient = TrainingState()
-    lenient.register("progress", progress := Progress())
-    lenient.register("extra", extra := Counter(), optional=True)  # switched on after the checkpoint was written
-    extra.count = 5
-    lenient.load_state_dict({"progress": Progress(step=2).state_dict()})
-    assert progress.step == 2 and extra.count == 5
 
 
 def evaluations(*objectives: float) -> List[Evaluation]:

@@ -1,0 +1,125 @@
+"""What a checkpoint holds (nli/train/checkpoint.py): the registry saves and restores every part in order and
+refuses a missing one unless it is optional; each rank's random generators, restored on any number of GPUs."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import pytest
+import torch
+
+from nli.errors import CheckpointError
+from nli.evaluate.evaluation import Evaluation
+from nli.train.checkpoint import BestEvaluation, Progress, TrainingState
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self.count = state["count"]
+
+
+def test_the_registry_saves_and_restores_every_part_in_order() -> None:
+    model, progress, best, extra = torch.nn.Linear(2, 2), Progress(step=7), BestEvaluation(), Counter()
+    best.update(Evaluation(step=6, metrics={"accuracy": 0.5}, objective=0.5))
+    extra.count = 3
+    state = TrainingState()
+    for name, part in (("model", model), ("progress", progress), ("best", best)):
+        state.register(name, part)
+    state.register("extra", extra)  # a new part is one line
+    saved = state.state_dict()
+    assert list(saved) == ["model", "progress", "best", "extra"]
+
+    fresh_model, fresh_progress = torch.nn.Linear(2, 2), Progress()
+    fresh_best, fresh_extra = BestEvaluation(), Counter()
+    restored = TrainingState()
+    for name, part in (("model", fresh_model), ("progress", fresh_progress), ("best", fresh_best),
+                       ("extra", fresh_extra)):
+        restored.register(name, part)
+    restored.load_state_dict(saved)
+    assert torch.equal(fresh_model.weight, model.weight) and fresh_progress.step == 7 and fresh_extra.count == 3
+    assert fresh_best.evaluation == best.evaluation
+
+
+def test_a_missing_part_is_an_error_unless_it_is_optional() -> None:
+    state = TrainingState()
+    state.register("progress", Progress())
+    state.register("extra", Counter())
+    with pytest.raises(CheckpointError, match="holds no state for extra"):
+        state.load_state_dict({"progress": Progress(step=2).state_dict()})
+    lenient = TrainingState()
+    lenient.register("progress", progress := Progress())
+    lenient.register("extra", extra := Counter(), optional=True)  # switched on after the checkpoint was written
+    extra.count = 5
+    lenient.load_state_dict({"progress": Progress(step=2).state_dict()})
+    assert progress.step == 2 and extra.count == 5
+
+
+# ------------------------------------------------------------------- random generators, any GPU count
+
+
+class VisibleGpus:
+    """The generators of the GPUs a process sees, as torch.cuda keeps them: one per GPU, indexed by its number
+    (torch.cuda.default_generators[i]), which fails past the last. The CPU has none to test with."""
+
+    def __init__(self, count: int, current: int = 0) -> None:
+        self.states = {i: torch.tensor([i], dtype=torch.uint8) for i in range(count)}
+        self.current = current
+
+    def set_rng_state(self, state: torch.Tensor, device: Any = "cuda") -> None:
+        index = self.current if device == "cuda" else int(device)
+        if index not in self.states:
+            raise IndexError(f"tuple index out of range (no GPU {index} among {len(self.states)})")
+        self.states[index] = state
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.states))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": self.states[int(device)])
+        for module in (torch.cuda, torch.cuda.random):  # set_rng_state_all calls the module's own name
+            monkeypatch.setattr(module, "set_rng_state", self.set_rng_state)
+
+
+def test_each_rank_saves_its_own_gpus_generator_and_one_gpu_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nli.train.checkpoint import restore_rng, rng_state
+
+    rank3 = VisibleGpus(count=8, current=3)  # rank 3 of a node whose 8 GPUs every rank sees
+    rank3.install(monkeypatch)
+    saved = rng_state()
+    assert torch.equal(saved["cuda"], torch.tensor([3], dtype=torch.uint8))  # its own GPU's, not all eight
+    alone = VisibleGpus(count=1)
+    alone.install(monkeypatch)
+    restore_rng(saved)
+    assert torch.equal(alone.states[0], saved["cuda"])
+
+
+def test_a_checkpoint_written_seeing_eight_gpus_resumes_on_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints of earlier versions hold every visible GPU's state; restored where fewer are seen, each GPU
+    takes its own (set_rng_state_all indexed GPUs that are not there: IndexError on the first step)."""
+    from nli.train.checkpoint import restore_rng, rng_state
+
+    VisibleGpus(count=1).install(monkeypatch)
+    state = rng_state()
+    state["cuda"] = [torch.tensor([10 + i], dtype=torch.uint8) for i in range(8)]
+    alone = VisibleGpus(count=1)
+    alone.install(monkeypatch)
+    restore_rng(state)
+    assert torch.equal(alone.states[0], torch.tensor([10], dtype=torch.uint8))
+
+
+def test_a_gpu_checkpoint_resumes_on_the_cpu_with_its_cpu_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nli.train.checkpoint import restore_rng, rng_state
+
+    state = rng_state()  # this machine's: no GPU
+    expected = torch.rand(4)
+    torch.set_rng_state(state["torch"])
+    state["cuda"] = torch.tensor([7], dtype=torch.uint8)  # as a GPU run saved it
+    torch.rand(3)
+    restore_rng(state)
+    assert torch.equal(torch.rand(4), expected)
