@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 PROJECT = "nli-glue"  # the distribution's name (pyproject.toml)
 LIBRARIES = ("torch", "transformers", "datasets", "huggingface-hub", "peft", "hydra-core", PROJECT)
-PRECISIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # a torch.dtype's name -> the config's
 _GIT_SECONDS = 10  # a git that hangs (a network file system) must not hold the run
 
 
@@ -94,7 +93,7 @@ def device(compute: Compute, world: World) -> Dict[str, Any]:
     from nli.runtime import xla
 
     kind = compute.device.type
-    precision = PRECISIONS[str(compute.dtype).removeprefix("torch.")]
+    precision = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[compute.dtype]
     found: Dict[str, Any] = {"type": kind, "processes": world.world_size, "precision": precision}
     if kind == "cuda":
         found.update(name=torch.cuda.get_device_name(compute.device), count=torch.cuda.device_count(),
