@@ -89,9 +89,7 @@ def _hydra(conf_dir: Path) -> Iterator[None]:
 
 
 def _check_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path) -> List[str]:
-    base = _compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)])
-    _check_keys(base, overrides, groups)
-    cfg = _compose(config_name, [_line(o) for o in overrides])
+    cfg = _composed_run(config_name, overrides, groups)
     _check_launcher(cfg, overrides)
     from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
     run_dir = str(cfg.hydra.run.dir)
@@ -99,6 +97,25 @@ def _check_run(config_name: str, overrides: List[Override], groups: set[str], co
     _check_writable("hydra.run.dir", run_dir)
     typed = any(o.key_or_group == "hydra.run.dir" for o in overrides)
     return [f"hydra.run.dir={_quoted(run_dir)}"] if from_folder and not typed else []
+
+
+def _composed_run(config_name: str, overrides: List[Override], groups: set[str]) -> DictConfig:
+    """The run's config, its overrides' keys checked against the config the group choices compose.
+
+    That config is composed only where the run's own cannot answer for the keys: Hydra composes a plain
+    ``key=value`` only where ``key`` is in the config it overrides, so when every other override is plain and
+    the run's config composes, each key is known (composing is about half a second: every run saves one).
+    A key under a null node, a logger the run does not select, a misspelt key: Hydra refuses them with less
+    to go on, and the config the choices compose names them with the keys meant."""
+    lines = [_line(o) for o in overrides]
+    plain = all(_chooses(o, groups) or o.type == OverrideType.CHANGE for o in overrides)
+    if plain:
+        try:
+            return compose(config_name, overrides=lines, return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException, AssertionError):  # Hydra's assertion: a key under a null node
+            pass
+    _check_keys(_compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)]), overrides, groups)
+    return _compose(config_name, lines)
 
 
 def _check_launcher(cfg: DictConfig, overrides: List[Override]) -> None:

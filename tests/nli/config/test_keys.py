@@ -59,6 +59,27 @@ def test_a_plain_misspelling_suggests_the_key_never_a_plus(tmp_path: Path) -> No
     assert "+optimizer" not in proc.stderr and "To append" not in proc.stderr
 
 
+@pytest.mark.parametrize("overrides,compositions", [
+    (["train.max_steps=2", "optimizer.lr=1e-3"], 1),  # plain keys: the run's own composition answers for them
+    (["++optimizer.weight_decay=0.1"], 2),  # a ++: checked against the config the choices compose
+])
+def test_a_valid_command_is_checked_with_as_few_compositions_as_its_keys_need(
+        overrides: List[str], compositions: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each composition is about half a second of every run's start (docs/testing.md)."""
+    from hydra._internal.hydra import Hydra
+
+    composed: List[List[str]] = []
+    original = Hydra.compose_config
+
+    def counted(self: Hydra, config_name: str, overrides: List[str], *args: object, **kwargs: object) -> DictConfig:
+        composed.append(list(overrides))
+        return original(self, config_name, overrides, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Hydra, "compose_config", counted)
+    assert check(["experiment=quickstart", *overrides], CONF, "train") == []
+    assert len(composed) == compositions, composed
+
+
 def test_a_sweep_with_an_unknown_key_is_refused_before_any_job(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     proc = run_app(["-m", *FAST, "seed=1,2", "++optimizer.lrr=1e-3", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
@@ -107,6 +128,8 @@ def test_a_run_from_python_refuses_an_unknown_key() -> None:
 @pytest.mark.parametrize("overrides,message", [
     (["+model.peft.r=4"], "error: +model.peft.r=4 sets a key of model.peft, which is null in this config: select the "
      "adapters first: model/peft=lora"),
+    (["model.peft.r=4"], "error: model.peft.r=4 sets a key of model.peft, which is null in this config: select the "
+     "adapters first: model/peft=lora"),  # without +, Hydra's own composition fails first (an AssertionError)
     (["+task.glue.columns.x=y"], "error: +task.glue.columns.x=y sets a key of task.glue, which is null in this config"),
     (["seed.x=1"], "error: seed.x=1: seed is a value, not a group of keys"),
 ])
