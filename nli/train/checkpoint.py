@@ -19,9 +19,10 @@ import json
 import logging
 import random
 import re
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol, Set, Tuple, Union, cast
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Set, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -147,6 +148,19 @@ def rng_state() -> Dict[str, Any]:
             # GPUs that are not there.
             "cuda": torch.cuda.get_rng_state(torch.cuda.current_device()) if torch.cuda.is_available() else None,
             "xla": xla.rng_state()}
+
+
+@contextmanager
+def rng_kept() -> Iterator[None]:
+    """Every random generator as the block found it. Training's draws (dropout) must not depend on when or
+    whether the run evaluates: an evaluation draws (each pass over a DataLoader draws its workers' base seed
+    from torch's generator), so that a run evaluating every 20 steps trained other weights than one
+    evaluating every 40, from the same seed."""
+    state = rng_state()
+    try:
+        yield
+    finally:
+        restore_rng(state)
 
 
 def restore_rng(state: Dict[str, Any]) -> None:

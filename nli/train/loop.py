@@ -29,7 +29,7 @@ from nli.runtime import xla
 from nli.runtime.device import Compute, PeakMemory
 from nli.runtime.distributed import World, no_sync
 from nli.runtime.signals import Preempted, StopRequest
-from nli.train.checkpoint import BestEvaluation, Checkpointer, Progress
+from nli.train.checkpoint import BestEvaluation, Checkpointer, Progress, rng_kept
 from nli.train.hooks import Hook
 
 log = logging.getLogger(__name__)
@@ -265,8 +265,9 @@ class Loop:
         self._call("on_step_end", progress, logged)
         evaluation = None
         if evaluates:
-            evaluation = self.evaluate(self.opt.model, progress.step)
-            self._call("on_evaluation", evaluation, improved=best.update(evaluation))
+            with rng_kept():  # training draws as if it had not evaluated (eval_every changes no weight)
+                evaluation = self.evaluate(self.opt.model, progress.step)
+                self._call("on_evaluation", evaluation, improved=best.update(evaluation))
         if evaluation or progress.step % self.plan.checkpoint_every == 0 or stopping:
             progress.window_loss, progress.window_steps = self.window.partial()
             where = self.checkpointer.save(step=progress.step, evaluation=evaluation,
