@@ -202,6 +202,22 @@ def test_own_files_errors(tmp_path: Path, datasets_cache: Path) -> None:
         load(["task=rte", *mapped, f"data.files.train={tmp_path}/nowhere.csv"])
 
 
+def test_a_tsv_of_your_own_reads_quotes_as_text_as_glue_files_do(tmp_path: Path, datasets_cache: Path) -> None:
+    """A field that opens a quote is text; with quoting on, it swallowed the rows up to the next quote."""
+    rows = [["sentence1", "sentence2", "label"]] + [[f"premise {n}", f"hypothesis {n}", "entailment"] for n in range(100)]
+    rows[6][0] = '"Quoted," she said, opening the line'
+    rows[11][0] = '"An opening quote that never closes'
+    rows[41][1] = 'an inch is 2.54 cm, a foot 12"'
+    write_tsv(tmp_path / "dev.tsv", rows)
+    write_tsv(tmp_path / "train.tsv", rows)
+    own = [f"+data.files.{split}={tmp_path / name}.tsv" for split, name in [("train", "train"), ("validation", "dev")]]
+    dev = load(["task=rte", *own]).eval["validation"]
+    assert len(dev) == 100
+    assert dev[5]["sentence1"] == '"Quoted," she said, opening the line'
+    assert dev[10]["sentence1"] == '"An opening quote that never closes' and dev[11]["sentence1"] == "premise 11"
+    assert dev[40]["sentence2"] == 'an inch is 2.54 cm, a foot 12"'
+
+
 def test_test_files_without_labels_keep_their_index(tmp_path: Path, datasets_cache: Path) -> None:
     """GLUE's real test files have no label column; QQP numbers them in `id`."""
     write_tsv(tmp_path / "QQP" / "test.tsv", [["id", "question1", "question2"], ["7", "a?", "b?"], ["8", "c?", "d?"]])
