@@ -11,8 +11,9 @@ line alone is answered here, in a fraction of a second, with one line on stderr 
   evaluation of a run folder fills from that folder (nli.config.runfolder), as the run will;
 - a launcher (``hydra/launcher=vertex``, ``submitit_slurm``) is chosen for a sweep (``-m``): a single run
   ignores it and would train here, on this machine;
-- the run's (or the sweep's) directory can be made and written: for such an evaluation, the one its
-  default names after the folder's task, handed to Hydra (:func:`check` returns it).
+- the run's (or the sweep's) directory is given (not empty), is not a folder of the other kind (a sweep's for
+  a run, a run's for a sweep), and can be made and written: for such an evaluation, the one its default names
+  after the folder's task, handed to Hydra (:func:`check` returns it).
 
 A sweep is checked here by its keys (with each group's first option), each value of a list or range
 against its key's type or its group's options, and its directory; the schema's rules, which may depend
@@ -40,9 +41,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nli.config import runfolder
 from nli.config.keys import as_typed, check_known, check_override_key
+from nli.contract import RESULTS_FILE
 from nli.errors import ConfigError, UserError
 
 MULTIRUN = ("-m", "--multirun")
+MULTIRUN_RECORD = "multirun.yaml"  # what Hydra writes at the top of a sweep's folder
 HYDRA_LAUNCHER = "basic"  # Hydra's own: runs a sweep's jobs here, one after another
 
 
@@ -94,7 +97,7 @@ def _check_run(config_name: str, overrides: List[Override], groups: set[str], co
     from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
     run_dir = str(cfg.hydra.run.dir)
     _check_config(cfg, rules=True)
-    _check_writable("hydra.run.dir", run_dir)
+    _check_folder("hydra.run.dir", run_dir)
     typed = any(o.key_or_group == "hydra.run.dir" for o in overrides)
     return [f"hydra.run.dir={_quoted(run_dir)}"] if from_folder and not typed else []
 
@@ -144,7 +147,7 @@ def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) 
     _check_keys(base, overrides, groups)
     _check_values(config_name, overrides, groups, choices, base)
     plain = [_line(o) for o in overrides if o.key_or_group.startswith("hydra.") and not o.is_sweep_override()]
-    _check_writable("hydra.sweep.dir", str(_compose(config_name, [*choices, *plain]).hydra.sweep.dir))
+    _check_folder("hydra.sweep.dir", str(_compose(config_name, [*choices, *plain]).hydra.sweep.dir))
 
 
 def _check_values(config_name: str, overrides: List[Override], groups: set[str], choices: List[str],
@@ -208,6 +211,22 @@ def _first(override: Override) -> str:
         return _line(override)
     key = as_typed(_line(override))
     return f"{key}={next(iter(override.sweep_string_iterator()))}"
+
+
+def _check_folder(key: str, folder: str) -> None:
+    """The folder a run (``hydra.run.dir``) or a sweep (``hydra.sweep.dir``) writes into: given, not the other's
+    kind of folder (a sweep's jobs mixed into a run's files, or a run's into a sweep's), and writable."""
+    if not folder.strip():  # Hydra takes "" as the current directory, and writes the whole run there
+        raise ConfigError(f"{key} is empty (an unset shell variable?): it would write into the current directory. "
+                          f"Give it a folder ({key}=runs/first), or leave it out for its default")
+    path = Path(folder)
+    if key == "hydra.run.dir" and (path / MULTIRUN_RECORD).exists():
+        raise ConfigError(f"{key}={folder} is a sweep's folder (it holds {MULTIRUN_RECORD}): a run there would mix "
+                          "its files into the sweep's. Give the run a folder of its own")
+    if key == "hydra.sweep.dir" and ((path / ".hydra").is_dir() or (path / RESULTS_FILE).exists()):
+        raise ConfigError(f"{key}={folder} is a run's folder: a sweep there would mix its jobs into that run's files. "
+                          "Give the sweep a folder of its own")
+    _check_writable(key, folder)
 
 
 def _check_writable(key: str, folder: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Callable, Iterator, List, Sequence, Tuple
 
 import pytest
 from omegaconf import DictConfig, OmegaConf
@@ -159,6 +159,30 @@ def test_a_run_dir_that_cannot_be_made_is_one_clear_line(tmp_path: Path) -> None
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"error: hydra.run.dir={tmp_path / 'taken' / 'run'}: {tmp_path / 'taken'} is a file, not a folder" \
         in proc.stderr
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_an_empty_folder_setting_is_refused_not_the_current_directory(sweep: bool, tmp_path: Path) -> None:
+    """``hydra.run.dir=$RUN`` with RUN unset: Hydra took it as the current directory and wrote the run there."""
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    proc = run_app([*(["-m"] if sweep else []), *FAST, f"{key}="], cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"error: {key} is empty (an unset shell variable?)")
+    assert list(tmp_path.iterdir()) == []  # nothing written where the command ran
+
+
+def test_a_sweep_into_a_runs_folder_and_a_run_into_a_sweeps_are_refused(
+        tmp_path: Path, shared_run: Callable[[str, Sequence[str]], Path]) -> None:
+    run = shared_run("fast", FAST)
+    before = sorted(path.relative_to(run) for path in run.rglob("*"))
+    proc = run_app(["-m", *FAST, "seed=1,2", f"hydra.sweep.dir={run}"], cwd=tmp_path)
+    assert proc.returncode == 1 and f"error: hydra.sweep.dir={run} is a run's folder" in proc.stderr, proc.stderr
+    assert sorted(path.relative_to(run) for path in run.rglob("*")) == before
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")  # what Hydra writes first into a sweep's folder
+    proc = run_app([*FAST, f"hydra.run.dir={sweep}"], cwd=tmp_path)
+    assert proc.returncode == 1 and f"error: hydra.run.dir={sweep} is a sweep's folder" in proc.stderr, proc.stderr
+    assert [path.name for path in sweep.iterdir()] == ["multirun.yaml"]
 
 
 @pytest.mark.parametrize("argv", [

@@ -204,7 +204,8 @@ def test_own_files_errors(tmp_path: Path, datasets_cache: Path) -> None:
 
 def test_a_tsv_of_your_own_reads_quotes_as_text_as_glue_files_do(tmp_path: Path, datasets_cache: Path) -> None:
     """A field that opens a quote is text; with quoting on, it swallowed the rows up to the next quote."""
-    rows = [["sentence1", "sentence2", "label"]] + [[f"premise {n}", f"hypothesis {n}", "entailment"] for n in range(100)]
+    rows = [["sentence1", "sentence2", "label"], *([f"premise {n}", f"hypothesis {n}", "entailment"]
+                                                   for n in range(100))]
     rows[6][0] = '"Quoted," she said, opening the line'
     rows[11][0] = '"An opening quote that never closes'
     rows[41][1] = 'an inch is 2.54 cm, a foot 12"'
