@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -145,6 +146,28 @@ def test_every_run_shown_composes(args: List[str], where: str, tmp_path: Path) -
             command.check(args, CONF, "train")
         except SystemExit as refused:
             pytest.fail(f"{where}: python train.py {' '.join(args)}\n{refused}")
+
+
+def test_git_ignores_every_folder_the_readme_writes_into() -> None:
+    """A run the README shows leaves no untracked files for git to show: the folders its commands name
+    (hydra.run.dir, hydra.sweep.dir, --out) and the run's and sweep's defaults (conf/train.yaml)."""
+    folders = {"outputs/mnli/2026-01-01_00-00-00", "multirun/mnli/2026-01-01_00-00-00"}
+    for shown in commands(ROOT / "README.md"):
+        for word, following in zip(shown.words, (*shown.words[1:], "")):
+            value = word.split("=", 1)[1] if word.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) else \
+                following if word == "--out" else None
+            if value and not value.startswith(("gs://", "/", "$", "<")):
+                folders.add(value)
+    assert "runs/rte-1" in folders  # the README's own example, found
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: nothing for git to ignore")
+    proc = subprocess.run(["git", "check-ignore", "--no-index", "--verbose", "--non-matching", *sorted(folders)],
+                          cwd=ROOT, capture_output=True, text=True)
+    shown = [line.split("\t")[-1] for line in proc.stdout.splitlines() if line.startswith("::")]
+    assert not shown, f"git would show these as untracked: {shown}; add them to .gitignore"
+    ours = ["tests/runs/test_new.py", "nli/runs/new.py"]  # the repository's own files stay visible to git
+    proc = subprocess.run(["git", "check-ignore", "--no-index", *ours], cwd=ROOT, capture_output=True, text=True)
+    assert proc.stdout == "", f"git ignores new files of the repository: {proc.stdout.split()}"
 
 
 @pytest.mark.parametrize("where,module", shown_modules(), ids=[where for where, _ in shown_modules()])
