@@ -315,8 +315,10 @@ def optimization(run: Run, model: torch.nn.Module, loaded: Data) -> Training:
     accumulation = cfg.accumulation_steps(world.world_size)
     plan = Plan.make(train, examples_per_epoch=loaded.examples_per_epoch, world_size=world.world_size,
                      accumulation=accumulation)
-    log.info("training: %d steps of %d examples (%d x %d accumulated%s)", plan.total_steps, train.batch_size,
-             micro_batch_size, accumulation, f" x {world.world_size} processes" if world.distributed else "")
+    processes = f" x {world.world_size} processes" if world.distributed else ""
+    warmup = cfg.schedule.num_warmup_steps(plan.total_steps)
+    log.info("training: %d steps of %d examples (%d x %d accumulated%s), warming up for %d", plan.total_steps,
+             train.batch_size, micro_batch_size, accumulation, processes, warmup)
     stopping = train.early_stopping
     if stopping.patience is not None and plan.evaluations <= stopping.patience:
         out.warn(f"train.early_stopping.patience={stopping.patience} ends a run after {stopping.patience} "

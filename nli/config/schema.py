@@ -283,21 +283,23 @@ class ScheduleConfig:
                  f"schedule.warmup_steps={self.warmup_steps} must be >= 0")
 
     def num_warmup_steps(self, total_steps: int) -> int:
+        """Optimizer steps of warm-up: ``warmup_steps`` as given, or the ratio of the run rounded up (as the
+        Trainer rounds it), short of the run's last step: a fraction of the run always leaves the rate at
+        optimizer.lr for at least one step (``train.max_steps=1`` warms up for none)."""
         if self.warmup_steps is not None:
             return self.warmup_steps
-        return math.ceil(self.warmup_ratio * total_steps)
+        return min(math.ceil(self.warmup_ratio * total_steps), max(total_steps - 1, 0))
 
     def check_warmup(self, total_steps: int, length: str) -> None:
-        """Warm-up must end before the run does, or the rate never reaches optimizer.lr; ``length`` says
-        where ``total_steps`` comes from."""
+        """A warm-up in steps must end before the run does, or the rate never reaches optimizer.lr; ``length``
+        says where ``total_steps`` comes from. (One given as a ratio always does: :meth:`num_warmup_steps`.)"""
         warmup = self.num_warmup_steps(total_steps)
-        typed = (f"schedule.warmup_steps={self.warmup_steps}" if self.warmup_steps is not None else
-                 f"schedule.warmup_ratio={self.warmup_ratio}")
+        fewer = min(max(1, total_steps // 10), total_steps - 1)
         _require(warmup == 0 or warmup < total_steps,
-                 f"{typed} warms up for {warmup} optimizer steps, and the run has {total_steps} ({length}): the "
-                 "learning rate would still be rising when training ends, and never reach optimizer.lr. Warm up "
-                 f"for fewer steps, e.g. schedule.warmup_steps={max(1, total_steps // 10)}, or "
-                 "schedule.warmup_ratio=0.1 with schedule.warmup_steps=null")
+                 f"schedule.warmup_steps={self.warmup_steps} warms up for {warmup} optimizer steps, and the run has "
+                 f"{total_steps} ({length}): the learning rate would still be rising when training ends, and never "
+                 f"reach optimizer.lr. Warm up for fewer steps, e.g. schedule.warmup_steps={fewer}, or for a "
+                 "fraction of the run: schedule.warmup_steps=null (schedule.warmup_ratio, 0.06 by default)")
 
 
 # ------------------------------------------------------------------------- precision, hardware

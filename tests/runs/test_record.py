@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, List, Sequence
 
+import pytest
 import yaml
 
 from nli.sweep import report
@@ -48,11 +49,27 @@ def test_warm_up_past_the_end_of_the_run_is_refused(tmp_path: Path) -> None:
         "the run has 12 (train.max_steps=12): the learning rate would still be rising" in proc.stderr
     assert not (tmp_path / "a").exists()
     # Known once the data is (train.epochs): refused before the first step.
-    proc = run_app([*FAST, "train.max_steps=null", "train.epochs=1", "schedule.warmup_ratio=0.999",
+    proc = run_app([*FAST, "train.max_steps=null", "train.epochs=1", "schedule.warmup_steps=10",
                     f"hydra.run.dir={tmp_path / 'b'}"], cwd=tmp_path)
-    assert proc.returncode == 1 and "error: schedule.warmup_ratio=0.999 warms up for 10 optimizer steps, and the " \
+    assert proc.returncode == 1 and "error: schedule.warmup_steps=10 warms up for 10 optimizer steps, and the " \
         "run has 10 (train.epochs=1.0 of 320 examples in batches of 32)" in proc.stderr
+    assert "e.g. schedule.warmup_steps=1," in proc.stderr
     assert not (tmp_path / "b" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("warmup,steps", [(["schedule.warmup_ratio=0.999"], 9), ([], 0),
+                                          (["schedule.warmup_steps=0"], 0)], ids=["ratio-0.999", "default", "advised"])
+def test_a_warm_up_given_as_a_fraction_always_fits_the_run(warmup: List[str], steps: int, tmp_path: Path) -> None:
+    """The first smoke test many people type, train.max_steps=1, was refused with the default 6% warm-up, and so
+    was the advice it gave (schedule.warmup_steps=1). A fraction now warms up short of the last step."""
+    length = ["train.max_steps=null", "train.epochs=1"] if steps else ["train.max_steps=1", "train.eval_every=1"]
+    proc = run_app([*FAST, *length, *warmup, f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"training: {10 if steps else 1} steps of 32 examples (32 x 1 accumulated), warming up for {steps}" \
+        in proc.stdout
+    if not warmup:  # the advice for warmup_steps=1 at one step names what runs
+        refused = run_app([*FAST, *length, "schedule.warmup_steps=1"], cwd=tmp_path)
+        assert refused.returncode == 1 and "e.g. schedule.warmup_steps=0," in refused.stderr
 
 
 def test_patience_the_run_cannot_reach_is_said_in_the_log_and_results(tmp_path: Path) -> None:
