@@ -52,7 +52,7 @@ from nli.evaluate import evalsets, oom
 from nli.evaluate.evaluation import Evaluation
 from nli.io.claim import Claim
 from nli.io.storage import Storage
-from nli.model import fastpaths, lora
+from nli.model import fastpaths, integrity, lora
 from nli.model.bucket import from_bucket
 from nli.model.build import (
     build_model,
@@ -463,6 +463,7 @@ def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:
     cfg, out, world = run.cfg, run.out, run.world
     trained, where = trained_model(cfg.model)
     trained = from_bucket(trained)  # a model in a bucket: its local copy (nli.model.bucket)
+    weights = integrity.scored(str(trained.name_or_path))  # an export checked whole, before anything loads
     tokenizer = share_tokenizer(build_tokenizer(trained, [], max_seq_length=cfg.data.max_seq_length), world)
     model = load_trained(trained).to(run.compute.device)
     fastpaths.install(model, device=run.compute.device, enabled=cfg.model.fast_paths)  # as training evaluated
@@ -487,6 +488,7 @@ def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:
                               save_predictions=cfg.eval.save_predictions)
     write_predictions(cfg.task, own.test, model, own.evaluate, out.storage, world)
     figures = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": where,
+               **({"evaluated_weights": weights} if weights else {}),
                "eval_examples_per_second": own.evaluate.examples_per_second(),
                "identity": digest(out.identity), **classes, "status": "completed"}
     return results.finish(figures, trackers, out)

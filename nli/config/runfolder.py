@@ -36,6 +36,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nli import contract
 from nli.errors import ConfigError
+from nli.io.claim import live_holder
 from nli.io.storage import Storage
 
 # What an evaluation takes from the run folder's config.yaml, each key whole: the task; where its
@@ -115,6 +116,11 @@ def locate(name_or_path: str) -> Optional[Storage]:
                           f"({here.describe(contract.MODEL_DIR)} holds no config.json): a run exports its best model "
                           "at its first evaluation. Run its training command again to let it get there, or point "
                           "model.name_or_path at a checkpoint directory or a Hub id")
+    holder = live_holder(here)
+    if holder is not None:  # its model/ is the best so far, replaced at each better evaluation
+        raise ConfigError(f"model.name_or_path={name_or_path} is the folder of a run still in progress ({holder}): "
+                          "its model/ is the best so far and changes as the run goes on. Wait for the run to end, "
+                          "or evaluate a copy of its model/ (a folder of its own)")
     return here
 
 

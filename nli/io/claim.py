@@ -258,6 +258,17 @@ def _contend(storage: Storage, backend: _Backend, owner: Owner, stale_after: flo
                        f"{storage.describe()}: other {use.holder}s kept claiming it")
 
 
+def live_holder(storage: Storage, *, stale_after: float = 300.0, use: Use = RUN) -> Optional[str]:
+    """Who holds ``storage``'s claim, described, where that holder may still be alive (a run still writing
+    there); None where the folder has no claim, or its holder is gone."""
+    if not (storage.local or storage.cloud):
+        return None
+    seen = _quietly_read(_backend(storage, use.file))
+    if seen is None or _abandoned(seen, stale_after) is not None:
+        return None
+    return seen.describe(time.time())
+
+
 def _abandoned(seen: _Seen, stale_after: float) -> Optional[str]:
     """Why the claim's owner is gone (its process no longer runs on this host, or its heartbeat
     is older than ``stale_after``), or None if it may be alive."""

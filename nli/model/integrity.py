@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import IO, Any, Dict, List, Optional, Tuple
 
 from nli import contract
+from nli.errors import ConfigError
 from nli.io.storage import Storage
+
+WEIGHT_FILES = (".safetensors", ".bin")  # a model folder's weights, whole or in shards
 
 
 def digests(local: Path) -> Dict[str, Dict[str, Any]]:
@@ -32,14 +35,14 @@ def _hashed(f: IO[bytes]) -> Tuple[int, str]:
     return size, sha.hexdigest()
 
 
-def damage(storage: Storage, step: int) -> List[str]:
-    """What is wrong with the export in ``model/`` (none where it is whole): checked against export.json,
-    which must be of ``step``. An export.json without its files' digests (written before it recorded
-    them) has nothing to check them against: it is taken as it is."""
-    name = f"{contract.MODEL_DIR}/{contract.EXPORT_FILE}"
+def damage(storage: Storage, step: Optional[int], *, folder: str = contract.MODEL_DIR) -> List[str]:
+    """What is wrong with the export in ``folder`` (``model/``; none where it is whole): checked against its
+    export.json, which must be of ``step``. An export.json without its files' digests (written before it
+    recorded them) has nothing to check them against: it is taken as it is."""
+    name = f"{folder}/{contract.EXPORT_FILE}"
     record_name = storage.describe(name)
-    if not storage.list(contract.MODEL_DIR):
-        return [f"{storage.describe(contract.MODEL_DIR)} is missing"]
+    if not storage.list(folder):
+        return [f"{storage.describe(folder)} is missing"]
     try:
         record = json.loads(storage.read_bytes(name))
     except FileNotFoundError:
@@ -54,7 +57,39 @@ def damage(storage: Storage, step: int) -> List[str]:
     if files is None:  # written before export.json recorded its files
         return []
     return [problem for file, expected in sorted(files.items())
-            if (problem := _file_damage(storage, f"{contract.MODEL_DIR}/{file}", expected))]
+            if (problem := _file_damage(storage, f"{folder}/{file}", expected))]
+
+
+def scored(name_or_path: str, *, key: str = "model.name_or_path") -> Dict[str, Any]:
+    """Which weights an evaluation of the local model folder ``name_or_path`` scores, for its results.json: the
+    step it was exported at (where this project exported it: its export.json) and each weights file's SHA-256.
+    An export is first checked against its export.json: a file missing, cut short or changed since (a
+    tokenizer file lost, bytes flipped in the weights) is a ConfigError, not an evaluation of something else.
+    Empty for a Hub id."""
+    model_dir = Path(name_or_path).expanduser()
+    if not model_dir.is_dir():
+        return {}
+    step: Optional[int] = None
+    recorded: Dict[str, Any] = {}
+    if (model_dir / contract.EXPORT_FILE).is_file():
+        storage = Storage(str(model_dir.parent))
+        try:
+            record = json.loads((model_dir / contract.EXPORT_FILE).read_text())
+            step, recorded = record.get("step"), record.get("files") or {}
+        except (ValueError, AttributeError):
+            pass  # damage() names it
+        problems = damage(storage, step, folder=model_dir.name)
+        if problems:
+            raise ConfigError(f"{key}={name_or_path} is an exported model that is damaged ({'; '.join(problems)}): "
+                              "export it again (run its training command again with the same output folder), or "
+                              "give another model")
+    weights = sorted(p for p in model_dir.iterdir() if p.suffix in WEIGHT_FILES and p.is_file())
+    return {"step": step, "sha256": {p.name: recorded.get(p.name, {}).get("sha256") or _sha256(p) for p in weights}}
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return _hashed(f)[1]
 
 
 def _file_damage(storage: Storage, name: str, expected: Any) -> Optional[str]:

@@ -5,8 +5,11 @@ the training run's own final evaluation, for each kind of run folder this projec
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import socket
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence
 
@@ -14,10 +17,11 @@ import pytest
 import yaml
 
 from nli.errors import ConfigError
+from nli.io.claim import CLAIM_FILE
 from nli.io.storage import Storage
 from tests.conftest import build_config
 from tests.nli.model.test_pretrained import MINILM
-from tests.support.runs import FAST, GLUE_DATA, read_results, run_app, shared_folder
+from tests.support.runs import FAST, GLUE_DATA, copy_run, read_results, run_app, shared_folder
 from tests.sweeps.test_report import SWEEP, run_sweep
 
 ShareRun = Callable[[str, Sequence[str]], Path]
@@ -190,6 +194,51 @@ def test_a_folder_that_cannot_give_its_settings_is_refused_before_hydra_writes(s
         proc = run_app([*EVAL, f"model.name_or_path={folder}", f"hydra.run.dir={out}"], cwd=tmp_path)
         assert proc.returncode == 1 and error in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert not out.exists()  # answered by the command line's check, before Hydra made the folder
+
+
+@pytest.mark.parametrize("given", ["", "/model"], ids=["run-folder", "its-model"])
+def test_an_export_changed_since_it_was_written_is_refused_and_a_whole_one_recorded(shared_run: ShareRun,
+                                                                                   tmp_path: Path, given: str) -> None:
+    """A tokenizer file lost scored 0.33 for a model of 0.88 (transformers built an empty tokenizer), and flipped
+    bytes in the weights were scored without a word: each is checked against model/export.json first."""
+    trained = shared_run("fast", FAST)
+    lost = copy_run(trained, tmp_path / "lost")
+    (lost / "model" / "tokenizer.json").unlink()
+    flipped = copy_run(trained, tmp_path / "flipped")
+    weights = flipped / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(255 - byte for byte in data[-8:])  # in the last tensor's values
+    weights.write_bytes(bytes(data))
+    said = {lost: f"{lost}/model/tokenizer.json is missing",
+            flipped: f"{weights} is corrupt (its SHA-256 differs from the one export.json records)"}
+    for folder, problem in said.items():
+        out = tmp_path / f"eval-{folder.name}"
+        proc = run_app([*EVAL, f"model.name_or_path={folder}{given}", f"hydra.run.dir={out}"], cwd=tmp_path)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith(f"error: model.name_or_path={folder}/model is an exported model that is "
+                                      f"damaged ({problem}): export it again"), proc.stderr
+        assert not (out / "results.json").exists()
+    out = tmp_path / "eval-whole"
+    evaluate([f"model.name_or_path={trained}{given}", f"hydra.run.dir={out}"], tmp_path)
+    export = json.loads((trained / "model" / "export.json").read_text())
+    assert read_results(out)["evaluated_weights"] == {
+        "step": export["step"], "sha256": {"model.safetensors": export["files"]["model.safetensors"]["sha256"]}}
+
+
+def test_the_folder_of_a_run_still_training_is_refused(shared_run: ShareRun, tmp_path: Path) -> None:
+    """Its model/ is the best so far, replaced as the run goes on: a score of it would name no weights."""
+    live = copy_run(shared_run("fast", FAST), tmp_path / "live")
+    now = time.time()  # a claim held by a process that runs (pytest's parent), as a training run holds it
+    (live / CLAIM_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(), "started": now,
+                                               "token": "training", "heartbeat": now}))
+    proc = run_app([*EVAL, f"model.name_or_path={live}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.startswith(
+        f"error: model.name_or_path={live} is the folder of a run still in progress (host {socket.gethostname()}, "
+        f"pid {os.getppid()}"), proc.stderr
+    assert "Wait for the run to end, or evaluate a copy of its model/" in proc.stderr
+    assert not (tmp_path / "eval").exists()
+    (live / CLAIM_FILE).unlink()  # the run ended
+    evaluate([f"model.name_or_path={live}", f"hydra.run.dir={tmp_path / 'eval'}"], tmp_path)
 
 
 def test_an_older_versions_keys_are_left_out_and_named(shared_run: ShareRun, tmp_path: Path) -> None:

@@ -80,8 +80,9 @@ def trained(folder: Path, out: Path, extra: tuple = ()) -> Dict[str, object]:
 
 
 def figures(results: Dict[str, object]) -> Dict[str, object]:
-    """What a run computed: its results less what it measured and what names its model's folder."""
-    return {k: v for k, v in results.items() if k not in MEASURED | {"identity", "evaluated_model"}}
+    """What a run computed: its results less what it measured and what names its model's folder and files."""
+    return {k: v for k, v in results.items()
+            if k not in MEASURED | {"identity", "evaluated_model", "evaluated_weights"}}
 
 
 @pytest.mark.parametrize("stored,legacy,sharded", [
