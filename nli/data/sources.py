@@ -192,6 +192,7 @@ def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tup
     lookup = label_lookup(task)
     skipped: List[int] = []
     examples = 0
+    ids: Dict[int, int] = {}  # a test file's: each example's id, at its line (its predictions are numbered by them)
     with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC's files may start with a BOM
         reader = csv.DictReader(f, fieldnames=header, delimiter="\t", quoting=csv.QUOTE_NONE)
         try:
@@ -202,7 +203,12 @@ def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tup
                     skipped.append(line)
                     continue
                 examples += 1
-                yield _glue_example(row, n, task, lookup, f"{path}, line {line}" if has_labels else None)
+                example = _glue_example(row, n, task, lookup, f"{path}, line {line}" if has_labels else None)
+                if not labelled and ids.setdefault(example["idx"], line) != line:
+                    raise DataError(f"{path}: the id {example['idx']} (column '{task.glue.index_column}') is on lines "
+                                    f"{ids[example['idx']]} and {line}. A test file's ids number its predictions, each "
+                                    "its own: restore the file from GLUE's download")
+                yield example
         except UnicodeDecodeError as err:
             raise DataError(_not_utf8(Path(path), err)) from None
         except csv.Error as err:

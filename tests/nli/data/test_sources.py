@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, List
@@ -227,6 +228,18 @@ def test_test_files_without_labels_keep_their_index(tmp_path: Path, datasets_cac
                                                      ["0", "1", "2", "x?", "y?", "1"]])
     test = load(["task=qqp", f"data.dir={tmp_path}"], predict=True).test["test"]
     assert test["idx"] == [7, 8] and test["label"] == [-1, -1]
+
+
+def test_a_glue_test_file_whose_ids_repeat_is_refused(tmp_path: Path, datasets_cache: Path) -> None:
+    """Every index 7: the submission had one id on all its rows (the same fault in your own file was refused)."""
+    shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
+    test = tmp_path / "RTE" / "test.tsv"
+    lines = test.read_text(encoding="utf-8").splitlines()
+    test.write_text("\n".join([lines[0], *("7\t" + line.split("\t", 1)[1] for line in lines[1:])]) + "\n",
+                    encoding="utf-8")
+    with pytest.raises(DataError, match=re.escape(f"{test}: the id 7 (column 'index') is on lines 2 and 3. A test "
+                                                  "file's ids number its predictions, each its own")):
+        load(["task=rte", f"data.dir={tmp_path}"], predict=True)
 
 
 def test_rows_with_missing_fields_are_reported_not_silently_dropped(
