@@ -93,6 +93,7 @@ def _hydra(conf_dir: Path) -> Iterator[None]:
 
 def _check_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path) -> List[str]:
     cfg = _composed_run(config_name, overrides, groups)
+    _check_no_op_mappings(cfg, overrides, groups)
     _check_launcher(cfg, overrides)
     from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
     run_dir = str(cfg.hydra.run.dir)
@@ -119,6 +120,22 @@ def _composed_run(config_name: str, overrides: List[Override], groups: set[str])
             pass
     _check_keys(_compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)]), overrides, groups)
     return _compose(config_name, lines)
+
+
+def _check_no_op_mappings(cfg: DictConfig, overrides: List[Override], groups: set[str]) -> None:
+    """``key={}`` merges nothing into the mapping at ``key`` (Hydra merges a mapping typed on the command line
+    into the config's): the run would go on with every entry it meant to drop (``'task.eval_splits={}'``
+    evaluated as before)."""
+    for override in overrides:
+        if _chooses(override, groups) or override.type != OverrideType.CHANGE or override.value() != {}:
+            continue
+        key = override.key_or_group
+        node = OmegaConf.select(cfg, key)
+        if isinstance(node, DictConfig) and len(node):
+            entries = list(map(str, node))
+            raise ConfigError(f"{_line(override)} changes nothing: a mapping given on the command line is merged into "
+                              f"{key}'s, which keeps {', '.join(entries)}. Drop an entry with ~{key}.{entries[0]}, "
+                              f"or set one with {key}.{entries[0]}=...")
 
 
 def _check_launcher(cfg: DictConfig, overrides: List[Override]) -> None:
