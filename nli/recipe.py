@@ -46,7 +46,7 @@ from transformers import PreTrainedTokenizerBase, set_seed
 from nli import contract
 from nli.config.identity import digest, identity
 from nli.config.keys import key_of
-from nli.config.schema import Accelerator, Config, EvalConfig, LoggerConfig, Precision, TrainConfig
+from nli.config.schema import Accelerator, Config, EvalConfig, LoggerConfig, Precision, TrainConfig, checked
 from nli.data import loaders as data
 from nli.evaluate import evalsets, oom
 from nli.evaluate.evaluation import Evaluation
@@ -138,6 +138,7 @@ def run(cfg: Config, context: RunContext, *, stop: Optional[StopRequest] = None,
     """The whole run, in the same process on every rank; the results, as results.json holds them.
     ``stop`` (nli.runtime.signals) stops it in any phase, and ``sharing`` (nli.runtime.cpu) sizes its CPU threads: the
     command line starts both before torch loads; a call from Python that passes none gets its own."""
+    cfg = checked(cfg)  # composed in Python and edited since: every key and rule again, before anything runs
     with ExitStack() as held:
         if stop is None:
             stop = held.enter_context(StopRequest())

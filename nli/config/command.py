@@ -28,7 +28,7 @@ import shlex
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Sequence
+from typing import Iterator, List, Sequence, Tuple
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -73,6 +73,23 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> List[str]:
         raise SystemExit(f"error: a config file is not valid YAML: {_yaml_problem(err)}") from None
 
 
+def check_overrides(overrides: Sequence[str], conf_dir: Path, config_name: str) -> None:
+    """What :func:`check` asks of a single run's overrides, for a config composed from Python
+    (nli.config.schema.compose): a UserError with the command line's message (a misspelt key with the key meant,
+    an unknown option, a value of the wrong type), not Hydra's exceptions. The run's folder is not checked:
+    a run from Python names its own."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as err:
+        raise ConfigError(f"{' '.join(overrides)}: {str(err).splitlines()[0]}") from None
+    groups = {path.relative_to(conf_dir).as_posix() for path in conf_dir.rglob("*") if path.is_dir()}
+    try:
+        with _hydra(conf_dir):
+            _checked_run(config_name, parsed, groups, conf_dir, launcher=False)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"a config file is not valid YAML: {_yaml_problem(err)}") from None
+
+
 def _yaml_problem(err: yaml.YAMLError) -> str:
     """The parser's complaint on one line: the file, the line and column, what is wrong there."""
     mark = getattr(err, "problem_mark", None)
@@ -92,15 +109,25 @@ def _hydra(conf_dir: Path) -> Iterator[None]:
 
 
 def _check_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path) -> List[str]:
-    cfg = _composed_run(config_name, overrides, groups)
-    _check_no_op_mappings(cfg, overrides, groups)
-    _check_launcher(cfg, overrides)
-    from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
-    run_dir = str(cfg.hydra.run.dir)
-    _check_config(cfg, rules=True)
+    run_dir, from_folder = _checked_run(config_name, overrides, groups, conf_dir)
     _check_folder("hydra.run.dir", run_dir)
     typed = any(o.key_or_group == "hydra.run.dir" for o in overrides)
     return [f"hydra.run.dir={_quoted(run_dir)}"] if from_folder and not typed else []
+
+
+def _checked_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path, *,
+                 launcher: bool = True) -> Tuple[str, bool]:
+    """A single run's config checked, as the run will check it (and its ``launcher``, which a run from Python
+    never starts); its run directory, and whether it evaluates a run folder (nli.config.runfolder)."""
+    _check_single_values(overrides)
+    cfg = _composed_run(config_name, overrides, groups)
+    _check_no_op_mappings(cfg, overrides, groups)
+    if launcher:
+        _check_launcher(cfg, overrides)
+    from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
+    run_dir = str(cfg.hydra.run.dir)
+    _check_config(cfg, rules=True)
+    return run_dir, from_folder
 
 
 def _composed_run(config_name: str, overrides: List[Override], groups: set[str]) -> DictConfig:
@@ -120,6 +147,16 @@ def _composed_run(config_name: str, overrides: List[Override], groups: set[str])
             pass
     _check_keys(_compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)]), overrides, groups)
     return _compose(config_name, lines)
+
+
+def _check_single_values(overrides: List[Override]) -> None:
+    """A run takes one value per key: values to sweep (``seed=1,2``, ``range``, ``interval``) without ``-m``
+    got Hydra's parser message ("Ambiguous value"), which speaks of lists and quotes, not of sweeps."""
+    swept = next((o for o in overrides if o.is_sweep_override()), None)
+    if swept is not None:
+        typed = " ".join(_line(o) for o in overrides)
+        raise ConfigError(f"{_line(swept)} gives several values, and a single run takes one: add -m to sweep them, a "
+                          f"job per value (python train.py -m {typed}), or give one value")
 
 
 def _check_no_op_mappings(cfg: DictConfig, overrides: List[Override], groups: set[str]) -> None:
@@ -161,10 +198,23 @@ def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) 
         base = compose(config_name, overrides=choices, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException, AssertionError):
         return  # each job composes its own, and Hydra names what is wrong
+    _check_ranges(base, overrides)
     _check_keys(base, overrides, groups)
     _check_values(config_name, overrides, groups, choices, base)
     plain = [_line(o) for o in overrides if o.key_or_group.startswith("hydra.") and not o.is_sweep_override()]
     _check_folder("hydra.sweep.dir", str(_compose(config_name, [*choices, *plain]).hydra.sweep.dir))
+
+
+def _check_ranges(base: DictConfig, overrides: List[Override]) -> None:
+    """``interval(a,b)`` is a range for a search to draw from: Hydra's basic sweeper, which runs a list of jobs,
+    ended in its own traceback."""
+    interval = next((o for o in overrides if o.is_interval_sweep()), None)
+    sweeper = OmegaConf.select(base, "hydra.runtime.choices", default={}).get("hydra/sweeper", "basic")
+    if interval is not None and sweeper == "basic":
+        key = as_typed(_line(interval))
+        raise ConfigError(f"{_line(interval)} is a range for a search to draw from, and this sweep runs a list of "
+                          "jobs: search it with Optuna (hydra/sweeper=optuna, or a search of conf/hparams_search/: "
+                          f"docs/sweeps.md), or list values ({key}=1e-5,3e-5,1e-4)")
 
 
 def _check_values(config_name: str, overrides: List[Override], groups: set[str], choices: List[str],

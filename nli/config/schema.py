@@ -727,20 +727,64 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from nli.config.command import check_overrides
     from nli.config.keys import check_known
     from nli.config.runfolder import apply
 
     register_configs()
     if GlobalHydra.instance().is_initialized():
+        check_overrides(overrides, config_dir(), "train")  # the command line's messages, not Hydra's exceptions
         raw = compose_config("train", overrides=list(overrides))
     else:
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
+            check_overrides(overrides, config_dir(), "train")
             raw = compose_config("train", overrides=list(overrides))
     # eval.only=true of a run folder (nli.config.runfolder)
     if (taken := apply(raw, overrides, config_dir())) is not None:
         logging.getLogger(__name__).info("%s", taken)
     check_known(raw)
     return cast(Config, OmegaConf.to_object(raw))
+
+
+def checked(cfg: Config) -> Config:
+    """``cfg`` as a run takes it, checked again: a config composed by :func:`compose` may have been edited since.
+    Each attribute set must be a field of its schema (``cfg.train.epocs = 7`` was ignored: a dataclass takes any
+    attribute), each value of its field's type, and every rule must hold (``cfg.optimizer.lr = -1`` failed deep in
+    torch). Returns a copy; ``cfg`` is left as it is."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    _check_attributes(cfg, "")
+    try:
+        structured = OmegaConf.structured(cfg)
+    except OmegaConfBaseException as err:  # a value of another type: OmegaConf names the key
+        raise ConfigError(f"the config was edited with a value its key does not take: {str(err).splitlines()[0]}") \
+            from None
+    fresh = cast(Config, OmegaConf.to_object(structured))  # each node's __post_init__: the schema's rules
+    assert dataclasses.is_dataclass(fresh)
+    return fresh
+
+
+def _check_attributes(node: Any, path: str) -> None:
+    """Every attribute of the dataclass ``node`` (at ``path``) and of those under it is a field of its schema."""
+    import dataclasses
+    import difflib
+
+    if not dataclasses.is_dataclass(node):
+        if isinstance(node, dict):
+            for name, value in node.items():
+                _check_attributes(value, f"{path}{name}.")
+        return
+    known = [each.name for each in dataclasses.fields(node)]
+    for name, value in vars(node).items():
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            meant = f"did you mean {path}{near[0]}? " if near else ""
+            raise ConfigError(f"{path}{name} was set on the config, and it is no key of it, so nothing would read it: "
+                              f"{meant}{path.rstrip('.') or 'the top level'} takes {', '.join(known)}")
+        _check_attributes(value, f"{path}{name}.")
 
 
 def register_configs() -> None:

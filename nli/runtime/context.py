@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Union, cast
 
 from omegaconf import OmegaConf
 
-from nli.config.schema import Config
+from nli.config.schema import Config, checked
 from nli.errors import ConfigError
 
 
@@ -51,4 +51,5 @@ def local(cfg: Config, output_dir: Union[str, Path, None] = None) -> RunContext:
     if where is None:
         raise ConfigError("a run started from Python writes into output_dir: pass output_dir=... or set it in the "
                           "config (output_dir=outputs/my-run)")
+    cfg = checked(cfg)  # edited since it was composed: named here, as the run would name it
     return RunContext(output_dir=str(where), resolved=resolved(cfg), checkpoint_dir=cfg.train.checkpoint_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Dict, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 import numpy as np
 import pytest
@@ -242,6 +242,45 @@ def test_a_run_is_a_function_call_from_python(fast_run: Path, tmp_path: Path) ->
     written = yaml.safe_load((tmp_path / "notebook" / "config.yaml").read_text())
     assert written == {**yaml.safe_load((fast_run / "config.yaml").read_text()),
                        "output_dir": str(tmp_path / "notebook")}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["experiment=quickstart", "train.epocs=3"], "train.epocs is not a key of this config: did you mean train.epochs?"),
+    (["model=robrta"], "Could not find 'model/robrta'"),
+    (["train.max_steps=abc"], "Value 'abc' of type 'str' could not be converted to Integer"),
+    (["optimizer.lr=1e-3,2e-3"], "optimizer.lr=1e-3,2e-3 gives several values, and a single run takes one"),
+    (["train.max_steps=[1"], "train.max_steps=[1: "),  # not an override at all: Hydra's parser says where
+])
+def test_compose_raises_the_command_lines_errors_not_hydras(overrides: List[str], message: str) -> None:
+    from nli.config import compose
+    from nli.errors import UserError
+
+    with pytest.raises(UserError) as refused:
+        compose(overrides)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda cfg: setattr(cfg.train, "epocs", 7), "train.epocs was set on the config, and it is no key of it, so "
+                                                 "nothing would read it: did you mean train.epochs?"),
+    (lambda cfg: setattr(cfg.optimizer, "lr", -1.0), "optimizer.lr=-1.0 must be positive"),
+    (lambda cfg: setattr(cfg.train, "max_steps", "abc"), "a value its key does not take: Value 'abc' of type 'str' "
+                                                         "could not be converted to Integer"),
+], ids=["misspelt-key", "broken-rule", "wrong-type"])
+def test_a_config_edited_after_compose_is_checked_before_the_run_writes(edit: Callable[[Any], None], message: str,
+                                                                        tmp_path: Path) -> None:
+    """``cfg.train.epocs = 7`` was ignored, and ``cfg.optimizer.lr = -1`` failed deep in torch."""
+    from nli.config import compose
+    from nli.errors import ConfigError
+    from nli.recipe import run
+    from nli.runtime import local
+
+    cfg = compose(FAST)
+    edit(cfg)
+    with pytest.raises(ConfigError) as refused:
+        run(cfg, local(cfg, tmp_path / "notebook"))
+    assert message in str(refused.value)
+    assert not (tmp_path / "notebook").exists()
 
 
 def test_a_run_from_python_needs_an_output_folder() -> None:

@@ -161,6 +161,23 @@ def test_a_run_dir_that_cannot_be_made_is_one_clear_line(tmp_path: Path) -> None
         in proc.stderr
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["optimizer.lr=1e-4,3e-4"], "error: optimizer.lr=1e-4,3e-4 gives several values, and a single run takes one: add "
+                                 "-m to sweep them, a job per value (python train.py -m experiment=quickstart "
+                                 "optimizer.lr=1e-4,3e-4), or give one value"),
+    (["-m", "optimizer.lr=interval(1e-4,1e-3)"],
+     "error: optimizer.lr=interval(1e-4,1e-3) is a range for a search to draw from, and this sweep runs a list of "
+     "jobs: search it with Optuna"),
+], ids=["values-without-m", "interval-without-a-search"])
+def test_values_for_a_sweep_or_a_search_where_none_takes_them_are_named(argv: List[str], message: str,
+                                                                         tmp_path: Path) -> None:
+    """Hydra's parser spoke of lists and quotes ("Ambiguous value"), and its basic sweeper ended in a traceback."""
+    flags = [arg for arg in argv if arg == "-m"]
+    proc = run_app([*flags, "experiment=quickstart", *(arg for arg in argv if arg != "-m")], cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.startswith(message) and "Traceback" not in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no outputs/ or multirun/ where the command ran
+
+
 def test_an_empty_mapping_that_would_change_nothing_is_refused_with_the_way_to_drop_an_entry(tmp_path: Path) -> None:
     """'task.eval_splits={}' (meant: evaluate nothing) was merged as no change, and the run evaluated as before."""
     proc = run_app(["task=rte", "task.eval_splits={}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
