@@ -73,6 +73,19 @@ def _local_dir(name_or_path: str) -> bool:
     return False
 
 
+def _hub_id(what: str, name_or_path: str) -> str:
+    """How a failed download names ``name_or_path``, read as a Hub id; where its owner is a folder here
+    (``outputs/quick`` with an ``outputs/``), the folder that is not there is named too: the path was meant."""
+    owner, _, name = name_or_path.partition("/")
+    folder = Path(owner).expanduser()
+    if not name or not folder.is_dir():
+        return f"{what} '{name_or_path}'"
+    inside = sorted(each.name for each in folder.iterdir() if each.is_dir())
+    held = f"{folder}/ holds {', '.join(inside[:5])}{', ...' if len(inside) > 5 else ''}" if inside else \
+        f"{folder}/ holds no folder"
+    return f"{what} '{name_or_path}' (as a Hub id: there is no folder {name_or_path} here, and {held})"
+
+
 def build_tokenizer(cfg: ModelConfig, train_texts: Iterable[str], *,
                     max_seq_length: int) -> PreTrainedTokenizerBase:
     """The model's tokenizer. For a pretrained checkpoint, ``max_seq_length`` is checked first
@@ -86,7 +99,7 @@ def build_tokenizer(cfg: ModelConfig, train_texts: Iterable[str], *,
     if _local_dir(cfg.name_or_path):
         tokenizer = AutoTokenizer.from_pretrained(cfg.name_or_path)
     else:
-        with hub_download(f"tokenizer '{cfg.name_or_path}'"):
+        with hub_download(_hub_id("tokenizer", cfg.name_or_path)):
             tokenizer = AutoTokenizer.from_pretrained(cfg.name_or_path, revision=cfg.revision)
     limit = tokenizer.model_max_length
     if limit < UNBOUNDED_LENGTH and max_seq_length > limit:
@@ -101,7 +114,7 @@ def pretrained_config(cfg: ModelConfig, *, what: str = "model") -> PretrainedCon
     unreadable is a ConfigError naming the file. ``what`` it is read for names a failed download."""
     assert cfg.name_or_path is not None
     if not _local_dir(cfg.name_or_path):
-        with hub_download(f"{what} '{cfg.name_or_path}'"):
+        with hub_download(_hub_id(what, cfg.name_or_path)):
             return AutoConfig.from_pretrained(cfg.name_or_path, revision=cfg.revision)
     path = Path(cfg.name_or_path).expanduser() / "config.json"
     if not path.is_file():
@@ -250,7 +263,7 @@ def _from_pretrained(cfg: ModelConfig, config: PretrainedConfig, *, pass_config:
     with _attention_supported(cfg, config):
         if _local_dir(cfg.name_or_path):
             return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
-        with hub_download(f"model '{cfg.name_or_path}'"):
+        with hub_download(_hub_id("model", cfg.name_or_path)):
             return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,
                                                                        **kwargs)
 

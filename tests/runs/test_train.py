@@ -192,6 +192,16 @@ def test_unreachable_hub_gives_one_clear_message(tmp_path: Path, args: list[str]
     assert "Traceback" not in proc.stderr and "Retrying" not in proc.stdout + proc.stderr
 
 
+def test_a_run_folder_that_is_not_there_is_named_beside_the_unreachable_hub(tmp_path: Path) -> None:
+    """The README's example with a folder never trained (outputs/quick) said only that the Hub was unreachable."""
+    (tmp_path / "outputs" / "mnli").mkdir(parents=True)
+    proc = run_app(["eval.only=true", "model.name_or_path=outputs/quick", f"hydra.run.dir={tmp_path / 'eval'}"],
+                   cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": None})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "error: cannot download tokenizer 'outputs/quick' (as a Hub id: there is no folder outputs/quick here, " \
+        "and outputs/ holds mnli): http://127.0.0.1:9 is not reachable" in proc.stderr, proc.stderr
+
+
 def test_local_checkpoint_that_does_not_exist(tmp_path: Path) -> None:
     proc = run_app([*FAST, "model=bert-base", f"model.name_or_path={tmp_path}/nowhere",
                     f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path)
