@@ -43,6 +43,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from nli.contract import (
+    CONFIG_FILE,
     OVERRIDES_FILE,
     RESULTS_FILE,
     VERTEX_JOB_RETURN_FILE,
@@ -198,8 +199,27 @@ def _run_row(run_dir: Path, *, num: int) -> Row:
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file is not None else []
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ReportError(f"{run_dir}: unreadable {RESULTS_FILE} or {OVERRIDES_FILE} ({err})") from None
-    return sweep.job_row(num=num, state=sweep.COMPLETED, overrides=[str(each) for each in overrides or []],
-                         results=results, output_dir=str(run_dir))
+    row = sweep.job_row(num=num, state=sweep.COMPLETED, overrides=[str(each) for each in overrides or []],
+                        results=results, output_dir=str(run_dir))
+    # What ran, not what was typed: two runs typed differently (model=tiny, or through experiment=) compare
+    # by the task and model they resolved.
+    row.update(_resolved_names(run_dir))
+    return row
+
+
+def _resolved_names(run_dir: Path) -> Dict[str, str]:
+    """The task and model a run folder's config.yaml resolved (not only the overrides typed: a run of the
+    defaults typed neither): the model by its path or Hub id, or as built from scratch."""
+    try:
+        config = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    task, model = (config.get("task") or {}, config.get("model") or {}) if isinstance(config, dict) else ({}, {})
+    scratch = model.get("scratch") or {}
+    built = f"{scratch.get('model_type')} from scratch, {scratch.get('num_hidden_layers')} layers of " \
+        f"{scratch.get('hidden_size')}" if scratch else None
+    names = {"task": task.get("name"), "model": model.get("name_or_path") or built}
+    return {key: str(value) for key, value in names.items() if value}
 
 
 def _sweep_name(row: Mapping[str, Any]) -> str:

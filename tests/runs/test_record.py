@@ -42,6 +42,18 @@ def test_the_report_reads_the_runs_own_record_of_its_command(shared_run: ShareRu
     assert row["overrides"] == [*FAST, "seed=7"] and row["seed"] == "7"
 
 
+def test_the_report_names_each_run_by_the_task_and_model_it_resolved(shared_run: ShareRun) -> None:
+    """A report of two run folders labelled them task=None, model=None: the overrides typed, not what ran."""
+    from tests.runs.test_same_seed import BASES
+
+    quickstart = report._run_row(shared_run("fast", FAST), num=0)
+    rte = report._run_row(shared_run("same-seed-rte", BASES["rte"]), num=1)
+    assert (quickstart["task"], rte["task"]) == ("synthetic", "rte")  # typed through experiment=, and as task=rte
+    assert quickstart["model"] == rte["model"] == "roberta from scratch, 2 layers of 128"
+    varying = report.sweep.varying([quickstart, rte])
+    assert "task" in varying and "model" not in varying  # the same model, typed two ways
+
+
 def test_warm_up_past_the_end_of_the_run_is_refused(tmp_path: Path) -> None:
     # Known from the command (train.max_steps): refused before Hydra makes the folder.
     proc = run_app([*FAST, "schedule.warmup_steps=100000", f"hydra.run.dir={tmp_path / 'a'}"], cwd=tmp_path)
