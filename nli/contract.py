@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 CONFIG_FILE = "config.yaml"
 OVERRIDES_FILE = "overrides.yaml"  # the overrides the run was started with, as typed
 RESULTS_FILE = "results.json"
+MULTIRUN_RECORD = "multirun.yaml"  # what Hydra writes at the top of a sweep's folder
 MODEL_DIR = "model"
 EXPORT_FILE = "export.json"  # in model/: the step and evaluation of the exported weights
 CHECKPOINTS_DIR = "checkpoints"

@@ -41,11 +41,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nli.config import runfolder
 from nli.config.keys import as_typed, check_known, check_override_key
-from nli.contract import RESULTS_FILE
+from nli.contract import MULTIRUN_RECORD, RESULTS_FILE
 from nli.errors import ConfigError, UserError
 
 MULTIRUN = ("-m", "--multirun")
-MULTIRUN_RECORD = "multirun.yaml"  # what Hydra writes at the top of a sweep's folder
 HYDRA_LAUNCHER = "basic"  # Hydra's own: runs a sweep's jobs here, one after another
 
 

@@ -44,6 +44,7 @@ from matplotlib.figure import Figure
 
 from nli.contract import (
     CONFIG_FILE,
+    MULTIRUN_RECORD,
     OVERRIDES_FILE,
     RESULTS_FILE,
     VERTEX_JOB_RETURN_FILE,
@@ -52,6 +53,7 @@ from nli.contract import (
     vertex_dirs,
 )
 from nli.errors import UserError
+from nli.io.claim import live_holder
 from nli.io.storage import Storage
 from nli.sweep import table as sweep
 
@@ -121,6 +123,12 @@ def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
     except json.JSONDecodeError as err:
         raise ReportError(f"{sweep_dir / sweep.RESULTS_JSONL}: not JSON lines ({err})") from None
     rows = _newest(str(sweep_dir), every, notes)
+    holder = live_holder(Storage(str(sweep_dir), key="DIR"), use=sweep.CLAIM)
+    if holder is not None:  # a sweep still running: its table so far, said as such
+        planned = _planned_jobs(sweep_dir)
+        of = f"of its {planned} jobs " if planned else ""
+        notes.append(f"{sweep_dir}: the sweep is still running ({holder}); {len(rows)} job(s) {of}have ended, and "
+                     "the report is of those: make it again once the sweep ends")
     for row in rows:
         # A sweep copied from elsewhere (a cluster, a bucket) names job folders that are not here:
         # its metrics.csv files are then read from the same subfolder of the copy.
@@ -128,6 +136,21 @@ def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
         if named and not _exists(named) and (sweep_dir / _tail(named, 1)).is_dir():
             row["output_dir"] = str(sweep_dir / _tail(named, 1))
     return rows
+
+
+def _planned_jobs(sweep_dir: Path) -> Optional[int]:
+    """How many jobs the sweep in ``sweep_dir`` runs, from Hydra's record of it (multirun.yaml): an Optuna
+    search's trials, or the product of the lengths of a list sweep's values; None where it cannot tell."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        record = yaml.safe_load((sweep_dir / MULTIRUN_RECORD).read_text())["hydra"]
+        if "n_trials" in (record.get("sweeper") or {}):
+            return int(record["sweeper"]["n_trials"])
+        overrides = OverridesParser.create().parse_overrides(list(record["overrides"]["task"]))
+        return math.prod(len(list(o.sweep_string_iterator())) for o in overrides if o.is_discrete_sweep())
+    except Exception:  # a record of another version, or none: the note says less
+        return None
 
 
 def _newest(where: str, every: List[Row], notes: List[str]) -> List[Row]:

@@ -4,12 +4,15 @@ tables parsed from the Markdown, its PNGs decoded."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -198,6 +201,26 @@ def test_python_m_nli_report(sweep_dir: Path, tmp_path: Path) -> None:
     assert jobs[4]["objective"] == jobs[0]["objective"]
     for name in proc.stdout.splitlines()[1:]:
         assert Path(name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_sweep_still_running_is_reported_as_such_with_its_jobs_so_far(sweep_dir: Path, tmp_path: Path) -> None:
+    """A report of a sweep whose second job was still training said "1 job, 1 completed", and nothing else."""
+    running = copy_run(sweep_dir, tmp_path / "running")
+    lines = (running / sweep.RESULTS_JSONL).read_text().splitlines()
+    (running / sweep.RESULTS_JSONL).write_text("\n".join(lines[:3]) + "\n")  # the fourth job not ended yet
+    now = time.time()  # the sweep's claim, held by a process that runs (pytest's parent), as a sweep holds it
+    (running / sweep.CLAIM.file).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(),
+                                                        "started": now, "token": "sweeping", "heartbeat": now}))
+    notes: List[str] = []
+    report.write_report([running], tmp_path / "report", notes)
+    said = f"{running}: the sweep is still running (host {socket.gethostname()}, pid {os.getppid()}"
+    assert [note for note in notes if note.startswith(said)], notes
+    assert "; 3 job(s) of its 4 jobs have ended, and the report is of those" in notes[-1]
+    assert said in (tmp_path / "report" / report.REPORT).read_text()
+    (running / sweep.CLAIM.file).unlink()  # the sweep ended (its last row aside): no such note
+    notes.clear()
+    report.write_report([running], tmp_path / "ended", notes)
+    assert not any("still running" in note for note in notes)
 
 
 def test_a_directory_swept_twice_is_reported_as_its_newest_sweep(shared_root: Path, tmp_path: Path,
