@@ -6,6 +6,6 @@ from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
     "storage": ["Storage", "TIMEOUT"],
-    "claim": ["Claim", "Use"],
+    "claim": ["Claim", "Use", "live_holder"],
     "hub": ["hub_download"],
 }, ["remote"])

@@ -4,6 +4,7 @@ command refused before it starts writes nothing (nli/config/keys.py, nli/config/
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 from typing import Callable, Iterator, List, Sequence, Tuple
 
@@ -205,6 +206,11 @@ def test_a_sweep_into_a_runs_folder_and_a_run_into_a_sweeps_are_refused(
     proc = run_app(["-m", *FAST, "seed=1,2", f"hydra.sweep.dir={run}"], cwd=tmp_path)
     assert proc.returncode == 1 and f"error: hydra.sweep.dir={run} is a run's folder" in proc.stderr, proc.stderr
     assert sorted(path.relative_to(run) for path in run.rglob("*")) == before
+    started = tmp_path / "started"  # a run still in its first steps: its config.yaml, no results yet
+    started.mkdir()
+    shutil.copy(run / "config.yaml", started / "config.yaml")
+    proc = run_app(["-m", *FAST, "seed=1,2", f"hydra.sweep.dir={started}"], cwd=tmp_path)
+    assert proc.returncode == 1 and f"error: hydra.sweep.dir={started} is a run's folder" in proc.stderr, proc.stderr
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     (sweep / "multirun.yaml").write_text("hydra: {}\n")  # what Hydra writes first into a sweep's folder
