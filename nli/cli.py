@@ -169,9 +169,19 @@ def _fresh_run_dir() -> Optional[Path]:
 
 
 def _remove_if_only_attempt(folder: Optional[Path]) -> None:
-    """A refused run leaves no folder behind where it made one and wrote nothing else there."""
+    """A refused run leaves no folder behind where it made one and wrote nothing else there, nor the empty
+    folders above it (``outputs/mnli/`` of Hydra's default ``outputs/mnli/<time>``), up to the directory the
+    command ran in."""
     if folder is not None and folder.is_dir() and {path.name for path in folder.iterdir()} <= ATTEMPT_FILES:
+        here = Path.cwd().resolve()  # first: the folder may be the directory the command ran in
         shutil.rmtree(folder, ignore_errors=True)
+        for parent in folder.resolve().parents:
+            if here not in parent.parents:
+                break
+            try:
+                parent.rmdir()  # only an empty one
+            except OSError:
+                break
 
 
 def _off_console(level: int, message: str) -> None:

@@ -40,6 +40,14 @@ def test_a_refused_run_is_one_line_on_stderr_and_leaves_no_folder(tmp_path: Path
     assert not run_dir.exists()  # it held nothing but the refused attempt's log and record
 
 
+def test_the_headline_command_refused_here_leaves_no_empty_folders(tmp_path: Path) -> None:
+    """python train.py model=roberta-large hw=v100 on a machine without its GPU left an empty outputs/mnli/."""
+    (tmp_path / "outputs" / "rte").mkdir(parents=True)  # another task's runs: kept
+    proc = run_app(["model=roberta-large", "hw=v100"], cwd=tmp_path)
+    assert proc.returncode == 1 and "error: hw asks for a CUDA GPU (V100), but torch sees none here" in proc.stderr
+    assert sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*")) == ["outputs", "outputs/rte"]
+
+
 def test_a_refusal_in_a_folder_that_holds_a_run_keeps_it_and_logs_there(shared_run: ShareRun, tmp_path: Path) -> None:
     from tests.support.runs import copy_run
 
