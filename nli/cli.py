@@ -173,7 +173,11 @@ def _remove_if_only_attempt(folder: Optional[Path]) -> None:
     folders above it (``outputs/mnli/`` of Hydra's default ``outputs/mnli/<time>``), up to the directory the
     command ran in."""
     if folder is not None and folder.is_dir() and {path.name for path in folder.iterdir()} <= ATTEMPT_FILES:
-        here = Path.cwd().resolve()  # first: the folder may be the directory the command ran in
+        here = Path.cwd().resolve()
+        if folder.resolve() == here or folder.resolve() in here.parents:  # hydra.run.dir=.: the folder stays
+            for name in ATTEMPT_FILES:
+                (folder / name).unlink(missing_ok=True)
+            return
         shutil.rmtree(folder, ignore_errors=True)
         for parent in folder.resolve().parents:
             if here not in parent.parents:

@@ -48,6 +48,15 @@ def test_the_headline_command_refused_here_leaves_no_empty_folders(tmp_path: Pat
     assert sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*")) == ["outputs", "outputs/rte"]
 
 
+def test_a_refusal_with_the_run_dir_where_the_command_runs_keeps_that_directory(tmp_path: Path) -> None:
+    """hydra.run.dir=. : the refused attempt's files go, the directory the user is in stays."""
+    here = tmp_path / "here"
+    here.mkdir()
+    proc = run_app([*MISSING_FILES, "hydra.run.dir=."], cwd=here)
+    assert proc.returncode == 1 and proc.stderr == "error: data.files: /no/train.csv does not exist\n"
+    assert here.is_dir() and list(here.iterdir()) == []
+
+
 def test_a_refusal_in_a_folder_that_holds_a_run_keeps_it_and_logs_there(shared_run: ShareRun, tmp_path: Path) -> None:
     from tests.support.runs import copy_run
 
