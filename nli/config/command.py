@@ -169,9 +169,9 @@ def _check_no_op_mappings(cfg: DictConfig, overrides: List[Override], groups: se
         node = OmegaConf.select(cfg, key)
         if isinstance(node, DictConfig) and len(node):
             entries = list(map(str, node))
-            raise ConfigError(f"{_line(override)} changes nothing: a mapping given on the command line is merged into "
-                              f"{key}'s, which keeps {', '.join(entries)}. Drop an entry with ~{key}.{entries[0]}, "
-                              f"or set one with {key}.{entries[0]}=...")
+            raise ConfigError(f"{_line(override)} changes nothing: Hydra merges a mapping given on the command line "
+                              f"into the config's, and {key} keeps {', '.join(entries)}. Drop an entry with "
+                              f"~{key}.{entries[0]}, or set one with {key}.{entries[0]}=...")
 
 
 def _check_launcher(cfg: DictConfig, overrides: List[Override]) -> None:

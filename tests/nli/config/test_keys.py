@@ -183,8 +183,8 @@ def test_an_empty_mapping_that_would_change_nothing_is_refused_with_the_way_to_d
     """'task.eval_splits={}' (meant: evaluate nothing) was merged as no change, and the run evaluated as before."""
     proc = run_app(["task=rte", "task.eval_splits={}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 1 and proc.stderr.startswith(
-        "error: task.eval_splits={} changes nothing: a mapping given on the command line is merged into "
-        "task.eval_splits's, which keeps validation. Drop an entry with ~task.eval_splits.validation"), proc.stderr
+        "error: task.eval_splits={} changes nothing: Hydra merges a mapping given on the command line into the "
+        "config's, and task.eval_splits keeps validation. Drop an entry with ~task.eval_splits.validation"), proc.stderr
     assert not (tmp_path / "run").exists()
     dropped = run_app(["task=rte", "~task.eval_splits.validation"], cwd=tmp_path)  # the way it names: the rule
     assert dropped.returncode == 1 and "error: task.eval_splits must name at least one split" in dropped.stderr
