@@ -5,13 +5,12 @@
     python train.py -m task=rte,mrpc optimizer.lr=1e-5,2e-5 seed=1,2,3
 """
 
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from nli.cli import entry, train
+from nli.cli import process, train
 from nli.config.schema import register_configs
 
 CONF = Path(__file__).resolve().parent / "conf"
@@ -25,4 +24,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    entry(main, CONF, sys.argv[1:])  # --help without Hydra, then Hydra's main
+    process(main, CONF)  # --help without Hydra, then Hydra's main

@@ -3,12 +3,11 @@
 An installed wheel or sdist carries the config inside the package (``nli/conf``); a source checkout
 keeps it at the top (``conf/``)."""
 
-import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from nli.cli import entry, train
+from nli.cli import process, train
 from nli.config.schema import config_dir, register_configs
 
 CONF = config_dir()
@@ -22,4 +21,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    entry(main, CONF, sys.argv[1:])  # --help without Hydra, then Hydra's main
+    process(main, CONF)  # --help without Hydra, then Hydra's main

@@ -29,7 +29,7 @@ from nli.errors import ConfigError, JobFailed, UserError
 from nli.io.storage import Storage
 from nli.runtime import cpu, platform
 from nli.runtime.context import RunContext
-from nli.runtime.signals import Interrupted, Preempted, StopRequest, interruption
+from nli.runtime.signals import Interrupted, Preempted, StopRequest, end_promptly, interruption
 from nli.sweep import table as sweep
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,17 @@ def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
             raise SystemExit(130) from None
         finally:  # a sweep whose job failed: Hydra raised before the sweep's end, its table comes now
             sweep.finish_open()
+
+
+def process(main: Callable[[], object], conf_dir: Path) -> None:
+    """The ``__main__`` of ``train.py`` and ``python -m nli``: :func:`entry` with the process's arguments, and a
+    process whose run a signal stopped ends within seconds with ``PREEMPTED`` (nli.runtime.signals.end_promptly)."""
+    try:
+        entry(main, conf_dir, sys.argv[1:])
+    except SystemExit as stop:
+        if stop.code == PREEMPTED:
+            end_promptly(PREEMPTED)
+        raise
 
 
 def run_context(cfg: Config, raw: DictConfig, site: platform.Site) -> RunContext:

@@ -7,6 +7,9 @@ continues from there. In every other phase (start-up, data loading, the final ev
 and predictions) nothing is half-way that a checkpoint could keep, so the run stops at once
 (:class:`Interrupted`), and the entry point says what was saved. A second signal always stops at once.
 
+Once a signal has stopped the run, the process ends within seconds (:func:`end_promptly`): a further signal
+ends it at once, with the same status, and so does a watchdog where a thread would hold it at exit.
+
 A platform that requeues a job on a signal of its own (submitit on Slurm: USR2, before a time
 limit or a preemption) names it (nli.runtime.platform); that signal stops the run the same way, and once
 the run has stopped `hand_over()` passes it on to the platform's own handler, so the requeued job
@@ -25,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from types import FrameType
@@ -125,6 +129,31 @@ class StopRequest:
         if again or not self._deferred:
             raise Interrupted(name)
         log.warning("%s received: stopping after this step, with a checkpoint", name)
+
+
+WIND_DOWN_SECONDS = 10.0  # how long a stopped run's process may take to end: Hydra's and the loggers' last writes
+
+
+def end_promptly(status: int, *, within: float = WIND_DOWN_SECONDS) -> None:
+    """A process whose run a signal stopped, on its way out: it ends with ``status`` at a further signal, at once,
+    and after ``within`` seconds whatever still runs. Python waits at exit for every thread that is not a daemon,
+    and a library's worker that the signal left waiting (transformers loads weights in a thread pool) held a
+    stopped run for good; a second Ctrl-C while it waited raised KeyboardInterrupt there: a traceback, and a
+    status other than the one the message gave. For the process's own ``__main__`` alone: it ends the process."""
+
+    def end(*_: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe or stream: nothing more to say on it
+                pass
+        os._exit(status)
+
+    for s in SIGNALS:
+        signal.signal(s, end)
+    watchdog = threading.Timer(within, end)
+    watchdog.daemon = True  # it never holds the process itself
+    watchdog.start()
 
 
 _IN_THREADS: List[StopRequest] = []  # the StopRequests active in threads other than the main one

@@ -23,8 +23,9 @@ from nli.runtime.signals import Interrupted, StopRequest, interruption, relay_to
 from tests.support.runs import FAST, ROOT, process_env, read_results, run_app
 
 
-def start(args: List[str], run_dir: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+def start(args: List[str], run_dir: Path, *, before: Sequence[str] = ()) -> subprocess.Popen:
+    """train.py ARGS in a process of its own (``before``: Python's own options, ``-c`` a program that runs it)."""
+    return subprocess.Popen([sys.executable, *before, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
                             cwd=run_dir.parent, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=process_env())
 
@@ -112,6 +113,36 @@ def test_after_training_a_signal_stops_the_run_and_the_same_command_finishes_it(
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming from checkpoint" in again.stdout + again.stderr and "step 12: loss" not in again.stdout
     assert read_results(run_dir)["train_steps"] == 12
+
+
+# train.py run with a thread that never ends beside it, as a library's worker left waiting by the signal (transformers
+# loads weights in a thread pool): Python waits for such threads at exit, and a stopped run waited forever.
+LINGERING = ("import runpy, sys, threading; threading.Thread(target=threading.Event().wait, name='worker').start(); "
+             "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("again", [False, True], ids=["one-signal", "a-second-after-the-checkpoint"])
+def test_a_stopped_run_ends_its_process_within_seconds_whatever_thread_is_left(tmp_path: Path, again: bool) -> None:
+    """The run has stopped, its checkpoint written: the process ends with 75 although a thread would hold it at
+    exit, within seconds, and at once at a second Ctrl-C (which Python raised as KeyboardInterrupt at exit:
+    a traceback and status 1, under the message "preempted, resumable")."""
+    run_dir = tmp_path / "run"
+    proc = start([*FAST, "train.max_steps=400", "data.synthetic_train_size=12800"], run_dir, before=["-c", LINGERING])
+    try:
+        wait_for(proc, logged(run_dir, "step 3: loss"))
+        proc.send_signal(signal.SIGINT)
+        wait_for(proc, logged(run_dir, "preempted, resumable"))
+        stopped_at = time.monotonic()
+        if again:
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == PREEMPTED, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "preempted, resumable: SIGINT at step" in err
+    assert time.monotonic() - stopped_at < (5 if again else 30)
 
 
 def test_a_signal_whose_exception_a_library_swallowed_stops_the_run_at_the_next_check() -> None:
