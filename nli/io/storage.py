@@ -15,6 +15,7 @@ after about a minute with a traceback about DNS. What fails is said in one line,
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import posixpath
@@ -211,6 +212,8 @@ class Storage:
 def _reason(err: OSError) -> str:
     if isinstance(err, FileNotFoundError) and not isinstance(err, StorageError):
         return f"{err} (does the bucket or parent directory exist?)"
+    if err.errno == errno.ENOSPC:
+        return "no space left on its disk: make room there and run the same command again (what was saved is kept)"
     return str(err)
 
 
@@ -322,12 +325,23 @@ def _replace_local_dir(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp"))
     try:
-        shutil.copytree(source, staging, dirs_exist_ok=True)
+        _copy_files(source, staging)
         _set_modes(staging)
         _swap_in(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _copy_files(source: Path, target: Path) -> None:
+    """``source``'s files and folders into ``target``, stopping at the first that fails, with its own error
+    (copytree copies on past a failure and reports every file's, without their errno: a full disk's)."""
+    for path in sorted(source.rglob("*")):  # a folder before what it holds
+        copy = target / path.relative_to(source)
+        if path.is_dir():
+            copy.mkdir(exist_ok=True)
+        else:
+            shutil.copy2(path, copy)
 
 
 def _set_modes(folder: Path) -> None:

@@ -8,7 +8,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -359,18 +358,22 @@ def test_a_failed_write_leaves_the_previous_version_and_no_temporary_files(tmp_p
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(StorageError, match="could not write .*config.yaml: .*No space left on device"):
+    with pytest.raises(StorageError, match="could not write .*config.yaml: no space left on its disk: make room"):
         storage.write_text("config.yaml", "after")
-    copytree = shutil.copytree
+    sendfile, sources = os.sendfile, []
 
-    def copy_then_fill_the_disk(*args: Any, **kwargs: Any) -> None:
-        copytree(*args, **kwargs)
-        full()
+    def copy_then_fill_the_disk(out_fd: int, in_fd: int, *args: Any) -> int:  # how shutil copies bytes on Linux
+        sources.append(os.fstat(in_fd).st_ino)  # a file's descriptor number is the next one's too
+        return sendfile(out_fd, in_fd, *args) if sources[-1] == sources[0] else full()  # type: ignore[func-returns-value]
 
-    monkeypatch.setattr(shutil, "copytree", copy_then_fill_the_disk)
+    monkeypatch.setattr(os, "sendfile", copy_then_fill_the_disk)
+    (source / "config.json").write_text("after")  # copied first (the files go in order), then the disk is full
     (source / "model.safetensors").write_text("after")
-    with pytest.raises(StorageError, match="could not write .*model: .*No space left on device"):
+    (source / "tokenizer.json").write_text("after")
+    with pytest.raises(StorageError, match="could not write .*model: no space left on its disk: make room") as raised:
         storage.upload_dir(source, "model")
+    assert len(str(raised.value).splitlines()) == 1  # the first failure alone, not every file's (copytree's)
+    assert len(set(sources)) == 2  # one file copied whole, the next refused: the copy stopped there
     assert (tmp_path / "out" / "config.yaml").read_text() == "before"
     assert (tmp_path / "out" / "model" / "model.safetensors").read_text() == "before"
     assert sorted(os.listdir(tmp_path / "out")) == ["config.yaml", "model"]
