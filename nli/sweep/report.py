@@ -118,10 +118,7 @@ def _not_a_source(path: Path) -> ReportError:
 def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
     """The rows of the newest sweep in the directory: two sweeps' rows under one job number would pass
     one sweep's result off as the other's."""
-    try:
-        every = sweep.read_rows(sweep_dir)
-    except json.JSONDecodeError as err:
-        raise ReportError(f"{sweep_dir / sweep.RESULTS_JSONL}: not JSON lines ({err})") from None
+    every = sweep.read_rows(sweep_dir, notes)
     rows = _newest(str(sweep_dir), every, notes)
     holder = live_holder(Storage(str(sweep_dir), key="DIR"), use=sweep.CLAIM)
     if holder is not None:  # a sweep still running: its table so far, said as such
@@ -178,8 +175,8 @@ def bucket_rows(url: str, notes: List[str]) -> List[Row]:
             raise ReportError(f"{url}: nothing there; expected the folder of a Vertex AI sweep, <staging_bucket>/"
                               "<sweep name> (gcloud storage ls lists it)")
         if folder.exists(sweep.RESULTS_JSONL):
-            lines = folder.read_bytes(sweep.RESULTS_JSONL).decode().splitlines()
-            return _newest(folder.url, [json.loads(line) for line in lines if line.strip()], notes)
+            text = folder.read_bytes(sweep.RESULTS_JSONL).decode()
+            return _newest(folder.url, sweep.parse_rows(text, f"{folder.url}/{sweep.RESULTS_JSONL}", notes), notes)
         recorded = {int(job["num"]): job for job in (folder.read_json(VERTEX_JOBS_FILE) or {}).get("jobs", [])}
         numbers = sorted(int(name) for name in folder.list("") if name.isdigit())
         rows = [_job_folder_row(folder, num, recorded.get(num)) for num in numbers]

@@ -128,11 +128,33 @@ def record(sweep_dir: Path, row: Dict[str, Any]) -> None:
         _replace(sweep_dir / RESULTS_CSV, to_csv(of_sweep(rows, row.get(SWEEP_ID))))
 
 
-def read_rows(sweep_dir: Path) -> List[Dict[str, Any]]:
+def read_rows(sweep_dir: Path, notes: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """The directory's rows. A last line cut short (a copy, or a disk, that stopped in the middle of it) is left
+    out, said in ``notes`` (else logged): its job's folder keeps its results. A damaged line before it is
+    refused, by its number."""
     path = sweep_dir / RESULTS_JSONL
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return parse_rows(path.read_text(), str(path), notes)
+
+
+def parse_rows(text: str, where: str, notes: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """The rows of a ``sweep_results.jsonl`` read from ``where`` (:func:`read_rows`)."""
+    lines = text.splitlines()
+    rows: List[Dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number < len(lines) or text.endswith("\n"):
+                raise UserError(f"{where}, line {number}: not JSON ({err.msg}, column {err.colno}): mend or remove "
+                                "that line (each line is one job's row)") from None
+            cut = (f"{where}: its last line ({number}) is cut short and left out (that job's folder keeps its "
+                   f"results); the {len(rows)} rows before it are read")
+            notes.append(cut) if notes is not None else log.warning("%s", cut)
+    return rows
 
 
 def of_sweep(rows: Iterable[Mapping[str, Any]], sweep_id: Optional[str]) -> List[Dict[str, Any]]:

@@ -223,6 +223,37 @@ def test_a_sweep_still_running_is_reported_as_such_with_its_jobs_so_far(sweep_di
     assert not any("still running" in note for note in notes)
 
 
+def test_a_table_whose_last_line_was_cut_short_is_reported_without_that_line_and_says_so(
+        sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy or a disk that stopped in the middle of the last row: the report refused every row, pointing at
+    "line 1" (its parser's, of the one line it was given)."""
+    cut = copy_run(sweep_dir, tmp_path / "cut")
+    table = cut / sweep.RESULTS_JSONL
+    text = table.read_text()
+    table.write_text(text[:len(text) - len(text.splitlines()[-1]) // 2 - 1])  # half the last line, no newline
+    assert report.main([str(cut)]) == 0
+    err = capsys.readouterr().err
+    said = f"{table}: its last line (4) is cut short and left out (that job's folder keeps its results); the 3 rows"
+    assert said in err
+    assert [line["job"] for line in tables((cut / report.REPORT).read_text())["Jobs"]] == ["0", "1", "2"]
+    row = json.loads(text.splitlines()[0])
+    sweep.record(cut, {**row, "output_dir": str(cut / "4")})  # the next job to end: recorded after the whole rows
+    assert [each["output_dir"] for each in sweep.read_rows(cut)][-1] == str(cut / "4")
+    assert len(sweep.read_rows(cut)) == 4
+
+
+def test_a_table_with_a_damaged_line_before_the_last_is_refused_naming_that_line(
+        sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    damaged = copy_run(sweep_dir, tmp_path / "damaged")
+    table = damaged / sweep.RESULTS_JSONL
+    lines = table.read_text().splitlines()
+    table.write_text("\n".join([lines[0], lines[1][:40], *lines[2:]]) + "\n")
+    assert report.main([str(damaged)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {table}, line 2: not JSON (") and "Traceback" not in err
+    assert "mend or remove that line" in err
+
+
 def test_a_directory_swept_twice_is_reported_as_its_newest_sweep(shared_root: Path, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """The second sweep's two jobs (tests/sweeps/test_sweep.py: rerun_sweep), not the first's under the same job
