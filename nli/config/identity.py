@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, Mapping, Sequence
+import re
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from nli.errors import ConfigError, RunChanged
 
@@ -74,15 +75,34 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, str
     return {key: f"{_show(old, key)} -> {_show(new, key)}" for key in changed}
 
 
-def refuse(where: str, what: str, changes: Mapping[str, str]) -> RunChanged:
-    """The error for a folder whose run has another identity: the differences and the ways on."""
+def refuse(where: str, what: str, changes: Mapping[str, str], held: Mapping[str, Any]) -> RunChanged:
+    """The error for a folder whose run has another identity (``held``): the differences and the ways on."""
     continuable = all(key in CONTINUABLE for key in changes)
     accept = (f"train.accept_changes=[{','.join(changes)}] continues it with the new values" if continuable else
               f"only new values of {', '.join(CONTINUABLE)} can be continued with (train.accept_changes)")
     listed = "".join(f"\n  {key}: {change}" for key, change in changes.items())
-    return RunChanged(f"{where} holds {what} with other settings:{listed}\nNothing was changed. To go on, run the "
-                      "command that started it again; or give this run its own output_dir (or hydra.run.dir), or "
+    return RunChanged(f"{where} holds {what} with other settings:{listed}\nNothing was changed. To go on with that "
+                      f"run, {_its_values(changes, held)}; or give this run its own output_dir (or hydra.run.dir), or "
                       f"delete that folder; {accept}")
+
+
+def _its_values(changes: Mapping[str, str], held: Mapping[str, Any]) -> str:
+    """What to type to go on with the folder's run: its values of the keys that differ, where they can be typed
+    (the command that first made the folder is not it once the run went on with new values: train.accept_changes)."""
+    typed = {key: _typed(held[key]) if key in held else None for key in changes}
+    if len(typed) > 6 or None in typed.values():
+        return "run the command it last ran with again (its overrides.yaml lists that command's overrides)"
+    return "give the values it holds: " + " ".join(f"{key}={value}" for key, value in typed.items())
+
+
+def _typed(value: Any) -> Optional[str]:
+    """``value`` as an override's value on the command line, where it can be typed as it is."""
+    if isinstance(value, list):
+        items = [_typed(item) for item in value]
+        return None if None in items else f"[{','.join(str(item) for item in items)}]"
+    if value is None or isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    return value if isinstance(value, str) and re.fullmatch(r"[\w./:@+-]+", value) else None
 
 
 _NONE = object()

@@ -69,6 +69,7 @@ def test_a_finished_run_asked_again_with_other_settings_is_refused(finished: Pat
     assert (f"{run_dir} holds a finished run with other settings:\n  optimizer.lr: 0.001 -> 0.002\n"
             "  train.max_steps: 12 -> 14\nNothing was changed.") in proc.stderr
     assert "only new values of train.epochs" in proc.stderr  # the learning rate cannot be continued with
+    assert "To go on with that run, give the values it holds: optimizer.lr=0.001 train.max_steps=12;" in proc.stderr
     assert files(run_dir) == before
 
 
@@ -90,7 +91,11 @@ def test_a_finished_run_trains_on_with_accepted_changes(finished: Path, tmp_path
             "(train.accept_changes): train.max_steps: 12 -> 18") in output
     assert "resuming from checkpoint" in output and read_results(run_dir)["train_steps"] == 18
     assert read_results(run_dir)["continued"] == [{"step": 12, "changes": {"train.max_steps": "12 -> 18"}}]
-    again = train(run_dir, *FAST, "train.max_steps=18")  # now the folder's run is the longer one
+    # The command that first made the folder is now the one with other settings; the advice names the folder's.
+    original = run_app([*FAST, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert original.returncode == 1 and "train.max_steps: 18 -> 12\n" in original.stderr
+    assert "To go on with that run, give the values it holds: train.max_steps=18;" in original.stderr
+    again = train(run_dir, *FAST, "train.max_steps=18")  # the advice taken: the folder's run, the longer one
     assert "this run already finished" in again
 
 
