@@ -75,11 +75,16 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, str
     return {key: f"{_show(old, key)} -> {_show(new, key)}" for key in changed}
 
 
-def refuse(where: str, what: str, changes: Mapping[str, str], held: Mapping[str, Any]) -> RunChanged:
-    """The error for a folder whose run has another identity (``held``): the differences and the ways on."""
+def refuse(where: str, what: str, changes: Mapping[str, str], held: Mapping[str, Any], *,
+           checkpointed: bool) -> RunChanged:
+    """The error for a folder whose run has another identity (``held``): the differences and the ways on.
+    train.accept_changes is offered only where the folder has a checkpoint to continue from (``checkpointed``)."""
     continuable = all(key in CONTINUABLE for key in changes)
     accept = (f"train.accept_changes=[{','.join(changes)}] continues it with the new values" if continuable else
               f"only new values of {', '.join(CONTINUABLE)} can be continued with (train.accept_changes)")
+    if not checkpointed:
+        accept = ("an evaluation's folder has no checkpoint to go on from with new values" if held.get("eval.only")
+                  else "it has no checkpoint to go on from with new values")
     listed = "".join(f"\n  {key}: {change}" for key, change in changes.items())
     return RunChanged(f"{where} holds {what} with other settings:{listed}\nNothing was changed. To go on with that "
                       f"run, {_its_values(changes, held)}; or give this run its own output_dir (or hydra.run.dir), or "

@@ -80,7 +80,7 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
     what = "a finished run" if finished is not None else f"a run stopped at step {newest}"
     unaccepted = [key for key in changes if key not in train.accept_changes]
     if unaccepted:
-        raise refuse(storage.describe(), what, changes, saved or {})
+        raise refuse(storage.describe(), what, changes, saved or {}, checkpointed=newest is not None)
     if changes and newest is None:
         raise CheckpointError(f"{storage.describe()} holds {what} but no checkpoint to continue it from (none in "
                               f"{checkpoints.where()}): train.accept_changes goes on from the run's newest checkpoint. "

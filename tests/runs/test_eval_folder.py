@@ -21,6 +21,7 @@ from nli.io.claim import CLAIM_FILE
 from nli.io.storage import Storage
 from tests.conftest import build_config
 from tests.nli.model.test_pretrained import MINILM
+from tests.support.nli_layouts import write_sets
 from tests.support.runs import FAST, GLUE_DATA, copy_run, read_results, run_app, shared_folder
 from tests.sweeps.test_report import SWEEP, run_sweep
 
@@ -255,6 +256,24 @@ def test_an_older_versions_keys_are_left_out_and_named(shared_run: ShareRun, tmp
     assert metrics(read_results(out)) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
     assert re.search(r"; left out, unknown to this version: task\.retired, task\.tokenizer_hint\n", log), log
     assert json.loads(json.dumps(evaluated_config(out)["task"]))["hub_revision"] is None
+
+
+def test_an_evaluation_folder_asked_for_more_sets_is_told_to_evaluate_in_a_folder_of_its_own(
+        shared_run: ShareRun, tmp_path: Path) -> None:
+    """An evaluation-only run's folder has no checkpoint to continue: the advice was train.accept_changes, which was
+    then refused ("no checkpoint to continue it from")."""
+    trained = shared_run("fast", FAST)
+    out = tmp_path / "eval"
+    evaluate([f"model.name_or_path={trained}", f"hydra.run.dir={out}"], tmp_path)
+    more = [*EVAL, f"model.name_or_path={trained}", "eval.extra=[hans]", f"eval.dir={write_sets(tmp_path / 'sets')}"]
+    refused = run_app([*more, f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert refused.returncode == 1
+    assert f"{out} holds a finished run with other settings:\n  eval.dir: " in refused.stderr
+    assert "train.accept_changes" not in refused.stderr
+    assert ("or give this run its own output_dir (or hydra.run.dir), or delete that folder; an evaluation's folder "
+            "has no checkpoint to go on from with new values") in refused.stderr
+    evaluate([*more[len(EVAL):], f"hydra.run.dir={tmp_path / 'more'}"], tmp_path)  # the advice taken
+    assert "hans/accuracy" in read_results(tmp_path / "more")
 
 
 def test_a_model_path_beside_a_scratch_architecture_is_told_the_fix() -> None:
