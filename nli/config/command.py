@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nli.config import runfolder
-from nli.config.keys import as_typed, check_known, check_override_key
+from nli.config.keys import as_typed, check_known, check_override_key, key_of
 from nli.contract import CONFIG_FILE, MULTIRUN_RECORD, RESULTS_FILE
 from nli.errors import ConfigError, UserError
 
@@ -234,7 +234,7 @@ def _check_values(config_name: str, overrides: List[Override], groups: set[str],
                     with open_dict(base):
                         OmegaConf.update(base, override.key_or_group, value, merge=True)
             except (UserError, OmegaConfBaseException) as err:
-                reason = str(err).split("\n")[0] if isinstance(err, OmegaConfBaseException) else str(err)
+                reason = _refused_value(f"{key}={text}", err) if isinstance(err, OmegaConfBaseException) else str(err)
                 raise ConfigError(f"{key}={text}, one job of the sweep {_line(override)}: {reason}") from None
 
 
@@ -242,8 +242,21 @@ def _compose(config_name: str, overrides: List[str]) -> DictConfig:
     try:
         return compose(config_name, overrides=overrides, return_hydra_config=True)
     except HydraException as err:  # an unknown option, a value of the wrong type: Hydra's words, once
+        merged = re.match(r"Error merging override (.+)", str(err))
+        if merged and isinstance(err.__cause__, OmegaConfBaseException):
+            raise ConfigError(f"{merged[1]}: {_refused_value(merged[1], err.__cause__)}") from None
         cause = f"\n{err.__cause__}" if err.__cause__ is not None else ""
         raise ConfigError(f"{err}{cause}".split("\nConfig search path:")[0].strip()) from None
+
+
+def _refused_value(typed: str, err: OmegaConfBaseException) -> str:
+    """Why the key of the override ``typed`` refuses its value, in one line: OmegaConf's own first line (the rest
+    names its classes), and for a list given without brackets, the brackets."""
+    reason = str(err).split("\n")[0]
+    if "is not a ListConfig, list or tuple" in reason:
+        key, _, value = typed.partition("=")
+        return f"{key_of(typed)} takes a list, in brackets: {key}=[{value}]"
+    return reason
 
 
 def _check_keys(base: DictConfig, overrides: List[Override], groups: set[str]) -> None:

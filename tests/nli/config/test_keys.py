@@ -96,6 +96,8 @@ def test_a_sweep_with_an_unknown_key_is_refused_before_any_job(tmp_path: Path) -
                    "Integer"),
     ("optimizer=adamw,adamm", "optimizer=adamm, one job of the sweep optimizer=adamw,adamm: In 'train': Could not "
                               "find 'optimizer/adamm'"),
+    ("eval.extra=hans,snli", "eval.extra=hans, one job of the sweep eval.extra=hans,snli: eval.extra takes a list, in "
+                             "brackets: eval.extra=[hans]\n"),
 ])
 def test_a_typo_in_one_value_of_a_sweep_is_named_before_any_job_runs(tmp_path: Path, typed: str,
                                                                       refused: str) -> None:
@@ -145,6 +147,11 @@ def test_a_key_under_null_or_under_a_value_is_named_with_its_fix(tmp_path: Path,
     (["model=robrta"], "Could not find 'model/robrta'"),
     (["~train.epochs"], "does not support deletion"),
     (["optimizer.lr=-1"], "optimizer.lr=-1.0 must be positive"),
+    # A value its key's type refuses: one line, the override first; not OmegaConf's full_key and class names.
+    (["train.epochs=abc"], "error: train.epochs=abc: Value 'abc' of type 'str' could not be converted to Float\n"),
+    (["eval.extra=snli"], "error: eval.extra=snli: eval.extra takes a list, in brackets: eval.extra=[snli]\n"),
+    (["train.accept_changes=train.max_steps"], "error: train.accept_changes=train.max_steps: train.accept_changes "
+                                                "takes a list, in brackets: train.accept_changes=[train.max_steps]\n"),
 ])
 def test_a_command_hydra_or_the_schema_refuses_is_one_message_and_no_folder(tmp_path: Path, overrides: List[str],
                                                                             message: str) -> None:
