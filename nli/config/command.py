@@ -18,17 +18,20 @@ line alone is answered here, in a fraction of a second, with one line on stderr 
 A sweep is checked here by its keys (with each group's first option), each value of a list or range
 against its key's type or its group's options, and its directory; the schema's rules, which may depend
 on how values combine, are each job's own to check (it fails alone, nli.cli).
-Anything this check cannot judge (Hydra's flags, ``--cfg``, ``--config-dir``) is left to Hydra.
+``--cfg`` (and Hydra's other flags that show the config) gets the same check of its keys and types, not the
+schema's rules: it shows the config as composed. An argument Hydra's grammar cannot read is named with how to type
+it (a path with a space, a ``~``). Anything else this check cannot judge (``--config-dir``, ``--info``) is Hydra's.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -52,24 +55,83 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> List[str]:
     """Stop with ``error: ...`` (exit 1) where ``argv`` cannot run as typed. Returns the overrides Hydra
     is to be given besides ``argv``: for an evaluation of a run folder, the run directory its default
     names after the folder's task (nli.config.runfolder), not the config's default task."""
-    flags = [arg for arg in argv if arg.startswith("-")]
-    if any(flag not in MULTIRUN for flag in flags):
-        return []  # Hydra's own flags (--cfg, --config-dir, ...): Hydra answers them
-    try:
-        overrides = OverridesParser.create().parse_overrides([arg for arg in argv if not arg.startswith("-")])
-    except HydraException:
-        return []  # not an override at all: Hydra's parser says where
+    split = _flags(argv)
+    if split is None:
+        return []  # Hydra's flags that change what composes (--config-dir, ...) or answer alone: Hydra's to answer
+    flags, typed = split
     groups = {path.relative_to(conf_dir).as_posix() for path in conf_dir.rglob("*") if path.is_dir()}
     try:
+        overrides = _parsed(typed)
         with _hydra(conf_dir):
-            if flags:
+            if "-m" in flags:
                 _check_sweep(config_name, overrides, groups)
-                return []
-            return _check_run(config_name, overrides, groups, conf_dir)
+            elif flags:  # --cfg shows the config as composed: its keys and types checked, the rules are the run's
+                _check_single_values(overrides)
+                _composed_run(config_name, overrides, groups)
+            else:
+                return _check_run(config_name, overrides, groups, conf_dir)
+            return []
     except UserError as err:
         raise SystemExit(f"error: {err}") from None
     except yaml.YAMLError as err:  # a config file edited by hand (a user's conf/local/): the file, the line
         raise SystemExit(f"error: a config file is not valid YAML: {_yaml_problem(err)}") from None
+
+
+# Hydra's flags that show the composed config instead of running, with the number of values each takes.
+SHOWING = {"--cfg": 1, "-c": 1, "--resolve": 0, "--package": 1, "-p": 1}
+
+
+def _flags(argv: Sequence[str]) -> Optional[Tuple[set[str], List[str]]]:
+    """``argv``'s flags (``-m``, or ``--cfg`` for any flag of :data:`SHOWING`) and its overrides; None where it
+    has another of Hydra's flags."""
+    flags: set[str] = set()
+    typed: List[str] = []
+    args = iter(argv)
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if arg in MULTIRUN:
+            flags.add("-m")
+        elif name in SHOWING:
+            flags.add("--cfg")
+            for _ in range(SHOWING[name] if "=" not in arg else 0):
+                next(args, None)
+        elif arg.startswith("-"):
+            return None
+        else:
+            typed.append(arg)
+    return flags, typed
+
+
+def _parsed(typed: List[str]) -> List[Override]:
+    """The overrides, or a ConfigError naming the first argument Hydra's grammar cannot read, and how to type it:
+    the shell splits a path with a space and leaves a ~ it does not expand, and Hydra's parser said neither."""
+    parser = OverridesParser.create()
+    try:
+        return parser.parse_overrides(typed)
+    except HydraException:
+        pass
+    for before, arg in zip(["", *typed], typed):
+        try:
+            parser.parse_overrides([arg])
+        except HydraException as err:
+            raise ConfigError(_unreadable(arg, before, str(err))) from None
+    raise AssertionError("each override parses alone, and together they did not")  # Hydra's grammar is per argument
+
+
+def _unreadable(arg: str, before: str, said: str) -> str:
+    if "=" not in arg:
+        if "=" in before:
+            return (f"{arg} is not an override (key=value): if it is the rest of {before} (a value with a space), "
+                    f"quote the two as one: '{before} {arg}'")
+        return f"{arg} is not an override (key=value): python train.py --help lists the keys"
+    key, _, value = arg.partition("=")
+    if value.startswith("~"):
+        return (f"{arg}: Hydra does not read ~ in a value, nor expand it: write the path in full: "
+                f"{key}={os.path.expanduser(value)}")
+    reason = next(line for line in said.splitlines() if not line.startswith("Error parsing override"))
+    grammar = next((word for word in said.split() if word.startswith("https://")), "")
+    return (f"{arg}: {reason} (quote a value with spaces or special characters: {key}='{value}'; Hydra's override "
+            f"grammar: {grammar})")
 
 
 def check_overrides(overrides: Sequence[str], conf_dir: Path, config_name: str) -> None:
@@ -77,10 +139,7 @@ def check_overrides(overrides: Sequence[str], conf_dir: Path, config_name: str) 
     (nli.config.schema.compose): a UserError with the command line's message (a misspelt key with the key meant,
     an unknown option, a value of the wrong type), not Hydra's exceptions. The run's folder is not checked:
     a run from Python names its own."""
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException as err:
-        raise ConfigError(f"{' '.join(overrides)}: {str(err).splitlines()[0]}") from None
+    parsed = _parsed(list(overrides))
     groups = {path.relative_to(conf_dir).as_posix() for path in conf_dir.rglob("*") if path.is_dir()}
     try:
         with _hydra(conf_dir):

@@ -4,6 +4,7 @@ command refused before it starts writes nothing (nli/config/keys.py, nli/config/
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 from typing import Callable, Iterator, List, Sequence, Tuple
@@ -263,3 +264,37 @@ def test_every_node_of_the_schema_refuses_an_unknown_key(options: List[str]) -> 
     assert dataclasses.is_dataclass(OmegaConf.get_type(compose_config(options)))  # the root too
     with pytest.raises(ConfigError, match="^nonsense is not a key of this config"):
         check_known(compose_config([*options, "+nonsense=1"]))
+
+
+@pytest.mark.parametrize("typed,said", [
+    # The shell splits an unquoted path with a space: Hydra's parser said "missing EQUAL at '<EOF>'".
+    (["experiment=quickstart", "hydra.run.dir=my", "runs/x"],
+     "error: runs/x is not an override (key=value): if it is the rest of hydra.run.dir=my (a value with a space), "
+     "quote the two as one: 'hydra.run.dir=my runs/x'\n"),
+    (["runs/x", "experiment=quickstart"],
+     "error: runs/x is not an override (key=value): python train.py --help lists the keys\n"),
+    # A ~ the shell left (quoted, or not at a word's start): Hydra's parser pointed at it with a caret.
+    (["experiment=quickstart", "data.dir=~/glue"],
+     f"error: data.dir=~/glue: Hydra does not read ~ in a value, nor expand it: write the path in full: "
+     f"data.dir={os.path.expanduser('~/glue')}\n"),
+    (["experiment=quickstart", "train.max_steps=[1"],
+     "error: train.max_steps=[1: no viable alternative at input '[1' (quote a value with spaces or special "
+     "characters: train.max_steps='[1'; Hydra's override grammar: "
+     "https://hydra.cc/docs/1.2/advanced/override_grammar/basic)\n"),
+], ids=["space", "no-equals", "tilde", "grammar"])
+def test_an_argument_hydra_cannot_parse_is_named_with_its_fix(tmp_path: Path, typed: List[str], said: str) -> None:
+    proc = run_app(typed, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr == said and not list(tmp_path.iterdir())
+
+
+def test_cfg_job_checks_the_keys_as_a_run_does_and_prints_the_config(tmp_path: Path) -> None:
+    """``--cfg job`` was left to Hydra: a misspelt key got "To append to your config use +train.epocs=3", the form
+    this project refuses."""
+    proc = run_app(["--cfg", "job", "experiment=quickstart", "train.epocs=3"], cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: train.epocs is not a key of this config: did you mean train.epochs?")
+    assert "+train.epocs" not in proc.stderr
+    shown = run_app(["--cfg=job", "experiment=quickstart", "train.epochs=3", "optimizer.lr=-1"], cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr  # what it shows is the config: the schema's rules are the run's
+    assert "  epochs: 3.0\n" in shown.stdout and "  lr: -1.0\n" in shown.stdout
+    assert not list(tmp_path.iterdir())
