@@ -62,6 +62,7 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> List[str]:
     groups = {path.relative_to(conf_dir).as_posix() for path in conf_dir.rglob("*") if path.is_dir()}
     try:
         overrides = _parsed(typed)
+        _check_search_keys(overrides)
         with _hydra(conf_dir):
             if "-m" in flags:
                 _check_sweep(config_name, overrides, groups)
@@ -132,6 +133,22 @@ def _unreadable(arg: str, before: str, said: str) -> str:
     grammar = next((word for word in said.split() if word.startswith("https://")), "")
     return (f"{arg}: {reason} (quote a value with spaces or special characters: {key}='{value}'; Hydra's override "
             f"grammar: {grammar})")
+
+
+SEARCHED = "hydra.sweeper.params."  # the Optuna search's space, by key: optimizer.lr: interval(1e-4, 1e-2)
+
+
+def _check_search_keys(overrides: List[Override]) -> None:
+    """A search's space cannot be set through ``hydra.sweeper.params.<key>``: its keys hold dots, which Hydra reads
+    as nesting ("Sweeping over Hydra's configuration is not supported", or the ``+`` form). The Optuna sweeper
+    takes the key itself typed with a range as its space for that key, and with one value as fixed."""
+    for override in overrides:
+        key = override.key_or_group
+        if key.startswith(SEARCHED) and key != SEARCHED.rstrip("."):
+            searched, value = key[len(SEARCHED):], _line(override).split("=", 1)[1]
+            raise ConfigError(f"{_line(override)} cannot be set: Hydra reads the dots of {searched} as nesting. Type "
+                              f"the key itself: '{searched}={value}'; a range typed for a key is the search's space "
+                              "for it, and one value takes it out of the search")
 
 
 def check_overrides(overrides: Sequence[str], conf_dir: Path, config_name: str) -> None:

@@ -295,6 +295,25 @@ def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path
         assert Path(row["output_dir"]).name.startswith(f"lr={float(row['optimizer.lr'])},bs=")
 
 
+def test_a_searchs_range_is_changed_from_the_command_line_by_its_key(tmp_path: Path) -> None:
+    """``hydra.sweeper.params.optimizer.lr=...`` cannot be set (Hydra reads the key's dots as nesting): refused with
+    the form that works, the key typed with a range (the search's space for it) or one value (out of the search)."""
+    sweep_dir = tmp_path / "search"
+    args = ["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={sweep_dir}"]
+    refused = run_app([*args, "hydra.sweeper.params.optimizer.lr=tag(log,interval(2e-4,3e-4))"], cwd=tmp_path)
+    assert refused.returncode == 1 and not sweep_dir.exists()
+    assert refused.stderr == ("error: hydra.sweeper.params.optimizer.lr=tag(log,interval(2e-4,3e-4)) cannot be set: "
+                              "Hydra reads the dots of optimizer.lr as nesting. Type the key itself: "
+                              "'optimizer.lr=tag(log,interval(2e-4,3e-4))'; a range typed for a key is the search's "
+                              "space for it, and one value takes it out of the search\n")
+    searched = run_app([*args, "optimizer.lr=tag(log,interval(2e-4,3e-4))", "train.batch_size=16"], cwd=tmp_path)
+    assert searched.returncode == 0, searched.stdout + searched.stderr
+    rows = sweep.read_rows(sweep_dir)
+    assert len(rows) == 2 and all(2e-4 <= float(row["optimizer.lr"]) <= 3e-4 for row in rows)
+    assert {read_results(Path(row["output_dir"]))["provenance"]["overrides"].count("train.batch_size=16")
+            for row in rows} == {1}
+
+
 # -------------------------------------------------------------------------------- in process
 
 
