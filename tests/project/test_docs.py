@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 
 from nli.config import command
 from nli.config.schema import compose
@@ -125,10 +126,17 @@ def shown_modules() -> List[Tuple[str, str]]:
 
 
 def first_job(args: List[str]) -> List[str]:
-    """A sweep's overrides as its first job has them: each swept key at its first value, no ``-m``."""
+    """A sweep's overrides as its first job has them: each swept key at its first value (a search's range: its
+    start), no ``-m``."""
     overrides = OverridesParser.create().parse_overrides([arg for arg in args if arg not in command.MULTIRUN])
-    return [f"{str(o.input_line).split('=', 1)[0]}={next(iter(o.sweep_string_iterator()))}"
-            if o.is_sweep_override() else str(o.input_line) for o in overrides]
+    return [f"{str(o.input_line).split('=', 1)[0]}={first_value(o)}" if o.is_sweep_override() else str(o.input_line)
+            for o in overrides]
+
+
+def first_value(override: Override) -> str:
+    if override.is_interval_sweep():
+        return str(override.value().start)
+    return str(next(iter(override.sweep_string_iterator())))
 
 
 @pytest.mark.parametrize("args,where", shown_runs())
