@@ -161,6 +161,7 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             if out.finished is not None:  # its model checked, and exported again if it was lost (nli.output.export)
                 export.check_finished(out.finished, cfg.model, cfg.task, out, seed=cfg.seed,
                                       card=Card(context.resolved, out.finished.get("provenance") or {}))
+                log.info("results: %s", results.summary(out.finished))
                 return out.finished
             started = device.started_precision(out.snapshot.state if out.snapshot else None)  # kept on resume
             compute = prepare(cfg, world, sharing, started=started)

@@ -97,8 +97,7 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
                  "checkpoint, step %d", storage.describe(contract.RESULTS_FILE), newest)
         return None
     if finished is not None:
-        log.info("this run already finished; its results, from %s: %s", storage.describe(contract.RESULTS_FILE),
-                 json.dumps(finished))
+        log.info("this run already finished; its results are in %s", storage.describe(contract.RESULTS_FILE))
     return finished
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 from nli import contract
 from nli.evaluate import per_class
@@ -47,11 +47,27 @@ def finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[st
             out.claim.check()
         out.storage.write_text(contract.RESULTS_FILE, json.dumps(results, indent=2) + "\n")
     trackers.finish(results)
-    log.info("results: %s", json.dumps(results))
+    log.info("results: %s", summary(results))
     if out.world.is_main:
         log.info("%s", _files(out, trackers, exported="evaluated_model" not in results))
     out.world.barrier()  # no rank returns before the run's outputs are written
     return results
+
+
+# Figures of results.json that describe how the run went, not how well its model does.
+HOW_IT_WENT = {"train_examples_per_second", "train_tokens_per_second", "eval_examples_per_second", "train_seconds",
+               "peak_memory_bytes", "xla_compile_seconds"}
+
+
+def summary(results: Mapping[str, Any]) -> str:
+    """The run's figures in a line: its metrics, and how long it trained; results.json holds every figure."""
+    scores = ", ".join(f"{key}={value:.4f}" for key, value in results.items()
+                       if isinstance(value, float) and key not in HOW_IT_WENT)
+    steps, seconds, best = (results.get(key) for key in ("train_steps", "train_seconds", "best_step"))
+    trained = "" if steps is None else f"; {steps} steps"  # an evaluation-only run trained none
+    trained += f" in {seconds:.1f} s" if steps is not None and isinstance(seconds, float) else ""
+    trained += f", the best at step {best}" if steps is not None and best is not None else ""
+    return f"{scores}{trained} (every figure in {contract.RESULTS_FILE})"
 
 
 def _files(out: Outputs, trackers: Trackers, *, exported: bool) -> str:

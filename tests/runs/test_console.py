@@ -3,6 +3,7 @@ folder, the end of a run says where its files are, and progress bars only on a t
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -22,7 +23,7 @@ def test_help_opens_with_example_commands_that_compose(tmp_path: Path) -> None:
     proc = run_app(["--help"], cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.startswith("python train.py: fine-tune")
     examples = [line.split("#")[0].strip() for line in proc.stdout.split("== Configuration groups ==")[0].splitlines()
-                if line.strip().startswith("python train.py")]
+                if line.strip().startswith("python train.py ")]
     assert len(examples) >= 6 and any("-m" in each for each in examples) and any("--cfg" in each for each in examples)
     assert any("hydra/launcher=vertex" in each for each in examples) and any("eval.only" in each for each in examples)
     for example in examples:
@@ -70,6 +71,13 @@ def test_a_refusal_in_a_folder_that_holds_a_run_keeps_it_and_logs_there(shared_r
 def test_the_end_of_a_run_says_where_its_files_are(tmp_path: Path) -> None:
     proc = run_app([*FAST, f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    # Its figures in a line a person reads (it was results.json's 1,500 characters of JSON, provenance and all).
+    results = json.loads((tmp_path / "results.json").read_text())
+    said = next(line for line in proc.stdout.splitlines() if "][nli.output.results][INFO] - results: " in line)
+    assert said.split(" - ", 1)[1] == (f"results: objective={results['objective']:.4f}, accuracy="
+                                       f"{results['accuracy']:.4f}, loss={results['loss']:.4f}; 12 steps in "
+                                       f"{results['train_seconds']:.1f} s, the best at step {results['best_step']} "
+                                       "(every figure in results.json)")
     block = [line.strip().split("  ") for line in proc.stdout.split("The run's files:\n")[1].splitlines()[:5]]
     assert [(line[0], line[-1].strip()) for line in block] == [
         (name, str(tmp_path / file)) for name, file in (("results", "results.json"), ("model", "model"),
