@@ -71,7 +71,7 @@ from nli.output.folder import Outputs, check_continuation, earlier_run, recorded
 from nli.output.modelcard import Card
 from nli.output.submission import write_predictions
 from nli.runtime import cpu, device, distributed, provenance, xla
-from nli.runtime.context import RunContext
+from nli.runtime.context import RunContext, console_log
 from nli.runtime.distributed import World
 from nli.runtime.signals import Interrupted, StopRequest, interruption
 from nli.tracking import loggers
@@ -134,12 +134,14 @@ class Training:
 
 
 def run(cfg: Config, context: RunContext, *, stop: Optional[StopRequest] = None,
-        sharing: Optional[cpu.Sharing] = None) -> Dict[str, Any]:
+        sharing: Optional[cpu.Sharing] = None, console: Optional[bool] = None) -> Dict[str, Any]:
     """The whole run, in the same process on every rank; the results, as results.json holds them.
     ``stop`` (nli.runtime.signals) stops it in any phase, and ``sharing`` (nli.runtime.cpu) sizes its CPU threads: the
-    command line starts both before torch loads; a call from Python that passes none gets its own."""
+    command line starts both before torch loads; a call from Python that passes none gets its own. ``console``: the
+    log on stderr where logging is not configured (None), always (True) or never (False)."""
     cfg = checked(cfg)  # composed in Python and edited since: every key and rule again, before anything runs
     with ExitStack() as held:
+        held.enter_context(console_log(console))
         if stop is None:
             stop = held.enter_context(StopRequest())
         if sharing is None:

@@ -5,7 +5,7 @@ provenance of its numbers."""
 from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
-    "context": ["RunContext", "local"],
+    "context": ["RunContext", "console_log", "local"],
     "device": ["Compute", "PeakMemory", "cpu_kernels", "cpu_native_bf16"],
     "distributed": ["World", "no_sync", "shard"],
     "signals": ["Interrupted", "Preempted", "StopRequest", "end_promptly", "interruption", "relay_to_threads"],

@@ -9,9 +9,12 @@ Light on purpose (no torch): the command line makes it before torch loads.
 
 from __future__ import annotations
 
+import logging
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union, cast
+from typing import Any, Dict, Iterator, List, Optional, Union, cast
 
 from omegaconf import OmegaConf
 
@@ -53,3 +56,27 @@ def local(cfg: Config, output_dir: Union[str, Path, None] = None) -> RunContext:
                           "config (output_dir=outputs/my-run)")
     cfg = checked(cfg)  # edited since it was composed: named here, as the run would name it
     return RunContext(output_dir=str(where), resolved=resolved(cfg), checkpoint_dir=cfg.train.checkpoint_dir)
+
+
+CONSOLE_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, as train.py's console shows it
+
+
+@contextmanager
+def console_log(enabled: Optional[bool] = None) -> Iterator[None]:
+    """A run started from Python logs to stderr as ``train.py`` does: Python's logging, left unconfigured, drops
+    INFO records, and a notebook's run printed nothing for its whole length. ``enabled``: None logs only where no
+    handler is configured (the command line's Hydra, or the caller, shows the log otherwise); False never."""
+    ours = logging.getLogger("nli")
+    if enabled is False or (enabled is None and (logging.getLogger().handlers or ours.handlers)):
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(CONSOLE_FORMAT))
+    level = ours.level
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        ours.removeHandler(handler)
+        ours.setLevel(level)

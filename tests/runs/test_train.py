@@ -4,6 +4,9 @@ the process is what is tested (python -m nli, W&B's reading of its environment).
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence
 
@@ -15,7 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from nli.data import synthetic
-from tests.support.runs import FAST, MEASURED, copy_run, read_results, run_app, run_process
+from tests.support.runs import FAST, MEASURED, copy_run, process_env, read_results, run_app, run_process
 from tests.support.wandb_records import records
 
 GLUE_METRIC_KEYS = {"objective", "accuracy", "train_examples_per_second", "train_seconds", "status"}
@@ -252,6 +255,32 @@ def test_a_run_is_a_function_call_from_python(fast_run: Path, tmp_path: Path) ->
     written = yaml.safe_load((tmp_path / "notebook" / "config.yaml").read_text())
     assert written == {**yaml.safe_load((fast_run / "config.yaml").read_text()),
                        "output_dir": str(tmp_path / "notebook")}
+
+
+NOTEBOOK = """
+import sys
+from nli.config import compose
+from nli.recipe import run
+from nli.runtime import local
+
+cfg = compose(sys.argv[2:])
+run(cfg, local(cfg, sys.argv[1]))
+print("-- again, told not to log --", file=sys.stderr, flush=True)
+run(cfg, local(cfg, sys.argv[1]), console=False)
+"""
+
+
+@pytest.mark.process
+def test_a_run_from_python_logs_to_the_console_as_the_command_line_does(tmp_path: Path) -> None:
+    """Python's logging, left unconfigured, drops INFO records: a notebook's run printed nothing for its whole
+    length. It logs as train.py does, unless told not to (or where logging is configured: the caller's to show)."""
+    proc = subprocess.run([sys.executable, "-c", NOTEBOOK, str(tmp_path / "notebook"), *FAST], cwd=tmp_path,
+                          capture_output=True, text=True, env=process_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    first, again = proc.stderr.split("-- again, told not to log --\n")
+    assert re.search(r"\]\[nli\.train\.hooks\]\[INFO\] - step 3: loss=", first), first
+    assert "][nli.output.results][INFO] - results: objective=" in first
+    assert again == "", again  # the folder's finished run, reported again: silently, as asked
 
 
 @pytest.mark.parametrize("overrides,message", [
