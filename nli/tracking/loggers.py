@@ -13,6 +13,7 @@ import csv
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence
 
@@ -251,20 +252,24 @@ def hparams(run: RunInfo) -> Dict[str, Any]:
 
 
 class CsvTracker:
-    """Rows of ``step,metric,value``, appended as they come. A resumed run goes on in the same file,
-    first dropping the rows an earlier attempt logged after the checkpoint it resumes from: the file
-    then holds each step once, as an unbroken run's does."""
+    """Rows of ``step,metric,value,wall_time`` (when it was logged, in Unix seconds, as TensorBoard's), appended
+    as they come. A resumed run goes on in the same file, first dropping the rows an earlier attempt logged after
+    the checkpoint it resumes from: the file then holds each step once, as an unbroken run's does. A file begun
+    before the wall_time column goes on without it."""
 
     run_id = None
+    COLUMNS = "step,metric,value,wall_time"
 
     def __init__(self, *, run: RunInfo, file: str) -> None:
         self._path = run.log_dir / file
         self.where = self._path
         self._path.parent.mkdir(parents=True, exist_ok=True)
         if not self._path.exists():
-            self._path.write_text("step,metric,value\n")
+            self._path.write_text(self.COLUMNS + "\n")
         elif run.resume_step is not None:
             self._drop_after(run.resume_step)
+        with open(self._path) as stream:
+            self._timed = stream.readline().strip() == self.COLUMNS
 
     def _drop_after(self, step: int) -> None:
         """Keep the rows up to ``step`` (and any whose step is not a number: not ours to judge); the file is
@@ -282,8 +287,9 @@ class CsvTracker:
         os.replace(partial, self._path)
 
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
+        when = (round(time.time(), 3),) if self._timed else ()
         with open(self._path, "a", newline="") as stream:
-            csv.writer(stream).writerows((step, key, value) for key, value in metrics.items())
+            csv.writer(stream).writerows((step, key, value, *when) for key, value in metrics.items())
 
     def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
         """``per_class.csv`` (split, label, precision, recall, f1, support) and ``confusion.csv`` (split, gold,

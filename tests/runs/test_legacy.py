@@ -65,6 +65,9 @@ def test_a_run_stopped_by_the_old_code_resumes_to_the_old_codes_uninterrupted_ru
     stopped = copy_run(LEGACY / "run-stopped", tmp_path / "run")
     log = run([*overrides(stopped), f"hydra.run.dir={stopped}"], tmp_path)
     assert re.search(r"resuming from checkpoint .*step-000008: step 8 of 20", log), log
+    # Its metrics.csv goes on in the columns it has (step,metric,value: no wall_time before it existed).
+    rows = (stopped / "metrics.csv").read_text().splitlines()
+    assert rows[0] == "step,metric,value" and {line.count(",") for line in rows} == {2} and len(rows) > 20
     whole = LEGACY / "run-finished"
     assert figures(read_results(stopped)) == figures(read_results(whole))
     ours, theirs = (load_file(folder / "model" / "model.safetensors") for folder in (stopped, whole))

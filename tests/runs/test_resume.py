@@ -429,8 +429,8 @@ LOGGED = [*ARGS, "train.log_every=4", "logger=[csv,tensorboard]"]
 
 
 def metric_rows(run_dir: Path) -> List[Tuple[str, str, str]]:
-    """metrics.csv's rows, the measured throughput left out."""
-    rows = [tuple(line.split(",")) for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    """metrics.csv's rows (step, metric, value), the measured throughput and the time they were logged left out."""
+    rows = [tuple(line.split(",")[:3]) for line in (run_dir / "metrics.csv").read_text().splitlines()]
     return [row for row in rows if not row[1].endswith("_per_second")]  # type: ignore[misc]
 
 

@@ -135,7 +135,7 @@ def test_the_learning_curves_are_each_runs_metrics_csv(sweep_dir: Path) -> None:
         assert metric == "eval/accuracy"  # the objective of the synthetic task
         with open(Path(row["output_dir"]) / report.METRICS_CSV) as stream:
             losses = [line.split(",") for line in stream if ",train/loss," in line]
-        assert curves["train/loss"] == {int(step): float(value) for step, _, value in losses}
+        assert curves["train/loss"] == {int(step): float(value) for step, _, value, _when in losses}
         assert sorted(curves[metric]) == [6, 12]  # FAST evaluates every 6 of 12 steps
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from pathlib import Path
 from typing import List
 
@@ -65,8 +66,13 @@ def test_a_stalled_run_stops_early_and_says_so(tmp_path: Path) -> None:
 
 
 def test_without_patience_a_stalled_run_trains_to_the_end(tmp_path: Path) -> None:
+    started = time.time()
     proc = run_app([*STALLED[:-1], "logger=[csv,tensorboard]", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Each row says when it was logged (Unix seconds, as TensorBoard's wall_time): the run's pace, its stalls.
+    with open(tmp_path / "metrics.csv", newline="") as stream:
+        times = [float(row["wall_time"]) for row in csv.DictReader(stream)]
+    assert times == sorted(times) and started <= times[0] and times[-1] <= time.time()
     results = read_results(tmp_path)
     assert results["stopped_early"] is None and results["train_steps"] == 12
     # Two loggers at once, each from its own YAML file and class.
