@@ -28,7 +28,7 @@ import json
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import datasets
 import numpy as np
@@ -51,6 +51,19 @@ class SplitAnalysis:
     labels: List[str]  # the task's label names, in id order
     per_class: Dict[str, Dict[str, float]]  # label -> precision, recall, f1, support
     matrix: List[List[int]]  # rows: gold labels; columns: predicted labels
+
+
+def one_class(analysis: SplitAnalysis) -> Optional[str]:
+    """A warning where the model predicts one class for every example of a split whose gold labels are several: its
+    accuracy is then that class's share, and says nothing else (a tiny model from scratch on RTE ends so)."""
+    matrix = analysis.matrix
+    predicted = [j for j in range(len(analysis.labels)) if any(row[j] for row in matrix)]
+    if len(predicted) != 1 or sum(1 for row in matrix if sum(row)) < 2:
+        return None
+    total, only = sum(map(sum, matrix)), predicted[0]
+    return (f"{analysis.split}: the model predicts {analysis.labels[only]} for all {total} examples, so its accuracy "
+            f"({matrix[only][only] / total:.4f}) is that class's share: it has learnt nothing the labels' counts do "
+            "not give. Train longer or at another learning rate, or start from a pretrained model")
 
 
 def per_class(predictions: Predictions, labels: Sequence[str]) -> Dict[str, Dict[str, float]]:

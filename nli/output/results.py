@@ -24,6 +24,8 @@ def analyse(evaluated: List[Tuple[Evaluations, Evaluation]], trackers: Trackers,
     for results.json; with ``save_predictions``, each eval split's predictions under eval_predictions/."""
     scored = [(evaluations.evaluator, evaluation) for evaluations, evaluation in evaluated]  # the batches that fit
     analyses = per_class.analyse(scored)
+    for warning in filter(None, map(per_class.one_class, analyses)):
+        out.warn(warning)  # logged, and in results.json's warnings
     if out.world.is_main:
         trackers.log_classes(analyses, step=step)
         if save_predictions:

@@ -17,8 +17,9 @@ import pandas
 import pytest
 from sklearn.metrics import precision_recall_fscore_support
 
+from nli.evaluate import per_class
 from tests.runs.test_glue import TINY, mnli_dir
-from tests.support.runs import FAST, read_results, run_app
+from tests.support.runs import FAST, GLUE_DATA, read_results, run_app
 from tests.support.wandb_records import records
 
 LABELS = ["entailment", "neutral", "contradiction"]
@@ -142,3 +143,29 @@ def test_no_predictions_files_with_save_predictions_false_and_a_wrong_value_is_o
     assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
     assert wrong.stderr == "error: eval.save_predictions=sometimes: Value 'sometimes' is not a valid bool (type str)\n"
     assert not (tmp_path / "wrong").exists()
+
+
+def test_the_readmes_offline_rte_run_says_its_model_predicts_one_class(tmp_path: Path) -> None:
+    """README.md's offline RTE example: a tiny model from scratch learns nothing of RTE's 2,490 pairs and predicts
+    one class, which its 0.50 accuracy did not say. The run says it, in its log and results.json's warnings."""
+    out = tmp_path / "rte"
+    proc = run_app(["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "train.progress_bar=false",
+                    f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = read_results(out)
+    (predicted,) = {j for row in results["confusion_matrix"]["validation"]["matrix"] for j, n in enumerate(row) if n}
+    label = results["confusion_matrix"]["validation"]["labels"][predicted]
+    said = (f"validation: the model predicts {label} for all 139 examples, so its accuracy ({results['accuracy']:.4f})"
+            " is that class's share: it has learnt nothing the labels' counts do not give. Train longer or at another "
+            "learning rate, or start from a pretrained model")
+    assert results["warnings"] == [said]
+    assert f"[WARNING] - {said}\n" in proc.stdout
+
+
+def test_a_model_that_predicts_several_classes_gets_no_such_warning() -> None:
+    analysis = per_class.SplitAnalysis(split="validation", labels=["entailment", "not_entailment"],
+                                       per_class={}, matrix=[[60, 10], [50, 19]])
+    assert per_class.one_class(analysis) is None
+    alone = per_class.SplitAnalysis(split="validation", labels=["a", "b", "c"], per_class={},
+                                    matrix=[[0, 5, 0], [0, 0, 0], [0, 0, 0]])  # one gold class: nothing to tell apart
+    assert per_class.one_class(alone) is None
