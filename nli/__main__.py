@@ -3,7 +3,6 @@
 An installed wheel or sdist carries the config inside the package (``nli/conf``); a source checkout
 keeps it at the top (``conf/``)."""
 
-
 import hydra
 from omegaconf import DictConfig
 

@@ -153,7 +153,10 @@ def parse_rows(text: str, where: str, notes: Optional[List[str]] = None) -> List
                                 "that line (each line is one job's row)") from None
             cut = (f"{where}: its last line ({number}) is cut short and left out (that job's folder keeps its "
                    f"results); the {len(rows)} rows before it are read")
-            notes.append(cut) if notes is not None else log.warning("%s", cut)
+            if notes is None:
+                log.warning("%s", cut)
+            else:
+                notes.append(cut)
     return rows
 
 
