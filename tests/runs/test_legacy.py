@@ -69,7 +69,11 @@ def test_a_run_stopped_by_the_old_code_resumes_to_the_old_codes_uninterrupted_ru
     rows = (stopped / "metrics.csv").read_text().splitlines()
     assert rows[0] == "step,metric,value" and {line.count(",") for line in rows} == {2} and len(rows) > 20
     whole = LEGACY / "run-finished"
-    assert figures(read_results(stopped)) == figures(read_results(whole))
+    ours = figures(read_results(stopped))
+    # What today's code says of the same model that the old code did not: it predicts one class (results.json's
+    # warnings, nli.evaluate.per_class.one_class); the figures are the old code's.
+    assert [warning.split(":")[0] for warning in ours.pop("warnings")] == ["validation"]
+    assert ours == figures(read_results(whole))
     ours, theirs = (load_file(folder / "model" / "model.safetensors") for folder in (stopped, whole))
     assert ours.keys() == theirs.keys()
     for key, tensor in theirs.items():
