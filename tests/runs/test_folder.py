@@ -20,7 +20,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from nli.config.identity import CONTINUABLE, digest, identity
+from nli.config.identity import CONTINUABLE, digest, identity, refuse
 from tests.conftest import build_config, compose_config
 from tests.support.runs import FAST, MEASURED, ROOT, copy_run, process_env, read_results, run_app
 
@@ -270,3 +270,15 @@ def test_a_finished_run_given_extra_sets_scores_them_and_trains_no_further(finis
     assert "hans/accuracy" in results and results["train_steps"] == 12 and results["best_step"] == earlier["best_step"]
     assert results["accuracy"] == earlier["accuracy"]
     assert [each["step"] for each in results["continued"]] == [12]
+
+
+def test_the_folders_values_are_offered_only_where_they_can_be_typed() -> None:
+    """A value the command line cannot take as it is (a mapping, a string with a space) is not offered as an
+    override: the advice points at the overrides the folder's last command recorded instead."""
+    typed = refuse("out", "a finished run", {"optimizer.lr": "0.001 -> 0.002", "train.predict": "false -> true"},
+                   {"optimizer.lr": 0.001, "train.predict": False}, checkpointed=True)
+    assert "give the values it holds: optimizer.lr=0.001 train.predict=false;" in str(typed)
+    untypable = refuse("out", "a finished run", {"data.files": "{...} -> {...}"}, {"data.files": {"train": "a b.csv"}},
+                       checkpointed=True)
+    assert "run the command it last ran with again (its overrides.yaml lists that command's overrides)" in \
+        str(untypable)
