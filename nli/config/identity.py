@@ -29,7 +29,9 @@ EXCLUDED = ("output_dir", "train.checkpoint_dir", "logger", "hw", "train.progres
 ADDED: Dict[str, Any] = {"model.classifier_dropout": None, "train.label_smoothing": 0.0, "optimizer.layer_decay": None,
          "optimizer.head_lr_scale": 1.0, "train.gradient_checkpointing": False, "task.hub_revision": None,
          "task.hub_data_dir": None, "task.no_gold_label": None, "task.groups": [], "eval.extra": [],
-         "eval.only": False, "eval.dir": None, "model.peft": None}
+         "eval.only": False, "eval.dir": None, "model.peft": None, "data.synthetic_version": 1}
+# Of those, the keys added since results.json first recorded the identity's digest (:func:`digest`).
+UNDIGESTED = ("data.synthetic_version",)
 # Keys a resumed run may take new values of (train.accept_changes): how long it trains, when it gives
 # up, and what it writes at the end (eval.extra: the sets it scores the best model on). The rest would
 # make the checkpoint a different run's.
@@ -55,8 +57,10 @@ def identity(config: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def digest(ident: Mapping[str, Any]) -> str:
-    """A short fingerprint of an identity, for results.json."""
-    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A short fingerprint of an identity, for results.json. Keys of :data:`UNDIGESTED` at their :data:`ADDED`
+    value are left out: the digest of a run that computes as before them is the one its folder recorded."""
+    kept = {key: value for key, value in ident.items() if not (key in UNDIGESTED and value == ADDED[key])}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def check_accepted(keys: Sequence[str]) -> None:
@@ -70,8 +74,7 @@ def check_accepted(keys: Sequence[str]) -> None:
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, str]:
     """Each key whose value differs -> ``old -> new`` (``(none)`` where a side lacks the key). A key
     added to the config after ``old`` was written stands there at the value that behaves as before."""
-    changed = [key for key in sorted(set(old) | set(new))
-               if old.get(key, ADDED.get(key, _NONE)) != new.get(key, _NONE)]
+    changed = [key for key in sorted(set(old) | set(new)) if _value(old, key) != new.get(key, _NONE)]
     return {key: f"{_show(old, key)} -> {_show(new, key)}" for key in changed}
 
 
@@ -94,7 +97,7 @@ def refuse(where: str, what: str, changes: Mapping[str, str], held: Mapping[str,
 def _its_values(changes: Mapping[str, str], held: Mapping[str, Any]) -> str:
     """What to type to go on with the folder's run: its values of the keys that differ, where they can be typed
     (the command that first made the folder is not it once the run went on with new values: train.accept_changes)."""
-    typed = {key: _typed(held[key]) if key in held else None for key in changes}
+    typed = {key: None if _value(held, key) is _NONE else _typed(_value(held, key)) for key in changes}
     if len(typed) > 6 or None in typed.values():
         return "run the command it last ran with again (its overrides.yaml lists that command's overrides)"
     return "give the values it holds: " + " ".join(f"{key}={value}" for key, value in typed.items())
@@ -113,5 +116,11 @@ def _typed(value: Any) -> Optional[str]:
 _NONE = object()
 
 
+def _value(config: Mapping[str, Any], key: str) -> Any:
+    """``config``'s value of ``key``; for a key added since ``config`` was written, the value that ran as it did."""
+    return config.get(key, ADDED.get(key, _NONE))
+
+
 def _show(config: Mapping[str, Any], key: str) -> str:
-    return json.dumps(config[key], default=str) if key in config else "(none)"
+    value = _value(config, key)
+    return "(none)" if value is _NONE else json.dumps(value, default=str)

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nli import contract
+from nli.config.identity import ADDED
 from nli.errors import ConfigError
 from nli.io.claim import live_holder
 from nli.io.storage import Storage
@@ -42,9 +43,10 @@ from nli.io.storage import Storage
 # What an evaluation takes from the run folder's config.yaml, each key whole: the task; where its
 # examples are and how many of them are scored; how long a sequence is; how the model computes.
 TAKEN = ("task", "data.dir", "data.files", "data.columns", "data.max_eval_samples", "data.synthetic_eval_size",
-         "data.max_seq_length", "model.attention", "model.fast_paths")
+         "data.synthetic_version", "data.max_seq_length", "model.attention", "model.fast_paths")
 # Of those, what describes the folder's task's examples: taken only where the run's task is the folder's.
-WITH_TASK = ("data.dir", "data.files", "data.columns", "data.max_eval_samples", "data.synthetic_eval_size")
+WITH_TASK = ("data.dir", "data.files", "data.columns", "data.max_eval_samples", "data.synthetic_eval_size",
+             "data.synthetic_version")
 
 
 @dataclass
@@ -163,6 +165,8 @@ def _known(saved: Mapping[str, Any], cfg: DictConfig) -> Tuple[Dict[str, Any], L
         value: Any = saved
         for part in key.split("."):
             value = value.get(part, _ABSENT) if isinstance(value, dict) else _ABSENT
+        if value is _ABSENT and key in ADDED:
+            value = ADDED[key]  # a key added since the folder was written: the value that ran as it did then
         if value is _ABSENT:
             continue
         kind = _node_type(cfg, key)

@@ -435,6 +435,7 @@ class DataConfig:
     fraction_of_train_data: float = 1.0  # use this random fraction of the training set
     synthetic_train_size: int = 6000  # examples the synthetic task generates for training
     synthetic_eval_size: int = 1000  # examples the synthetic task generates for evaluation
+    synthetic_version: int = 2  # the synthetic task's version (nli/data/synthetic.py); 1: the task until Nov 2026
     num_workers: Optional[int] = None  # DataLoader worker processes; null: 2 on a GPU, 0 elsewhere (workers())
     bucket: int = 50  # global batches sorted together by length, so batches pad little; 0: plain random order
 
@@ -449,6 +450,8 @@ class DataConfig:
         for key in ("synthetic_train_size", "synthetic_eval_size"):
             value = getattr(self, key)
             _require(value >= 1, f"data.{key}={value} must be at least 1 (examples to generate)")
+        _require(self.synthetic_version in (1, 2), f"data.synthetic_version={self.synthetic_version}: the synthetic "
+                 "task has versions 1 (the task until November 2026, for runs started on it) and 2 (the default)")
         _require(self.num_workers is None or self.num_workers >= 0, f"data.num_workers={self.num_workers} must be "
                  ">= 0 (0: load batches in the training process), or null for 2 on a GPU and 0 elsewhere")
         # A negative bucket count draws an empty epoch order (EpochSampler): the loop would spin at step 0.

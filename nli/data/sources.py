@@ -515,4 +515,5 @@ def _synthetic(data: DataConfig, split: str) -> datasets.Dataset:
     if split not in SYNTHETIC_SEEDS:
         raise DataError(f"the synthetic task has the splits {list(SYNTHETIC_SEEDS)}, not {split}")
     size = data.synthetic_train_size if split == "train" else data.synthetic_eval_size
-    return _with_idx(datasets.Dataset.from_dict(synthetic.generate(size, seed=SYNTHETIC_SEEDS[split])))
+    rows = synthetic.generate(size, seed=SYNTHETIC_SEEDS[split], version=data.synthetic_version)
+    return _with_idx(datasets.Dataset.from_dict(rows))

@@ -1,7 +1,8 @@
 """Folders that the code wrote before ``nli/`` became packages (tests/data/legacy/, made by commit 056a8d0) keep
 working with today's code: a stopped run resumes as if never stopped, a finished one continues with
 ``train.accept_changes`` and evaluates to what it recorded, a sweep reports as it did and its command, run
-again, answers from its jobs' folders. Their configs name the class paths of that layout."""
+again, answers from its jobs' folders. Their configs name the class paths of that layout, and they ran on the
+synthetic task's version 1 (from before ``data.synthetic_version``): their commands go on with it typed."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from nli.sweep import report
 from tests.support.runs import MEASURED, ROOT, copy_run, read_results, run_app
 
 LEGACY = ROOT / "tests" / "data" / "legacy"
+OLD_TASK = "data.synthetic_version=1"  # the synthetic task these folders trained on
 
 
 def overrides(folder: Path) -> List[str]:
-    """The command that made ``folder``, as its own ``overrides.yaml`` recorded it."""
-    return yaml.safe_load((folder / "overrides.yaml").read_text())
+    """The command that made ``folder``, as its own ``overrides.yaml`` recorded it, on the task it ran on."""
+    return [*yaml.safe_load((folder / "overrides.yaml").read_text()), OLD_TASK]
 
 
 def figures(results: Dict[str, Any]) -> Dict[str, Any]:
@@ -78,6 +80,21 @@ def test_a_run_stopped_by_the_old_code_resumes_to_the_old_codes_uninterrupted_ru
     assert ours.keys() == theirs.keys()
     for key, tensor in theirs.items():
         assert torch.equal(ours[key], tensor), key
+
+
+def test_an_old_run_is_not_continued_on_the_synthetic_tasks_new_version(tmp_path: Path) -> None:
+    """Its command as it was typed then would go on with other examples (version 2): refused, the version
+    named, the value to type given, and nothing changed but the refusal's line in its log."""
+    stopped = copy_run(LEGACY / "run-stopped", tmp_path / "run")
+    before = {path: path.read_bytes() for path in stopped.rglob("*") if path.is_file()}
+    typed = [arg for arg in overrides(stopped) if arg != OLD_TASK]
+    proc = run_app([*typed, f"hydra.run.dir={stopped}"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "data.synthetic_version: 1 -> 2" in proc.stderr
+    assert "give the values it holds: data.synthetic_version=1;" in proc.stderr
+    after = {path: path.read_bytes() for path in stopped.rglob("*") if path.is_file()}
+    log = stopped / "train.log"
+    assert after.pop(log).startswith(before.pop(log)) and after == before
 
 
 def test_a_finished_old_run_answers_with_its_results_and_continues_with_accepted_changes(tmp_path: Path) -> None:

@@ -205,6 +205,7 @@ def test_warmup_ratio_or_steps() -> None:
     ("data.num_workers=-1", "data.num_workers=-1 must be >= 0"),
     ("data.synthetic_train_size=0", "data.synthetic_train_size=0 must be at least 1"),
     ("data.synthetic_eval_size=0", "data.synthetic_eval_size=0 must be at least 1"),
+    ("data.synthetic_version=3", "data.synthetic_version=3: the synthetic task has versions 1 (the task until"),
     ("data.max_train_samples=0", "data.max_train_samples=0 must be positive or null"),
     ("data.max_eval_samples=0", "data.max_eval_samples=0 must be positive or null"),
     ("data.max_seq_length=4", "data.max_seq_length=4 must be >= 8"),
