@@ -1,0 +1,27 @@
+"""The sweeper Hydra discovers: Hydra accepts plugins only from the ``hydra_plugins`` package and executes
+every public module of it at start-up, so this one stays light and loads the search (and Optuna) when a
+sweep starts."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+
+class OptunaSweeper(Sweeper):
+    def __init__(self, **settings: Any) -> None:
+        self.settings = settings  # conf/hydra/sweeper/optuna.yaml's keys, the sampler already made
+        self.search: Optional[Any] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from nli.sweep.search import OptunaSearch
+
+        self.search = OptunaSearch(**self.settings)
+        self.search.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def sweep(self, arguments: List[str]) -> None:
+        assert self.search is not None, "setup() runs first"
+        self.search.sweep(arguments)

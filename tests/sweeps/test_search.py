@@ -1,0 +1,59 @@
+"""The Optuna sweeper's search space (nli/sweep/search.py): Hydra's sweep syntax read as Optuna distributions."""
+
+from __future__ import annotations
+
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from nli.errors import ConfigError
+from nli.sweep.search import grid, search_space
+
+
+def test_each_form_of_the_syntax_is_its_distribution() -> None:
+    space, fixed = search_space(["optimizer.lr=tag(log, interval(1e-4, 1e-2))", "train.batch_size=choice(16, 32)",
+                                 "schedule.warmup_ratio=interval(0.0, 0.2)", "train.epochs=interval(1, 4)",
+                                 "data.bucket=range(10, 50, 20)", "seed=3"])
+    assert space == {"optimizer.lr": FloatDistribution(1e-4, 1e-2, log=True),
+                     "train.batch_size": CategoricalDistribution([16, 32]),
+                     "schedule.warmup_ratio": FloatDistribution(0.0, 0.2),
+                     "train.epochs": FloatDistribution(1.0, 4.0),  # Hydra reads an interval's ends as floats
+                     "data.bucket": IntDistribution(10, 30, step=20)}  # range's values: 10, 30 (as Hydra runs them)
+    assert fixed == {"seed": "3"}
+
+
+def test_the_command_lines_key_replaces_the_searchs_own() -> None:
+    own = ["optimizer.lr=tag(log, interval(1e-4, 1e-2))", "train.batch_size=choice(16, 32)"]
+    space, fixed = search_space([*own, "optimizer.lr=tag(log,interval(2e-4,3e-4))", "train.batch_size=16"])
+    assert space == {"optimizer.lr": FloatDistribution(2e-4, 3e-4, log=True)}
+    assert fixed == {"train.batch_size": "16"}
+
+
+def test_a_grid_lists_each_keys_values_and_refuses_a_continuous_range() -> None:
+    space, _ = search_space(["train.batch_size=choice(16, 32)", "schedule.warmup_ratio=range(0.0, 0.3, 0.1)"])
+    points = grid(space)
+    assert points["train.batch_size"] == [16, 32]
+    assert points["schedule.warmup_ratio"] == pytest.approx([0.0, 0.1, 0.2])
+    with pytest.raises(ConfigError, match="optimizer.lr is drawn from .*give it as choice"):
+        grid(search_space(["optimizer.lr=interval(1e-4, 1e-3)"])[0])
+
+
+def test_an_empty_range_is_refused_by_its_key() -> None:
+    with pytest.raises(ConfigError, match=r"train.epochs=range\(5, 1\): the range holds no value"):
+        search_space(["train.epochs=range(5, 1)"])
+
+
+def test_a_trial_left_running_is_run_again_first_with_its_values() -> None:
+    """A search stopped mid-trial (Ctrl-C, SIGTERM) leaves it RUNNING: the next command runs its values again
+    (its folder, named by them, resumes) and the stopped one is FAIL, not RUNNING for good."""
+    import optuna
+
+    from nli.sweep.search import _resume_stopped
+
+    space, _ = search_space(["optimizer.lr=tag(log, interval(1e-4, 1e-2))", "train.batch_size=choice(16, 32)"])
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    stopped = study.ask(space)  # the command stopped here
+    _resume_stopped(study)
+    again = study.ask(space)
+    assert again.params == stopped.params and again.user_attrs == {"resumes": stopped.number}
+    assert study.trials[stopped.number].state == optuna.trial.TrialState.FAIL
+    assert study.ask(space).params != stopped.params  # then new values
