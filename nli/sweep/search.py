@@ -185,16 +185,22 @@ class OptunaSearch:
         return False
 
     def _best(self, study: optuna.Study, jobs: Dict[int, int]) -> None:
-        """Say the study's best trial, and which row of the table it is (or that an earlier command ran it)."""
+        """Say the best of this command's trials by its row of the sweep's table, and the study's best where an
+        earlier command ran it (optimization_results.yaml holds the study's)."""
         assert self.config is not None
         done = [trial for trial in study.trials if trial.state == TrialState.COMPLETE]
         if not done:
             log.warning("no trial of study %s has completed: no best values yet", study.study_name)
             return
+        pick = max if self.direction == "maximize" else min
+        ours = [trial for trial in done if trial.number in jobs]
+        if ours:
+            here = pick(ours, key=lambda trial: cast(float, trial.value))
+            log.info("best of this command's trials: job %d of the sweep's table, %s, objective %s",
+                     jobs[here.number], here.params, here.value)
         best = study.best_trial
-        where = (f"job {jobs[best.number]} of the table above" if best.number in jobs else
-                 "run by an earlier command of this study (its row is in sweep_results.jsonl)")
-        log.info("best of the study's %d completed trials: trial %d, %s, objective %s: %s", len(done), best.number,
-                 best.params, best.value, where)
+        if best.number not in jobs:
+            log.info("the study's best (of %d completed trials): trial %d of an earlier command (its row is in "
+                     "sweep_results.jsonl), %s, objective %s", len(done), best.number, best.params, best.value)
         OmegaConf.save(OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
                        f"{self.config.hydra.sweep.dir}/{RESULTS_FILE}")

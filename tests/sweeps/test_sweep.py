@@ -290,6 +290,11 @@ def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path
     assert all(1e-4 <= lr <= 1e-2 for lr in lrs)
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert best["best_value"] == max(row["objective"] for row in rows)
+    # The best printed is a row of the table printed (the continued command's one job), and the study's best
+    # is said apart where the first command ran it (ties go to the earlier trial).
+    said = again.stdout + again.stderr
+    assert "best of this command's trials: job 0 of the sweep's table, " in said
+    assert ("of an earlier command" in said) == (max(row["objective"] for row in rows[:2]) >= rows[2]["objective"])
     for row in rows:  # each trial in a folder of its own, named by its values
         assert read_results(Path(row["output_dir"]))["objective"] == row["objective"]
         assert Path(row["output_dir"]).name.startswith(f"lr={float(row['optimizer.lr'])},bs=")
