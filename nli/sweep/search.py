@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import optuna
@@ -113,21 +114,34 @@ def _resume_stopped(study: optuna.Study) -> None:
                  stopped.number, stopped.params)
 
 
+@dataclass
+class Settings:
+    """conf/hydra/sweeper/optuna.yaml's keys, but the sampler (made by Hydra from its own group)."""
+
+    direction: str = "minimize"
+    study_name: Optional[str] = None
+    storage: Optional[str] = None
+    n_trials: int = 20
+    n_jobs: int = 2
+    max_failure_rate: float = 0.0
+    params: Optional[Dict[str, Any]] = None
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("minimize", "maximize"):
+            raise ConfigError(f"hydra.sweeper.direction={self.direction}: minimize or maximize")
+        for key in ("n_trials", "n_jobs"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"hydra.sweeper.{key}={getattr(self, key)} must be at least 1")
+        if not 0.0 <= self.max_failure_rate <= 1.0:
+            raise ConfigError(f"hydra.sweeper.max_failure_rate={self.max_failure_rate} must be in [0, 1]")
+
+
 class OptunaSearch:
     """Asks the study for trials, runs them through the launcher ``n_jobs`` at a time, and tells it the results
     (for hydra_plugins.nli_optuna_sweeper, the plugin Hydra finds)."""
 
-    def __init__(self, sampler: Any, direction: str, storage: Optional[str], study_name: Optional[str],
-                 n_trials: int, n_jobs: int, max_failure_rate: float, params: Optional[DictConfig]) -> None:
-        if direction not in ("minimize", "maximize"):
-            raise ConfigError(f"hydra.sweeper.direction={direction}: minimize or maximize")
-        if n_trials < 1 or n_jobs < 1:
-            raise ConfigError(f"hydra.sweeper.n_trials={n_trials} and n_jobs={n_jobs} must be at least 1")
-        if not 0.0 <= max_failure_rate <= 1.0:
-            raise ConfigError(f"hydra.sweeper.max_failure_rate={max_failure_rate} must be in [0, 1]")
-        self.sampler, self.direction, self.storage, self.study_name = sampler, direction, storage, study_name
-        self.n_trials, self.n_jobs, self.max_failure_rate = n_trials, n_jobs, max_failure_rate
-        self.params = params
+    def __init__(self, sampler: Any, settings: Settings) -> None:
+        self.sampler, self.settings = sampler, settings
         self.config: Optional[DictConfig] = None
         self.launcher: Optional[Launcher] = None
 
@@ -138,24 +152,24 @@ class OptunaSearch:
 
     def sweep(self, arguments: List[str]) -> None:
         assert self.config is not None and self.launcher is not None
-        own = [f"{key!s}={value}" for key, value in (self.params or {}).items()]
+        own = [f"{key!s}={value}" for key, value in (self.settings.params or {}).items()]
         space, fixed = search_space([*own, *arguments])
         sampler, n_trials = self._sampler(space)
-        study = optuna.create_study(study_name=self.study_name, storage=self.storage, sampler=sampler,
-                                    direction=StudyDirection[self.direction.upper()], load_if_exists=True)
-        log.info("study %s in %s: %d trials, %d at a time, %s", study.study_name, self.storage or "memory",
-                 n_trials, self.n_jobs, type(sampler).__name__)
+        study = optuna.create_study(study_name=self.settings.study_name, storage=self.settings.storage, sampler=sampler,
+                                    direction=StudyDirection[self.settings.direction.upper()], load_if_exists=True)
+        log.info("study %s in %s: %d trials, %d at a time, %s", study.study_name, self.settings.storage or "memory",
+                 n_trials, self.settings.n_jobs, type(sampler).__name__)
         _resume_stopped(study)
         jobs: Dict[int, int] = {}  # trial number -> its job number in this command's table
         failed = 0
         while len(jobs) < n_trials:
-            trials = [study.ask(space) for _ in range(min(self.n_jobs, n_trials - len(jobs)))]
+            trials = [study.ask(space) for _ in range(min(self.settings.n_jobs, n_trials - len(jobs)))]
             overrides = [[*(f"{key}={value}" for key, value in trial.params.items()),
                           *(f"{key}={value}" for key, value in fixed.items())] for trial in trials]
             returns = self.launcher.launch(overrides, initial_job_idx=len(jobs))
             jobs.update({trial.number: len(jobs) + i for i, trial in enumerate(trials)})
             failed += sum(self._tell(study, trial, result) for trial, result in zip(trials, returns))
-            if failed / len(jobs) > self.max_failure_rate:
+            if failed / len(jobs) > self.settings.max_failure_rate:
                 for result in returns:
                     result.return_value  # noqa: B018 - raises the first failed job's error, as Hydra's sweepers do
         self._best(study, jobs)
@@ -165,8 +179,8 @@ class OptunaSearch:
         if isinstance(self.sampler, functools.partial):  # the grid sampler, made once the space is known
             points = grid(space)
             size = math.prod(len(values) for values in points.values())
-            return self.sampler(search_space=points), min(self.n_trials, size)
-        return self.sampler, self.n_trials
+            return self.sampler(search_space=points), min(self.settings.n_trials, size)
+        return self.sampler, self.settings.n_trials
 
     @staticmethod
     def _tell(study: optuna.Study, trial: optuna.Trial, result: JobReturn) -> bool:
@@ -192,7 +206,7 @@ class OptunaSearch:
         if not done:
             log.warning("no trial of study %s has completed: no best values yet", study.study_name)
             return
-        pick = max if self.direction == "maximize" else min
+        pick = max if self.settings.direction == "maximize" else min
         ours = [trial for trial in done if trial.number in jobs]
         if ours:
             here = pick(ours, key=lambda trial: cast(float, trial.value))

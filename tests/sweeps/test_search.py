@@ -57,3 +57,15 @@ def test_a_trial_left_running_is_run_again_first_with_its_values() -> None:
     assert again.params == stopped.params and again.user_attrs == {"resumes": stopped.number}
     assert study.trials[stopped.number].state == optuna.trial.TrialState.FAIL
     assert study.ask(space).params != stopped.params  # then new values
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"direction": "maximise"}, "hydra.sweeper.direction=maximise: minimize or maximize"),
+    ({"n_jobs": 0}, "hydra.sweeper.n_jobs=0 must be at least 1"),
+    ({"max_failure_rate": 1.5}, r"hydra.sweeper.max_failure_rate=1.5 must be in \[0, 1\]"),
+])
+def test_a_bad_sweeper_value_is_refused_by_its_key(settings: dict, message: str) -> None:
+    from nli.sweep.search import Settings
+
+    with pytest.raises(ConfigError, match=message):
+        Settings(**settings)

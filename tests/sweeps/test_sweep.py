@@ -300,6 +300,15 @@ def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path
         assert Path(row["output_dir"]).name.startswith(f"lr={float(row['optimizer.lr'])},bs=")
 
 
+def test_a_bad_sweeper_value_ends_the_search_in_one_line_before_any_trial(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "search"
+    proc = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.direction=maximise",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "error: hydra.sweeper.direction=maximise: minimize or maximize"
+    assert not (sweep_dir / "optuna.db").exists()
+
+
 def test_a_searchs_range_is_changed_from_the_command_line_by_its_key(tmp_path: Path) -> None:
     """``hydra.sweeper.params.optimizer.lr=...`` cannot be set (Hydra reads the key's dots as nesting): refused with
     the form that works, the key typed with a range (the search's space for it) or one value (out of the search)."""

@@ -17,9 +17,14 @@ class OptunaSweeper(Sweeper):
         self.search: Optional[Any] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        from nli.sweep.search import OptunaSearch
+        from nli.errors import ConfigError
+        from nli.sweep.search import OptunaSearch, Settings
 
-        self.search = OptunaSearch(**self.settings)
+        settings = dict(self.settings)
+        try:
+            self.search = OptunaSearch(settings.pop("sampler"), Settings(**settings))
+        except ConfigError as error:  # as the app's refusals end: one line, status 1, no traceback
+            raise SystemExit(f"error: {error}") from None
         self.search.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> None:
