@@ -11,7 +11,11 @@ platform gives it: on Vertex AI, ``AIP_MODEL_DIR``):
 - ``model/``: the best model and its tokenizer (``save_pretrained``), its model card ``README.md``, and
   ``export.json``, the step and evaluation of those weights (written as soon as a checkpoint becomes
   the best, and at the end);
-- ``predictions/``, and ``checkpoints/`` unless the platform names another checkpoint directory.
+- ``predictions/``, and ``checkpoints/`` unless the platform names another checkpoint directory;
+- ``evaluations.jsonl``: each evaluation's step and objective so far, one JSON object a line, for a search
+  that judges the run while it trains (nli.sweep.pruning); where that search writes ``prune.json`` into
+  the folder, training ends at its next evaluation as early stopping ends it, and results.json's
+  ``status`` is ``pruned``.
 
 A run stopped by a signal after writing its checkpoint exits with ``PREEMPTED``; started again with
 the same output directory, it continues.
@@ -41,6 +45,9 @@ EXPORT_FILE = "export.json"  # in model/: the step and evaluation of the exporte
 CHECKPOINTS_DIR = "checkpoints"
 PREDICTIONS_DIR = "predictions"
 CLASS_FIGURES = ("precision", "recall", "f1", "support")  # each class's, under results.json's per_class
+EVALUATIONS_FILE = "evaluations.jsonl"  # each evaluation's step and objective, as training goes
+PRUNE_FILE = "prune.json"  # written by a search's sweeper: end training at the next evaluation
+COMPLETED, PRUNED = "completed", "pruned"  # results.json's status: trained to the end (or stopped early), or pruned
 PREEMPTED = 75  # exit status of a run stopped by a signal after its checkpoint (EX_TEMPFAIL: retry)
 
 # What Vertex AI sets in a CustomJob's environment, from the job's base output directory.

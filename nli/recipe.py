@@ -86,7 +86,7 @@ from nli.train.checkpoint import (
     run_checkpoints,
     seed_rank,
 )
-from nli.train.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Revisit, SyncLogs
+from nli.train.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Pruning, Revisit, SyncLogs
 from nli.train.loop import Loop, Optimization, Plan, Scaler, TrainResult, grad_scaler
 from nli.train.optim import build_optimizer, build_scheduler
 
@@ -131,6 +131,7 @@ class Training:
     early_stopping: Optional[EarlyStopping]
     trackers: Trackers
     micro_batches: Optional[oom.MicroBatches] = None  # the size that fits, kept in checkpoints (nli.evaluate.oom)
+    pruning: Optional[Pruning] = None  # a search's judgement of the run, through its folder (fit makes it)
 
 
 def run(cfg: Config, context: RunContext, *, stop: Optional[StopRequest] = None,
@@ -376,6 +377,8 @@ def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: 
                          Revisit(sharing.revisit)]
     if training.early_stopping is not None:
         hooks.append(training.early_stopping)
+    training.pruning = Pruning(out.storage, world)
+    hooks.append(training.pruning)
     hooks.append(export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main,
                                    card=Card(out.context.resolved, out.provenance)))
     checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world, out.claim)
@@ -429,7 +432,7 @@ def report(run: Run, training: Training, loaded: Data, result: TrainResult,
     classes = results.analyse([(loaded.evaluate, final), *zip(loaded.extras, extra_evaluations)], training.trackers,
                               out, step=result.steps, save_predictions=run.cfg.eval.save_predictions)
     write_predictions(task, loaded.test, best_model, loaded.evaluate, out.storage, out.world)
-    early = training.early_stopping
+    early, pruned = training.early_stopping, training.pruning.pruned_at if training.pruning else None
     figures = {"objective": final.objective, **final.metrics, **extra,
                "train_examples_per_second": result.examples_per_second,
                "train_tokens_per_second": result.tokens_per_second,
@@ -437,9 +440,11 @@ def report(run: Run, training: Training, loaded: Data, result: TrainResult,
                "peak_memory_bytes": result.peak_memory_bytes,
                "train_seconds": result.seconds, "train_steps": result.steps, "best_step": result.best.step,
                "trainable_parameters": sum(p.numel() for p in training.opt.model.parameters() if p.requires_grad),
-               "stopped_early": early.stopped_at if early else None, "identity": digest(out.identity),
+               "stopped_early": early.stopped_at if early else None,
+               **({"pruned_at": pruned} if pruned is not None else {}), "identity": digest(out.identity),
                **({"continued": out.checkpoints.continued} if out.checkpoints.continued else {}),
-               **(xla.compilations() if xla.in_use() else {}), **classes, "status": "completed"}
+               **(xla.compilations() if xla.in_use() else {}), **classes,
+               "status": contract.PRUNED if pruned is not None else contract.COMPLETED}
     return results.finish(figures, training.trackers, out)
 
 
@@ -494,5 +499,5 @@ def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:
     figures = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": where,
                **({"evaluated_weights": weights} if weights else {}),
                "eval_examples_per_second": own.evaluate.examples_per_second(),
-               "identity": digest(out.identity), **classes, "status": "completed"}
+               "identity": digest(out.identity), **classes, "status": contract.COMPLETED}
     return results.finish(figures, trackers, out)

@@ -88,6 +88,15 @@ def check_override_key(cfg: DictConfig, key: str, typed: str) -> None:
         if not isinstance(node, DictConfig):
             raise ConfigError(f"{typed}: {path} is a value, not a group of keys; set {path}=... itself")
         known = fields_of(node)
+        if known is None and path.startswith("hydra.") and not typed.startswith("+") and part not in node:
+            # A plugin's node made from YAML (the sweeper's, its sampler's): Hydra refuses a key it lacks unless
+            # added with +, which the plugin then takes (a sampler option the file leaves out).
+            taken = [str(each) for each in node if not str(each).startswith("_")]  # not Hydra's _target_ and kin
+            near = difflib.get_close_matches(part, taken, n=3, cutoff=0.6)
+            meant = f"did you mean {' or '.join(f'{path}.{each}' for each in near)}? " if near else ""
+            raise ConfigError(f"{key} is not a key of this config: {meant}{path} takes {', '.join(taken)} "
+                              f"(+{typed} adds a key the file leaves out, for a plugin that takes it: a sampler's or "
+                              "pruner's option)")
         if depth == 0 and known is not None:
             known = [*known, *(["hydra"] if "hydra" in cfg else [])]  # Hydra's own config, beside the run's
         if known is not None and part not in known:

@@ -69,6 +69,7 @@ def summary(results: Mapping[str, Any]) -> str:
     trained = "" if steps is None else f"; {steps} steps"  # an evaluation-only run trained none
     trained += f" in {seconds:.1f} s" if steps is not None and isinstance(seconds, float) else ""
     trained += f", the best at step {best}" if steps is not None and best is not None else ""
+    trained += f"; pruned by its search at step {results['pruned_at']}" if "pruned_at" in results else ""
     return f"{scores}{trained} (every figure in {contract.RESULTS_FILE})"
 
 

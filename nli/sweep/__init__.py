@@ -1,8 +1,9 @@
 """Sweeps: each job's row in the sweep's table as it ends (a Hydra callback, under every launcher), the
-report, a Vertex AI sweep found again, a local sweep with a GPU slot per job, and Optuna searches."""
+report, a Vertex AI sweep found again, a local sweep with a GPU slot per job, and Optuna searches: their
+trials in flight, and the pruning of those the study gives up."""
 
 from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
     "table": ["SweepResults"],
-}, ["report", "search", "table", "vertex"])
+}, ["pruning", "report", "search", "slots", "table", "vertex"])

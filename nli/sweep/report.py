@@ -314,8 +314,10 @@ def seed_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str])
     groups = sweep.seed_groups(rows)
     others = [key for key in keys if key != sweep.SEED]
     failed = any(group["failed"] for group in groups)
-    header = [*others, "n", *(["failed"] if failed else []), *metrics]
+    pruned = any("pruned" in group for group in groups)  # by a search's pruner: in no mean
+    header = [*others, "n", *(["failed"] if failed else []), *(["pruned"] if pruned else []), *metrics]
     lines = [[*(group.get(key) for key in others), group["n"], *([group["failed"]] if failed else []),
+              *([group.get("pruned", 0)] if pruned else []),
               *(plus_minus(group.get(f"{name}_mean"), group.get(f"{name}_sd")) for name in metrics)]
              for group in groups]
     return markdown_table(header, lines)

@@ -7,40 +7,55 @@ search (one value). ``choice(a, b)`` is a categorical; ``interval(a, b)`` a floa
 as floats), ``tag(log, interval(a, b))`` on a log scale; ``range(a, b, step)`` the values Hydra's basic
 sweeper would run, ``a, a+step, ...`` short of ``b`` (ints where all are).
 
-The study is ``hydra.sweeper.storage`` (SQLite: ``sqlite:///<sweep dir>/optuna.db``), so the same command
-again continues it, its sampler seeing every earlier trial; ``hydra.sweeper.n_trials`` more trials each time.
-Trials run through the configured launcher, ``n_jobs`` at a time; a trial whose job failed (a diverged
-learning rate) is FAIL in the study, and the search goes on while the failed share stays within
-``max_failure_rate``. ``optimization_results.yaml`` in the sweep directory holds the best trial so far.
+The study is ``hydra.sweeper.storage`` (SQLite: ``sqlite:///<sweep dir>/optuna.db``; on a filesystem several
+machines share, ``journal:<file>``), so the same command again continues it, its sampler seeing every earlier
+trial: ``hydra.sweeper.n_trials`` is the trials each command runs (a continued study gains as many), and a
+trial an earlier command left unfinished runs again first, resuming its folder. One command at a time
+works on a study: a second would take the first's running trials for stopped ones.
+
+Trials run through the configured launcher, up to ``n_jobs`` at once and the next as soon as one ends
+(nli.sweep.slots); ``hydra/sweeper/pruner`` stops those the study gives up while they train
+(nli.sweep.pruning). A trial whose job failed (a diverged learning rate) is FAIL in the study, and the search
+goes on while the failed share stays within ``max_failure_rate``. ``optimization_results.yaml`` in the sweep
+directory holds the best trial so far.
 
 Light on purpose (no torch): the sweep's own process runs it, before any job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
+import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
 from hydra.core.plugins import Plugins
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobStatus
+from hydra.errors import InstantiationException
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.storages.journal import JournalFileBackend
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from nli.errors import ConfigError
+from nli.sweep.pruning import Watch, ended_pruned, run_folder
+from nli.sweep.slots import Launched, Slots
 
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "optimization_results.yaml"
+JOURNAL = "journal:"  # hydra.sweeper.storage=journal:<file>: Optuna's journal file storage
 Space = Dict[str, BaseDistribution]
 
 
@@ -103,6 +118,33 @@ def grid(space: Space) -> Dict[str, List[Any]]:
 # ---------------------------------------------------------------------------------- the sweeper
 
 
+def made(node: Any, key: str) -> Any:
+    """The sampler or pruner (``key``) its config describes; an option it does not take refused by name, with the
+    way to leave it out (a search's config sets ``n_startup_trials`` for TPE, which the random sampler lacks)."""
+    if node is None:
+        return None
+    target = OmegaConf.select(node, "_target_", default="?")
+    try:
+        return instantiate(node)
+    except InstantiationException as error:
+        cause = error.__cause__ or error
+        option = re.search(r"unexpected keyword argument '(\w+)'", str(cause))
+        if option:
+            raise ConfigError(f"hydra.sweeper.{key}.{option[1]}: {target} takes no {option[1]}; leave it out with "
+                              f"'~hydra.sweeper.{key}.{option[1]}'") from None
+        raise ConfigError(f"hydra.sweeper.{key} ({target}): {cause}") from None
+
+
+def _raise(job: Launched) -> None:
+    """The failed trial's error, which ends the search (as Hydra's sweepers raise a failed job's)."""
+    if job.error is not None:
+        raise job.error
+    assert job.result is not None
+    job.result.return_value  # noqa: B018 - raises the job's error where it failed
+    raise RuntimeError(f"trial {job.trial.number} (job {job.num}) returned {job.result._return_value!r}, not a "
+                       "number: more trials failed than hydra.sweeper.max_failure_rate allows")
+
+
 def _resume_stopped(study: optuna.Study) -> None:
     """Trials an earlier command left RUNNING (stopped by Ctrl-C or SIGTERM, their checkpoints kept) are run again
     first, with the same values: their folders, named by the values, resume where they stopped. The stopped
@@ -116,15 +158,27 @@ def _resume_stopped(study: optuna.Study) -> None:
 
 @dataclass
 class Settings:
-    """conf/hydra/sweeper/optuna.yaml's keys, but the sampler (made by Hydra from its own group)."""
+    """conf/hydra/sweeper/optuna.yaml's keys, but the sampler and the pruner (made by Hydra from their groups)."""
 
     direction: str = "minimize"
     study_name: Optional[str] = None
     storage: Optional[str] = None
     n_trials: int = 20
     n_jobs: int = 2
+    asynchronous: bool = True
+    poll_interval: float = 5.0
     max_failure_rate: float = 0.0
     params: Optional[Dict[str, Any]] = None
+
+    @classmethod
+    def of(cls, settings: Dict[str, Any]) -> "Settings":
+        """The settings from the sweeper's config, a key no field takes refused by name (a ``+`` adds any)."""
+        known = [each.name for each in dataclasses.fields(cls)]
+        unknown = [key for key in settings if key not in known]
+        if unknown:
+            raise ConfigError(f"hydra.sweeper.{unknown[0]} is not a setting of the Optuna sweeper: it takes "
+                              f"{', '.join(known)}, with sampler and pruner")
+        return cls(**settings)
 
     def __post_init__(self) -> None:
         if self.direction not in ("minimize", "maximize"):
@@ -134,44 +188,77 @@ class Settings:
                 raise ConfigError(f"hydra.sweeper.{key}={getattr(self, key)} must be at least 1")
         if not 0.0 <= self.max_failure_rate <= 1.0:
             raise ConfigError(f"hydra.sweeper.max_failure_rate={self.max_failure_rate} must be in [0, 1]")
+        if not self.poll_interval > 0:
+            raise ConfigError(f"hydra.sweeper.poll_interval={self.poll_interval} must be more than 0 seconds")
+        if self.storage is not None and self.storage.startswith(JOURNAL) and not self.storage[len(JOURNAL):]:
+            raise ConfigError(f"hydra.sweeper.storage={self.storage}: name the journal file, e.g. "
+                              f"{JOURNAL}/shared/sweeps/study.journal")
+
+    def study_storage(self) -> Union[None, str, optuna.storages.BaseStorage]:
+        """Optuna's storage: a database URL as it is, or ``journal:<file>``, Optuna's journal file storage, safe
+        on a filesystem that several machines share (Slurm's nodes), where SQLite's locks are not."""
+        if self.storage is None or not self.storage.startswith(JOURNAL):
+            return self.storage
+        path = Path(self.storage[len(JOURNAL):])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
 
 
 class OptunaSearch:
-    """Asks the study for trials, runs them through the launcher ``n_jobs`` at a time, and tells it the results
-    (for hydra_plugins.nli_optuna_sweeper, the plugin Hydra finds)."""
+    """Asks the study for trials, runs them through the launcher, up to ``n_jobs`` at a time and the next as soon
+    as one ends (nli.sweep.slots), has the pruner judge them as they train (nli.sweep.pruning), and tells the
+    study how each ended (for hydra_plugins.nli_optuna_sweeper, the plugin Hydra finds)."""
 
-    def __init__(self, sampler: Any, settings: Settings) -> None:
+    def __init__(self, sampler: Any, settings: Settings, pruner: Optional[optuna.pruners.BasePruner] = None) -> None:
         self.sampler, self.settings = sampler, settings
+        self.pruner = pruner if pruner is not None else optuna.pruners.NopPruner()
         self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
         self.launcher: Optional[Launcher] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config = config
+        self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(config=config, hydra_context=hydra_context,
                                                                 task_function=task_function)
+        if getattr(getattr(self.launcher, "settings", None), "wait", True) is False:
+            raise ConfigError("hydra.launcher.wait=false hands each job back as soon as it is submitted, and a search "
+                              "needs each trial's objective before it draws the next: drop it for a search")
+
+    @property
+    def prunes(self) -> bool:
+        return not isinstance(self.pruner, optuna.pruners.NopPruner)
 
     def sweep(self, arguments: List[str]) -> None:
         assert self.config is not None and self.launcher is not None
         own = [f"{key!s}={value}" for key, value in (self.settings.params or {}).items()]
         space, fixed = search_space([*own, *arguments])
         sampler, n_trials = self._sampler(space)
-        study = optuna.create_study(study_name=self.settings.study_name, storage=self.settings.storage, sampler=sampler,
-                                    direction=StudyDirection[self.settings.direction.upper()], load_if_exists=True)
-        log.info("study %s in %s: %d trials, %d at a time, %s", study.study_name, self.settings.storage or "memory",
-                 n_trials, self.settings.n_jobs, type(sampler).__name__)
+        study = optuna.create_study(study_name=self.settings.study_name, storage=self.settings.study_storage(),
+                                    sampler=sampler, pruner=self.pruner, load_if_exists=True,
+                                    direction=StudyDirection[self.settings.direction.upper()])
+        slots = Slots(self.launcher, self.settings.n_jobs, asynchronous=self.settings.asynchronous)
+        log.info("study %s in %s: %d trials, %s; %s, %s", study.study_name, self.settings.storage or "memory",
+                 n_trials, slots.describe(), type(sampler).__name__, type(self.pruner).__name__)
         _resume_stopped(study)
         jobs: Dict[int, int] = {}  # trial number -> its job number in this command's table
-        failed = 0
-        while len(jobs) < n_trials:
-            trials = [study.ask(space) for _ in range(min(self.settings.n_jobs, n_trials - len(jobs)))]
-            overrides = [[*(f"{key}={value}" for key, value in trial.params.items()),
-                          *(f"{key}={value}" for key, value in fixed.items())] for trial in trials]
-            returns = self.launcher.launch(overrides, initial_job_idx=len(jobs))
-            jobs.update({trial.number: len(jobs) + i for i, trial in enumerate(trials)})
-            failed += sum(self._tell(study, trial, result) for trial, result in zip(trials, returns))
-            if failed / len(jobs) > self.settings.max_failure_rate:
-                for result in returns:
-                    result.return_value  # noqa: B018 - raises the first failed job's error, as Hydra's sweepers do
+        told, failed, first_failure = 0, 0, None
+        with Watch(self.settings.poll_interval) as watch:
+            while (len(jobs) < n_trials and first_failure is None) or slots.busy:
+                while len(jobs) < n_trials and first_failure is None and slots.free():
+                    job = self._job(study.ask(space), fixed, len(jobs))
+                    jobs[job.trial.number] = job.num
+                    if self.prunes and job.folder is not None:
+                        watch.add(job.trial, job.folder)
+                    slots.start(job)
+                for job in slots.wait():
+                    watch.last(job.trial)
+                    told += 1
+                    if self._tell(study, job):
+                        failed += 1
+                        if failed / told > self.settings.max_failure_rate and first_failure is None:
+                            first_failure = job  # no new trial; those in flight end first
+        if first_failure is not None:
+            _raise(first_failure)
         self._best(study, jobs)
 
     def _sampler(self, space: Space) -> Tuple[optuna.samplers.BaseSampler, int]:
@@ -182,19 +269,37 @@ class OptunaSearch:
             return self.sampler(search_space=points), min(self.settings.n_trials, size)
         return self.sampler, self.settings.n_trials
 
+    def _job(self, trial: optuna.Trial, fixed: Dict[str, str], num: int) -> Launched:
+        """The trial's job: its overrides, and the folder it writes (where the pruner reads its evaluations)."""
+        assert self.config is not None and self.hydra_context is not None
+        overrides = [*(f"{key}={value}" for key, value in trial.params.items()),
+                     *(f"{key}={value}" for key, value in fixed.items())]
+        own = getattr(self.launcher, "run_folder", None)  # the Vertex launcher's: the job's folder in the bucket
+        folder = own(overrides, num) if own else run_folder(self.config, self.hydra_context, overrides, num)
+        log.info("trial %d is job %d: %s", trial.number, num, " ".join(overrides))
+        return Launched(trial, num, overrides, folder)
+
     @staticmethod
-    def _tell(study: optuna.Study, trial: optuna.Trial, result: JobReturn) -> bool:
-        """Tell the study a trial's outcome; True where it failed."""
-        value = result._return_value if result.status == JobStatus.COMPLETED else None
+    def _tell(study: optuna.Study, job: Launched) -> bool:
+        """Tell the study how a trial ended; True where it failed. A trial is pruned where its run says so: the
+        pruner may have given it up after its last evaluation, and then it trained to its end."""
+        trial, result = job.trial, job.result
+        value = result._return_value if result is not None and result.status == JobStatus.COMPLETED else None
         try:
             number = float(value) if value is not None else math.nan
         except (TypeError, ValueError):
             number = math.nan
         if math.isnan(number):
             study.tell(trial, state=TrialState.FAIL)
-            log.warning("trial %d failed: %s", trial.number, result._return_value if value is None else
-                        f"its task returned {value!r}, not a number")
+            why = (job.error if job.error is not None or result is None else
+                   result._return_value if value is None else f"its task returned {value!r}, not a number")
+            log.warning("trial %d failed: %s", trial.number, why)
             return True
+        if ended_pruned(job.folder):
+            study.tell(trial, state=TrialState.PRUNED)
+            log.info("trial %d (job %d) was pruned: its best objective before it stopped, %s", trial.number, job.num,
+                     number)
+            return False
         study.tell(trial, number)
         return False
 

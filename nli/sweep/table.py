@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from filelock import FileLock
 from hydra.core.utils import JobReturn, JobStatus
@@ -49,6 +49,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from nli import contract
 from nli.contract import PREEMPTED, RESULTS_FILE
 from nli.errors import StorageError, UserError
 from nli.io.claim import Claim, Use
@@ -66,9 +67,11 @@ SWEEP_ID, SWEEP_STARTED = "sweep", "sweep_started"  # the columns that say which
 PROVENANCE, COMMIT, DIRTY = "provenance", "commit", "dirty"  # a job's code: results.json's, the row's columns
 
 COMPLETED, FAILED = JobStatus.COMPLETED.name, JobStatus.FAILED.name
+_Row = TypeVar("_Row", bound=Mapping[str, Any])
+PRUNED = "PRUNED"  # a search's trial that its pruner stopped while it trained (its results.json: status pruned)
 SEED = "seed"
 # Columns of a row that are not metrics: its place in the sweep, and counters a mean says nothing of.
-_NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early", "trainable_parameters",
+_NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early", "pruned_at", "trainable_parameters",
                           SWEEP_STARTED, "started"})
 # What the printed table shows besides the swept values (the files have every column).
 _SHOWN = ("objective", "train_examples_per_second", "train_seconds")
@@ -84,8 +87,10 @@ def override_columns(overrides: Sequence[str]) -> Dict[str, str]:
 
 def job_row(*, num: int, state: str, overrides: Sequence[str], results: Optional[Mapping[str, Any]],
             output_dir: str, error: Optional[str] = None, **extra: Any) -> Dict[str, Any]:
-    """One job's row: its number and state, each override, the run's results, where it wrote, and
-    for a failed job its error."""
+    """One job's row: its number and state (PRUNED for a completed job whose run was pruned), each override, the
+    run's results, where it wrote, and for a failed job its error."""
+    if state == COMPLETED and (results or {}).get("status") == contract.PRUNED:
+        state = PRUNED
     row: Dict[str, Any] = {"job": num, "state": state, "overrides": list(overrides), **override_columns(overrides)}
     row.update({key: value for key, value in (results or {}).items() if key not in row and key != PROVENANCE})
     row.update(code_columns((results or {}).get(PROVENANCE)))
@@ -218,12 +223,19 @@ def seed_groups(rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
 def _group_row(overrides: Dict[str, str], members: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     done = [row for row in members if row["state"] == COMPLETED]
     group: Dict[str, Any] = {**overrides, "n": len(done), "seeds": " ".join(str(row.get(SEED, "")) for row in done),
-                             "failed": len(members) - len(done)}
+                             "failed": len(failed(members))}
+    if any(row["state"] == PRUNED for row in members):  # stopped part-way: in no mean
+        group["pruned"] = sum(row["state"] == PRUNED for row in members)
     for metric in metric_columns(done):
         values = [float(row[metric]) for row in done if is_number(row.get(metric))]
         group[f"{metric}_mean"] = statistics.fmean(values) if values else math.nan
         group[f"{metric}_sd"] = statistics.stdev(values) if len(values) > 1 else math.nan
     return group
+
+
+def failed(rows: Iterable[_Row]) -> List[_Row]:
+    """The jobs that did not end as they should: neither completed nor pruned by their search."""
+    return [row for row in rows if row["state"] not in (COMPLETED, PRUNED)]
 
 
 def metric_columns(rows: Iterable[Mapping[str, Any]]) -> List[str]:
@@ -324,17 +336,17 @@ class SweepResults(Callback):
         log.info("Sweep results (%s):\n%s", sweep_dir / RESULTS_CSV, format_rows(rows))
         if groups:
             log.info("Over seeds (%s):\n%s", sweep_dir / SUMMARY_CSV, format_groups(groups))
-        failed = [row for row in rows if row["state"] != COMPLETED]
+        ended_badly = failed(rows)
         if self.wandb is not None:
             to_wandb(self.wandb, sweep_dir, rows, groups)
-        if failed:
+        if ended_badly:
             lines = "\n".join(f"  #{row['job']} {' '.join(row['overrides'])}: {row.get('error') or row['state']}"
-                              for row in failed)
-            log.error("%d of the sweep's jobs failed (the others ran):\n%s", len(failed), lines)
+                              for row in ended_badly)
+            log.error("%d of the sweep's jobs failed (the others ran):\n%s", len(ended_badly), lines)
         log.info("The sweep's files:\n  table    %s\n  jobs     %s/<job>/ (results.json, model/, train.log)\n"
                  "  report   python -m nli.report %s   (report.md and the learning curves)",
                  sweep_dir / RESULTS_CSV, sweep_dir, sweep_dir)
-        return failed
+        return ended_badly
 
 
 def report(sweep_dir: Path, sweep_id: Optional[str]) -> List[Dict[str, Any]]:
@@ -533,13 +545,15 @@ def format_rows(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def format_groups(groups: Sequence[Mapping[str, Any]]) -> str:
-    varying = [key for key in _varying_keys(groups) if key not in {"n", "seeds", "failed"}]
+    varying = [key for key in _varying_keys(groups) if key not in {"n", "seeds", "failed", "pruned"}]
     metrics = [key[:-5] for key in groups[0] if key.endswith("_mean")]
     shown = [metric for metric in metrics if metric in _SHOWN] or metrics[:3]
+    pruned = ["pruned"] if any("pruned" in group for group in groups) else []
     cells = [{**{key: group.get(key) for key in varying}, "n": group["n"], "failed": group["failed"],
+              **{key: group.get(key, 0) for key in pruned},
               **{metric: _plus_minus(group[f"{metric}_mean"], group[f"{metric}_sd"]) for metric in shown}}
              for group in groups]
-    return format_table(cells, [*varying, "n", "failed", *shown])
+    return format_table(cells, [*varying, "n", "failed", *pruned, *shown])
 
 
 def varying(rows: Sequence[Mapping[str, Any]]) -> List[str]:

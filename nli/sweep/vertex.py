@@ -252,7 +252,7 @@ def _report(found: Attached, sweep_id: Optional[str]) -> List[Dict[str, Any]]:
     rows = found.table.rows(sweep_id)  # its working copy's folder is no place to send a reader
     print(f"Sweep results ({found.table.where()}/{sweep.RESULTS_CSV}):\n{sweep.format_rows(rows)}\n"
           f"The report: python -m nli.report {found.table.where()}", flush=True)
-    return [row for row in rows if row["state"] != sweep.COMPLETED]
+    return [dict(row) for row in sweep.failed(rows)]
 
 
 def _poll(found: Attached, job: "Job") -> bool:

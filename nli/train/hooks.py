@@ -9,15 +9,19 @@ register it with the checkpoint (nli.train.checkpoint).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tqdm.auto import tqdm
 
+from nli.contract import EVALUATIONS_FILE, PRUNE_FILE
 from nli.evaluate.evaluation import Evaluation
+from nli.io.storage import Storage
+from nli.runtime.distributed import World
 from nli.tracking.loggers import Trackers
 from nli.train.checkpoint import BestEvaluation, Progress
 
@@ -179,3 +183,38 @@ class EarlyStopping(Hook):
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.counters = Judgement(state["best"], state["stale"], state["stopped_at"])
+
+
+class Pruning(Hook):
+    """A search's link to the trial it runs, through the run's folder (local, shared or gs://: a Vertex AI job
+    cannot reach the study's storage). Each evaluation's objective goes into ``evaluations.jsonl``, rewritten
+    whole (a bucket's objects take no appending), where the search's sweeper reads it (nli.sweep.pruning);
+    once the study's pruner gives the trial up, the sweeper writes ``prune.json``, and training ends at the
+    next evaluation, as early stopping ends it: the best checkpoint stays the model. Rank 0 reads the file
+    and every rank follows its answer (all must stop at the same step)."""
+
+    def __init__(self, storage: Storage, world: World) -> None:
+        self.storage, self.world = storage, world
+        self.history: List[Tuple[int, float]] = []
+        self.pruned_at: Optional[int] = None  # the step at which it ended training, if it did
+
+    def on_start(self, progress: Progress, best: BestEvaluation) -> None:
+        self.history = list(best.history or [])  # a resumed run's evaluations up to its checkpoint
+
+    def on_evaluation(self, evaluation: Evaluation, *, improved: bool) -> None:
+        self.history.append((evaluation.step, evaluation.objective))
+        told = None
+        if self.world.is_main:
+            self.storage.write_text(EVALUATIONS_FILE, "".join(
+                json.dumps({"step": step, "objective": value}) + "\n" for step, value in self.history))
+            told = self.storage.read_json(PRUNE_FILE)
+        told = self.world.gather(told)[0]
+        if told is not None and self.pruned_at is None:
+            self.pruned_at = evaluation.step
+            why = told.get("why") if isinstance(told, dict) else None
+            log.info("step %d: pruned by the search (%s): training ends here; the best checkpoint stays the model "
+                     "(%s says so: delete it to train this run on)", evaluation.step,
+                     why or "its pruner gave the trial up", self.storage.describe(PRUNE_FILE))
+
+    def stop_reason(self) -> Optional[str]:
+        return None if self.pruned_at is None else f"pruned at step {self.pruned_at}"

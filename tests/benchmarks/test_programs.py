@@ -245,3 +245,24 @@ def test_analysis_cost_times_each_part_on_mnli_sized_dev_sets() -> None:
     assert "MNLI's two dev sets, 19,647 pairs:" in proc.stdout
     for part in ("probabilities and loss", "per-class figures", "confusion matrix", "predictions file", "all of it"):
         assert re.search(rf"^  {part} +\d+\.\d{{3}} s +\d+\.\d µs per example$", proc.stdout, re.M), proc.stdout
+
+
+@pytest.mark.bench
+@pytest.mark.process
+def test_search_runs_the_four_searches_and_counts_each_ones_trials(tmp_path: Path) -> None:
+    out = tmp_path / "search.json"
+    proc = benchmark("search", ["--trials", "2", "--size", "128", "--eval-every", "4", "--launcher", "basic",
+                                "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = json.loads(out.read_text())
+    assert list(runs) == ["batched", "asynchronous", "batched, median pruner", "asynchronous, median pruner"]
+    for (run,) in runs.values():
+        assert run["complete"] + run["pruned"] + run["failed"] == 2 and run["seconds"] > 0
+    line = r"^\| asynchronous \| [\d.]+ \| [\d.]+x \| \d+ \| \d / \d / \d \| "
+    assert re.search(line, proc.stdout, re.M), proc.stdout
+
+
+@pytest.mark.process
+def test_search_refuses_bad_flags_before_running() -> None:
+    proc = benchmark("search", ["--trials", "0"], timeout=120)
+    assert proc.returncode == 2 and "--trials must be at least 1" in proc.stderr

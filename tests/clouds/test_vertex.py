@@ -270,6 +270,38 @@ def test_optuna_drives_two_trials_through_vertex(fake: FakeVertex, tmp_path: Pat
 
 
 @pytest.mark.process
+def test_a_search_that_would_not_wait_for_its_trials_is_refused_before_any_job(fake: FakeVertex,
+                                                                               tmp_path: Path) -> None:
+    before = len(fake.requests)
+    proc = sweep_cli([*launcher(fake), *FAST, "hydra/sweeper=optuna", "hydra.launcher.wait=false",
+                      "optimizer.lr=interval(0.0005, 0.005)", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, output
+    assert output.strip().splitlines()[-1] == (
+        "error: hydra.launcher.wait=false hands each job back as soon as it is submitted, and a search needs each "
+        "trial's objective before it draws the next: drop it for a search")
+    assert created_jobs(fake, before) == []
+
+
+@pytest.mark.process
+def test_a_vertex_trial_is_pruned_through_its_folder_in_the_bucket(fake: FakeVertex, tmp_path: Path) -> None:
+    """A Vertex AI job cannot reach the study's storage: its evaluations reach the sweeper through its model
+    directory in the bucket, and the sweeper's prune.json reaches it there."""
+    proc = sweep_cli([*launcher(fake), *FAST, "train.max_steps=200", "train.eval_every=10", "hydra/sweeper=optuna",
+                      "hydra.sweeper.n_trials=1", "hydra.sweeper.direction=maximize", "hydra.sweeper.poll_interval=0.1",
+                      "hydra/sweeper/pruner=threshold", "hydra.sweeper.pruner.lower=2.0",
+                      "optimizer.lr=interval(0.0005, 0.005)", "hydra.launcher.sweep_name=pruned",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    (row,) = read_rows(tmp_path / "sweep")
+    results = gcs_json(f"{BUCKET}/pruned/0/model/results.json")
+    assert row["state"] == "PRUNED" and results["status"] == "pruned" and 10 < results["pruned_at"] < 200
+    assert gcs_json(f"{BUCKET}/pruned/0/model/prune.json")["step"] == 10
+    assert "trial 0 (job 0) was pruned" in output
+
+
+@pytest.mark.process
 def test_tensorboard_events_reach_the_jobs_log_dir_and_its_vertex_tensorboard(fake: FakeVertex, tmp_path: Path) -> None:
     """The job writes its events locally and copies them to AIP_TENSORBOARD_LOG_DIR in the bucket, which
     the Vertex TensorBoard named on the CustomJob reads; the sweep prints where to look."""

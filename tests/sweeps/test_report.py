@@ -186,6 +186,28 @@ def test_failed_jobs_are_in_the_tables_and_not_in_the_plots(sweep_dir: Path, tmp
     assert f"- {notes[0]}" in markdown
 
 
+def test_a_pruned_trial_is_in_the_jobs_table_as_pruned_and_in_no_mean_or_plot(sweep_dir: Path, tmp_path: Path) -> None:
+    """The sweep again with a fifth job, a search's trial its pruner stopped at step 6 (its results.json says so)."""
+    copy = tmp_path / "sweep"
+    rows = sweep.read_rows(sweep_dir)
+    for row in rows:
+        sweep.record(copy, row)
+    same = [override for override in rows[0]["overrides"] if not override.startswith(("optimizer.lr=", "seed="))]
+    pruned = {**read_results(Path(rows[0]["output_dir"])), "objective": 0.99, "accuracy": 0.99, "status": "pruned",
+              "pruned_at": 6}
+    sweep.record(copy, sweep.job_row(num=4, state=sweep.COMPLETED, overrides=[*same, "optimizer.lr=0.1", "seed=1"],
+                                     results=pruned, output_dir=str(copy / "4"), sweep=rows[0]["sweep"],
+                                     sweep_started=rows[0]["sweep_started"]))
+
+    assert report.main([str(copy)]) == 0
+    parsed = tables((copy / report.REPORT).read_text())
+    assert [line["state"] for line in parsed["Jobs"]] == ["COMPLETED"] * 4 + ["PRUNED"]
+    assert {line["optimizer.lr"]: (line["n"], line["pruned"]) for line in parsed["Over seeds"]} == {
+        "0.001": ("2", "0"), "0.003": ("2", "0"), "0.1": ("0", "1")}
+    assert set(report.objective_points(sweep.read_rows(copy), "optimizer.lr", [])[""]) == set(LRS)
+    assert sweep.failed(sweep.read_rows(copy)) == []  # pruned is how a search's trial may end: no failure
+
+
 @pytest.mark.process
 def test_python_m_nli_report(sweep_dir: Path, tmp_path: Path) -> None:
     """The command as a user types it, in its own process, with a sweep and a run folder at once."""

@@ -69,3 +69,24 @@ def test_a_bad_sweeper_value_is_refused_by_its_key(settings: dict, message: str)
 
     with pytest.raises(ConfigError, match=message):
         Settings(**settings)
+
+
+def test_a_sampler_or_pruner_option_it_does_not_take_is_refused_by_name_with_the_way_out() -> None:
+    """hparams_search=quickstart sets n_startup_trials for TPE; with hydra/sweeper/sampler=random it is left over."""
+    from omegaconf import OmegaConf
+
+    from nli.sweep.search import made
+
+    left_over = OmegaConf.create({"_target_": "optuna.samplers.RandomSampler", "seed": None, "n_startup_trials": 4})
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.sampler.n_startup_trials: optuna.samplers.RandomSampler "
+                                          r"takes no n_startup_trials; leave it out with "
+                                          r"'~hydra.sweeper.sampler.n_startup_trials'$"):
+        made(left_over, "sampler")
+    no_bound = OmegaConf.create({"_target_": "optuna.pruners.ThresholdPruner", "lower": None, "upper": None})
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.pruner \(optuna.pruners.ThresholdPruner\): Either lower or "
+                                          r"upper must be specified"):
+        made(no_bound, "pruner")
+    import optuna
+
+    assert isinstance(made(OmegaConf.create({"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 2}),
+                           "pruner"), optuna.pruners.MedianPruner)

@@ -13,19 +13,20 @@ from omegaconf import DictConfig
 
 class OptunaSweeper(Sweeper):
     def __init__(self, **settings: Any) -> None:
-        self.settings = settings  # conf/hydra/sweeper/optuna.yaml's keys, the sampler already made
+        self.settings = settings  # conf/hydra/sweeper/optuna.yaml's keys, the sampler's and pruner's as configs
         self.search: Optional[Any] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from nli.errors import ConfigError
-        from nli.sweep.search import OptunaSearch, Settings
+        from nli.sweep.search import OptunaSearch, Settings, made
 
         settings = dict(self.settings)
         try:
-            self.search = OptunaSearch(settings.pop("sampler"), Settings(**settings))
+            sampler, pruner = made(settings.pop("sampler"), "sampler"), made(settings.pop("pruner", None), "pruner")
+            self.search = OptunaSearch(sampler, Settings.of(settings), pruner)
+            self.search.setup(hydra_context=hydra_context, task_function=task_function, config=config)
         except ConfigError as error:  # as the app's refusals end: one line, status 1, no traceback
             raise SystemExit(f"error: {error}") from None
-        self.search.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> None:
         assert self.search is not None, "setup() runs first"

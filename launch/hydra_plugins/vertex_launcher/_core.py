@@ -11,6 +11,7 @@ import copy
 import functools
 import logging
 import os
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
@@ -75,7 +76,8 @@ class Job:
 
 
 class Sweep:
-    """One launcher's sweep; Optuna and other sweepers call launch() once per batch."""
+    """One launcher's sweep; Optuna and other sweepers call launch() once per batch, the Optuna sweeper once per
+    trial from several threads at once (nli.sweep.slots): what every launch shares is prepared under a lock."""
 
     def __init__(self, settings: VertexLauncherConf, config: DictConfig, hydra_context: HydraContext) -> None:
         self.settings = settings
@@ -89,6 +91,14 @@ class Sweep:
         self.logs = JobLogs(settings)
         self.source = Path(str(config.hydra.runtime.cwd), settings.source_dir).resolve()
         self.git: Optional[GitState] = git_state(self.source)
+        self._lock = threading.Lock()
+
+    def model_dir(self, num: int) -> str:
+        """Job ``num``'s model directory in the bucket, where it writes its results (Vertex AI's layout)."""
+        return vertex_dirs(self._remote_dir(num))[VERTEX_MODEL_DIR]
+
+    def _remote_dir(self, num: int) -> str:
+        return f"{str(self.settings.staging_bucket).rstrip('/')}/{self.name}/{num}"
 
     @property
     def vertex(self) -> Vertex:
@@ -97,6 +107,24 @@ class Sweep:
         return self._vertex
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[JobReturn]:
+        with self._lock:  # Hydra's config singleton while composing, the sdist and image built once
+            jobs = self._prepare(job_overrides, initial_job_idx)
+        if self.settings.dry_run:
+            return [self._dry_run(job) for job in jobs]
+        log.info("Vertex AI sweep %s: %d jobs in %s (%s), outputs in %s/%s", self.name, len(jobs),
+                 self.settings.project, self.settings.region, self.settings.staging_bucket, self.name)
+        _record.planned(jobs, self.settings, ran=self._records())
+        if not self.settings.wait:
+            returns = [self._submitted(job) for job in jobs]
+            log.info("Not waiting for them: python -m nli.cloud attach %s follows them and fills the sweep's table "
+                     "(from anywhere: %s/%s); python -m nli.cloud cancel %s cancels them", self.dir,
+                     str(self.settings.staging_bucket).rstrip("/"), self.name, self.dir)
+            return returns
+        Watcher(self.vertex, self.settings, self.logs).run(jobs)
+        return [self._collect(job) for job in jobs]
+
+    def _prepare(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[Job]:
+        """Every job composed and checked, and its request made, before any is submitted."""
         self.dir.mkdir(parents=True, exist_ok=True)
         saved = HydraConfig.instance().cfg
         try:
@@ -113,19 +141,7 @@ class Sweep:
         image = self._image_to_run()
         for job in jobs:
             job.request = self._request(job, package_uri, image)
-        if self.settings.dry_run:
-            return [self._dry_run(job) for job in jobs]
-        log.info("Vertex AI sweep %s: %d jobs in %s (%s), outputs in %s/%s", self.name, len(jobs),
-                 self.settings.project, self.settings.region, self.settings.staging_bucket, self.name)
-        _record.planned(jobs, self.settings, ran=self._records())
-        if not self.settings.wait:
-            returns = [self._submitted(job) for job in jobs]
-            log.info("Not waiting for them: python -m nli.cloud attach %s follows them and fills the sweep's table "
-                     "(from anywhere: %s/%s); python -m nli.cloud cancel %s cancels them", self.dir,
-                     str(self.settings.staging_bucket).rstrip("/"), self.name, self.dir)
-            return returns
-        Watcher(self.vertex, self.settings, self.logs).run(jobs)
-        return [self._collect(job) for job in jobs]
+        return jobs
 
     def _compose(self, overrides: List[str], num: int) -> Job:
         """The job's config as Hydra's own launcher makes it, and its local directory."""
@@ -144,8 +160,7 @@ class Sweep:
             OmegaConf.save(_task_config(config), hydra_dir / "config.yaml")
             OmegaConf.save(OmegaConf.create({"hydra": config.hydra}), hydra_dir / "hydra.yaml")
             OmegaConf.save(config.hydra.overrides.task, hydra_dir / "overrides.yaml")
-        remote_dir = f"{str(self.settings.staging_bucket).rstrip('/')}/{self.name}/{num}"
-        return Job(num, overrides, config, output_dir, remote_dir)
+        return Job(num, overrides, config, output_dir, self._remote_dir(num))
 
     def _request(self, job: Job, package_uri: Optional[str], image: Image) -> Dict[str, Any]:
         # Relative to where the sweep started, as the image's WORKDIR stands in for it; absolute if outside.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol, Sequence
 
@@ -42,6 +43,7 @@ class Submitted(Protocol):
 
 
 _SWEEPS: Dict[str, Dict[str, Any]] = {}  # sweep directory and sweep id -> its record, as written last
+_LOCK = threading.Lock()  # the Optuna sweeper launches its trials from several threads (nli.sweep.slots)
 
 
 def planned(jobs: Sequence[Submitted], settings: VertexLauncherConf, *, ran: Dict[str, Any]) -> None:
@@ -49,19 +51,21 @@ def planned(jobs: Sequence[Submitted], settings: VertexLauncherConf, *, ran: Dic
     it submitted them all (at most max_concurrent_jobs run at once), or between a job's submission and its
     line here, is then seen to lack some, and ``attach`` looks for them rather than report the others as
     the whole sweep."""
-    for job in jobs:  # of one launch: one sweep, one record
-        _add(_record(job, settings), "planned", _entry(job))
-    if jobs:
-        record = _record(jobs[0], settings)
-        record["stamp"].update(ran)  # what the jobs run (image, commit): the columns of their rows, for attach
-        _write(record)
+    with _LOCK:
+        for job in jobs:  # of one launch: one sweep, one record
+            _add(_record(job, settings), "planned", _entry(job))
+        if jobs:
+            record = _record(jobs[0], settings)
+            record["stamp"].update(ran)  # what the jobs run (image, commit): the columns of their rows, for attach
+            _write(record)
 
 
 def submitted(job: Submitted, settings: VertexLauncherConf) -> None:
     """Adds the job, just submitted, to its sweep's record, and writes the record in both places."""
-    record = _record(job, settings)
-    _add(record, "jobs", {**_entry(job), "name": job.name})
-    _write(record)
+    with _LOCK:
+        record = _record(job, settings)
+        _add(record, "jobs", {**_entry(job), "name": job.name})
+        _write(record)
 
 
 def unsubmitted(record: Dict[str, Any]) -> List[Dict[str, Any]]:

@@ -4,6 +4,7 @@ public and both stay light: the Vertex AI client and the rest load from ``_core`
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence, cast
 
@@ -22,6 +23,7 @@ class VertexLauncher(Launcher):
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.sweep: Any = None  # _core.Sweep, made at the first launch and kept across batches
+        self._making = threading.Lock()
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         # The task function is not used: each job runs the app's own entry point on Vertex AI.
@@ -42,10 +44,21 @@ class VertexLauncher(Launcher):
                 raise LaunchError(f"hydra/launcher=vertex needs Google's Vertex AI client ({error}): "
                                   "pip install 'nli-glue[vertex]' (or -e '.[vertex]' in a checkout)") from None
 
-            assert self.config is not None and self.hydra_context is not None, "setup() comes first"
+            return self._sweep(Sweep).launch(job_overrides, initial_job_idx)
+
+    def run_folder(self, overrides: Sequence[str], num: int) -> str:
+        """Where job ``num`` of the sweep writes (its model directory in the bucket): the Optuna sweeper reads
+        a trial's evaluations there (nli.sweep.pruning)."""
+        from ._core import Sweep
+
+        return str(self._sweep(Sweep).model_dir(num))
+
+    def _sweep(self, make: Any) -> Any:
+        assert self.config is not None and self.hydra_context is not None, "setup() comes first"
+        with self._making:  # the Optuna sweeper launches each trial from a thread of its own (nli.sweep.slots)
             if self.sweep is None:
-                self.sweep = Sweep(self.settings, self.config, self.hydra_context)
-            return self.sweep.launch(job_overrides, initial_job_idx)
+                self.sweep = make(self.settings, self.config, self.hydra_context)
+            return self.sweep
 
 
 @contextmanager

@@ -6,6 +6,7 @@ uninterrupted loop does. Milliseconds each: a loop bug shows here before any end
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from nli.runtime.device import Compute
 from nli.runtime.distributed import World
 from nli.runtime.signals import Preempted, StopRequest
 from nli.train.checkpoint import BestEvaluation, Checkpointer, Checkpoints, Progress, RandomState, TrainingState
-from nli.train.hooks import EarlyStopping, Hook
+from nli.train.hooks import EarlyStopping, Hook, Pruning
 from nli.train.loop import Loop, Optimization, Plan, TrainResult
 
 FEATURES, CLASSES = 4, 3
@@ -272,6 +273,28 @@ def test_early_stopping_ends_training_after_patience_evaluations_without_improve
     result = trial.run()
     assert trial.evaluated == [2, 4, 6, 8] and result.steps == 8 and early.stopped_at == 8
     assert result.best.step == 4 and result.best.objective == 0.7
+
+
+def test_a_pruned_run_reports_each_evaluation_and_ends_at_the_evaluation_after_the_searchs_word(
+        tmp_path: Path, tokenizer: object) -> None:
+    """The search reads evaluations.jsonl and writes prune.json between two evaluations (here after step 4's):
+    training ends at the next one, step 6 of 20, and the best evaluation so far stays the result."""
+    folder = Storage(str(tmp_path / "run"))
+    pruning = Pruning(folder, World())
+
+    class Sweeper(Hook):
+        def on_evaluation(self, evaluation: Evaluation, *, improved: bool) -> None:
+            reported = [json.loads(line) for line in folder.read_bytes("evaluations.jsonl").splitlines()]
+            assert reported[-1] == {"step": evaluation.step, "objective": evaluation.objective}
+            if evaluation.step == 4:
+                folder.write_text("prune.json", json.dumps({"why": "below the median"}))
+
+    trial = Trial(examples(64), config(max_steps=20, eval_every=2), tmp_path / "checkpoints", tokenizer,
+                  objectives=[0.5, 0.7, 0.6, 0.9], hooks=[pruning, Sweeper()])
+    result = trial.run()
+    assert trial.evaluated == [2, 4, 6] and result.steps == 6 and pruning.pruned_at == 6
+    assert result.best.step == 4 and result.best.objective == 0.7
+    assert [json.loads(line)["step"] for line in folder.read_bytes("evaluations.jsonl").splitlines()] == [2, 4, 6]
 
 
 def test_checkpoints_at_every_evaluation_and_every_n_steps_keeping_the_newest_and_the_best(

@@ -1,0 +1,145 @@
+"""A search's trials in flight: up to ``n_jobs`` at once through the sweep's Hydra launcher, and the next
+asked for as soon as one ends.
+
+Hydra's ``Launcher.launch`` takes a batch and returns when its whole batch has ended: a sweeper that hands it
+``n_jobs`` trials leaves the slots of those that end first idle until the slowest ends. Its interface has no
+call that returns as each job ends, so the least that works is one ``launch`` per trial, each in a thread of
+the sweep's process, for the launchers whose jobs run outside this process and which several launches at a
+time do not disturb (:data:`APART`): joblib's (``hydra/launcher=local-gpus``), submitit's (local and Slurm)
+and the project's Vertex AI launcher. Hydra's basic launcher runs each job in this process (it changes the
+working directory, and a run sets its signal handlers, which only the main thread may), so it runs one trial
+at a time, the sampler seeing each result before it draws again; any other launcher gets batches, as Hydra's
+own sweepers give it.
+
+Ctrl-C reaches the main thread alone: it is passed on to every launch in flight, so that each ends as it
+would in the main thread (joblib stops its workers, the Vertex launcher cancels its jobs), and the trials
+stay RUNNING in the study for the same command to resume (nli.sweep.search).
+
+Light on purpose (no torch): the sweep's own process runs it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
+
+log = logging.getLogger(__name__)
+
+# Launchers (by class, or a base class) whose jobs run in other processes or machines, and whose launch() may be
+# called from several threads at once: each call builds its own executor (joblib, submitit), or composes under a
+# lock and watches its own jobs (the Vertex launcher).
+APART = frozenset({
+    "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.BaseSubmititLauncher",
+    "hydra_plugins.vertex_launcher.vertex_launcher.VertexLauncher",
+})
+BASIC = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+_LOOK = 0.5  # seconds between the main thread's looks for an ended trial (it must stay free to take Ctrl-C)
+
+
+def kind(launcher: Launcher) -> str:
+    """``apart`` (a trial per launch, several at once), ``basic`` (one at a time) or ``batched``."""
+    names = {f"{each.__module__}.{each.__qualname__}" for each in type(launcher).__mro__}
+    if names & APART:
+        return "apart"
+    return "basic" if BASIC in names else "batched"
+
+
+@dataclass
+class Launched:
+    """A trial's job: its number in this command's table, its overrides, where it writes (for pruning; None
+    where nothing reads it), and once it ends, Hydra's return for it."""
+
+    trial: Any  # optuna.Trial
+    num: int
+    overrides: List[str]
+    folder: Optional[str] = None
+    result: Optional[JobReturn] = None
+    error: Optional[BaseException] = field(default=None, repr=False)  # launch() itself raised
+
+
+class Slots:
+    """Starts trials' jobs through ``launcher``, at most ``width`` at once, and hands each back as it ends;
+    not ``asynchronous``: in batches of ``width``, each launched whole, as Hydra's own sweepers do."""
+
+    def __init__(self, launcher: Launcher, width: int, *, asynchronous: bool = True) -> None:
+        self.launcher, self.kind = launcher, kind(launcher) if asynchronous else "batched"
+        self.width = 1 if self.kind == "basic" else width
+        self.waiting: List[Launched] = []  # batched: the batch to launch at the next wait()
+        self.running: Dict[int, threading.Thread] = {}  # apart: trial's job number -> the thread that launched it
+        self.ended: "queue.Queue[Launched]" = queue.Queue()
+
+    def describe(self) -> str:
+        if self.kind == "apart":
+            return f"up to {self.width} at a time, the next as soon as one ends"
+        if self.kind == "basic":
+            return "one at a time (Hydra's basic launcher runs each in this process)"
+        why = ("hydra.sweeper.asynchronous=false" if kind(self.launcher) != "batched" else
+               f"{type(self.launcher).__name__} may not take several launches at once")
+        return f"in batches of {self.width} ({why}: each batch waits for its slowest trial)"
+
+    @property
+    def busy(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def free(self) -> bool:
+        return self.busy < self.width
+
+    def start(self, job: Launched) -> None:
+        if self.kind != "apart":
+            self.waiting.append(job)
+            return
+        thread = threading.Thread(target=self._launch, args=(job,), name=f"trial-{job.num}", daemon=True)
+        self.running[job.num] = thread
+        thread.start()
+
+    def wait(self) -> List[Launched]:
+        """The jobs that have ended: at least one (a batch's whole batch), blocking until then."""
+        if self.waiting:
+            batch, self.waiting = self.waiting, []
+            returns = self.launcher.launch([job.overrides for job in batch], initial_job_idx=batch[0].num)
+            for job, result in zip(batch, returns):
+                job.result = result
+            return batch
+        try:
+            ended = [self._next()]
+            while not self.ended.empty():
+                ended.append(self.ended.get_nowait())
+        except KeyboardInterrupt:
+            self.interrupt()
+            raise
+        for job in ended:
+            self.running.pop(job.num).join()
+        return ended
+
+    def _next(self) -> Launched:
+        while True:
+            try:
+                return self.ended.get(timeout=_LOOK)
+            except queue.Empty:
+                continue
+
+    def _launch(self, job: Launched) -> None:
+        try:
+            job.result = self.launcher.launch([job.overrides], initial_job_idx=job.num)[0]
+        except BaseException as error:  # noqa: BLE001 - handed to the main thread, which decides
+            job.error = error
+        self.ended.put(job)
+
+    def interrupt(self, wait: float = 60.0) -> None:
+        """Ctrl-C, passed on to each launch in flight (as if it ran in the main thread), and a wait for them
+        to end (cancelled jobs, stopped workers) of at most ``wait`` seconds."""
+        threads = list(self.running.values())
+        for thread in threads:
+            if thread.ident is not None and thread.is_alive():
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                           ctypes.py_object(KeyboardInterrupt))
+        for thread in threads:
+            thread.join(timeout=wait / max(1, len(threads)))

@@ -1,0 +1,124 @@
+"""A search's trials in flight (nli/sweep/slots.py): under a launcher that runs jobs side by side, the next trial
+starts as soon as one ends; under Hydra's basic launcher, one at a time. Through a real Hydra app whose jobs
+take as long as their number says (tests/sweeps/timed_app.py), the project's sweeper and Hydra's launchers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
+
+from nli.sweep.slots import kind
+from tests.support.runs import ROOT, process_env
+from tests.sweeps.test_local_gpus import alive
+
+APP = Path(__file__).with_name("timed_app.py")
+
+
+def timed_search(tmp_path: Path, *args: str) -> Dict[int, Dict[str, float]]:
+    """The timed app's search (4 trials, 2 at once: job 0 takes 6 s, the others 0.2 s): each job's start and end."""
+    log = tmp_path / "jobs.jsonl"
+    proc = subprocess.run([sys.executable, str(APP), "-m", f"log={log}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                           f"hydra.searchpath=[file://{ROOT / 'conf'}]", *args], cwd=tmp_path, env=process_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return jobs_of(log)
+
+
+def jobs_of(log: Path) -> Dict[int, Dict[str, Any]]:
+    """Each job's lines of the timed app's log, as one: its start, pid and x, and its end once it ended."""
+    jobs: Dict[int, Dict[str, Any]] = {}
+    for line in log.read_text().splitlines():
+        note = json.loads(line)
+        jobs.setdefault(note["job"], {}).update(note)
+    return jobs
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("launcher", [
+    ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],  # under hydra/launcher=local-gpus
+    ["hydra/launcher=submitit_local", "long=20"],  # a process per job, as on Slurm: seconds to start each
+], ids=["joblib", "submitit_local"])
+def test_a_trial_starts_as_soon_as_a_slot_frees_not_when_its_batch_ends(tmp_path: Path, launcher: List[str]) -> None:
+    """Batched, jobs 2 and 3 would wait for the slow job 0, the other half of the first batch."""
+    jobs = timed_search(tmp_path, *launcher)
+    assert sorted(jobs) == [0, 1, 2, 3]
+    assert all(jobs[num]["ended"] < jobs[0]["ended"] for num in (1, 2, 3)), jobs
+    assert jobs[1]["pid"] != jobs[0]["pid"]  # side by side
+
+
+@pytest.mark.process
+def test_under_the_basic_launcher_trials_run_one_at_a_time(tmp_path: Path) -> None:
+    jobs = timed_search(tmp_path, "hydra/launcher=basic")
+    order: List[Dict[str, float]] = sorted(jobs.values(), key=lambda job: job["started"])
+    assert [job["job"] for job in order] == [0, 1, 2, 3]
+    assert all(later["started"] >= earlier["ended"] for earlier, later in zip(order, order[1:]))
+
+
+@pytest.mark.parametrize("launcher, expected", [
+    ("hydra._internal.core_plugins.basic_launcher.BasicLauncher", "basic"),
+    ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "apart"),
+    ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher", "apart"),
+    ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher", "apart"),
+    ("hydra_plugins.vertex_launcher.vertex_launcher.VertexLauncher", "apart"),
+])
+def test_each_launcher_is_known_by_how_it_runs_trials(launcher: str, expected: str) -> None:
+    found = {f"{each.__module__}.{each.__qualname__}": each for each in Plugins.instance().discover(Launcher)}
+    assert kind(object.__new__(found[launcher])) == expected
+
+
+def test_a_launcher_it_does_not_know_gets_batches() -> None:
+    class Elsewhere(Launcher):  # e.g. Ray's or RQ's: whether two launches at once are safe is not known
+        def setup(self, **kwargs: object) -> None: ...
+
+        def launch(self, job_overrides: object, initial_job_idx: int) -> list:
+            return []
+
+    assert kind(Elsewhere()) == "batched"
+
+
+@pytest.mark.process
+def test_ctrl_c_stops_every_trial_in_flight_and_the_same_command_runs_them_again(tmp_path: Path) -> None:
+    """Ctrl-C reaches the sweep's main thread alone; each launch in flight ends as it would there (joblib
+    stops its workers), the trials stay RUNNING in the study, and the same command again runs their values first."""
+    log, study = tmp_path / "jobs.jsonl", f"sqlite:///{tmp_path / 'study.db'}"
+    args = [sys.executable, str(APP), "-m", f"log={log}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            f"hydra.searchpath=[file://{ROOT / 'conf'}]", "hydra.launcher.n_jobs=2", f"hydra.sweeper.storage={study}",
+            "hydra.sweeper.study_name=timed", "hydra.sweeper.n_trials=2"]
+    first = subprocess.Popen([*args, "long=120", "short=120"], cwd=tmp_path, env=process_env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while len(jobs_of(log) if log.exists() else {}) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stopped = jobs_of(log)
+    first.send_signal(signal.SIGINT)
+    output, _ = first.communicate(timeout=60)
+    assert first.returncode != 0 and len(stopped) == 2, output
+    time.sleep(1)
+    assert not [job["pid"] for job in stopped.values() if alive(job["pid"])]  # no worker left training
+    assert all("ended" not in job for job in jobs_of(log).values())
+
+    log.unlink()
+    subprocess.run([*args, "long=0.1", "short=0.1"], cwd=tmp_path, env=process_env(), check=True, timeout=300,
+                   capture_output=True)
+    again = jobs_of(log)
+    assert sorted(job["x"] for job in again.values()) == sorted(job["x"] for job in stopped.values())
+    with sqlite3.connect(tmp_path / "study.db") as db:
+        states = [state for (state,) in db.execute("SELECT state FROM trials ORDER BY number")]
+    assert states == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"]
+
+
+@pytest.mark.process
+def test_asked_for_batches_each_batch_waits_for_its_slowest_trial(tmp_path: Path) -> None:
+    jobs = timed_search(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                        "hydra.sweeper.asynchronous=false", "long=2")
+    assert all(jobs[num]["started"] >= jobs[0]["ended"] for num in (2, 3)), jobs
