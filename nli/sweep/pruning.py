@@ -89,7 +89,11 @@ class Watch:
         while not self.done.wait(self.interval):
             with self.lock:
                 for watched in list(self.trials.values()):
-                    self._look(watched)
+                    try:
+                        self._look(watched)
+                    except Exception as error:  # the study's storage busy, say: the watch goes on
+                        log.warning("trial %d: its evaluations could not reach the study (%s); trying again in "
+                                    "%g s", watched.trial.number, error, self.interval)
 
     def _look(self, watched: _Watched) -> None:
         try:

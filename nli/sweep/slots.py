@@ -54,8 +54,8 @@ def kind(launcher: Launcher) -> str:
 
 @dataclass
 class Launched:
-    """A trial's job: its number in this command's table, its overrides, where it writes (for pruning; None
-    where nothing reads it), and once it ends, Hydra's return for it."""
+    """A trial's job: its number in this command's table, its overrides, the folder it writes (its results, and
+    the evaluations the pruner reads), and once it ends, Hydra's return for it."""
 
     trial: Any  # optuna.Trial
     num: int

@@ -24,8 +24,9 @@ from tests.sweeps.test_local_gpus import alive
 APP = Path(__file__).with_name("timed_app.py")
 
 
-def timed_search(tmp_path: Path, *args: str) -> Dict[int, Dict[str, float]]:
-    """The timed app's search (4 trials, 2 at once: job 0 takes 6 s, the others 0.2 s): each job's start and end."""
+def timed_search(tmp_path: Path, *args: str) -> Dict[int, Dict[str, Any]]:
+    """The timed app's search (4 trials, 2 at once: job 0 runs until the 3 others have ended, 120 s at most; the
+    others 0.2 s each): each job's start and end."""
     log = tmp_path / "jobs.jsonl"
     proc = subprocess.run([sys.executable, str(APP), "-m", f"log={log}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
                            f"hydra.searchpath=[file://{ROOT / 'conf'}]", *args], cwd=tmp_path, env=process_env(),
@@ -46,10 +47,11 @@ def jobs_of(log: Path) -> Dict[int, Dict[str, Any]]:
 @pytest.mark.process
 @pytest.mark.parametrize("launcher", [
     ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],  # under hydra/launcher=local-gpus
-    ["hydra/launcher=submitit_local", "long=20"],  # a process per job, as on Slurm: seconds to start each
+    ["hydra/launcher=submitit_local"],  # a process per job, as on Slurm
 ], ids=["joblib", "submitit_local"])
 def test_a_trial_starts_as_soon_as_a_slot_frees_not_when_its_batch_ends(tmp_path: Path, launcher: List[str]) -> None:
-    """Batched, jobs 2 and 3 would wait for the slow job 0, the other half of the first batch."""
+    """Job 0 runs until jobs 1 to 3 have ended: batched, jobs 2 and 3 would wait for job 0, the other half of the
+    first batch, and job 0 would end at its 120 s limit, after job 1 alone."""
     jobs = timed_search(tmp_path, *launcher)
     assert sorted(jobs) == [0, 1, 2, 3]
     assert all(jobs[num]["ended"] < jobs[0]["ended"] for num in (1, 2, 3)), jobs
@@ -58,7 +60,7 @@ def test_a_trial_starts_as_soon_as_a_slot_frees_not_when_its_batch_ends(tmp_path
 
 @pytest.mark.process
 def test_under_the_basic_launcher_trials_run_one_at_a_time(tmp_path: Path) -> None:
-    jobs = timed_search(tmp_path, "hydra/launcher=basic")
+    jobs = timed_search(tmp_path, "hydra/launcher=basic", "others=0", "long=0.2")
     order: List[Dict[str, float]] = sorted(jobs.values(), key=lambda job: job["started"])
     assert [job["job"] for job in order] == [0, 1, 2, 3]
     assert all(later["started"] >= earlier["ended"] for earlier, later in zip(order, order[1:]))
@@ -94,7 +96,7 @@ def test_ctrl_c_stops_every_trial_in_flight_and_the_same_command_runs_them_again
     args = [sys.executable, str(APP), "-m", f"log={log}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
             f"hydra.searchpath=[file://{ROOT / 'conf'}]", "hydra.launcher.n_jobs=2", f"hydra.sweeper.storage={study}",
             "hydra.sweeper.study_name=timed", "hydra.sweeper.n_trials=2"]
-    first = subprocess.Popen([*args, "long=120", "short=120"], cwd=tmp_path, env=process_env(), text=True,
+    first = subprocess.Popen([*args, "others=0", "long=120", "short=120"], cwd=tmp_path, env=process_env(), text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while len(jobs_of(log) if log.exists() else {}) < 2 and time.monotonic() < deadline:
@@ -108,8 +110,8 @@ def test_ctrl_c_stops_every_trial_in_flight_and_the_same_command_runs_them_again
     assert all("ended" not in job for job in jobs_of(log).values())
 
     log.unlink()
-    subprocess.run([*args, "long=0.1", "short=0.1"], cwd=tmp_path, env=process_env(), check=True, timeout=300,
-                   capture_output=True)
+    subprocess.run([*args, "others=0", "long=0.1", "short=0.1"], cwd=tmp_path, env=process_env(), check=True,
+                   timeout=300, capture_output=True)
     again = jobs_of(log)
     assert sorted(job["x"] for job in again.values()) == sorted(job["x"] for job in stopped.values())
     with sqlite3.connect(tmp_path / "study.db") as db:
@@ -120,5 +122,5 @@ def test_ctrl_c_stops_every_trial_in_flight_and_the_same_command_runs_them_again
 @pytest.mark.process
 def test_asked_for_batches_each_batch_waits_for_its_slowest_trial(tmp_path: Path) -> None:
     jobs = timed_search(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                        "hydra.sweeper.asynchronous=false", "long=2")
+                        "hydra.sweeper.asynchronous=false", "others=0", "long=2")
     assert all(jobs[num]["started"] >= jobs[0]["ended"] for num in (2, 3)), jobs

@@ -1,5 +1,8 @@
-"""A task that takes as long as its job number says, for the search's scheduling (nli.sweep.slots): job 0
-sleeps ``long`` seconds, every other ``short``; each appends a line to ``log`` when it starts and when it ends."""
+"""A task that takes as long as its job number says, for the search's scheduling (nli.sweep.slots): job 0 runs
+until ``others`` other jobs have ended, or for ``long`` seconds at most (``others=0``: ``long`` seconds), every
+other job ``short`` seconds; each appends a line to ``log`` when it starts and when it ends. Job 0 waiting on the
+others, not on the clock, makes "the others ended before job 0" hold however busy the machine is, where the
+others can run beside it, and fail (after ``long`` seconds) where they cannot."""
 
 from __future__ import annotations
 
@@ -17,9 +20,19 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> float:
     num = int(HydraConfig.get().job.num)
     _note(cfg.log, job=num, started=time.time(), pid=os.getpid(), x=cfg.x)
-    time.sleep(cfg.long if num == 0 else cfg.short)
+    if num == 0:
+        _until_ended(Path(cfg.log), cfg.others, time.monotonic() + cfg.long)
+    else:
+        time.sleep(cfg.short)
     _note(cfg.log, job=num, ended=time.time())
     return float(cfg.x)
+
+
+def _until_ended(log: Path, others: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if others and sum('"ended"' in line for line in log.read_text().splitlines()) >= others:
+            return
+        time.sleep(0.1)
 
 
 def _note(log: str, **line: object) -> None:
