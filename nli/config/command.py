@@ -269,9 +269,9 @@ def _quoted(value: str) -> str:
 
 def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) -> None:
     choices = [_first(o) for o in overrides if _chooses(o, groups)]
-    try:
-        base = compose(config_name, overrides=choices, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException, AssertionError):
+    try:  # an option its group lacks (hydra/sweeper/pruner=medain) named with the group's options
+        base = _compose(config_name, choices)
+    except (OmegaConfBaseException, AssertionError):
         return  # each job composes its own, and Hydra names what is wrong
     _check_ranges(base, overrides)
     _check_keys(base, overrides, groups)

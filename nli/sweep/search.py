@@ -43,6 +43,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.storages.journal import JournalFileBackend
 from optuna.study import StudyDirection
@@ -178,7 +179,12 @@ class Settings:
         if unknown:
             raise ConfigError(f"hydra.sweeper.{unknown[0]} is not a setting of the Optuna sweeper: it takes "
                               f"{', '.join(known)}, with sampler and pruner")
-        return cls(**settings)
+        try:  # each value as its field's type takes it: n_trials=x or asynchronous=maybe refused, not read as truthy
+            typed = OmegaConf.merge(OmegaConf.structured(cls), settings)
+        except OmegaConfBaseException as error:
+            key = f"hydra.sweeper.{error.full_key}"
+            raise ConfigError(f"{key}={settings.get(str(error.full_key))}: {str(error).splitlines()[0]}") from None
+        return cast(Settings, OmegaConf.to_object(typed))
 
     def __post_init__(self) -> None:
         if self.direction not in ("minimize", "maximize"):

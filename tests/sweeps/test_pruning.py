@@ -98,22 +98,24 @@ def test_a_trial_given_up_gets_prune_json_with_the_step_and_why(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"poll_interval": 0}, "hydra.sweeper.poll_interval=0 must be more than 0 seconds"),
+    ({"poll_interval": 0}, "hydra.sweeper.poll_interval=0.0 must be more than 0 seconds"),
     ({"storage": "journal:"}, "hydra.sweeper.storage=journal:: name the journal file"),
+    ({"asynchronous": "maybe"}, "hydra.sweeper.asynchronous=maybe: Value 'maybe' is not a valid bool"),
+    ({"poll_interval": "abc"}, "hydra.sweeper.poll_interval=abc: Value 'abc' of type 'str' could not be converted"),
 ])
 def test_a_bad_pruning_or_storage_value_is_refused_by_its_key(settings: Dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        Settings(**settings)
+        Settings.of(settings)
 
 
 def test_a_journal_storage_is_optunas_journal_file_and_the_study_continues_from_it(tmp_path: Path) -> None:
     """``journal:<file>``: the storage Optuna recommends on a filesystem several machines share (NFS, Lustre)."""
-    settings = Settings(storage=f"journal:{tmp_path / 'shared' / 'study.journal'}", study_name="s")
+    settings = Settings(storage=f"journal:{tmp_path / 'nfs' / 'study.journal'}", study_name="s")
     first = optuna.create_study(study_name="s", storage=settings.study_storage(), direction="maximize")
     first.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
     assert isinstance(settings.study_storage(), optuna.storages.JournalStorage)
     again = optuna.load_study(study_name="s", storage=settings.study_storage())
-    assert len(again.trials) == 2 and (tmp_path / "shared" / "study.journal").stat().st_size > 0
+    assert len(again.trials) == 2 and (tmp_path / "nfs" / "study.journal").stat().st_size > 0
 
 
 @pytest.mark.process

@@ -308,6 +308,8 @@ def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path
                                       "hydra.sweeper.sampler.seed? hydra.sweeper.sampler takes seed, "),
     ("+hydra.sweeper.n_trail=3", "error: hydra.sweeper.n_trail is not a setting of the Optuna sweeper: it takes "
                                  "direction, study_name, storage, n_trials, "),
+    ("hydra.sweeper.n_trials=x", "error: hydra.sweeper.n_trials=x: Value 'x' of type 'str' could not be converted "
+                                 "to Integer"),
 ])
 def test_a_bad_sweeper_key_or_value_ends_the_search_in_one_line_before_any_trial(tmp_path: Path, typed: str,
                                                                                    said: str) -> None:
@@ -316,6 +318,18 @@ def test_a_bad_sweeper_key_or_value_ends_the_search_in_one_line_before_any_trial
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(said), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (sweep_dir / "optuna.db").exists()
+    assert not [path for path in sweep_dir.glob("*") if path.is_dir()]  # no trial's folder
+
+
+def test_a_misspelt_pruner_is_named_with_the_pruners_there_are(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "search"
+    proc = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra/sweeper/pruner=medain",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and not sweep_dir.exists(), proc.stderr
+    said = ("error: In 'hydra/sweeper/optuna': Could not find 'hydra/sweeper/pruner/medain'\n\n"
+            "Available options in 'hydra/sweeper/pruner':\n\thyperband\n\tmedian\n")
+    assert proc.stderr.startswith(said), proc.stderr
+    assert "Config search path" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr
 
 
 def test_a_searchs_range_is_changed_from_the_command_line_by_its_key(tmp_path: Path) -> None:
