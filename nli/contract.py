@@ -44,6 +44,7 @@ MODEL_DIR = "model"
 EXPORT_FILE = "export.json"  # in model/: the step and evaluation of the exported weights
 CHECKPOINTS_DIR = "checkpoints"
 PREDICTIONS_DIR = "predictions"
+EVAL_PREDICTIONS_DIR = "eval_predictions"  # each eval example's prediction (nli.evaluate.per_class)
 CLASS_FIGURES = ("precision", "recall", "f1", "support")  # each class's, under results.json's per_class
 EVALUATIONS_FILE = "evaluations.jsonl"  # each evaluation's step and objective, as training goes
 PRUNE_FILE = "prune.json"  # written by a search's sweeper: end training at the next evaluation

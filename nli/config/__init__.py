@@ -7,7 +7,8 @@ __all__, __getattr__, __dir__ = face(__name__, {
     "schema": ["Accelerator", "AdamConfig", "Attention", "Config", "DataConfig", "EvalConfig", "GlueFilesConfig",
                "HardwareConfig", "LoggerConfig", "LoraConfig", "METRIC_NAMES", "ModelConfig", "OptimizerConfig",
                "Precision", "PrecisionConfig", "SGDConfig", "ScheduleConfig", "ScratchArchitecture", "TaskConfig",
-               "TrainConfig", "WandbConfig", "WandbMode", "checked", "compose", "config_dir", "register_configs"],
+               "TrainConfig", "WandbConfig", "WandbMode", "checked", "compose", "config_dir", "register_configs",
+               "task_config"],
     "keys": ["check_known", "key_of"],
     "help": ["answer_help"],
 }, ["command", "identity", "runfolder"])

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nli.config.identity import check_accepted
 from nli.config.keys import unselected_logger
@@ -719,6 +720,20 @@ def config_dir() -> Path:
     """The config's folder: inside the package once installed (nli/conf), beside it in a source checkout."""
     package = Path(__file__).resolve().parents[1]
     return package / "conf" if (package / "conf").is_dir() else package.parent / "conf"
+
+
+def task_config(name: str) -> TaskConfig:
+    """The task ``conf/task/<name>.yaml`` defines, as ``task=<name>`` composes it: its defaults list
+    names the TaskConfig schema, whose rules are checked."""
+    path = config_dir() / "task" / f"{name}.yaml"
+    try:
+        node = OmegaConf.load(path)
+        if not isinstance(node, DictConfig):
+            raise ConfigError(f"{path}: a task file holds a mapping of keys, not a list")
+        node.pop("defaults", None)  # it names the schema, TaskConfig, as Hydra composes the file
+        return cast(TaskConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig), node)))
+    except (OSError, OmegaConfBaseException) as err:
+        raise ConfigError(f"{path}: task {name} cannot be read: {err}") from None
 
 
 def compose(overrides: Sequence[str] = ()) -> Config:

@@ -13,17 +13,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, cast
+from typing import Dict, List, Optional, Sequence
 
 import datasets
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
-from nli.config.schema import DataConfig, EvalConfig, TaskConfig, config_dir
+from nli.config.schema import DataConfig, EvalConfig, TaskConfig, task_config
 from nli.data import loaders as data
 from nli.errors import ConfigError
 from nli.evaluate.evaluation import Evaluation, Evaluator
@@ -47,20 +45,6 @@ class EvalSet:
 
     evaluate: Evaluations  # in smaller batches where they run out of memory (nli.evaluate.oom)
     test: Dict[str, DataLoader]  # test split -> this rank's slice of it, in order (only when predicting)
-
-
-def task_config(name: str) -> TaskConfig:
-    """The task ``conf/task/<name>.yaml`` defines, as ``task=<name>`` composes it: its defaults list
-    names the TaskConfig schema, whose rules are checked."""
-    path = config_dir() / "task" / f"{name}.yaml"
-    try:
-        node = OmegaConf.load(path)
-        if not isinstance(node, DictConfig):
-            raise ConfigError(f"{path}: a task file holds a mapping of keys, not a list")
-        node.pop("defaults", None)  # it names the schema, TaskConfig, as Hydra composes the file
-        return cast(TaskConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig), node)))
-    except (OSError, OmegaConfBaseException) as err:
-        raise ConfigError(f"{path}: the evaluation set {name} cannot be read: {err}") from None
 
 
 def extra_tasks(evaluation: EvalConfig) -> List[TaskConfig]:

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from nli.config.schema import TaskConfig
 from nli.data import loaders as data
-from nli.evaluate import metrics
+from nli.evaluate import calibration, metrics
 from nli.runtime.device import Compute
 from nli.runtime.distributed import World
 
@@ -54,6 +54,9 @@ class Predictions:
     idx: np.ndarray | None  # (examples,) the examples' numbers (or a test file's own ids, text), where kept (test)
     # (examples, classes) each class's log-probability (log-softmax of the logits, float32); None for a regression
     log_probs: np.ndarray | None = None
+    # (examples, the model's classes) the model's own log_probs, where :func:`relabel` summed them into a task's
+    # labels: a temperature divides these (nli.evaluate.reliability); None where they are log_probs
+    own_log_probs: np.ndarray | None = None
 
     @property
     def probabilities(self) -> np.ndarray | None:
@@ -133,7 +136,7 @@ def relabel(predictions: Predictions, label_map: Optional[np.ndarray], classes: 
         log_probs = np.stack([np.logaddexp.reduce(column, axis=1) if column.shape[1]
                               else np.full(len(column), -np.inf) for column in columns], axis=1).astype(np.float32)
     return Predictions(values=label_map[predictions.values], labels=predictions.labels, idx=predictions.idx,
-                       log_probs=log_probs)
+                       log_probs=log_probs, own_log_probs=predictions.log_probs)
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,7 @@ class Evaluator:
             scores.update(metrics.by_group(out.values, out.labels, self.groups.get(split, {}), self.task.label_names,
                                            suffix=suffix))
             scores[f"loss{suffix}"] = metrics.loss(out.labels, scores=out.values, log_probs=out.log_probs)
+            scores.update(calibration.scores(out.probabilities, out.values, out.labels, suffix=suffix))
         objective = scores[self.task.main_metric + self.task.eval_splits[self.task.main_split]]
         evaluation = Evaluation(step=step, metrics={f"{self.prefix}{name}": value for name, value in scores.items()},
                                 objective=objective)

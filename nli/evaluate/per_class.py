@@ -35,12 +35,12 @@ import numpy as np
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
 from nli.config.schema import TaskConfig
-from nli.contract import CLASS_FIGURES
+from nli.contract import CLASS_FIGURES, EVAL_PREDICTIONS_DIR
 from nli.evaluate.evaluation import Evaluation, Evaluator, Predictions
 
 log = logging.getLogger(__name__)
 
-FOLDER = "eval_predictions"
+FOLDER = EVAL_PREDICTIONS_DIR
 
 
 @dataclass(frozen=True)

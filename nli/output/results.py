@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
 
 from nli import contract
-from nli.evaluate import per_class
+from nli.evaluate import per_class, reliability
 from nli.evaluate.evaluation import Evaluation
 from nli.evaluate.oom import Evaluations
 from nli.output.folder import Outputs
@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 def analyse(evaluated: List[Tuple[Evaluations, Evaluation]], trackers: Trackers, out: Outputs, *, step: int,
             save_predictions: bool) -> Dict[str, Any]:
     """The final evaluations' per-class figures and confusion matrices, to the loggers (at ``step``) and
-    for results.json; with ``save_predictions``, each eval split's predictions under eval_predictions/."""
+    for results.json, with each split's calibration (nli.evaluate.reliability); with ``save_predictions``,
+    each eval split's predictions under eval_predictions/."""
     scored = [(evaluations.evaluator, evaluation) for evaluations, evaluation in evaluated]  # the batches that fit
     analyses = per_class.analyse(scored)
     for warning in filter(None, map(per_class.one_class, analyses)):
@@ -35,7 +36,7 @@ def analyse(evaluated: List[Tuple[Evaluations, Evaluation]], trackers: Trackers,
                 out.storage.write_text(name, text)
     if save_predictions:
         log.info("each eval example's prediction written to %s", out.storage.describe(per_class.FOLDER))
-    return per_class.results(analyses)
+    return {**per_class.results(analyses), **reliability.results(scored)}  # calibration beside per_class
 
 
 def finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[str, Any]:

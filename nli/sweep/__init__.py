@@ -6,4 +6,4 @@ from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
     "table": ["SweepResults"],
-}, ["pruning", "report", "search", "slots", "table", "vertex"])
+}, ["compare", "cost", "differences", "pruning", "report", "search", "slots", "table", "vertex"])

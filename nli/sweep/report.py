@@ -13,11 +13,18 @@ bucket, ``reports/<sweep name>`` in the current directory), or to ``--out``:
 
 - ``report.md``: every job (state, the overrides that vary, objective and metrics, speed, error),
   and when seeds were swept the mean ± sample standard deviation over them;
+- ``sweep_differences.csv`` (and its table in report.md), when seeds were swept: every two settings that
+  differ in one swept value, the difference of their objectives' means with a 95% bootstrap interval and
+  a permutation test, told apart or not (nli.sweep.differences);
 - ``objective_vs_<key>.png``: the objective against each swept setting other than the seed;
 - a per-class table: each class's precision, recall and F1 on each eval split (classification
   tasks), mean ± sd over the seeds of each setting;
 - ``learning_curves.png``: training loss, the evaluation metric, the gradient norm (before clipping)
-  and the learning rate against step, from each run's ``metrics.csv`` (``logger=csv``, the default).
+  and the learning rate against step, from each run's ``metrics.csv`` (``logger=csv``, the default);
+- ``reliability.png``: each eval split's reliability diagram, a line per run (nli.sweep.calibration_plot).
+
+``python -m nli.report compare RUN_A RUN_B`` compares two runs on the same eval examples instead
+(nli.sweep.compare).
 
 Failed jobs are in the tables and not in the plots. The plots are drawn on matplotlib's Agg
 canvas, without pyplot: no display is needed and no global backend is switched for the caller.
@@ -55,9 +62,11 @@ from nli.contract import (
 from nli.errors import UserError
 from nli.io.claim import live_holder
 from nli.io.storage import Storage
+from nli.sweep import calibration_plot, cost, differences
 from nli.sweep import table as sweep
 
 REPORT = "report.md"
+COMPARE = "compare"  # python -m nli.report compare RUN_A RUN_B (nli.sweep.compare)
 METRICS_CSV = "metrics.csv"
 LEARNING_CURVES = "learning_curves.png"
 # The run's own record of its command (nli.contract); Hydra's, in folders written before it.
@@ -281,13 +290,14 @@ def job_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str], 
     columns += [("folder", "output_dir")] if folders else []
     columns += [(key, key) for key in keys] + [(name, name) for name in metrics]
     columns += [(title, key) for title, key in SPEED if any(key in row for row in rows)]
+    columns += [(key, key) for key in cost.COLUMNS if any(key in row for row in rows)]  # what each job used
     if any(row.get(sweep.COMMIT) for row in rows):  # the code each job ran (nli.runtime.provenance)
         columns.append(("commit", sweep.COMMIT))
     if any(row.get("error") for row in rows):
         columns.append(("error", "error"))
-    numeric = {*metrics, *(key for _, key in SPEED)}
+    numeric = {*metrics, *(key for _, key in SPEED), *cost.COLUMNS}
     lines = [[_shown(row, key, numeric) for _, key in columns] for row in rows]
-    return markdown_table([title for title, _ in columns], lines)
+    return sweep.markdown_table([title for title, _ in columns], lines)
 
 
 def _shown(row: Mapping[str, Any], key: str, numeric: Set[str]) -> Any:
@@ -320,7 +330,7 @@ def seed_table(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str])
               *([group.get("pruned", 0)] if pruned else []),
               *(plus_minus(group.get(f"{name}_mean"), group.get(f"{name}_sd")) for name in metrics)]
              for group in groups]
-    return markdown_table(header, lines)
+    return sweep.markdown_table(header, lines)
 
 
 def class_table(rows: Sequence[Row], keys: Sequence[str]) -> Optional[str]:
@@ -347,7 +357,7 @@ def class_table(rows: Sequence[Row], keys: Sequence[str]) -> Optional[str]:
                               supports[0] if len(supports) == 1 else " / ".join(map(str, supports))])
     if not lines:
         return None
-    return markdown_table([*others, "split", "label", "n", *AVERAGED_FIGURES, "support"], lines)
+    return sweep.markdown_table([*others, "split", "label", "n", *AVERAGED_FIGURES, "support"], lines)
 
 
 def _mean_sd(values: Sequence[Any]) -> str:
@@ -362,21 +372,6 @@ def plus_minus(mean: Optional[float], sd: Optional[float]) -> str:
     if mean is None or math.isnan(mean):
         return ""
     return f"{mean:.4f}" if sd is None or math.isnan(sd) else f"{mean:.4f} ± {sd:.4f}"
-
-
-def markdown_table(header: Sequence[str], lines: Sequence[Sequence[Any]]) -> str:
-    rendered = [[_cell(value) for value in line] for line in lines]
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-                      *("| " + " | ".join(line) + " |" for line in rendered)])
-
-
-def _cell(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    text = f"{value:.4f}" if isinstance(value, float) else str(value)
-    text = " ".join(text.split())  # a Markdown table row is one line: an error's traceback is not
-    text = text if len(text) <= 300 else text[:299] + "…"
-    return text.replace("|", "\\|")
 
 
 # ------------------------------------------------------------------------ objective plots
@@ -528,20 +523,36 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
     sections = [f"# Sweep report\n\n{len(rows)} {'job' if len(rows) == 1 else 'jobs'}, {len(done)} completed, "
                 "from " + ", ".join(f"`{path}`" for path in paths) + "." +
                 "".join(f"\n\n{note}." for note in notes),
-                "## Jobs\n\n" + job_table(rows, keys, metrics, folders=len(paths) > 1)]
+                "## Jobs\n\n" + job_table(rows, keys, metrics, folders=len(paths) > 1) + cost.markdown_note(rows)]
     if sweep.SEED in keys:
         sections.append("## Over seeds\n\nMean ± sample standard deviation over the seeds of each setting "
                         "(completed jobs).\n\n" + seed_table(rows, keys, metrics))
+    written: List[Path] = []
+    sections += _differences_section(rows, out, written)
     classes = class_table(rows, keys)
     if classes is not None:
         sections.append("## Per class\n\nEach class's precision, recall and F1 on each eval split of the final "
                         "evaluation (`per_class` in results.json), mean ± sample standard deviation over the seeds "
                         "of each setting (completed jobs); support: the split's examples of the class.\n\n" + classes)
-    written: List[Path] = []
     sections += _objective_section(rows, keys, out, written) + _curves_section(rows, keys, out, written)
+    sections += calibration_plot.section(done, keys, out, written)  # reliability diagrams
     report = out / REPORT
     report.write_text("\n\n".join(sections) + "\n")
     return [report, *written]
+
+
+def _differences_section(rows: Sequence[Row], out: Path, written: List[Path]) -> List[str]:
+    """Every two settings that differ in one swept value, told apart or not (nli.sweep.differences), in
+    report.md and sweep_differences.csv; nothing where seeds were not swept."""
+    pairs = sweep.setting_pairs(rows)
+    if not pairs:
+        return []
+    path = out / sweep.DIFFERENCES_CSV
+    path.write_text(sweep.to_csv(differences.records(pairs)))
+    written.append(path)
+    lines = [differences.cells(pair) for pair in pairs]
+    return [f"## Differences between settings\n\n{differences.EXPLAINED}.\n\n"
+            + sweep.markdown_table(differences.HEADER, lines)]
 
 
 def _default_out(paths: Sequence[Source]) -> Path:
@@ -588,6 +599,11 @@ def source(argument: str) -> Source:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == [COMPARE]:  # two runs on the same examples (a folder named so: ./compare)
+        from nli.sweep import compare  # scikit-learn and SciPy, 2 s to import: only for this
+
+        return compare.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m nli.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=source, metavar="DIR",

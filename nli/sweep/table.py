@@ -11,7 +11,9 @@ carries it. Rows go to ``<sweep dir>/sweep_results.jsonl``, which keeps every sw
 run again in the directory adds its own; within one sweep, a job folder's row replaces that job's
 earlier one), and ``sweep_results.csv``, which is this sweep's table alone, as printed at the end;
 jobs of this sweep that differ only in ``seed`` are summed up in ``sweep_summary.csv`` (n, mean and
-sd). ``python -m nli.report`` reports a directory's newest sweep (nli.sweep.report).
+sd), and every two settings that differ in one swept value are compared in ``sweep_differences.csv`` (the
+difference of their objectives with its uncertainty, nli.sweep.differences). ``python -m nli.report``
+reports a directory's newest sweep (nli.sweep.report).
 
 Hydra's own and submitit's launchers call :class:`SweepResults` (a Hydra callback, named in
 conf/train.yaml) where each job runs, so a job on a Slurm node writes its own row, under a file
@@ -41,7 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeGuard, TypeVar
 
 from filelock import FileLock
 from hydra.core.utils import JobReturn, JobStatus
@@ -54,6 +56,7 @@ from nli.contract import PREEMPTED, RESULTS_FILE
 from nli.errors import StorageError, UserError
 from nli.io.claim import Claim, Use
 from nli.io.storage import Storage
+from nli.sweep import cost, differences
 from nli.sweep import local_gpus as gpus
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,7 @@ log = logging.getLogger(__name__)
 RESULTS_JSONL = "sweep_results.jsonl"
 RESULTS_CSV = "sweep_results.csv"
 SUMMARY_CSV = "sweep_summary.csv"
+DIFFERENCES_CSV = "sweep_differences.csv"
 _LOCK = ".sweep_results.lock"
 CLAIM = Use("sweep", ".sweep_claim.json", "give this sweep another hydra.sweep.dir")
 SWEEP_ID, SWEEP_STARTED = "sweep", "sweep_started"  # the columns that say which sweep a row belongs to
@@ -72,7 +76,7 @@ PRUNED = "PRUNED"  # a search's trial that its pruner stopped while it trained (
 SEED = "seed"
 # Columns of a row that are not metrics: its place in the sweep, and counters a mean says nothing of.
 _NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early", "pruned_at", "trainable_parameters",
-                          SWEEP_STARTED, "started"})
+                          SWEEP_STARTED, "started", *cost.COLUMNS})
 # What the printed table shows besides the swept values (the files have every column).
 _SHOWN = ("objective", "train_examples_per_second", "train_seconds")
 
@@ -197,6 +201,13 @@ def _csv_cell(key: str, value: Any) -> Any:
     return json.dumps(value) if isinstance(value, (dict, list)) else value
 
 
+def _replace_or_remove(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    if rows:
+        _replace(path, to_csv(rows))
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _replace(path: Path, text: str) -> None:
     """Readers never see half a file: write beside it, then rename over it."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
@@ -233,6 +244,24 @@ def _group_row(overrides: Dict[str, str], members: Sequence[Mapping[str, Any]]) 
     return group
 
 
+def seed_settings(rows: Sequence[Mapping[str, Any]]) -> Dict[differences.Setting, Dict[str, float]]:
+    """Each setting's objective on each of its seeds, from the completed jobs that set a seed (the other swept
+    values as (key, value) in one order): what nli.sweep.differences compares."""
+    keys = [key for key in varying(rows) if key != SEED]
+    found: Dict[differences.Setting, Dict[str, float]] = {}
+    for row in rows:
+        values, objective = swept(row), row.get("objective")
+        if row["state"] == COMPLETED and SEED in values and is_number(objective) and not math.isnan(objective):
+            found.setdefault(tuple((key, str(row.get(key))) for key in keys), {})[values[SEED]] = float(objective)
+    return found
+
+
+def setting_pairs(rows: Sequence[Mapping[str, Any]]) -> List[differences.Pair]:
+    """Every two settings of a sweep over seeds that differ in one swept value, with the difference of their
+    objectives (nli.sweep.differences); none without seeds."""
+    return differences.pairs(seed_settings(rows))
+
+
 def failed(rows: Iterable[_Row]) -> List[_Row]:
     """The jobs that did not end as they should: neither completed nor pruned by their search."""
     return [row for row in rows if row["state"] not in (COMPLETED, PRUNED)]
@@ -252,7 +281,7 @@ def swept(row: Mapping[str, Any]) -> Dict[str, str]:
     return override_columns(row.get("overrides") or [])
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -300,6 +329,7 @@ class SweepResults(Callback):
         if config.hydra.mode != RunMode.MULTIRUN:  # a single run, or a Vertex AI job (its launcher writes the row)
             return
         job, self.job = self.job, {}
+        job.update(cost.job_columns(config, job.get("started"), time.time()))  # its GPU-hours, where it has GPUs
         record(Path(str(config.hydra.sweep.dir)), hydra_job_row(config, job_return, {**self.stamp(), **job}))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -329,13 +359,18 @@ class SweepResults(Callback):
             return []
         _replace(sweep_dir / RESULTS_CSV, to_csv(rows))
         groups = seed_groups(rows)
-        if groups:
-            _replace(sweep_dir / SUMMARY_CSV, to_csv(groups))
-        else:  # an earlier sweep's summary would pass for this one's
-            (sweep_dir / SUMMARY_CSV).unlink(missing_ok=True)
+        pairs = setting_pairs(rows)
+        # An earlier sweep's summary or differences would pass for this one's: each is this sweep's, or none.
+        _replace_or_remove(sweep_dir / SUMMARY_CSV, groups)
+        _replace_or_remove(sweep_dir / DIFFERENCES_CSV, differences.records(pairs))
         log.info("Sweep results (%s):\n%s", sweep_dir / RESULTS_CSV, format_rows(rows))
+        if (used := cost.summary(rows)) is not None:
+            log.info("%s", used)
         if groups:
             log.info("Over seeds (%s):\n%s", sweep_dir / SUMMARY_CSV, format_groups(groups))
+        if pairs:
+            log.info("Differences between settings (%s):\n%s\n%s", sweep_dir / DIFFERENCES_CSV, format_pairs(pairs),
+                     differences.EXPLAINED)
         ended_badly = failed(rows)
         if self.wandb is not None:
             to_wandb(self.wandb, sweep_dir, rows, groups)
@@ -477,7 +512,7 @@ def to_wandb(logger: DictConfig, sweep_dir: Path, rows: Sequence[Mapping[str, An
                          tags=list(logger.tags or []))
         run.log({"sweep_results": _wandb_table(rows), **({"sweep_summary": _wandb_table(groups)} if groups else {})})
         artifact = wandb.Artifact(f"{group}-results", type="sweep-results")
-        for name in (RESULTS_CSV, RESULTS_JSONL, SUMMARY_CSV):
+        for name in (RESULTS_CSV, RESULTS_JSONL, SUMMARY_CSV, DIFFERENCES_CSV):
             if (sweep_dir / name).exists():
                 artifact.add_file(str(sweep_dir / name))
         run.log_artifact(artifact)
@@ -556,6 +591,11 @@ def format_groups(groups: Sequence[Mapping[str, Any]]) -> str:
     return format_table(cells, [*varying, "n", "failed", *pruned, *shown])
 
 
+def format_pairs(pairs: Sequence[differences.Pair]) -> str:
+    return format_table([dict(zip(differences.HEADER, differences.cells(pair))) for pair in pairs],
+                        differences.HEADER)
+
+
 def varying(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     """The override keys whose value is not the same in every row, in the order they were given."""
     keys = dict.fromkeys(key for row in rows for key in swept(row))
@@ -583,3 +623,19 @@ def _cell(value: Any) -> str:
         return ""
     text = f"{value:.4f}" if isinstance(value, float) else str(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def markdown_table(header: Sequence[str], lines: Sequence[Sequence[Any]]) -> str:
+    """A table in Markdown (report.md, python -m nli.report compare): a line of cells each."""
+    rendered = [[_markdown_cell(value) for value in line] for line in lines]
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                      *("| " + " | ".join(line) + " |" for line in rendered)])
+
+
+def _markdown_cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    text = f"{value:.4f}" if isinstance(value, float) else str(value)
+    text = " ".join(text.split())  # a Markdown table row is one line: an error's traceback is not
+    text = text if len(text) <= 300 else text[:299] + "…"
+    return text.replace("|", "\\|")

@@ -124,7 +124,8 @@ def test_sweep_of_two_jobs_returns_their_objectives_and_keeps_the_key_secret(
     before = len(fake.requests)
     overrides = [*launcher(fake), "hydra.launcher.sweep_name=two-jobs",
                  f"+hydra.launcher.secrets.WANDB_API_KEY={WANDB_SECRET}", *FAST, "logger=wandb",
-                 "logger.wandb.mode=offline", "seed=1,2"]
+                 "logger.wandb.mode=offline", "seed=1,2",
+                 "hydra.launcher.prices.machines.n1-standard-8.on_demand=3600"]  # a dollar a second: cost_usd = seconds
     with sweep_train(overrides, tmp_path / "sweep") as sweep:
         returns = sweep.returns[0]
         rows = read_rows(tmp_path / "sweep")
@@ -155,6 +156,10 @@ def test_sweep_of_two_jobs_returns_their_objectives_and_keeps_the_key_secret(
     remote = [bucket.cat_file(path) for path in bucket.find(f"{BUCKET}/two-jobs")]
     jobs = [job for job in fake.jobs.values() if job.job.display_name.startswith("two-jobs")]
     assert len(jobs) == 2 and len(local_files) > 10 and len(remote) > 10
+    # Each row's cost: its price per hour times the time Vertex AI ran it; no GPU-hours on hw=cpu.
+    ran = {job.job.name: (job.job.end_time - job.job.start_time).total_seconds() for job in jobs}
+    assert [float(row["cost_usd"]) for row in rows] == pytest.approx([ran[row["vertex_job"]] for row in rows], abs=1e-5)
+    assert all(seconds > 0 for seconds in ran.values()) and "gpu_hours" not in rows[0]
     assert SENTINEL not in json.dumps(fake.requests[before:])
     assert not any(SENTINEL in json.dumps(job.env) or SENTINEL in job.log for job in jobs)
     assert SENTINEL not in local_text
@@ -162,6 +167,9 @@ def test_sweep_of_two_jobs_returns_their_objectives_and_keeps_the_key_secret(
     out, err = capfd.readouterr()
     assert SENTINEL not in out + err + caplog.text
     assert "JOB_STATE_RUNNING" in caplog.text and "2 succeeded" in caplog.text  # what the researcher sees
+    assert "estimated price: $7200.00/h for 2 jobs at once" in caplog.text
+    assert f"The sweep used: estimated cost ${sum(float(row['cost_usd']) for row in rows):.2f} over 2 of 2 jobs" in \
+        caplog.text
 
 
 @pytest.mark.process
@@ -369,9 +377,13 @@ def test_python_package_job_runs_the_sdist(fake: FakeVertex, sweep_train: Callab
 @pytest.mark.process
 def test_dry_run_writes_the_requests_with_the_seeds_machines(fake: FakeVertex, tmp_path: Path) -> None:
     before = len(fake.requests)
+    spot_prices = ["hydra.launcher.prices.machines.n1-standard-8.spot=0.1", "hydra.launcher.prices.machines.a2-highgpu-"
+                   "8g.spot=1.0", *(f"hydra.launcher.prices.accelerators.NVIDIA_TESLA_{gpu}.spot={price}"
+                                    for gpu, price in (("V100", 0.7), ("A100", 1.2)))]
     proc = sweep_cli([*launcher(fake, hw=None), "hydra.launcher.dry_run=true", "hw=v100,8xa100", "optimizer.lr=2e-5",
                       "hydra.launcher.strategy=SPOT", "hydra.launcher.timeout=3600", "+hydra.launcher.labels.team=nlp",
-                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
+                      *spot_prices, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path,
+                     env={"PYTHONPROFILEIMPORTTIME": "1"})
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, output
     assert len(fake.requests) == before  # nothing submitted
@@ -391,6 +403,9 @@ def test_dry_run_writes_the_requests_with_the_seeds_machines(fake: FakeVertex, t
     assert job["displayName"] != requests[0]["customJob"]["displayName"]
     args = job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"]
     assert args[:3] == ["--config-name=train", "hw=8xa100", "optimizer.lr=2e-05"]  # as the sweeper wrote it
+    # On Spot VMs, by hand: hw=v100 0.1 + 0.7, hw=8xa100 1.0 + 8 x 1.2; both at once, each for at most an hour.
+    assert ("estimated price: $11.40/h for 2 jobs at once (up to max_concurrent_jobs=16), ceiling $11.40 if every job "
+            "ran to its timeout (1h); prices of us-central1 read on ") in output
 
 
 @pytest.mark.process

@@ -75,7 +75,8 @@ def test_the_end_of_a_run_says_where_its_files_are(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "results.json").read_text())
     said = next(line for line in proc.stdout.splitlines() if "][nli.output.results][INFO] - results: " in line)
     assert said.split(" - ", 1)[1] == (f"results: objective={results['objective']:.4f}, accuracy="
-                                       f"{results['accuracy']:.4f}, loss={results['loss']:.4f}; 12 steps in "
+                                       f"{results['accuracy']:.4f}, loss={results['loss']:.4f}, ece="
+                                       f"{results['ece']:.4f}, brier={results['brier']:.4f}; 12 steps in "
                                        f"{results['train_seconds']:.1f} s, the best at step {results['best_step']} "
                                        "(every figure in results.json)")
     block = [line.strip().split("  ") for line in proc.stdout.split("The run's files:\n")[1].splitlines()[:5]]

@@ -28,6 +28,7 @@ from tests.support.runs import MEASURED, ROOT, process_env, read_results, run_ap
 # dropout off, since each rank draws its own masks and one process draws other ones.
 # The same run as the recorded reference's two-process run.
 ARGS = RUNS["torchrun"]
+CALIBRATION = "calibration"  # results.json's reliability bins and temperature (nli.evaluate.reliability)
 
 
 def torchrun(args: List[str], *, cwd: Path, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -55,15 +56,26 @@ def outcome(run_dir: Path) -> Outcome:
     return results, AutoModelForSequenceClassification.from_pretrained(run_dir / "model").state_dict()
 
 
+def flat(value: Any, name: str = "") -> Dict[str, Any]:
+    """Figures nested in dicts and lists (results.json's ``calibration``) as one level (``/calibration/validation/
+    confidence/3``), which pytest.approx compares."""
+    if isinstance(value, dict):
+        return {key: each for inner, nested in value.items() for key, each in flat(nested, f"{name}/{inner}").items()}
+    if isinstance(value, list):
+        return {f"{name}/{i}": each for i, each in enumerate(value)}
+    return {name: value}
+
+
 def assert_same_run(ours: Outcome, theirs: Outcome) -> None:
     """The same results, and weights to float tolerance: not bit for bit, since each rank sums its
     part of the batch and the all-reduce adds the parts, in another order than one process summing
     all 32; float addition is not associative. The evaluation loss, a mean of the logits' log-softmax,
-    moves with the weights: to the same tolerance."""
-    losses = [key for key in theirs[0] if key.split("/")[-1].startswith("loss")]
+    moves with the weights: to the same tolerance; so do the calibration figures, made of the same
+    probabilities (ECE, Brier, each bin's mean confidence, the temperature)."""
+    losses = [key for key in theirs[0] if key.split("/")[-1].startswith(("loss", "ece", "brier")) or key == CALIBRATION]
     assert {k: v for k, v in ours[0].items() if k not in losses} == \
         {k: v for k, v in theirs[0].items() if k not in losses}
-    assert {k: ours[0].get(k) for k in losses} == pytest.approx({k: theirs[0][k] for k in losses}, rel=1e-4)
+    assert flat({k: ours[0].get(k) for k in losses}) == pytest.approx(flat({k: theirs[0][k] for k in losses}), rel=1e-4)
     assert ours[1].keys() == theirs[1].keys()
     for key, tensor in theirs[1].items():
         if key.endswith("attention.self.key.bias"):

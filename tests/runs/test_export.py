@@ -165,7 +165,7 @@ def card_metrics(card: ModelCard) -> Dict[str, float]:
 def test_the_model_card_gives_the_hub_the_best_checkpoints_metrics_and_the_command(finished: Path) -> None:
     card = ModelCard.load(finished / "model" / "README.md")
     record, results = json.loads((finished / "model" / "export.json").read_text()), read_results(finished)
-    assert record["metrics"] == {"accuracy": results["accuracy"], "loss": results["loss"]}
+    assert record["metrics"] == {key: results[key] for key in ("accuracy", "loss", "ece", "brier")}
     assert card_metrics(card) == {"accuracy": results["accuracy"]}  # the task's metrics: the Hub has no eval loss
     assert card.data.model_name == "scratch-synthetic" and card.data.base_model is None  # model=tiny: no base
     assert card.data.datasets is None  # task=synthetic is generated: no data set on the Hub

@@ -64,6 +64,7 @@ def test_stsb_trains_as_regression_and_submits_scores(tmp_path: Path, gcs_emulat
     assert {k: v for k, v in read_results(remote).items() if k not in differs} == \
         {k: v for k, v in results.items() if k not in differs}
     assert {"pearson", "spearmanr", "combined_score"} <= set(results) and "accuracy" not in results
+    assert not {"ece", "brier", "calibration"} & set(results)  # scores have no confidence to calibrate
     assert results["objective"] == results["combined_score"] == pytest.approx(
         (results["pearson"] + results["spearmanr"]) / 2)
     config = json.loads((out / "model" / "config.json").read_text())

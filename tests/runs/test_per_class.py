@@ -1,6 +1,6 @@
 """What a researcher looks at after a run (nli/evaluate/per_class.py), through real runs of train.py: each class's
 precision, recall and F1 and the confusion matrix in results.json and in every logger, each eval example's
-prediction in eval_predictions/, and the evaluation loss at every evaluation; all read back as a reader
+prediction in eval_predictions/, and the evaluation loss and calibration at every evaluation; all read back as a reader
 would (pandas, datasets, TensorBoard's EventAccumulator, W&B's offline run file)."""
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def test_each_dev_split_has_its_predictions_per_class_figures_and_confusion_matr
         assert [LABELS[i] for i in probabilities.argmax(axis=1)] == predicted
         cross_entropy = -np.mean(np.log([p[LABELS.index(g)] for p, g in zip(probabilities, gold)]))
         assert results[f"loss{suffix}"] == pytest.approx(cross_entropy, rel=1e-5)
+        assert_calibration(results, split, suffix, probabilities, [LABELS.index(g) for g in gold])
         # pandas and datasets read the file as it is.
         frame = pandas.read_json(path, lines=True)
         assert list(frame["prediction"]) == predicted
@@ -78,12 +79,38 @@ def test_each_dev_split_has_its_predictions_per_class_figures_and_confusion_matr
         assert loaded["label"] == gold and loaded.num_rows == size
 
 
+def assert_calibration(results: Dict[str, Any], split: str, suffix: str, probabilities: np.ndarray,
+                       gold: List[int]) -> None:
+    """The split's ECE (15 equal-width bins) and Brier score, recomputed from its predictions file, are results.json's,
+    and so are its reliability bins; the temperature is fitted on the main split and changes no prediction."""
+    predicted = probabilities.argmax(axis=1)
+    confidences = probabilities[np.arange(len(gold)), predicted]
+    members: Dict[int, List[int]] = {}
+    for i, each in enumerate(confidences):  # bin b holds (b/15, (b+1)/15]
+        members.setdefault(max(math.ceil(each * 15) - 1, 0), []).append(i)
+    gaps = [len(bin) * abs(np.mean([predicted[i] == gold[i] for i in bin]) - np.mean(confidences[bin]))
+            for bin in members.values()]
+    assert results[f"ece{suffix}"] == pytest.approx(sum(gaps) / len(gold), abs=1e-5)
+    brier = np.mean([sum((p - (c == g)) ** 2 for c, p in enumerate(row)) for row, g in zip(probabilities, gold)])
+    assert results[f"brier{suffix}"] == pytest.approx(brier, abs=1e-5)
+    figures = results["calibration"][split]
+    assert figures["bins"] == 15 and len(figures["count"]) == len(figures["accuracy"]) == 15
+    assert figures["count"] == [len(members.get(b, [])) for b in range(15)] and sum(figures["count"]) == len(gold)
+    assert (figures["ece"], figures["brier"]) == (results[f"ece{suffix}"], results[f"brier{suffix}"])
+    assert figures["temperature_fitted_on"] == "validation_matched" and figures["temperature"] > 0
+    assert figures["temperature"] == results["calibration"]["validation_matched"]["temperature"]
+    assert 0 <= figures["ece_after_temperature"] <= 1 and 0 <= figures["brier_after_temperature"] <= 2
+
+
 def test_the_loggers_hold_the_loss_the_per_class_figures_and_the_confusion_matrices(mnli_run: Path) -> None:
     results = read_results(mnli_run)
     with open(mnli_run / "metrics.csv", newline="") as stream:
         logged = list(csv.DictReader(stream))
-    for suffix in ("", "_mm"):  # at every evaluation
-        assert [int(row["step"]) for row in logged if row["metric"] == f"eval/loss{suffix}"] == [4, 8]
+    for suffix in ("", "_mm"):  # at every evaluation, the calibration figures with the loss
+        for name in ("loss", "ece", "brier"):
+            assert [int(row["step"]) for row in logged if row["metric"] == f"eval/{name}{suffix}"] == [4, 8]
+        assert float(next(row["value"] for row in logged if row["metric"] == f"eval/ece{suffix}"
+                          and int(row["step"]) == results["best_step"])) == results[f"ece{suffix}"]
     with open(mnli_run / "per_class.csv", newline="") as stream:
         per_class = list(csv.DictReader(stream))
     assert {(row["split"], row["label"]): {key: float(row[key]) for key in ("precision", "recall", "f1", "support")}

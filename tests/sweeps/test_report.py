@@ -4,6 +4,7 @@ tables parsed from the Markdown, its PNGs decoded."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -19,7 +20,7 @@ from typing import Dict, List, Tuple
 import matplotlib.image
 import pytest
 
-from nli.sweep import report
+from nli.sweep import calibration_plot, report
 from nli.sweep import table as sweep
 from tests.support.runs import FAST, ROOT, copy_run, read_results, run_app, shared_folder
 from tests.sweeps.test_sweep import rerun_sweep
@@ -27,6 +28,7 @@ from tests.sweeps.test_sweep import rerun_sweep
 LRS = ("0.001", "0.003")  # as Hydra's sweeper writes 1e-3,3e-3 back
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 OBJECTIVE_PNG = "objective_vs_optimizer.lr.png"
+RELIABILITY = calibration_plot.RELIABILITY
 
 
 SWEEP = ["-m", *FAST, "optimizer.lr=1e-3,3e-3", "seed=1,2"]
@@ -80,7 +82,8 @@ def test_a_sweep_report_has_the_rows_the_seeds_means_and_the_plots(shared_sweep:
     assert report.main([str(sweep_dir)]) == 0
     markdown_file = sweep_dir / report.REPORT
     printed = capsys.readouterr().out.split()
-    assert printed == [str(markdown_file), str(sweep_dir / OBJECTIVE_PNG), str(sweep_dir / report.LEARNING_CURVES)]
+    assert printed == [str(markdown_file), str(sweep_dir / sweep.DIFFERENCES_CSV), str(sweep_dir / OBJECTIVE_PNG),
+                       str(sweep_dir / report.LEARNING_CURVES), str(sweep_dir / RELIABILITY)]
     markdown = markdown_file.read_text()
     rows = {row["job"]: row for row in sweep.read_rows(sweep_dir)}
     parsed = tables(markdown)
@@ -103,9 +106,11 @@ def test_a_sweep_report_has_the_rows_the_seeds_means_and_the_plots(shared_sweep:
         assert mean == pytest.approx(statistics.mean(objectives), abs=5e-5)
         assert sd == pytest.approx(statistics.stdev(objectives), abs=5e-5)
 
-    assert images(markdown) == [OBJECTIVE_PNG, report.LEARNING_CURVES]  # embedded, beside report.md
+    assert images(markdown) == [OBJECTIVE_PNG, report.LEARNING_CURVES, RELIABILITY]  # embedded, beside report.md
     assert_png(sweep_dir / OBJECTIVE_PNG, report.OBJECTIVE_SIZE)
     assert_png(sweep_dir / report.LEARNING_CURVES, report.CURVES_SIZE)
+    assert_png(sweep_dir / RELIABILITY, calibration_plot.size(1))  # the synthetic task's one eval split
+    assert "in each of 15 equal-width confidence bins" in markdown.split("## Calibration\n\n")[1].splitlines()[0]
     assert "Skipped" not in markdown  # every job logged its metrics.csv
 
 
@@ -126,6 +131,39 @@ def test_the_per_class_table_is_each_settings_mean_over_seeds(sweep_dir: Path, t
             assert float(sd or 0) == pytest.approx(statistics.stdev(values), abs=5e-5)
 
 
+def test_the_differences_between_settings_are_their_seeds_paired(shared_sweep: Path, tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Two learning rates on the same two seeds: one pair, its difference the mean of the seeds' differences,
+    in report.md, in sweep_differences.csv (unrounded) and in the table printed at the sweep's end."""
+    rows = sweep.read_rows(shared_sweep)
+    objective = {(row["optimizer.lr"], row["seed"]): row["objective"] for row in rows}
+    expected = statistics.mean(objective[("0.003", seed)] - objective[("0.001", seed)] for seed in ("1", "2"))
+    report.write_report([shared_sweep], tmp_path)
+    markdown = (tmp_path / report.REPORT).read_text()
+    (line,) = tables(markdown)["Differences between settings"]
+    assert (line["setting"], line["A"], line["B"], line["n"]) == ("optimizer.lr", "0.001", "0.003", "2 pairs")
+    assert line["B - A"] == f"{expected:+.4f}" and line["others alike"] == ""
+    with open(tmp_path / sweep.DIFFERENCES_CSV) as stream:
+        (written,) = csv.DictReader(stream)
+    assert float(written["difference"]) == pytest.approx(expected) and written["paired"] == "True"
+    low, high = float(written["interval_low"]), float(written["interval_high"])
+    assert low <= expected <= high
+    assert line["95% interval"] == f"[{low:+.4f}, {high:+.4f}]"
+    # Two seeds: the paired test's p is at least 2/2^2, so the interval alone can leave 0 out.
+    assert float(written["p_value"]) >= 0.5 and line["p"] == f"{float(written['p_value']):.3g}"
+    assert line["verdict"] == ("not told apart" if low <= 0 <= high else "interval only: p ≥ 0.05")
+    assert "percentile bootstrap over the seeds" in markdown and "permutation test" in markdown
+
+    copy = copy_run(shared_sweep, tmp_path / "sweep")
+    (copy / sweep.DIFFERENCES_CSV).unlink()
+    with caplog.at_level("INFO", logger=sweep.__name__):
+        sweep.report(copy, rows[0][sweep.SWEEP_ID])
+    printed = caplog.text
+    assert f"Differences between settings ({copy / sweep.DIFFERENCES_CSV})" in printed
+    assert "optimizer.lr  0.001  0.003" in printed and line["95% interval"] in printed
+    assert (copy / sweep.DIFFERENCES_CSV).read_text() == (tmp_path / sweep.DIFFERENCES_CSV).read_text()
+
+
 def test_the_learning_curves_are_each_runs_metrics_csv(sweep_dir: Path) -> None:
     rows = sweep.read_rows(sweep_dir)
     runs, notes = report.load_curves(rows, sweep.varying(rows))
@@ -144,12 +182,13 @@ def test_a_run_folder_is_a_report_of_one_job(sweep_dir: Path, tmp_path: Path,
     run = sweep_dir / "1"
     out = tmp_path / "one"
     assert report.main([str(run), "--out", str(out)]) == 0
-    assert capsys.readouterr().out.split() == [str(out / report.REPORT), str(out / report.LEARNING_CURVES)]
+    assert capsys.readouterr().out.split() == [str(out / report.REPORT), str(out / report.LEARNING_CURVES),
+                                               str(out / RELIABILITY)]
     markdown = (out / report.REPORT).read_text()
     (line,) = tables(markdown)["Jobs"]
     assert line["job"] == "0" and line["state"] == "COMPLETED"
     assert line["objective"] == f"{read_results(run)['objective']:.4f}"
-    assert "Over seeds" not in markdown and images(markdown) == [report.LEARNING_CURVES]  # nothing swept
+    assert "Over seeds" not in markdown and images(markdown) == [report.LEARNING_CURVES, RELIABILITY]  # nothing swept
     assert_png(out / report.LEARNING_CURVES, report.CURVES_SIZE)
 
 
@@ -172,7 +211,7 @@ def test_failed_jobs_are_in_the_tables_and_not_in_the_plots(sweep_dir: Path, tmp
     parsed = tables(markdown)
     assert [line["state"] for line in parsed["Jobs"]] == ["COMPLETED"] * 4 + ["FAILED"]
     assert list(parsed["Jobs"][0]) == ["job", "state", "optimizer.lr", "seed", "objective", "accuracy", "loss",
-                                       "examples/s", "seconds", "commit", "error"]
+                                       "ece", "brier", "examples/s", "seconds", "commit", "error"]
     assert parsed["Jobs"][4]["objective"] == "" and parsed["Jobs"][4]["error"] == r"error: lr \| went wrong"
     assert parsed["Jobs"][0]["commit"] == report.short_commit(rows[0]) and parsed["Jobs"][4]["commit"] == ""
     assert {line["optimizer.lr"]: (line["n"], line["failed"]) for line in parsed["Over seeds"]} == {
@@ -221,7 +260,8 @@ def test_python_m_nli_report(sweep_dir: Path, tmp_path: Path) -> None:
     assert [line["job"] for line in jobs] == ["0", "1", "2", "3", "4"]
     assert jobs[0]["folder"] == jobs[4]["folder"] == f"{sweep_dir.name}/0"
     assert jobs[4]["objective"] == jobs[0]["objective"]
-    for name in proc.stdout.splitlines()[1:]:
+    assert proc.stdout.splitlines()[1] == str(tmp_path / sweep.DIFFERENCES_CSV)
+    for name in proc.stdout.splitlines()[2:]:
         assert Path(name).read_bytes()[:8] == PNG_MAGIC
 
 

@@ -49,6 +49,7 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
     results = read_results(sweep_dir / "1")  # the job after the failed one ran to the end
     assert rows[1]["objective"] == results["objective"] and rows[1]["train_seconds"] == results["train_seconds"]
     assert rows[1]["output_dir"] == str(sweep_dir / "1")
+    assert "gpu_hours" not in rows[1] and "The sweep used" not in output  # a CPU job has no GPU-hours (nli.sweep.cost)
     # The end of the output: the table, then the failed job by number and overrides, with its error.
     table = proc.stdout[proc.stdout.index("Sweep results"):]
     failed = table[table.index("1 of the sweep's jobs failed (the others ran):"):].splitlines()

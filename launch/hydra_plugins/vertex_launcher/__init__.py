@@ -7,6 +7,7 @@ What it uses of the framework, and nothing else (tests/project/test_imports.py h
 - ``nli.io.storage``: ``Storage``, a folder on local disk or ``gs://``;
 - ``nli.sweep.table``: the sweep's table: each job's row (``job_row``, ``own_results``, ``record``), the running
   sweep's stamp (``running_sweep``, ``SWEEP_ID``), the table printed at the end (``table``);
+- ``nli.sweep.cost``: the row's cost columns (``COST_USD``, ``ROUNDING``) and a job's ``gpu_hours``;
 - ``nli.runtime.provenance``: ``code``, the commit and whether the checkout differs from it.
 """
 

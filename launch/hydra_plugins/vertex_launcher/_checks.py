@@ -3,11 +3,12 @@ for, and that no secret value travels in a job's spec, where anyone who can view
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
 from dataclasses import dataclass
-from typing import FrozenSet, Iterable, Iterator, Optional, Sequence, Tuple
+from typing import Any, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
@@ -23,6 +24,7 @@ SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
 _SECRET_VERSION = re.compile(r"^projects/[^/]+/secrets/[^/]+/versions/[^/]+$")
 # Where a user keeps the settings every sweep of theirs shares (conf/hydra/launcher/vertex.yaml reads it).
 _YOURS = "; once for every sweep: in conf/local/vertex.yaml (docs/vertex.md, Your defaults)"
+_PRICES = "hydra.launcher.prices"
 _TENSORBOARD = re.compile(r"^projects/[^/]+/locations/(?P<region>[^/]+)/tensorboards/[^/]+$")
 
 
@@ -65,6 +67,30 @@ def check_settings(settings: VertexLauncherConf) -> None:
     _check_env(settings)
     if settings.tensorboard:
         _check_tensorboard(settings)
+    check_prices(settings)
+
+
+def check_prices(settings: VertexLauncherConf) -> None:
+    """Every key of the price table is one it knows: a ``+`` override adds any key to a typed node, and a
+    misspelt price (``spto``) would be left unread while the estimate used the table's."""
+    unknown = _extra_keys(settings.prices, _PRICES)
+    for table in ("machines", "accelerators"):
+        for name, entry in getattr(settings.prices, table).items():
+            where = f"{_PRICES}.{table}.{name}"
+            unknown += _extra_keys(entry, where) if dataclasses.is_dataclass(entry) else [where]
+            for key in ("on_demand", "spot"):
+                value = getattr(entry, key, None)
+                if value is not None and float(value) < 0:
+                    raise LaunchError(f"{where}.{key}={value}: a price per hour cannot be negative")
+    if unknown:
+        raise LaunchError(f"{', '.join(unknown)}: not a key of the price table (a machine's or accelerator's "
+                          f"price has on_demand and spot; {_PRICES} has region, read_on, machines, accelerators)")
+
+
+def _extra_keys(node: Any, where: str) -> List[str]:
+    """Attributes of a dataclass that are not its fields: what OmegaConf.to_object set from an added key."""
+    fields = {each.name for each in dataclasses.fields(node)}
+    return [f"{where}.{key}" for key in vars(node) if key not in fields]
 
 
 _REPOSITORY = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/[^/:@]+/[^/:@]+/[^:@]+")

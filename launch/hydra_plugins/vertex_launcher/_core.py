@@ -15,6 +15,7 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple, cast
 
@@ -30,7 +31,7 @@ from nli import contract
 from nli.contract import HW_GROUP, RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
 from nli.sweep import table as sweep
 
-from . import _record, _spec
+from . import _cost, _record, _spec
 from ._build import Image, check_image, image_of_source
 from ._checks import LaunchError, check_machines, check_secrets
 from ._client import Vertex
@@ -63,6 +64,10 @@ class Job:
     name: str = ""  # the CustomJob's resource name, once submitted
     state: JobState = cast(JobState, JobState.JOB_STATE_UNSPECIFIED)  # proto-plus is untyped: members read as int
     error: str = ""
+    quote: _cost.Quote = _cost.UNPRICED  # its price per hour (hydra.launcher.prices)
+    gpus: int = 0  # GPUs on all its machines
+    started: Optional[datetime] = None  # when Vertex AI started running it, and when it ended: its billed time
+    finished: Optional[datetime] = None
 
     @property
     def label(self) -> str:
@@ -109,6 +114,7 @@ class Sweep:
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[JobReturn]:
         with self._lock:  # Hydra's config singleton while composing, the sdist and image built once
             jobs = self._prepare(job_overrides, initial_job_idx)
+        log.info("Vertex AI sweep %s: %s", self.name, _cost.estimate([job.quote for job in jobs], self.settings))
         if self.settings.dry_run:
             return [self._dry_run(job) for job in jobs]
         log.info("Vertex AI sweep %s: %d jobs in %s (%s), outputs in %s/%s", self.name, len(jobs),
@@ -141,6 +147,8 @@ class Sweep:
         image = self._image_to_run()
         for job in jobs:
             job.request = self._request(job, package_uri, image)
+            hw = _spec.machine(job.config, self.settings)
+            job.quote, job.gpus = _cost.job_price(hw, self.settings), _cost.gpus(hw)
         return jobs
 
     def _compose(self, overrides: List[str], num: int) -> Job:
@@ -257,7 +265,8 @@ def ended(job: Job, stamp: Dict[str, Any]) -> Tuple[Dict[str, Any], Any, Optiona
     model_dir = vertex_dirs(job.remote_dir)[VERTEX_MODEL_DIR]  # where the job wrote, as Vertex AI told it
     reported = sweep.read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}
     row = functools.partial(sweep.job_row, num=job.num, overrides=job.overrides, output_dir=model_dir,
-                            vertex_job=job.name, vertex_state=job.state.name, **stamp)
+                            vertex_job=job.name, vertex_state=job.state.name, **stamp,
+                            **_cost.row_columns(job.quote, job.gpus, job.started, job.finished))
     if job.state is JobState.JOB_STATE_SUCCEEDED:
         results = sweep.read_json(f"{model_dir}/{RESULTS_FILE}")
         value = reported.get("return_value", (results or {}).get("objective"))
@@ -326,6 +335,7 @@ class Watcher:
         if state == job.state:
             return False
         job.state, job.error = state, remote.error.message
+        job.started, job.finished = remote.start_time or None, remote.end_time or None  # unset: None
         job.note(f"{state.name} {self.vertex.console_url(job.name)}")
         return True
 

@@ -27,6 +27,25 @@ class Strategy(Enum):
 
 
 @dataclass
+class Price:
+    """What Vertex AI charges for one machine, or one accelerator, of a custom training job."""
+
+    on_demand: Optional[float] = None  # USD per hour; null: none known (the estimate says which to give)
+    spot: Optional[float] = None  # USD per hour on Spot VMs (strategy=SPOT); null: none known
+
+
+@dataclass
+class Prices:
+    """The price table the sweep's estimates come from (conf/hydra/launcher/prices/): a job pays, on each of
+    its machines, the machine type's price and each accelerator's. Estimates, not a bill."""
+
+    region: str = "us-central1"  # the region whose prices these are
+    read_on: Optional[str] = None  # the date they were read (YYYY-MM-DD)
+    machines: Dict[str, Price] = field(default_factory=dict)  # machine type -> its price per machine
+    accelerators: Dict[str, Price] = field(default_factory=dict)  # accelerator type -> its price per accelerator
+
+
+@dataclass
 class VertexLauncherConf:
     _target_: str = "hydra_plugins.vertex_launcher.vertex_launcher.VertexLauncher"
 
@@ -77,6 +96,8 @@ class VertexLauncherConf:
     secrets: Dict[str, str] = field(default_factory=dict)
     # Another endpoint (an emulator): http://host:port talks REST with anonymous credentials.
     api_endpoint: Optional[str] = None
+    # What the jobs' machines cost, for the estimate a sweep prints as it starts and each job's cost_usd
+    prices: Prices = field(default_factory=Prices)
 
     def python_package(self) -> bool:
         """packaging=python_package. Compared by name: Hydra's plugin discovery executes this module again

@@ -294,7 +294,8 @@ def test_an_evaluation_only_run_of_a_model_with_fixed_answers_scores_by_hand(tmp
         rte = [row["label"] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
     assert results["accuracy"] == pytest.approx(rte.count("not_entailment") / len(rte))
     # HANS: 6 of 10 pairs are non-entailment; lexical overlap 2 of 3, subsequence 3 of 4, constituent 1 of 3.
-    assert {key: value for key, value in results.items() if key.startswith("hans/") and key != "hans/loss"} == \
+    assert {key: value for key, value in results.items()
+            if key.startswith("hans/") and key not in ("hans/loss", "hans/ece", "hans/brier")} == \
         pytest.approx({
         "hans/accuracy": 0.6, "hans/accuracy_lexical_overlap": 2 / 3, "hans/accuracy_subsequence": 3 / 4,
         "hans/accuracy_constituent": 1 / 3, **{f"hans/accuracy_{h}_entailment": 0.0 for h in
@@ -321,6 +322,23 @@ def test_an_evaluation_only_run_of_a_model_with_fixed_answers_scores_by_hand(tmp
     assert results["per_class"]["hans/validation"]["non-entailment"] == {"precision": 0.6, "recall": 1.0,
                                                                          "f1": pytest.approx(0.75), "support": 6}
     assert set(results["per_class"]) == {"validation", "hans/validation", "snli/validation", "snli/test"}
+    # Calibration: every HANS pair is non-entailment at 1 - entailed, in the last of the 15 bins, and 6 in 10 are: the
+    # ECE is the gap; Brier is 2 (1 - entailed)^2 for each entailed pair and 2 entailed^2 for each other.
+    assert (results["hans/ece"], results["hans/brier"]) == pytest.approx(
+        (1 - entailed - 0.6, (4 * 2 * (1 - entailed) ** 2 + 6 * 2 * entailed ** 2) / 10))
+    sure = math.exp(5) / (math.exp(5) + 2)  # SNLI's labels are the model's own: contradiction at this, 2 in 4 right
+    assert results["snli/ece"] == pytest.approx(sure - 0.5)
+    hans_calibration = results["calibration"]["hans/validation"]
+    assert set(results["calibration"]) == set(results["per_class"]) and hans_calibration["count"] == [0] * 14 + [10]
+    # The temperature, fitted on RTE's dev set: for a model that answers alike whatever it reads, the likelihood
+    # grows all the way to the highest temperature looked at, 20 (not_entailment's probability falls toward 2/3,
+    # still above its share); on HANS, non-entailment's probability is then (e^0.25 + 1) / (e^0.25 + 2).
+    assert hans_calibration["temperature"] == pytest.approx(20, rel=1e-5)
+    assert hans_calibration["temperature_fitted_on"] == "validation"
+    tempered = (math.exp(0.25) + 1) / (math.exp(0.25) + 2)
+    assert hans_calibration["ece_after_temperature"] == pytest.approx(tempered - 0.6)
+    assert hans_calibration["brier_after_temperature"] == pytest.approx((8 * tempered ** 2 + 12 * (1 - tempered) ** 2)
+                                                                        / 10)
 
 
 def test_a_model_whose_labels_match_no_sets_is_refused_before_evaluating(tmp_path: Path) -> None:

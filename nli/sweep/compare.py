@@ -1,0 +1,253 @@
+"""``python -m nli.report compare RUN_A RUN_B``: two runs told apart, or not, on the same eval examples.
+
+Each run's final evaluation (of its best checkpoint) wrote every eval example's prediction
+(``eval_predictions/<split>.jsonl``, nli.evaluate.per_class). Two runs evaluated on a split predicted the
+same examples, so their difference is judged example by example, far more tightly than over seeds:
+
+- each of the task's metrics on both runs, and B's minus A's with a 95% paired bootstrap interval over
+  the examples (the same resampled examples for both runs; 2,000 resamples, percentile interval);
+- for a classification, McNemar's exact test: of the examples that one run gets right and the other
+  wrong, whether each run is as likely to be that one (the two-sided binomial test of the two counts,
+  scipy.stats.binomtest, as statsmodels' ``mcnemar(exact=True)`` computes it).
+
+Every split both runs predicted is compared (``--split`` picks some), each run's own task and, for
+eval.extra's sets (``hans/validation``), that set's. Runs that did not predict the same examples (another
+``data.max_eval_samples``, another task) are refused, saying which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import yaml
+from omegaconf import OmegaConf
+
+from nli.config.schema import TaskConfig, task_config
+from nli.contract import CONFIG_FILE
+from nli.contract import EVAL_PREDICTIONS_DIR as FOLDER
+from nli.errors import UserError
+from nli.evaluate.metrics import METRICS
+from nli.io.storage import Storage
+from nli.sweep import differences
+from nli.sweep import table as sweep
+
+RESAMPLES = 2_000  # of the examples: each resample computes every metric on both runs
+SUFFIX = ".jsonl"
+
+
+class CompareError(UserError):
+    """Two runs that cannot be compared: no predictions, or not of the same examples."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """One run's predictions on one eval split, in the split's order, labelled examples only."""
+
+    idx: np.ndarray  # the examples' numbers in their source
+    labels: np.ndarray  # gold label ids (a score for a regression)
+    predictions: np.ndarray  # predicted label ids (a score for a regression)
+
+
+@dataclass(frozen=True)
+class MetricDifference:
+    metric: str
+    a: float
+    b: float
+    difference: differences.Difference  # over examples: the paired bootstrap's interval; no p-value
+
+
+@dataclass(frozen=True)
+class McNemar:
+    both: int  # right in both runs
+    only_a: int  # right in A only
+    only_b: int
+    neither: int
+    p_value: float  # exact (binomial) two-sided
+
+
+@dataclass(frozen=True)
+class Comparison:
+    split: str
+    examples: int
+    metrics: List[MetricDifference]
+    mcnemar: Optional[McNemar]  # None for a regression
+
+
+def compare_runs(run_a: str, run_b: str, splits: Sequence[str] = ()) -> List[Comparison]:
+    """Each split both runs predicted (or those of ``splits``), compared."""
+    a, b = Storage(run_a, key="RUN_A"), Storage(run_b, key="RUN_B")
+    common = [split for split in predicted(a) if split in predicted(b)]
+    if not common:
+        raise CompareError(f"{run_a} and {run_b} share no eval split's predictions ({_said(a)}; {_said(b)})")
+    for split in splits:
+        if split not in common:
+            raise CompareError(f"--split {split}: not a split both runs predicted; they share {', '.join(common)}")
+    task_a, task_b = _task(a), _task(b)
+    return [compare_split(split, task_of(task_a, split), task_of(task_b, split), read(a, split), read(b, split))
+            for split in (splits or common)]
+
+
+def predicted(run: Storage) -> List[str]:
+    """The splits whose predictions the run wrote, by key (``validation``, ``hans/validation``)."""
+    root = run.path(FOLDER)
+    if not run.fs.isdir(root):
+        return []
+    return sorted(path[len(root) + 1:-len(SUFFIX)] for path in run.fs.find(root) if path.endswith(SUFFIX))
+
+
+def _said(run: Storage) -> str:
+    if not run.exists(CONFIG_FILE):
+        return f"{run.url} is not a run folder (no {CONFIG_FILE})"
+    splits = predicted(run)
+    if not splits:
+        return (f"{run.url} has no {FOLDER}/: it ran with eval.save_predictions=false, or before predictions were "
+                f"kept; python train.py eval.only=true model.name_or_path={run.url} writes them")
+    return f"{run.url} predicted {', '.join(splits)}"
+
+
+def _task(run: Storage) -> TaskConfig:
+    try:
+        node = yaml.safe_load(run.read_bytes(CONFIG_FILE))["task"]
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig), node))  # type: ignore[return-value]
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as err:
+        raise CompareError(f"{run.describe(CONFIG_FILE)}: the run's task cannot be read ({err!r})") from None
+
+
+def task_of(task: TaskConfig, split: str) -> TaskConfig:
+    """The task a split's predictions are of: an eval.extra set's (``hans/validation``: hans), else the run's."""
+    extra, _, _ = split.rpartition("/")
+    return task_config(extra) if extra else task
+
+
+def read(run: Storage, split: str) -> Split:
+    """A run's predictions file on ``split``; the examples without a gold label left out."""
+    name = f"{FOLDER}/{split}{SUFFIX}"
+    try:
+        lines = [json.loads(line) for line in run.read_bytes(name).decode().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        raise CompareError(f"{run.describe(name)} cannot be read ({err})") from None
+    lines = [line for line in lines if line.get("label") is not None]
+    regression = bool(lines) and isinstance(lines[0]["label"], (int, float))
+    if regression:
+        return Split(_column(lines, "idx"), _column(lines, "label", float), _column(lines, "prediction", float))
+    labels = {name: i for i, name in enumerate(_labels(lines))}
+    return Split(_column(lines, "idx"), np.array([labels[line["label"]] for line in lines]),
+                 np.array([labels[line["prediction"]] for line in lines]))
+
+
+def _labels(lines: Sequence[Dict[str, Any]]) -> List[str]:
+    """The label names in the task's order: the file's probability columns are written in it."""
+    return [key[len("probability_"):] for key in lines[0] if key.startswith("probability_")] if lines else []
+
+
+def _column(lines: Sequence[Dict[str, Any]], key: str, kind: type = object) -> np.ndarray:
+    return np.array([line[key] for line in lines], dtype=kind)
+
+
+def compare_split(split: str, task_a: TaskConfig, task_b: TaskConfig, a: Split, b: Split) -> Comparison:
+    if (task_a.name, task_a.metrics) != (task_b.name, task_b.metrics):
+        raise CompareError(f"{split}: RUN_A's predictions are of task {task_a.name} and RUN_B's of {task_b.name}")
+    same = len(a.idx) == len(b.idx) and bool(np.all(a.idx == b.idx)) and bool(np.all(a.labels == b.labels))
+    if not same:
+        raise CompareError(f"{split}: the runs predicted different examples ({len(a.idx)} and {len(b.idx)} labelled; "
+                           f"first to differ: {_first_difference(a, b)}): compare runs evaluated on the same split, "
+                           "with the same data.max_eval_samples")
+    found = [metric_difference(name, a, b) for name in task_a.metrics]
+    return Comparison(split, len(a.idx), found, None if task_a.is_regression else mcnemar(a, b))
+
+
+def _first_difference(a: Split, b: Split) -> str:
+    for i, (x, y) in enumerate(zip(a.idx.tolist(), b.idx.tolist())):
+        if x != y or a.labels[i] != b.labels[i]:
+            return f"example {i}: idx {x} and {y}"
+    return f"example {min(len(a.idx), len(b.idx))}: in one run only"
+
+
+def metric_difference(name: str, a: Split, b: Split) -> MetricDifference:
+    """``name`` on both runs, and B's minus A's with its paired bootstrap interval over the examples."""
+    metric = METRICS[name]
+    score_a, score_b = metric(a.predictions, a.labels), metric(b.predictions, b.labels)
+    data: Tuple[np.ndarray, ...]
+    statistic: Callable[..., Any]
+    if name == "accuracy":  # a mean of each example's difference: resampled in NumPy, not a metric call each
+        data = ((a.predictions == a.labels).astype(float), (b.predictions == b.labels).astype(float))
+        statistic, vectorized = _mean_difference, True
+    else:
+        def each(rows: np.ndarray) -> float:  # one resample of the examples, the same rows for both runs
+            return metric(b.predictions[rows], b.labels[rows]) - metric(a.predictions[rows], a.labels[rows])
+
+        data, statistic, vectorized = (np.arange(len(a.idx)),), each, False
+    low, high = differences.interval(data, statistic, paired=True, vectorized=vectorized, resamples=RESAMPLES)
+    difference = differences.Difference(score_b - score_a, low, high, math.nan, paired=True, n_a=len(a.idx),
+                                        n_b=len(b.idx))
+    return MetricDifference(name, score_a, score_b, difference)
+
+
+def _mean_difference(right_a: np.ndarray, right_b: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(right_b - right_a, axis=axis)
+
+
+def mcnemar(a: Split, b: Split) -> McNemar:
+    """McNemar's exact test of the runs' right and wrong answers on the same examples."""
+    from scipy.stats import binomtest  # 1.4 s to import: only here
+
+    right_a, right_b = a.predictions == a.labels, b.predictions == b.labels
+    only_a, only_b = int(np.sum(right_a & ~right_b)), int(np.sum(right_b & ~right_a))
+    discordant = only_a + only_b
+    p_value = 1.0 if discordant == 0 else float(binomtest(only_a, discordant, 0.5).pvalue)
+    return McNemar(int(np.sum(right_a & right_b)), only_a, only_b, int(np.sum(~right_a & ~right_b)), p_value)
+
+
+# ------------------------------------------------------------------------------ the printout
+
+
+METRIC_HEADER = ["split", "examples", "metric", "A", "B", "B - A", "95% interval", "verdict"]
+MCNEMAR_HEADER = ["split", "both right", "A only", "B only", "neither", "McNemar p"]
+
+
+def tables(comparisons: Sequence[Comparison]) -> Tuple[List[List[Any]], List[List[Any]]]:
+    metrics = [[c.split, c.examples, m.metric, f"{m.a:.4f}", f"{m.b:.4f}", f"{m.difference.mean:+.4f}",
+                f"[{m.difference.low:+.4f}, {m.difference.high:+.4f}]", differences.verdict(m.difference)]
+               for c in comparisons for m in c.metrics]
+    tests = [[c.split, c.mcnemar.both, c.mcnemar.only_a, c.mcnemar.only_b, c.mcnemar.neither,
+              f"{c.mcnemar.p_value:.3g}"] for c in comparisons if c.mcnemar is not None]
+    return metrics, tests
+
+
+EXPLAINED = [
+    "B - A: RUN_B's metric minus RUN_A's on the same examples; 95% interval: percentile bootstrap over the "
+    f"examples ({RESAMPLES:,} resamples, the same for both runs); not told apart: the interval holds 0",
+    "McNemar p: exact two-sided test of the examples one run gets right and the other wrong (A only, B only)",
+]
+
+
+def markdown(run_a: str, run_b: str, comparisons: Sequence[Comparison]) -> str:
+    metrics, tests = tables(comparisons)
+    parts = [f"RUN_A: `{run_a}`  \nRUN_B: `{run_b}`", sweep.markdown_table(METRIC_HEADER, metrics)]
+    if tests:
+        parts.append(sweep.markdown_table(MCNEMAR_HEADER, tests))
+    parts.append("\n".join(f"- {line}" for line in EXPLAINED[:1 + bool(tests)]))
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nli.report compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_a", metavar="RUN_A", help="a run folder (local or gs://) with eval_predictions/")
+    parser.add_argument("run_b", metavar="RUN_B", help="another, evaluated on the same examples")
+    parser.add_argument("--split", action="append", default=[], help="a split to compare (default: every split "
+                        "both predicted); repeat for several")
+    args = parser.parse_args(argv)
+    try:
+        comparisons = compare_runs(args.run_a, args.run_b, args.split)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(markdown(args.run_a, args.run_b, comparisons), end="")
+    return 0

@@ -1,0 +1,54 @@
+"""The report's reliability diagrams (nli/sweep/calibration_plot.py) from rows made here: what each panel draws, the
+runs past the legend's limit left out and said so, and no section for runs from before calibration was kept.
+A real sweep's report draws them too (tests/sweeps/test_report.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List
+
+import matplotlib.image
+from matplotlib.figure import Figure
+
+from nli.sweep import calibration_plot, report
+
+
+def figures(count: List[int], confidence: List[Any], accuracy: List[Any], ece: float) -> Dict[str, Any]:
+    return {"bins": 15, "count": count, "confidence": confidence, "accuracy": accuracy, "ece": ece}
+
+
+# Two non-empty bins of 15: 3 examples at mean confidence 0.45 (2 right), 5 at 0.95 (4 right).
+COUNT = [0] * 6 + [3] + [0] * 7 + [5]
+CONFIDENCE = [None] * 6 + [0.45] + [None] * 7 + [0.95]
+ACCURACY = [None] * 6 + [2 / 3] + [None] * 7 + [0.8]
+
+
+def test_a_panel_draws_the_diagonal_and_each_runs_non_empty_bins() -> None:
+    axes = Figure().subplots()
+    calibration_plot.panel(axes, "hans/validation", [("seed=1", figures(COUNT, CONFIDENCE, ACCURACY, 0.1234))])
+    diagonal, line = axes.lines
+    assert list(diagonal.get_xdata()) == list(diagonal.get_ydata()) == [0.0, 1.0]
+    assert list(line.get_xdata()) == [0.45, 0.95] and list(line.get_ydata()) == [2 / 3, 0.8]
+    assert line.get_label() == "seed=1, ECE 0.123" and axes.get_title() == "hans/validation"
+
+
+def test_runs_past_the_legends_limit_are_left_out_and_said_so(tmp_path: Path) -> None:
+    assert (calibration_plot.DPI, calibration_plot.LEGEND_MAX) == (report.DPI, report.LEGEND_MAX)
+    matched, mismatched = (figures(COUNT, CONFIDENCE, ACCURACY, ece) for ece in (0.1, 0.2))
+    runs = [{"job": i, "seed": i, "calibration": {"validation_matched": matched,  # the first run has one split only
+                                                  **({"validation_mismatched": mismatched} if i else {})}}
+            for i in range(calibration_plot.LEGEND_MAX + 1)]
+    written: List[Path] = []
+    (text,) = calibration_plot.section(runs, ["seed"], tmp_path, written)
+    assert written == [tmp_path / calibration_plot.RELIABILITY]
+    assert text.startswith("## Calibration\n\nReliability diagrams of each run's final evaluation")
+    assert f"The first 12 of the 13 completed runs are drawn.\n\n![reliability diagrams]({written[0].name})" in text
+    pixels = matplotlib.image.imread(written[0])  # a panel per split, side by side
+    assert pixels.shape[:2] == (400, 800) and calibration_plot.size(2) == (8.0, 4.0)
+    assert calibration_plot.size(10) == (12.0, 16.0)  # three a row
+
+
+def test_runs_from_before_calibration_was_kept_have_no_section(tmp_path: Path) -> None:
+    written: List[Path] = []
+    assert calibration_plot.section([{"job": 0, "objective": 0.5}], [], tmp_path, written) == []
+    assert written == [] and not (tmp_path / calibration_plot.RELIABILITY).exists()

@@ -1,0 +1,150 @@
+"""`python -m nli.report compare RUN_A RUN_B` (nli/sweep/compare.py) on real runs' prediction files: a run
+against itself, against a copy built to differ by known counts, McNemar's p against statsmodels' own on
+the same table, and the runs it refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import numpy as np
+import pytest
+from sklearn.metrics import f1_score
+from statsmodels.stats.contingency_tables import mcnemar as statsmodels_mcnemar
+
+from nli.io.storage import Storage
+from nli.sweep import compare, report
+from nli.sweep.compare import Split
+from nli.sweep.differences import verdict
+from tests.support.runs import copy_run, read_results, shared_folder
+from tests.sweeps.test_report import SWEEP, run_sweep
+
+PREDICTIONS = Path("eval_predictions", "validation.jsonl")
+
+
+@pytest.fixture
+def job(shared_root: Path) -> Path:
+    """A real run's folder (job 0 of the report's shared sweep: the fast quickstart), read only."""
+    return shared_folder(shared_root, "report-sweep", SWEEP, run_sweep) / "0"
+
+
+def rewrite(run: Path, change: Callable[[int, Dict], None]) -> List[Dict]:
+    """The run's validation predictions, each line changed in place by ``change(i, line)``; the new lines."""
+    path = run / PREDICTIONS
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for i, line in enumerate(lines):
+        change(i, line)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return lines
+
+
+def test_a_run_against_itself_is_not_told_apart(job: Path) -> None:
+    (found,) = compare.compare_runs(str(job), str(job))
+    (accuracy,) = found.metrics
+    assert found.split == "validation" and found.examples == 96
+    assert accuracy.a == accuracy.b == pytest.approx(read_results(job)["accuracy"])  # the file is the run's
+    assert (accuracy.difference.low, accuracy.difference.high) == (0.0, 0.0)
+    assert verdict(accuracy.difference) == "not told apart"
+    assert found.mcnemar is not None and (found.mcnemar.only_a, found.mcnemar.only_b) == (0, 0)
+    assert found.mcnemar.p_value == 1.0 and found.mcnemar.both + found.mcnemar.neither == 96
+
+
+def test_a_copy_built_to_differ_is_told_apart_and_mcnemar_is_statsmodels(job: Path, tmp_path: Path) -> None:
+    """B: A's predictions with every third example answered right and every fifth (not third) answered
+    wrong; the counts of the table follow from A's answers, and McNemar's p is statsmodels' on that table."""
+    built = copy_run(job, tmp_path / "built")
+    original = rewrite(built, lambda i, line: None)
+    labels = [name[len("probability_"):] for name in original[0] if name.startswith("probability_")]
+
+    def change(i: int, line: Dict) -> None:
+        if i % 3 == 0:
+            line["prediction"] = line["label"]
+        elif i % 5 == 0:
+            line["prediction"] = next(label for label in labels if label != line["label"])
+
+    changed = rewrite(built, change)
+    right_a = np.array([line["prediction"] == line["label"] for line in original])
+    right_b = np.array([line["prediction"] == line["label"] for line in changed])
+    table = [[int(np.sum(right_a & right_b)), int(np.sum(right_a & ~right_b))],
+             [int(np.sum(~right_a & right_b)), int(np.sum(~right_a & ~right_b))]]
+    assert table[0][1] > 0 and table[1][0] > table[0][1]  # both kinds of disagreement, B ahead
+
+    (found,) = compare.compare_runs(str(job), str(built))
+    assert found.mcnemar is not None
+    assert [[found.mcnemar.both, found.mcnemar.only_a], [found.mcnemar.only_b, found.mcnemar.neither]] == table
+    assert found.mcnemar.p_value == pytest.approx(statsmodels_mcnemar(table, exact=True).pvalue, rel=1e-9)
+    (accuracy,) = found.metrics
+    assert accuracy.difference.mean == pytest.approx(right_b.mean() - right_a.mean())
+    assert 0 < accuracy.difference.low <= accuracy.difference.mean <= accuracy.difference.high
+    assert verdict(accuracy.difference) == "told apart"
+
+
+def test_the_printout_is_a_table_of_each_figure_with_what_it_is(job: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    perfect = copy_run(job, tmp_path / "perfect")
+    rewrite(perfect, lambda i, line: line.update(prediction=line["label"]))
+    assert report.main(["compare", str(job), str(perfect)]) == 0
+    printed = capsys.readouterr().out
+    accuracy = read_results(job)["accuracy"]
+    wrong = round((1 - accuracy) * 96)
+    assert (f"| validation | 96 | accuracy | {accuracy:.4f} | 1.0000 | {1 - accuracy:+.4f} | [+"
+            in printed)  # the interval starts above 0
+    assert f"| validation | {96 - wrong} | 0 | {wrong} | 0 | {2 * 0.5 ** wrong:.3g} |" in printed  # 2 x 0.5^n
+    assert "percentile bootstrap over the examples" in printed and "McNemar p: exact two-sided" in printed
+
+
+def test_runs_of_other_examples_are_refused_naming_the_split(job: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    fewer = copy_run(job, tmp_path / "fewer")
+    path = fewer / PREDICTIONS
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:80]))  # data.max_eval_samples=80
+    assert report.main(["compare", str(job), str(fewer)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("error: validation: the runs predicted different examples (96 and 80 labelled")
+    assert "with the same data.max_eval_samples" in said
+
+
+def test_a_run_without_predictions_is_refused_saying_how_to_make_them(job: Path, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    bare = copy_run(job, tmp_path / "bare")
+    (bare / PREDICTIONS).unlink()
+    assert report.main(["compare", str(job), str(bare)]) == 2
+    said = capsys.readouterr().err
+    assert f"{bare} has no eval_predictions/" in said and f"eval.only=true model.name_or_path={bare}" in said
+    assert report.main(["compare", str(job), str(job), "--split", "test"]) == 2
+    assert "--split test: not a split both runs predicted; they share validation" in capsys.readouterr().err
+
+
+def test_an_extra_sets_split_is_scored_as_that_set() -> None:
+    from nli.config.schema import task_config
+
+    mnli = task_config("mnli")
+    assert compare.task_of(mnli, "hans/validation").name == "hans"
+    assert compare.task_of(mnli, "validation_matched") is mnli
+
+
+def test_f1_is_resampled_over_the_same_examples_for_both_runs() -> None:
+    """A metric that is not a mean (MRPC's F1): B right everywhere, A on three quarters; the observed difference
+    is scikit-learn's, and the interval leaves 0 out."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 200)
+    wrong = rng.random(200) < 0.25
+    a = Split(np.arange(200), labels, np.where(wrong, 1 - labels, labels))
+    b = Split(np.arange(200), labels, labels.copy())
+    found = compare.metric_difference("f1", a, b)
+    assert found.difference.mean == pytest.approx(1.0 - f1_score(labels, a.predictions))
+    assert 0 < found.difference.low < found.difference.mean <= found.difference.high
+    same = compare.metric_difference("f1", a, a)
+    assert (same.difference.low, same.difference.high) == (0.0, 0.0)
+
+
+def test_a_run_in_a_bucket_is_read_there(job: Path, gcs_emulator: Dict[str, str], tmp_path: Path) -> None:
+    """A Vertex AI job's folder in its bucket: its config and predictions read through gcsfs (the emulator)."""
+    url = f"gs://test-bucket/{tmp_path.name}/run"
+    bucket = Storage(url)
+    bucket.write_bytes("config.yaml", (job / "config.yaml").read_bytes())
+    bucket.upload_dir(job / "eval_predictions", "eval_predictions")
+    (found,) = compare.compare_runs(str(job), url)
+    assert found.split == "validation" and found.mcnemar is not None and found.mcnemar.only_a == 0
+    assert (found.metrics[0].difference.low, found.metrics[0].difference.high) == (0.0, 0.0)
