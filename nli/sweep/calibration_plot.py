@@ -13,16 +13,14 @@ from pathlib import Path
 from typing import Any, List, Mapping, Sequence, Tuple
 
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+
+from nli.sweep import plots
+from nli.sweep.plots import LEGEND_MAX  # runs drawn: past that, their lines hide each other and the diagonal
 
 RELIABILITY = "reliability.png"
 CALIBRATION = "calibration"  # results.json's key (nli.evaluate.reliability): split -> its bins and figures
 PANEL = (4.0, 4.0)  # inches, each split's square panel
 COLUMNS = 3  # panels a row: MNLI with HANS, SNLI and ANLI has ten splits
-# As nli.sweep.report draws its plots (its DPI and LEGEND_MAX; tests/sweeps/test_report.py holds them equal).
-DPI = 100
-LEGEND_MAX = 12  # runs drawn: past that, their lines hide each other and the diagonal
 CAPTION = ("Reliability diagrams of each run's final evaluation (`calibration` in results.json): on each eval split, "
            "the accuracy against the mean confidence (the predicted label's probability) in each of 15 equal-width "
            "confidence bins, empty bins left out; on the dashed diagonal a model is calibrated, below it "
@@ -53,8 +51,7 @@ def size(panels: int) -> Tuple[float, float]:
 def plot(runs: Sequence[Tuple[str, Mapping[str, Bins]]], path: Path) -> None:
     """A panel per split that any run has, a line per run, and the diagonal."""
     splits = list(dict.fromkeys(split for _, splits in runs for split in splits))
-    figure = Figure(figsize=size(len(splits)), dpi=DPI)
-    FigureCanvasAgg(figure)  # Agg draws the PNG; it attaches itself to the figure
+    figure = plots.figure(size(len(splits)))
     columns = min(len(splits), COLUMNS)
     grid = figure.subplots(math.ceil(len(splits) / columns), columns, squeeze=False)
     panels = [axes for row in grid for axes in row]
@@ -62,8 +59,7 @@ def plot(runs: Sequence[Tuple[str, Mapping[str, Bins]]], path: Path) -> None:
         panel(axes, split, [(label, figures[split]) for label, figures in runs if split in figures])
     for unused in panels[len(splits):]:
         unused.set_visible(False)
-    figure.tight_layout()
-    figure.savefig(path, dpi=DPI)
+    plots.save(figure, path)
 
 
 def panel(axes: Axes, split: str, runs: Sequence[Tuple[str, Bins]]) -> None:

@@ -107,7 +107,8 @@ def _said(run: Storage) -> str:
     splits = predicted(run)
     if not splits:
         return (f"{run.url} has no {FOLDER}/: it ran with eval.save_predictions=false, or before predictions were "
-                f"kept; python train.py eval.only=true model.name_or_path={run.url} writes them")
+                f"kept; python train.py eval.only=true model.name_or_path={run.url} writes them into a folder of "
+                "its own")
     return f"{run.url} predicted {', '.join(splits)}"
 
 
@@ -129,9 +130,11 @@ def read(run: Storage, split: str) -> Split:
     """A run's predictions file on ``split``; the examples without a gold label left out."""
     name = f"{FOLDER}/{split}{SUFFIX}"
     try:
-        lines = [json.loads(line) for line in run.read_bytes(name).decode().splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as err:
+        text = run.read_bytes(name).decode()
+    except OSError as err:
         raise CompareError(f"{run.describe(name)} cannot be read ({err})") from None
+    lines = [_line(line, f"{run.describe(name)}, line {number}", run.url)
+             for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     lines = [line for line in lines if line.get("label") is not None]
     regression = bool(lines) and isinstance(lines[0]["label"], (int, float))
     if regression:
@@ -139,6 +142,14 @@ def read(run: Storage, split: str) -> Split:
     labels = {name: i for i, name in enumerate(_labels(lines))}
     return Split(_column(lines, "idx"), np.array([labels[line["label"]] for line in lines]),
                  np.array([labels[line["prediction"]] for line in lines]))
+
+
+def _line(line: str, where: str, run: str) -> Dict[str, Any]:
+    try:
+        return dict(json.loads(line))
+    except (json.JSONDecodeError, TypeError, ValueError) as err:
+        raise CompareError(f"{where}: not a prediction's JSON object ({err}); python train.py eval.only=true "
+                           f"model.name_or_path={run} predicts again, into a folder of its own to compare") from None
 
 
 def _labels(lines: Sequence[Dict[str, Any]]) -> List[str]:

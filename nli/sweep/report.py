@@ -46,8 +46,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 import fsspec
 import yaml
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from nli.contract import (
     CONFIG_FILE,
@@ -62,7 +60,7 @@ from nli.contract import (
 from nli.errors import UserError
 from nli.io.claim import live_holder
 from nli.io.storage import Storage
-from nli.sweep import calibration_plot, cost, differences
+from nli.sweep import calibration_plot, cost, differences, plots
 from nli.sweep import table as sweep
 
 REPORT = "report.md"
@@ -71,8 +69,6 @@ METRICS_CSV = "metrics.csv"
 LEARNING_CURVES = "learning_curves.png"
 # The run's own record of its command (nli.contract); Hydra's, in folders written before it.
 OVERRIDES_FILES = (Path(OVERRIDES_FILE), Path(".hydra") / "overrides.yaml")
-# Figure sizes in inches at DPI dots per inch: the PNGs are exactly size * DPI pixels.
-DPI = 100
 OBJECTIVE_SIZE = (6.0, 4.0)
 CURVES_SIZE = (12.0, 8.0)
 GRAD_NORM, LR = "train/grad_norm", "train/lr"  # the training series plotted under the loss (metrics.csv's names)
@@ -81,7 +77,6 @@ MEASURED_PREFIXES = ("train_", "peak_", "eval_examples")
 # How fast each job ran, by the title the job table gives it.
 SPEED = (("examples/s", "train_examples_per_second"), ("seconds", "train_seconds"))
 COMMIT_CHARS = 10  # of a commit's hash in the table: enough to tell commits apart (git's short form is 7+)
-LEGEND_MAX = 12  # lines a legend names; past that it hides the plot
 PER_CLASS = "per_class"  # results.json's per-class figures (nli.evaluate.per_class): split -> label -> figure -> value
 AVERAGED_FIGURES = ("precision", "recall", "f1")  # of each class, averaged over seeds (support is the split's)
 
@@ -402,7 +397,7 @@ def x_axis(values: Sequence[str]) -> Tuple[Dict[str, float], str]:
 def plot_objective(rows: Sequence[Row], key: str, others: Sequence[str], path: Path, *, seeds: bool) -> None:
     lines = objective_points(rows, key, others)
     where, scale = x_axis(list(dict.fromkeys(value for points in lines.values() for value in points)))
-    figure = _figure(OBJECTIVE_SIZE)
+    figure = plots.figure(OBJECTIVE_SIZE)
     axes = figure.subplots()
     for label, points in lines.items():
         ordered = sorted(points, key=lambda value: where[value])
@@ -416,8 +411,8 @@ def plot_objective(rows: Sequence[Row], key: str, others: Sequence[str], path: P
     axes.minorticks_off()
     axes.set(title=f"objective against {key}", xlabel=key,
              ylabel="objective (mean ± sd over seeds)" if seeds else "objective")
-    _legend(axes, len(lines))
-    _save(figure, path)
+    plots.legend(axes, len(lines))
+    plots.save(figure, path)
 
 
 # ------------------------------------------------------------------------ learning curves
@@ -468,7 +463,7 @@ def load_curves(rows: Sequence[Row], keys: Sequence[str]) -> Tuple[List[Tuple[st
 def plot_curves(runs: Sequence[Tuple[str, Curves, Optional[str]]], path: Path) -> None:
     """Training loss and the evaluation metric against step, side by side, a line per run; below them
     the gradient norm before clipping and the learning rate (of the first parameter group)."""
-    figure = _figure(CURVES_SIZE)
+    figure = plots.figure(CURVES_SIZE)
     (loss_axes, eval_axes), (norm_axes, lr_axes) = figure.subplots(2, 2, sharex=True)
     for label, curves, metric in runs:
         _line(loss_axes, curves.get("train/loss", {}), label)
@@ -482,29 +477,13 @@ def plot_curves(runs: Sequence[Tuple[str, Curves, Optional[str]]], path: Path) -
     norm_axes.set(title="gradient norm, before clipping", xlabel="step",
                   ylabel=GRAD_NORM if logged else f"no {GRAD_NORM} logged")
     lr_axes.set(title="learning rate", xlabel="step", ylabel=LR)
-    _legend(eval_axes, len(runs))
-    _save(figure, path)
+    plots.legend(eval_axes, len(runs))
+    plots.save(figure, path)
 
 
 def _line(axes: Axes, points: Mapping[int, float], label: str) -> None:
     steps = sorted(points)
     axes.plot(steps, [points[step] for step in steps], marker=".", label=label)
-
-
-def _figure(size: Tuple[float, float]) -> Figure:
-    figure = Figure(figsize=size, dpi=DPI)
-    FigureCanvasAgg(figure)  # Agg draws the PNG; it attaches itself to the figure
-    return figure
-
-
-def _legend(axes: Axes, lines: int) -> None:
-    if 0 < lines <= LEGEND_MAX and axes.get_legend_handles_labels()[1]:
-        axes.legend(fontsize="small")
-
-
-def _save(figure: Figure, path: Path) -> None:
-    figure.tight_layout()
-    figure.savefig(path, dpi=DPI)
 
 
 # ------------------------------------------------------------------------------ the report

@@ -20,6 +20,7 @@ from nli.data import synthetic
 from nli.data.loaders import load_splits
 from nli.errors import ConfigError, DataError
 from nli.model.build import build_model
+from nli.sweep import compare
 from tests.conftest import build_config
 from tests.support.glue_layouts import MNLI_HEAD, mnli_row, stsb_dir, write_tsv
 from tests.support.runs import GLUE_DATA, MEASURED, read_results, run_app
@@ -79,6 +80,12 @@ def test_stsb_trains_as_regression_and_submits_scores(tmp_path: Path, gcs_emulat
     dev = [json.loads(line) for line in (out / "eval_predictions" / "validation.jsonl").read_text().splitlines()]
     assert len(dev) == 48 and set(dev[0]) == {"idx", "sentence1", "sentence2", "label", "prediction"}
     assert results["loss"] == pytest.approx(sum((row["prediction"] - row["label"]) ** 2 for row in dev) / 48, rel=1e-5)
+    # The two runs, told apart on the same examples (python -m nli.report compare): scores, both correlations
+    # resampled, no McNemar (no right or wrong answers); the same run twice: a difference of exactly 0.
+    (same,) = compare.compare_runs(str(out), str(remote))
+    assert [each.metric for each in same.metrics] == ["pearson", "spearmanr"] and same.mcnemar is None
+    assert same.metrics[0].a == pytest.approx(results["pearson"], rel=1e-5) and same.examples == 48
+    assert all((each.difference.low, each.difference.high) == (0.0, 0.0) for each in same.metrics)
 
 
 def test_mnli_reports_both_dev_sets_and_submits_both_test_sets(tmp_path: Path) -> None:
@@ -95,6 +102,10 @@ def test_mnli_reports_both_dev_sets_and_submits_both_test_sets(tmp_path: Path) -
         assert [r["index"] for r in rows] == [str(i) for i in range(n)]
         assert {r["prediction"] for r in rows} <= {"entailment", "neutral", "contradiction"}
     assert sorted(p.name for p in (out / "predictions").iterdir()) == ["MNLI-m.tsv", "MNLI-mm.tsv"]
+    # Both dev sets compared, each as its own split (python -m nli.report compare).
+    compared = compare.compare_runs(str(out), str(out))
+    assert [(c.split, c.examples) for c in compared] == [("validation_matched", 48), ("validation_mismatched", 40)]
+    assert [c.metrics[0].a for c in compared] == pytest.approx([results["accuracy"], results["accuracy_mm"]])
 
 
 def test_rte_from_the_glue_dir_ends_with_the_best_checkpoint(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import matplotlib.image
 from matplotlib.figure import Figure
 
-from nli.sweep import calibration_plot, report
+from nli.sweep import calibration_plot
 
 
 def figures(count: List[int], confidence: List[Any], accuracy: List[Any], ece: float) -> Dict[str, Any]:
@@ -33,7 +33,6 @@ def test_a_panel_draws_the_diagonal_and_each_runs_non_empty_bins() -> None:
 
 
 def test_runs_past_the_legends_limit_are_left_out_and_said_so(tmp_path: Path) -> None:
-    assert (calibration_plot.DPI, calibration_plot.LEGEND_MAX) == (report.DPI, report.LEGEND_MAX)
     matched, mismatched = (figures(COUNT, CONFIDENCE, ACCURACY, ece) for ece in (0.1, 0.2))
     runs = [{"job": i, "seed": i, "calibration": {"validation_matched": matched,  # the first run has one split only
                                                   **({"validation_mismatched": mismatched} if i else {})}}

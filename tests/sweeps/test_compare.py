@@ -105,6 +105,18 @@ def test_runs_of_other_examples_are_refused_naming_the_split(job: Path, tmp_path
     assert "with the same data.max_eval_samples" in said
 
 
+def test_a_damaged_predictions_file_is_refused_naming_its_line(job: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    cut = copy_run(job, tmp_path / "cut")
+    path = cut / PREDICTIONS
+    first, second, *_ = path.read_text().splitlines(keepends=True)
+    path.write_text(first + second[:40])  # a copy cut short in its second line
+    assert report.main(["compare", str(job), str(cut)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(f"error: {path}, line 2: not a prediction's JSON object")
+    assert f"eval.only=true model.name_or_path={cut} predicts again" in said
+
+
 def test_a_run_without_predictions_is_refused_saying_how_to_make_them(job: Path, tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     bare = copy_run(job, tmp_path / "bare")

@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 import matplotlib.image
 import pytest
 
-from nli.sweep import calibration_plot, report
+from nli.sweep import calibration_plot, plots, report
 from nli.sweep import table as sweep
 from tests.support.runs import FAST, ROOT, copy_run, read_results, run_app, shared_folder
 from tests.sweeps.test_sweep import rerun_sweep
@@ -72,7 +72,7 @@ def assert_png(path: Path, size: Tuple[float, float]) -> None:
     """A real PNG of the figure's size in pixels, with something drawn on it."""
     assert path.read_bytes()[:8] == PNG_MAGIC
     pixels = matplotlib.image.imread(path)
-    assert pixels.shape[:2] == (round(size[1] * report.DPI), round(size[0] * report.DPI))
+    assert pixels.shape[:2] == (round(size[1] * plots.DPI), round(size[0] * plots.DPI))
     assert pixels.shape[2] in (3, 4) and pixels.std() > 0
 
 

@@ -1,0 +1,32 @@
+"""The report's figures (nli.sweep.report, nli.sweep.calibration_plot), drawn on matplotlib's Agg canvas
+without pyplot: no display is needed and no global backend is switched for the caller."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Tuple
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+# Figure sizes in inches at DPI dots per inch: the PNGs are exactly size * DPI pixels.
+DPI = 100
+LEGEND_MAX = 12  # lines a legend names; past that it hides the plot
+
+
+def figure(size: Tuple[float, float]) -> Figure:
+    drawn = Figure(figsize=size, dpi=DPI)
+    FigureCanvasAgg(drawn)  # Agg draws the PNG; it attaches itself to the figure
+    return drawn
+
+
+def legend(axes: Axes, lines: int, fontsize: str = "small") -> None:
+    """A legend where it names every line and hides nothing: up to :data:`LEGEND_MAX` lines."""
+    if 0 < lines <= LEGEND_MAX and axes.get_legend_handles_labels()[1]:
+        axes.legend(fontsize=fontsize)
+
+
+def save(drawn: Figure, path: Path) -> None:
+    drawn.tight_layout()
+    drawn.savefig(path, dpi=DPI)
