@@ -180,8 +180,10 @@ def _first_difference(a: Split, b: Split) -> str:
     return f"example {min(len(a.idx), len(b.idx))}: in one run only"
 
 
-def metric_difference(name: str, a: Split, b: Split) -> MetricDifference:
-    """``name`` on both runs, and B's minus A's with its paired bootstrap interval over the examples."""
+def metric_difference(name: str, a: Split, b: Split, resamples: int = RESAMPLES) -> MetricDifference:
+    """``name`` on both runs, and B's minus A's with its paired bootstrap interval over ``resamples`` resamples of
+    the examples. A metric other than accuracy is recomputed by scikit-learn on each resample: 2,000 of them cost
+    seconds per metric and split (F1 on 408 examples, as MRPC's dev set: 14.5 s on 2 AMD EPYC cores)."""
     metric = METRICS[name]
     score_a, score_b = metric(a.predictions, a.labels), metric(b.predictions, b.labels)
     data: Tuple[np.ndarray, ...]
@@ -194,7 +196,7 @@ def metric_difference(name: str, a: Split, b: Split) -> MetricDifference:
             return metric(b.predictions[rows], b.labels[rows]) - metric(a.predictions[rows], a.labels[rows])
 
         data, statistic, vectorized = (np.arange(len(a.idx)),), each, False
-    low, high = differences.interval(data, statistic, paired=True, vectorized=vectorized, resamples=RESAMPLES)
+    low, high = differences.interval(data, statistic, paired=True, vectorized=vectorized, resamples=resamples)
     difference = differences.Difference(score_b - score_a, low, high, math.nan, paired=True, n_a=len(a.idx),
                                         n_b=len(b.idx))
     return MetricDifference(name, score_a, score_b, difference)
