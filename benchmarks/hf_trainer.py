@@ -5,6 +5,8 @@ JSON line with its throughput (training, and the dev set's prediction), peak mem
 
     python -m benchmarks.hf_trainer --model DIR --train RTE/train.tsv --dev RTE/dev.tsv \\
         --columns sentence1 sentence2 label --labels entailment not_entailment --steps 100 [--tuned]
+    python -m benchmarks.hf_trainer --model DIR --train SST-2/train.tsv --dev SST-2/dev.tsv \\
+        --columns sentence label --labels 0 1 --precision bf16 --tuned
 
 Default: ``run_glue.py``'s defaults, every example padded to ``--max-seq-length``. ``--tuned``: its
 ``--pad_to_max_length False`` (dynamic padding, to a multiple of 8 in fp16 or bf16) with
@@ -38,11 +40,12 @@ from transformers.utils import logging as hf_logging
 
 
 def read_tsv(path: Path, columns: List[str], labels: List[str]) -> Dataset:
-    """A GLUE tsv (no quoting, as GLUE writes them) with its label names turned into ids."""
-    first, second, label = columns
+    """A GLUE tsv (no quoting, as GLUE writes them) with its label names turned into ids: column ``a``,
+    ``b`` for a sentence pair, and ``label``."""
+    *texts, label = columns
     ds = load_dataset("csv", data_files=str(path), delimiter="\t", quoting=3, keep_default_na=False)["train"]
-    ids = ds.map(lambda row: {"a": row[first], "b": row[second], "label_id": labels.index(row[label])},
-                 remove_columns=ds.column_names)
+    ids = ds.map(lambda row: {**{name: str(row[text]) for name, text in zip("ab", texts)},
+                              "label_id": labels.index(str(row[label]))}, remove_columns=ds.column_names)
     return ids.rename_column("label_id", "label")
 
 
@@ -69,9 +72,10 @@ def run(args: argparse.Namespace) -> Dict[str, Optional[float]]:
     def tokenize(path: Optional[Path]) -> Optional[Dataset]:
         if path is None:
             return None
+        texts = ["a", "b"][:len(args.columns) - 1]
         return read_tsv(path, args.columns, args.labels).map(
-            lambda rows: tokenizer(rows["a"], rows["b"], padding=padding, max_length=args.max_seq_length,
-                                   truncation=True), batched=True, remove_columns=["a", "b"])
+            lambda rows: tokenizer(*(rows[text] for text in texts), padding=padding, max_length=args.max_seq_length,
+                                   truncation=True), batched=True, remove_columns=texts)
 
     train, dev, test = tokenize(args.train), tokenize(args.dev), tokenize(args.test)
     cuda = torch.cuda.is_available()
@@ -97,7 +101,7 @@ def run(args: argparse.Namespace) -> Dict[str, Optional[float]]:
     return {"examples_per_second": args.steps * args.batch_size / seconds,
             "tokens_per_second": trainer.state.num_input_tokens_seen / seconds, "train_seconds": seconds,
             "eval_examples_per_second": eval_speed, "peak_memory_bytes": peak, "dev_accuracy": dev_accuracy,
-            "test_accuracy": test_accuracy}
+            "test_accuracy": test_accuracy, "precision": args.precision}
 
 
 def main() -> None:
@@ -107,8 +111,8 @@ def main() -> None:
     parser.add_argument("--train", type=Path, required=True)
     parser.add_argument("--dev", type=Path, help="scored after training")
     parser.add_argument("--test", type=Path, help="a labelled test file, scored after training")
-    parser.add_argument("--columns", nargs=3, default=["sentence1", "sentence2", "label"],
-                        metavar=("FIRST", "SECOND", "LABEL"))
+    parser.add_argument("--columns", nargs="+", default=["sentence1", "sentence2", "label"],
+                        help="the text column (or two, for sentence pairs), then the label column")
     parser.add_argument("--labels", nargs="+", required=True, help="label names, in the model's id order")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -120,6 +124,8 @@ def main() -> None:
     parser.add_argument("--tf32", action="store_true", help="TF32 matmuls where the GPU has them (Ampere and "
                         "newer), as train.py's precision.tf32 defaults to; elsewhere ignored")
     args = parser.parse_args()
+    if len(args.columns) not in (2, 3):
+        parser.error(f"--columns {' '.join(args.columns)}: give one or two text columns, then the label column")
     hf_logging.set_verbosity_error()
     print(json.dumps(run(args)))
 

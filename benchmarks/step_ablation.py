@@ -4,6 +4,7 @@ stock transformers model and with each change installed, the variants alternatin
 variant's time per step and speed-up over the stock model, and writes them as JSON.
 
     python -m benchmarks.step_ablation                   # MiniLM on RTE, 2 CPU cores: about 4 minutes
+    python -m benchmarks.step_ablation --sst2-like --precision bf16   # short single sentences, bf16 autocast
     python -m benchmarks.step_ablation --model <checkpoint dir> --task MNLI --device cuda
 
 Run from the repository root. Variants, each installed by ``nli.model.fastpaths.install`` as train.py
@@ -12,7 +13,9 @@ nli/model/fastpaths/first_token.py); ``cpu-dropout`` (nli/model/fastpaths/cpu_dr
 ``unpadded`` (layers on real tokens only, nli/model/fastpaths/unpadded.py, CPU only); ``all`` (what
 train.py runs on the device). A variant with nothing to install on the device is left out. Each
 batch's fastest round counts, so that a round slowed by the machine does not count against one
-variant.
+variant: a step's cost that comes once per new shape (oneDNN building a bf16 kernel) is left out,
+as it is in a long run's steady state. ``--precision bf16`` runs each forward under bf16 autocast,
+as train.py does where it computes bf16.
 """
 
 from __future__ import annotations
@@ -38,11 +41,19 @@ VARIANTS: Dict[str, Optional[Tuple[str, ...]]] = {
 
 
 def batches(args: argparse.Namespace) -> List[Dict[str, torch.Tensor]]:
-    """``args.batches`` batches of the first epoch, bucketed by length as train.py does."""
-    with open(args.data_dir / args.task / "train.tsv", newline="") as f:
-        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    """``args.batches`` batches of the first epoch, bucketed by length as train.py does: sentence pairs
+    of a GLUE folder, or with --sst2-like single short sentences (benchmarks.sst2_like)."""
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    pairs = [tokenizer(r["sentence1"], r["sentence2"], truncation=True, max_length=128) for r in rows]
+    texts: List[Tuple[str, ...]]
+    if args.sst2_like:
+        from benchmarks import sst2_like
+
+        texts = [(sentence,) for sentence, _ in sst2_like.examples()[0]]
+    else:
+        with open(args.data_dir / args.task / "train.tsv", newline="") as f:
+            rows = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+            texts = [(r["sentence1"], r["sentence2"]) for r in rows]
+    pairs = [tokenizer(*text, truncation=True, max_length=128) for text in texts]
     order = list(EpochSampler(len(pairs), seed=0, batch_size=args.batch_size,
                               lengths=[len(p["input_ids"]) for p in pairs], bucket=50))
     collate = DataCollatorWithPadding(tokenizer)
@@ -68,11 +79,14 @@ def measure(args: argparse.Namespace, paths: Dict[str, List[str]]) -> Dict[str, 
             continue
         models[name] = (model.train(), torch.optim.AdamW(model.parameters(), lr=2e-5, fused=True))
     best = {name: [float("inf")] * len(data) for name in models}
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     for round_ in range(args.rounds):
         for name, (model, optimizer) in models.items():
             for i, batch in enumerate(data):
                 start = time.perf_counter()
-                model(**batch).loss.backward()
+                with autocast:
+                    loss = model(**batch).loss
+                loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 optimizer.zero_grad()
@@ -94,6 +108,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=6, help="steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: under bf16 autocast")
+    parser.add_argument("--sst2-like", action="store_true", help="short single sentences (benchmarks.sst2_like)")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--json", type=Path, default=Path("step_ablation.json"))
     args = parser.parse_args()

@@ -29,7 +29,7 @@ from nli.errors import ConfigError, JobFailed, UserError
 from nli.io.storage import Storage
 from nli.runtime import cpu, platform
 from nli.runtime.context import RunContext
-from nli.runtime.signals import Interrupted, Preempted, StopRequest, end_promptly, interruption
+from nli.runtime.signals import Interrupted, Preempted, StopRequest, end_done, end_promptly, interruption
 from nli.sweep import table as sweep
 
 log = logging.getLogger(__name__)
@@ -107,14 +107,16 @@ def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
 
 
 def process(main: Callable[[], object], conf_dir: Path) -> None:
-    """The ``__main__`` of ``train.py`` and ``python -m nli``: :func:`entry` with the process's arguments, and a
-    process whose run a signal stopped ends within seconds with ``PREEMPTED`` (nli.runtime.signals.end_promptly)."""
+    """The ``__main__`` of ``train.py`` and ``python -m nli``: :func:`entry` with the process's arguments; a
+    process whose run a signal stopped ends within seconds with ``PREEMPTED`` (nli.runtime.signals.end_promptly),
+    and one whose work is done at once (nli.runtime.signals.end_done)."""
     try:
         entry(main, conf_dir, sys.argv[1:])
     except SystemExit as stop:
         if stop.code == PREEMPTED:
             end_promptly(PREEMPTED)
         raise
+    end_done()  # without Python's teardown of torch and the rest: seconds of every run's wall time
 
 
 def run_context(cfg: Config, raw: DictConfig, site: platform.Site) -> RunContext:

@@ -41,7 +41,7 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
-from transformers import PreTrainedTokenizerBase, set_seed
+from transformers import PreTrainedTokenizerBase
 
 from nli import contract
 from nli.config.identity import digest, identity
@@ -84,6 +84,7 @@ from nli.train.checkpoint import (
     Stateful,
     TrainingState,
     run_checkpoints,
+    seed_everything,
     seed_rank,
 )
 from nli.train.hooks import EarlyStopping, Hook, MetricsLog, ProgressBar, Pruning, Revisit, SyncLogs
@@ -132,6 +133,7 @@ class Training:
     trackers: Trackers
     micro_batches: Optional[oom.MicroBatches] = None  # the size that fits, kept in checkpoints (nli.evaluate.oom)
     pruning: Optional[Pruning] = None  # a search's judgement of the run, through its folder (fit makes it)
+    export_best: Optional[export.ExportBest] = None  # what this process exported as the best (fit makes it)
 
 
 def run(cfg: Config, context: RunContext, *, stop: Optional[StopRequest] = None,
@@ -240,7 +242,7 @@ def prepare(cfg: Config, world: World, sharing: cpu.Sharing, *, started: Optiona
     the precision (``started``: a resumed run's, which it keeps); on the CPU, glibc's heap threshold where
     the config fixes it (nli.runtime.cpu)."""
     hw = cfg.hw
-    set_seed(cfg.seed)
+    seed_everything(cfg.seed)
     sharing.start()
     compute = device.resolve(hw, cfg.precision, started=started)
     if compute.device.type == "cpu" and (done := cpu.limit_heap(hw.cpu_mmap_threshold, os.environ)):
@@ -379,8 +381,9 @@ def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: 
         hooks.append(training.early_stopping)
     training.pruning = Pruning(out.storage, world)
     hooks.append(training.pruning)
-    hooks.append(export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main,
-                                   card=Card(out.context.resolved, out.provenance)))
+    training.export_best = export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main,
+                                             card=Card(out.context.resolved, out.provenance))
+    hooks.append(training.export_best)
     checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world, out.claim)
     loop = Loop(training.opt, loaded.train, training.plan, evaluate=loaded.evaluate,
                 checkpointer=checkpointer, hooks=hooks, micro_batches=training.micro_batches)
@@ -392,12 +395,18 @@ def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: 
 
 
 def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: Data,
-                  result: TrainResult) -> torch.nn.Module:
+                  result: TrainResult) -> Optional[torch.nn.Module]:
     """The best checkpoint's weights (nli.output.export.best_weights), saved with their tokenizer as
     ``model/``; the model to evaluate is what was exported, read back, with the fast paths that apply
     (model.fast_paths) as training evaluated (transformers' save_pretrained writes on rank 0 alone; the
-    other ranks evaluate the same weights in memory)."""
+    other ranks evaluate the same weights in memory). Where this process exported the best when it was
+    evaluated and nothing evaluates the model again (no eval.extra, no test predictions, the final
+    evaluation the best's own), ``model/`` is already what this would write: nothing is read or written
+    again, and there is no model to evaluate (None)."""
     out = run.out
+    if training.export_best is not None and training.export_best.exported == result.best \
+            and not _evaluates_again(training, loaded, result):
+        return None
     exported = lora.exported_adapters if isinstance(training.weights, lora.Adapters) else export.exported_weights
     result.best, weights = export.best_weights(out.checkpoints, out.storage, result.best, exported=exported)
     training.weights.load_state_dict(weights)
@@ -413,17 +422,28 @@ def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: 
     return exported
 
 
+def _evaluates_again(training: Training, loaded: Data, result: TrainResult) -> bool:
+    """Whether the report evaluates the exported model: eval.extra's sets, test predictions, or a final
+    evaluation that is not the best's own (:func:`_final_evaluation`)."""
+    return bool(loaded.extras or loaded.test) or not _evaluated_at_its_step(training, loaded, result)
+
+
+def _evaluated_at_its_step(training: Training, loaded: Data, result: TrainResult) -> bool:
+    return loaded.evaluate.made(result.best) and not isinstance(training.weights, lora.Adapters)
+
+
 def report(run: Run, training: Training, loaded: Data, result: TrainResult,
-           best_model: torch.nn.Module) -> Dict[str, Any]:
+           best_model: Optional[torch.nn.Module]) -> Dict[str, Any]:
     """The exported model's evaluation, on the task and on eval.extra's sets, with each class's figures
     and (eval.save_predictions) each eval split's predictions (nli.output.results), its test predictions,
-    and results.json, written last."""
+    and results.json, written last. ``best_model`` is None where nothing evaluates it (:func:`finish_export`)."""
     task, out = run.cfg.task, run.out
     final = _final_evaluation(training, loaded, result, best_model)
     log.info("final evaluation of the best checkpoint by %s (step %d of %d), exported to %s: %s",
              task.main_metric, result.best.step, result.steps, out.storage.describe(contract.MODEL_DIR),
              ", ".join(f"{k}={v:.4f}" for k, v in final.metrics.items()))
-    extra_evaluations = evalsets.evaluations(loaded.extras, best_model, result.best.step)
+    extra_evaluations = (evalsets.evaluations(loaded.extras, best_model, result.best.step)
+                         if best_model is not None else [])
     extra = evalsets.scores(extra_evaluations)
     if extra:
         log.info("the best checkpoint on eval.extra's sets: %s", ", ".join(f"{k}={v:.4f}" for k, v in extra.items()))
@@ -431,7 +451,8 @@ def report(run: Run, training: Training, loaded: Data, result: TrainResult,
             training.trackers.log({f"eval/{name}": value for name, value in extra.items()}, step=result.steps)
     classes = results.analyse([(loaded.evaluate, final), *zip(loaded.extras, extra_evaluations)], training.trackers,
                               out, step=result.steps, save_predictions=run.cfg.eval.save_predictions)
-    write_predictions(task, loaded.test, best_model, loaded.evaluate, out.storage, out.world)
+    if best_model is not None:
+        write_predictions(task, loaded.test, best_model, loaded.evaluate, out.storage, out.world)
     early, pruned = training.early_stopping, training.pruning.pruned_at if training.pruning else None
     figures = {"objective": final.objective, **final.metrics, **extra,
                "train_examples_per_second": result.examples_per_second,
@@ -449,7 +470,7 @@ def report(run: Run, training: Training, loaded: Data, result: TrainResult,
 
 
 def _final_evaluation(training: Training, loaded: Data, result: TrainResult,
-                      best_model: torch.nn.Module) -> Evaluation:
+                      best_model: Optional[torch.nn.Module]) -> Evaluation:
     """The exported model's evaluation: the best checkpoint's own, whole, where this process made it
     (the exported weights are the ones it evaluated, in the same batches and precision: evaluating them
     again gives the same figures, to rounding where a compiled model ran fewer fast paths than the
@@ -457,10 +478,11 @@ def _final_evaluation(training: Training, loaded: Data, result: TrainResult,
     attempt of the run (read from a checkpoint), or from a damaged checkpoint's stand-in, or under
     LoRA, where the exported model merges the adapters the evaluation ran beside the weights."""
     best = result.best
-    if loaded.evaluate.made(best) and not isinstance(training.weights, lora.Adapters):
+    if _evaluated_at_its_step(training, loaded, result):
         log.info("the best checkpoint (step %d) was evaluated at its step; that evaluation is its final one",
                  best.step)
         return best
+    assert best_model is not None  # finish_export reads it back wherever it is evaluated again
     return loaded.evaluate(best_model, best.step)
 
 

@@ -610,7 +610,7 @@ class Config:
     output_dir: Optional[str] = None
 
     def __post_init__(self) -> None:
-        # NumPy's legacy seeding (transformers.set_seed) takes 0 to 2**32 - 1 and raises on anything else.
+        # NumPy's legacy seeding (nli.train.checkpoint.seed_everything) takes 0 to 2**32 - 1, and raises on more.
         _require(0 <= self.seed < 2**32, f"seed={self.seed} must be between 0 and 2**32 - 1 = {2**32 - 1} "
                  "(the range NumPy's generator takes), e.g. seed=42")
         self.check_batch(self.hw.data_parallel_size)

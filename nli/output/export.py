@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
 import torch
-from transformers import PreTrainedTokenizerBase, set_seed
+from transformers import PreTrainedTokenizerBase
 
 from nli import contract
 from nli.config.schema import ModelConfig, TaskConfig
@@ -33,7 +33,7 @@ from nli.model import integrity, lora
 from nli.model.build import build_model, load_export, save_pretrained, tokenizer_from_files, unwrap
 from nli.output.folder import Outputs
 from nli.output.modelcard import CARD_FILE, Card
-from nli.train.checkpoint import Checkpoints, Snapshot, checkpoint_name
+from nli.train.checkpoint import Checkpoints, Snapshot, checkpoint_name, seed_everything
 from nli.train.hooks import Hook
 
 log = logging.getLogger(__name__)
@@ -68,17 +68,19 @@ class ExportBest(Hook):
                  main: bool, card: Optional[Card] = None) -> None:
         self.storage, self.model, self.tokenizer, self.main, self.card = storage, model, tokenizer, main, card
         self._pending: Optional[Evaluation] = None
+        self.exported: Optional[Evaluation] = None  # the evaluation whose weights this process last exported
 
     def on_evaluation(self, evaluation: Evaluation, *, improved: bool) -> None:
         self._pending = evaluation if improved else None
 
     def on_checkpoint(self, step: int, where: str) -> None:
-        if self._pending is None or self._pending.step != step or not self.main:
+        if self._pending is None or self._pending.step != step:
             return
-        with tempfile.TemporaryDirectory() as folder:
-            write(self.storage, self.model, self.tokenizer, self._pending, Path(folder), self.card)
-        log.info("step %d: the best so far, exported to %s", step, self.storage.describe(contract.MODEL_DIR))
-        self._pending = None
+        if self.main:
+            with tempfile.TemporaryDirectory() as folder:
+                write(self.storage, self.model, self.tokenizer, self._pending, Path(folder), self.card)
+            log.info("step %d: the best so far, exported to %s", step, self.storage.describe(contract.MODEL_DIR))
+        self.exported, self._pending = self._pending, None  # every rank: they agree on what finish_export skips
 
 
 def exported(storage: Storage) -> Optional[Evaluation]:
@@ -204,7 +206,7 @@ def _rebuilt(model_cfg: ModelConfig, task: TaskConfig, *, seed: int,
     checkpoint holds the adapters and the head: the frozen weights are built again, and checked to be the
     ones it trained on."""
     tokenizer = tokenizer_from_files(snapshot.tokenizer_files)
-    set_seed(seed)  # a model from scratch under LoRA: its frozen weights drawn as the run drew them
+    seed_everything(seed)  # a model from scratch under LoRA: its frozen weights drawn as the run drew them
     model: torch.nn.Module = build_model(model_cfg, task, tokenizer)
     if model_cfg.peft is None:
         model.load_state_dict(snapshot.state["model"])

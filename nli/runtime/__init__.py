@@ -8,6 +8,7 @@ __all__, __getattr__, __dir__ = face(__name__, {
     "context": ["RunContext", "console_log", "local"],
     "device": ["Compute", "PeakMemory", "cpu_kernels", "cpu_native_bf16"],
     "distributed": ["World", "no_sync", "shard"],
-    "signals": ["Interrupted", "Preempted", "StopRequest", "end_promptly", "interruption", "relay_to_threads"],
+    "signals": ["Interrupted", "Preempted", "StopRequest", "end_done", "end_promptly", "interruption",
+                "relay_to_threads"],
     "xla": ["NO_DEVICE", "runtime"],
 }, ["cpu", "device", "distributed", "platform", "provenance", "xla"])

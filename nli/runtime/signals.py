@@ -25,6 +25,7 @@ Light on purpose (no torch): the entry point catches these before torch loads.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -32,7 +33,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, NoReturn, Optional
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,24 @@ def end_promptly(status: int, *, within: float = WIND_DOWN_SECONDS) -> None:
     watchdog = threading.Timer(within, end)
     watchdog.daemon = True  # it never holds the process itself
     watchdog.start()
+
+
+def end_done() -> NoReturn:
+    """A process whose work is done ends with status 0 as Python would end it, without its teardown: threads
+    that are not daemons joined, every ``atexit`` handler run (logging's flush, the loggers' and temporary
+    folders' clean-up), the streams flushed, then ``os._exit``. Python's teardown of the modules a run
+    loads (torch, transformers, datasets) takes 1.5-2 s on two cores and frees nothing the system does not
+    free at exit. For the process's own ``__main__`` alone: it ends the process."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to say on it
+            pass
+    os._exit(0)
 
 
 _IN_THREADS: List[StopRequest] = []  # the StopRequests active in threads other than the main one

@@ -5,7 +5,7 @@ from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
     "checkpoint": ["BestEvaluation", "Checkpointer", "Checkpoints", "Progress", "RandomState", "Snapshot", "Stateful",
-                   "TrainingState", "checkpoint_name", "run_checkpoints", "seed_rank"],
+                   "TrainingState", "checkpoint_name", "run_checkpoints", "seed_everything", "seed_rank"],
     "hooks": ["EarlyStopping", "Hook", "MetricsLog", "ProgressBar", "Pruning", "Revisit", "SyncLogs", "judge"],
     "loop": ["Loop", "Optimization", "Plan", "Scaler", "TrainResult", "grad_scaler"],
     "optim": ["build_optimizer", "build_scheduler", "constant", "cosine", "linear"],

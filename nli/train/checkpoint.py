@@ -185,6 +185,14 @@ def _restore_cuda_rng(saved: Union[None, torch.Tensor, List[torch.Tensor]]) -> N
         torch.cuda.set_rng_state(saved, device)
 
 
+def seed_everything(seed: int) -> None:
+    """Python's, NumPy's and torch's generators (every device's) from ``seed``: what transformers.set_seed
+    does for them, without importing transformers' Trainer utilities (seconds of start-up, peft's among them)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # the CPU's and every GPU's
+
+
 def seed_rank(seed: int, world: World) -> None:
     """Ranks other than 0 draw dropout from their own stream, so that their masks are not copies of
     rank 0's; rank 0 keeps the stream a single process would use."""

@@ -3,18 +3,15 @@ named by the config with the signature of :func:`linear`)."""
 
 from __future__ import annotations
 
+import math
 import re
+from functools import partial
 from typing import Any, Dict, List, cast
 
 import torch
 from hydra.utils import get_method, instantiate
 from omegaconf import OmegaConf
-from torch.optim.lr_scheduler import LRScheduler
-from transformers import (
-    get_constant_schedule_with_warmup,
-    get_cosine_schedule_with_warmup,
-    get_linear_schedule_with_warmup,
-)
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from nli.config.schema import OptimizerConfig, ScheduleConfig
 from nli.errors import ConfigError
@@ -95,19 +92,44 @@ def build_scheduler(cfg: ScheduleConfig, optimizer: torch.optim.Optimizer, total
     return schedule(optimizer, warmup_steps=cfg.num_warmup_steps(total_steps), total_steps=total_steps)
 
 
-# The schedules of conf/schedule/, each with a linear warm-up to optimizer.lr first.
+# The schedules of conf/schedule/, each with a linear warm-up to optimizer.lr first: transformers'
+# get_{linear,cosine,constant}_schedule_with_warmup, factor for factor (tests/nli/train/test_optim.py holds
+# them to it), written out because importing transformers.optimization imports its Trainer's utilities, and
+# with them peft: seconds of every run's start. Each is a LambdaLR over a functools.partial, as there, so
+# that checkpoints hold the same scheduler state.
 
 
 def linear(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int) -> LRScheduler:
     """Then linear decay to zero (BERT, RoBERTa)."""
-    return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+    return LambdaLR(optimizer, partial(_linear, warmup=warmup_steps, total=total_steps))
 
 
 def cosine(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int) -> LRScheduler:
     """Then half a cosine down to zero."""
-    return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+    return LambdaLR(optimizer, partial(_cosine, warmup=warmup_steps, total=total_steps))
 
 
 def constant(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int) -> LRScheduler:
     """Then constant."""
-    return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup_steps)
+    return LambdaLR(optimizer, partial(_constant, warmup=warmup_steps))
+
+
+def _warming(step: int, warmup: int) -> float:
+    return float(step) / float(max(1, warmup))
+
+
+def _linear(step: int, *, warmup: int, total: int) -> float:
+    if step < warmup:
+        return _warming(step, warmup)
+    return max(0.0, float(total - step) / float(max(1, total - warmup)))
+
+
+def _cosine(step: int, *, warmup: int, total: int) -> float:
+    if step < warmup:
+        return _warming(step, warmup)
+    progress = float(step - warmup) / float(max(1, total - warmup))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
+
+
+def _constant(step: int, *, warmup: int) -> float:
+    return _warming(step, warmup) if step < warmup else 1.0

@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Callable, Dict, Sequence
 
 import pytest
+import torch
 from huggingface_hub import ModelCard
+from safetensors.torch import load_file
 
+from nli.train.checkpoint import STATE, checkpoint_name
 from tests.runs.test_folder import files
 from tests.support.runs import FAST, GLUE_DATA, copy_run, read_results, run_app
 
@@ -226,3 +229,42 @@ def test_a_full_disk_during_the_export_is_said_in_one_line_and_the_same_command_
     assert done.returncode == 0, done.stderr
     assert "resuming from checkpoint" in done.stdout + done.stderr
     assert read_results(run_dir)["train_steps"] == 12
+
+
+RTE_TINY = ["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "data.max_seq_length=64", "train.batch_size=16",
+            "train.max_steps=4", "train.eval_every=2", "train.progress_bar=false", "hw=cpu"]
+
+
+@pytest.mark.parametrize("predict", [False, True], ids=["nothing-evaluated-again", "test-predictions"])
+def test_the_end_of_a_run_reads_and_writes_the_model_again_only_where_something_evaluates_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, predict: bool) -> None:
+    """The best evaluation is exported when it is made. Where nothing evaluates the model after training
+    (no eval.extra, no test predictions), the end neither reads the best checkpoint back nor exports and
+    loads the model a second time; with test predictions the export is read back, and they come from it.
+    Either way model/ holds the best checkpoint's weights, and export.json its evaluation."""
+    from nli import recipe
+    from nli.output import export
+
+    calls: Dict[str, int] = {}
+
+    def counted(name: str, function: Callable) -> Callable:
+        def wrapped(*args: object, **kwargs: object) -> object:
+            calls[name] = calls.get(name, 0) + 1
+            return function(*args, **kwargs)
+        return wrapped
+
+    for module, name in ((recipe, "load_export"), (export, "write"), (export, "best_weights")):
+        monkeypatch.setattr(module, name, counted(name, getattr(module, name)))
+    run_dir = tmp_path / "run"
+    proc = run_app([*RTE_TINY, f"train.predict={str(predict).lower()}", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    improvements = proc.stdout.count("the best so far, exported to")
+    assert improvements >= 1
+    assert calls == ({"write": improvements + 1, "best_weights": 1, "load_export": 1} if predict else
+                     {"write": improvements})
+    assert (run_dir / "predictions" / "RTE.tsv").is_file() == predict
+    results, record = read_results(run_dir), json.loads((run_dir / "model" / "export.json").read_text())
+    assert record["step"] == results["best_step"] and record["objective"] == results["objective"]
+    state = torch.load(run_dir / "checkpoints" / checkpoint_name(results["best_step"]) / STATE, weights_only=True)
+    exported = load_file(run_dir / "model" / "model.safetensors")
+    assert exported and all(torch.equal(tensor, state["parts"]["model"][name]) for name, tensor in exported.items())

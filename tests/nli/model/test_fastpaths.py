@@ -164,6 +164,33 @@ def test_layers_on_real_tokens_only_give_the_same_logits_and_gradients(model_typ
     assert rows[2] == (2, 9, 32) and rows[4] == (2, 4, 32)  # no padding, or padding on the left: the stock layers
 
 
+def test_in_bf16_the_layers_compute_a_multiple_of_64_rows_and_the_same_logits_and_gradients() -> None:
+    """oneDNN builds a kernel for every new shape of a bf16 matrix product (milliseconds each): under bf16
+    autocast the real tokens are topped up with padding places to a multiple of unpadded.ROWS (at most the
+    whole padded batch), so that a few shapes recur; the padding rows change no logit and no gradient."""
+    model = _tiny_classifier("roberta").train()
+    torch.manual_seed(2)
+    mask = (torch.arange(40) < torch.randint(3, 40, (8, 1))).long()  # 8 sequences of 3 to 39 tokens
+    batch = {"input_ids": torch.randint(3, 100, (8, 40)).masked_fill(mask == 0, 1), "attention_mask": mask}
+    small = _batches()[0]  # 4 x 12 places, fewer than 64 rows in all
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = [_outputs(model, each) for each in (batch, small)]
+    first_token.install(model)
+    assert unpadded.install(model)
+    rows: List[torch.Size] = []
+    model.base_model.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, x, y: rows.append(x[0].shape))
+    for each, outputs in zip((batch, small), expected):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = _outputs(model, each)
+        for ours, stock in zip(got, outputs, strict=True):
+            assert torch.allclose(ours, stock, rtol=0.02, atol=0.02)
+    real = int(mask.sum())
+    assert real % unpadded.ROWS and rows[0] == (-(-real // unpadded.ROWS) * unpadded.ROWS, 32)
+    assert rows[1] == (4 * 12, 32)  # topped up to the whole batch, which holds fewer than 64 places
+    _outputs(model, batch)  # fp32: the real tokens alone, as before
+    assert rows[2] == (real, 32)
+
+
 def test_the_first_token_alone_only_where_the_head_reads_only_that() -> None:
     config = AutoConfig.for_model("bert", vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=64)

@@ -412,3 +412,19 @@ def test_two_processes_with_lora_end_where_one_does(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "x 2 processes" in (two / "train.log").read_text()
     assert_close_run(outcome(two), outcome(one))
+
+
+@pytest.mark.process  # what a run imports, in a process that has imported nothing else
+def test_a_run_without_lora_never_imports_peft(tmp_path: Path) -> None:
+    """peft takes seconds to import, and transformers' Trainer utilities (its set_seed, its schedules) import
+    it: a run that adapts nothing trains, exports and reports without it."""
+    script = ("import sys\n"
+              "from nli.config import compose\nfrom nli.recipe import run\nfrom nli.runtime import local\n"
+              f"cfg = compose(['experiment=quickstart', 'train.max_steps=2', 'train.progress_bar=false', "
+              f"'output_dir={tmp_path / 'run'}'])\n"
+              f"run(cfg, local(cfg, {str(tmp_path / 'run')!r}), console=False)\n"
+              "print(sorted(name for name in sys.modules if name.split('.')[0] == 'peft'))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]"
+    assert (tmp_path / "run" / "results.json").is_file()

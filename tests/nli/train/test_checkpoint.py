@@ -3,14 +3,17 @@ refuses a missing one unless it is optional; each rank's random generators, rest
 
 from __future__ import annotations
 
+import random
 from typing import Any, Dict
 
+import numpy as np
 import pytest
 import torch
+import transformers
 
 from nli.errors import CheckpointError
 from nli.evaluate.evaluation import Evaluation
-from nli.train.checkpoint import BestEvaluation, Progress, TrainingState
+from nli.train.checkpoint import BestEvaluation, Progress, TrainingState, seed_everything
 
 
 class Counter:
@@ -123,3 +126,16 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu_with_its_cpu_generator(monkeypatch:
     torch.rand(3)
     restore_rng(state)
     assert torch.equal(torch.rand(4), expected)
+
+
+def test_seed_everything_draws_what_transformers_set_seed_draws() -> None:
+    """Runs seed Python, NumPy and torch themselves (transformers.set_seed imports its Trainer's utilities and
+    peft: seconds of every start): the same draws, so that runs started before keep their results."""
+    def draws() -> tuple:
+        return random.random(), float(np.random.rand()), torch.rand(3).tolist(), torch.randint(0, 10**6, (2,)).tolist()
+
+    for seed in (0, 42, 2**32 - 1):
+        transformers.set_seed(seed)
+        theirs = draws()
+        seed_everything(seed)
+        assert draws() == theirs

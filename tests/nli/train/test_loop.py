@@ -474,3 +474,26 @@ def test_a_non_finite_loss_advises_only_the_precision_changes_that_apply(tmp_pat
         loop.run(trial.progress, trial.best, request)
     assert advice in str(stopped.value)
     assert dtype != torch.float32 or "precision" not in str(stopped.value)
+
+
+def test_steps_under_the_clipping_norm_are_left_as_clip_grad_norm_leaves_them(
+        tmp_path: Path, tokenizer: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU a step whose gradient norm is under train.max_grad_norm is not multiplied by clip_grad_norm_'s
+    factor of 1 (a pass over every gradient that changes nothing): with a norm that some steps pass and others
+    do not, only the others are scaled, and the weights are those of torch's clip_grad_norm_, bit for bit."""
+    data, norms = examples(64), []
+    by_hand(data, steps=6, batch_size=32, max_grad_norm=None, norms=norms)
+    threshold = sorted(norms)[len(norms) // 2]  # about half the steps clipped
+    clipped: List[float] = []
+    expected = by_hand(data, steps=6, batch_size=32, max_grad_norm=threshold, norms=clipped)
+    scale = torch.nn.utils.clip_grads_with_norm_
+    scaled: List[float] = []
+    monkeypatch.setattr(torch.nn.utils, "clip_grads_with_norm_",
+                        lambda params, max_norm, norm: (scaled.append(float(norm)), scale(params, max_norm, norm)))
+    trial = Trial(data, config(max_steps=6, eval_every=100, max_grad_norm=threshold), tmp_path, tokenizer,
+                  micro_batch=32)
+    trial.run()
+    assert scaled == pytest.approx([norm for norm in clipped if norm + 1e-6 > threshold], rel=1e-6)
+    assert 0 < len(scaled) < 6
+    for name, tensor in trial.model.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name

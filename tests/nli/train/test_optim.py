@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import torch
@@ -205,26 +205,40 @@ def test_optimizer_class_comes_from_config() -> None:
 
 @pytest.mark.parametrize("schedule,transformers_name", [("linear", "linear"), ("cosine", "cosine"),
                                                         ("constant", "constant_with_warmup")])
-def test_each_schedule_is_the_transformers_schedule_it_names(schedule: str, transformers_name: str) -> None:
+@pytest.mark.parametrize("warmup,total", [(3, 10), (0, 7), (4, 4), (1, 1000)])
+def test_each_schedule_is_the_transformers_schedule_it_names(schedule: str, transformers_name: str, warmup: int,
+                                                             total: int) -> None:
     """conf/schedule/ picks its function by _target_, as optimizers and loggers do: the learning rates
-    are transformers' own, warm-up included."""
+    are transformers' own to the last bit, warm-up included (nli.train.optim writes them out, since
+    transformers.optimization imports its Trainer's utilities), and a checkpoint holds the same state."""
     from tests.conftest import build_config
 
-    cfg = build_config([f"schedule={schedule}", "schedule.warmup_steps=3"]).schedule
+    cfg = build_config([f"schedule={schedule}", f"schedule.warmup_steps={warmup}"]).schedule
 
-    def rates(make) -> List[float]:
+    def rates(make) -> Tuple[List[float], Dict[str, Any]]:
         optimizer = torch.optim.SGD(_tiny_model().parameters(), lr=0.1)
         scheduler, seen = make(optimizer), []
-        for _ in range(10):
+        for _ in range(min(total, 60)):
             seen.append(scheduler.get_last_lr()[0])
             optimizer.step()
             scheduler.step()
-        return seen
+        return seen, scheduler.state_dict()
 
-    ours = rates(lambda optimizer: build_scheduler(cfg, optimizer, total_steps=10))
-    theirs = rates(lambda optimizer: transformers.get_scheduler(transformers_name, optimizer, num_warmup_steps=3,
-                                                                num_training_steps=10))
-    assert ours == theirs and ours[0] == 0.0 and max(ours) == pytest.approx(0.1)
+    ours, our_state = rates(lambda optimizer: build_scheduler(cfg, optimizer, total_steps=total))
+    theirs, their_state = rates(lambda optimizer: transformers.get_scheduler(
+        transformers_name, optimizer, num_warmup_steps=warmup, num_training_steps=total))
+    assert ours == theirs and (max(ours) == pytest.approx(0.1)) == (warmup < total) and (ours[0] == 0.0) == (warmup > 0)
+    assert our_state == their_state
+    _, fresh = rates(lambda optimizer: build_scheduler(cfg, optimizer, total_steps=total))
+    resumed = build_scheduler(cfg, torch.optim.SGD(_tiny_model().parameters(), lr=0.1), total_steps=total)
+    resumed.load_state_dict(their_state)  # a checkpoint written while transformers built the schedule
+    assert resumed.get_last_lr() == fresh["_last_lr"]
+
+
+def test_a_schedule_target_that_names_no_function_is_refused_by_its_key() -> None:
+    from tests.conftest import build_config
+
+    cfg = build_config(["schedule=linear"]).schedule
     with pytest.raises(ConfigError, match="schedule._target_=nli.train.optim.nowhere names no function"):
         build_scheduler(dataclasses.replace(cfg, _target_="nli.train.optim.nowhere"), torch.optim.SGD(
             _tiny_model().parameters(), lr=0.1), total_steps=10)

@@ -1,0 +1,38 @@
+"""nli/runtime/signals.py: a train.py process whose work is done ends without Python's teardown of the
+modules it loaded (end_done); what Python does at exit that matters still happens first."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.process  # it ends the process it runs in
+def test_a_process_that_is_done_joins_its_threads_runs_its_exit_handlers_and_flushes_then_ends_with_0() -> None:
+    script = textwrap.dedent("""
+        import atexit, sys, tempfile, threading, time
+        from pathlib import Path
+        from nli.runtime.signals import end_done
+
+        folder = tempfile.TemporaryDirectory()  # removed at exit by its finalizer, an atexit handler
+        Path(folder.name, "kept").write_text("x")
+        print(folder.name)
+        atexit.register(lambda: print("exit handler ran"))
+        worker = threading.Thread(target=lambda: (time.sleep(0.3), print("worker done", flush=True)))
+        worker.start()
+        print("unflushed", end="")  # a buffered line, flushed on the way out
+        sys.stderr.write("to stderr")
+        end_done()
+        print("never")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    # The thread was waited for (it wrote after the main thread's buffered text), then the exit handler ran.
+    assert lines[1:] == ["unflushedworker done", "exit handler ran"]
+    assert proc.stderr == "to stderr"
+    assert not Path(lines[0]).exists()  # the temporary folder's finalizer ran
