@@ -80,8 +80,12 @@ def test_a_run_stopped_by_the_old_code_resumes_to_the_old_codes_uninterrupted_ru
     assert ours == figures(read_results(whole))
     ours, theirs = (load_file(folder / "model" / "model.safetensors") for folder in (stopped, whole))
     assert ours.keys() == theirs.keys()
+    # Recorded with oneDNN pinned to AVX2 (tests/data/legacy/make.py) but MKL's and torch's own kernels as an
+    # AMD EPYC picked them: bit for bit there; an Intel CPU with AVX-512 and AMX picks other paths, and the same
+    # steps differ at float rounding (measured: at most 4e-9), with every metric above still equal to the last
+    # bit. A resume that went wrong (the order, the rate, a generator) moves weights by an update's size, 1e-4 and more.
     for key, tensor in theirs.items():
-        assert torch.equal(ours[key], tensor), key
+        torch.testing.assert_close(ours[key], tensor, rtol=1e-5, atol=1e-8, msg=key)
 
 
 def test_an_old_run_is_not_continued_on_the_synthetic_tasks_new_version(tmp_path: Path) -> None:
