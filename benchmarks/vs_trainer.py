@@ -247,6 +247,11 @@ def first_rows(task: Task, rows: Optional[int], work: Path) -> Task:
     ``work``); as it is where ``rows`` is None."""
     if rows is None:
         return task
+    held = len((task.folder / task.files["train"]).read_text().splitlines()) - 1
+    if rows > held:
+        print(f"python -m benchmarks.vs_trainer: error: --train-examples {rows}: {task.folder / task.files['train']} "
+              f"holds {held} examples; give at most {held}, or leave it out for all of them", file=sys.stderr)
+        raise SystemExit(2)  # a bad flag, as argparse's own
     folder = work / task.folder.name
     folder.mkdir(parents=True)
     for name in {task.files["train"], task.files["validation"], task.files["test"]}:
@@ -272,6 +277,9 @@ def measure(args: argparse.Namespace) -> Dict:
                 start = time.perf_counter()
                 if system == "ours":
                     figures = run_ours(args, task, model, work / f"ours-{turn}", seed)
+                    if figures["precision"] != args.computes:  # the Trainer would be compared in another one
+                        sys.exit(f"ours computed in {figures['precision']}, not the {args.computes} the Trainer is "
+                                 f"given for --precision {args.precision}: give --precision {figures['precision']}")
                 else:
                     figures = run_trainer(args, task, model, tuned=system == "hf-tuned", seed=seed)
                 figures["wall_seconds"] = time.perf_counter() - start

@@ -127,6 +127,7 @@ def test_vs_trainer_on_short_single_sentences_gives_the_trainer_the_precision_ou
     (["--steps", "0"], "--steps 0: give at least 1"),
     (["--train-examples", "0"], "--train-examples 0: give at least 1"),
     (["--synthetic", "--sst2-like"], "--synthetic and --sst2-like: choose one"),
+    (["--sst2-like", "--train-examples", "5000"], "SST-2/train.tsv holds 2628 examples; give at most 2628"),
 ])
 def test_vs_trainer_refuses_bad_flags_before_running(tmp_path: Path, flags: list, error: str) -> None:
     proc = benchmark("vs_trainer", [*flags, "--out", str(tmp_path / "table")], timeout=120)
