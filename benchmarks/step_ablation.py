@@ -10,7 +10,8 @@ variant's time per step and speed-up over the stock model, and writes them as JS
 Run from the repository root. Variants, each installed by ``nli.model.fastpaths.install`` as train.py
 installs them: ``stock`` (none); ``first-token`` (the last layer for the first token alone,
 nli/model/fastpaths/first_token.py); ``cpu-dropout`` (nli/model/fastpaths/cpu_dropout.py, CPU only);
-``unpadded`` (layers on real tokens only, nli/model/fastpaths/unpadded.py, CPU only); ``all`` (what
+``unpadded`` (layers on real tokens only, nli/model/fastpaths/unpadded.py, CPU only); ``embed-grad``
+(the word embeddings' gradient in one buffer, nli/model/fastpaths/embed_grad.py, CPU only); ``all`` (what
 train.py runs on the device). A variant with nothing to install on the device is left out. Each
 batch's fastest round counts, so that a round slowed by the machine does not count against one
 variant: a step's cost that comes once per new shape (oneDNN building a bf16 kernel) is left out,
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Each variant: the fast paths it asks nli.model.fastpaths.install for (None: every one that applies).
 VARIANTS: Dict[str, Optional[Tuple[str, ...]]] = {
     "stock": (), "first-token": ("first_token",), "cpu-dropout": ("cpu_dropout",), "unpadded": ("unpadded",),
-    "all": None}
+    "embed-grad": ("embed_grad",), "all": None}
 
 
 def batches(args: argparse.Namespace) -> List[Dict[str, torch.Tensor]]:

@@ -288,6 +288,9 @@ def measure(args: argparse.Namespace) -> Dict:
                       f"dev accuracy {figures['dev_accuracy']:.4f}", flush=True)
                 runs[system].append(figures)
         best = {system: summarise(rounds) for system, rounds in runs.items()}
+        for system, row in best.items():
+            if system != "ours" and "ours" in runs:
+                row["paired"] = paired(runs["ours"], runs[system])
         mean_tokens = best["ours"]["tokens_per_second"] / best["ours"]["examples_per_second"] \
             if "ours" in best else None
         peak = peak_flops(args.computes, tf32=ours_tf32(args.overrides))
@@ -318,6 +321,13 @@ def summarise(runs: List[Dict]) -> Dict:
             row[f"{key}_sd"] = statistics.stdev(means.values())
             row[f"{key}_by_seed"] = {str(seed): value for seed, value in means.items()}
     return row
+
+
+def paired(ours: List[Dict], other: List[Dict]) -> Dict[str, List[float]]:
+    """Ours against ``other`` turn by turn (the two ran back to back, so on a host whose speed drifts
+    between turns each pair shares its state): training examples/s and whole-run speed, ours over theirs."""
+    return {"training": [a["examples_per_second"] / b["examples_per_second"] for a, b in zip(ours, other)],
+            "whole_run": [b["wall_seconds"] / a["wall_seconds"] for a, b in zip(ours, other)]}
 
 
 def machine() -> str:
@@ -396,7 +406,8 @@ def markdown(report: Dict) -> str:
     speedups = [f"{ours['examples_per_second'] / figures['examples_per_second']:.2f}x the examples/s of {name}"
                 for name, figures in systems.items() if name != "ours" and ours]
     summary = [f"ours: {', '.join(speedups)}"] if speedups else []
-    return "\n".join(lines + [""] + summary + whole_run(systems) + floors(systems) + accuracy_gaps(report)) + "\n"
+    return "\n".join(lines + [""] + summary + whole_run(systems) + turns(systems) + floors(systems)
+                     + accuracy_gaps(report)) + "\n"
 
 
 # Training examples/s ours must reach against each Trainer set-up, and the whole run's speed (start to
@@ -421,6 +432,20 @@ def whole_run(systems: Dict) -> List[str]:
              for name, figures in systems.items() if name != "ours"]
     if walls:
         lines.append(f"whole run, start to results: {ours['wall_seconds']:.0f} s for ours, " + ", ".join(walls))
+    return lines
+
+
+def turns(systems: Dict) -> List[str]:
+    """With more than one turn: ours against each Trainer set-up turn by turn, and the median, which the
+    host's drift between turns moves less than the fastest runs' ratio above."""
+    lines = []
+    for name, figures in systems.items():
+        pairs = figures.get("paired") or {}
+        if len(pairs.get("training", [])) < 2:
+            continue
+        parts = [f"{what.replace('_', ' ')} " + ", ".join(f"{r:.2f}x" for r in ratios)
+                 + f" (median {statistics.median(ratios):.2f}x)" for what, ratios in pairs.items()]
+        lines.append(f"turn by turn, ours against {name}: " + "; ".join(parts))
     return lines
 
 

@@ -309,7 +309,8 @@ def build(run: Run, loaded: Data) -> torch.nn.Module:
     trained = trained.to(run.compute.device)
     # On the transformers model inside peft's wrapper: the fast paths call each layer's Linear modules by
     # name, so LoRA's adapted ones run in them as they do in the stock forward.
-    fastpaths.install(unwrap(trained), device=run.compute.device, enabled=fast, compiled=train.compile)
+    fastpaths.install(unwrap(trained), device=run.compute.device, enabled=fast, compiled=train.compile,
+                      distributed=run.world.distributed)
     seed_rank(run.cfg.seed, run.world)
     return trained
 

@@ -105,7 +105,7 @@ class ModelConfig:
     classifier_dropout: Optional[float] = None  # the classification head's dropout; null: the model's own
     ignore_mismatched_sizes: bool = False  # replace a checkpoint's classification head of another size
     attention: Attention = Attention.sdpa  # how attention is computed
-    fast_paths: bool = True  # faster forward where it applies (nli/fastpaths); false: transformers' own
+    fast_paths: bool = True  # faster forward where it applies (nli/model/fastpaths); false: transformers' own
     # adapters, chosen by model/peft=lora (nli/model/lora.py); null: every weight trains
     peft: Optional[LoraConfig] = None
 

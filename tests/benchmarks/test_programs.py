@@ -87,6 +87,12 @@ def test_vs_trainer_runs_ours_and_both_trainer_setups(tmp_path: Path) -> None:
     for name, floor in (("hf-defaults", "1.8"), ("hf-tuned", "1.3")):
         assert re.search(rf"training floor against {name}: [\d.]+x, floor {floor}x: (met|NOT met)", table)
     assert re.search(r"whole-run floor against hf-tuned: [\d.]+x as fast, floor 1.2x: (met|NOT met)", table)
+    # Two turns (a seed each): ours against each Trainer set-up turn by turn, the two back to back.
+    for name in ("hf-defaults", "hf-tuned"):
+        pairs = systems[name]["paired"]
+        assert len(pairs["training"]) == len(pairs["whole_run"]) == 2 and min(pairs["training"]) > 0
+        line = f"turn by turn, ours against {name}: training " + ", ".join(f"{r:.2f}x" for r in pairs["training"])
+        assert line + f" (median {(pairs['training'][0] + pairs['training'][1]) / 2:.2f}x); whole run " in table
     # The CPU's bf16 capability: its model, the flags that bear on it, and what precision=auto makes of them.
     assert re.search(r"flags [+-]avx512f [+-]avx512_bf16 [+-]amx_tile [+-]amx_bf16; .* kernels, .*; precision=auto: "
                      r"(bf16|fp32) \(", report["machine"])
@@ -200,9 +206,10 @@ def test_step_ablation_times_every_variant_on_real_pairs(tmp_path: Path) -> None
     report = json.loads(out.read_text())
     assert report["settings"]["data_dir"] == str(ROOT / "tests" / "data" / "glue_data")  # in the repository
     rows = report["rows"]
-    assert [row["variant"] for row in rows] == ["stock", "first-token", "cpu-dropout", "unpadded", "all"]
-    assert [row["paths"] for row in rows] == [[], ["first_token"], ["cpu_dropout"], ["unpadded"],
-                                              ["first_token", "cpu_dropout", "unpadded"]]  # fastpaths.install's
+    assert [row["variant"] for row in rows] == ["stock", "first-token", "cpu-dropout", "unpadded", "embed-grad",
+                                                "all"]
+    assert [row["paths"] for row in rows] == [[], ["first_token"], ["cpu_dropout"], ["unpadded"], ["embed_grad"],
+                                              ["first_token", "cpu_dropout", "unpadded", "embed_grad"]]
     assert rows[0]["speedup"] == 1 and all(row["seconds_per_step"] > 0 for row in rows)
     assert "speed-up" in proc.stdout and f"written to {out}" in proc.stdout
 

@@ -1,6 +1,6 @@
 """Faster forwards for BERT- and RoBERTa-family sequence classifiers; :func:`install` decides which.
 
-Three paths, each replacing transformers' code on one model instance (weights and their names stay
+Four paths, each replacing transformers' code on one model instance (weights and their names stay
 as they are, so checkpoints and exports are unchanged):
 
 - ``first_token`` (:mod:`.first_token`): the head reads only the first token of the last layer, so
@@ -10,9 +10,12 @@ as they are, so checkpoints and exports are unchanged):
   attention with that dropout written out. CPU only, not with ``torch.compile``.
 - ``unpadded`` (:mod:`.unpadded`): every layer but the last on the batch's real tokens alone,
   padding skipped. CPU only, not with ``torch.compile``.
+- ``embed_grad`` (:mod:`.embed_grad`): the word embeddings' gradient in one buffer kept
+  for the run, not a fresh dense tensor every step. CPU only, not with ``torch.compile``, not in
+  a distributed run (DDP waits for the weight's gradient hook, which it bypasses).
 
-The same logits and gradients as the stock model to float rounding (what each saves:
-``benchmarks/RESULTS.md``). ``model.fast_paths=false`` (``enabled=False``) turns all three off:
+The same logits and gradients as the stock model to float rounding, ``embed_grad``'s to the bit (what
+each saves: ``benchmarks/RESULTS.md``). ``model.fast_paths=false`` (``enabled=False``) turns all four off:
 transformers' own forward.
 
 They were written against one transformers version (:data:`TRANSFORMERS`) and its BERT-style
@@ -38,26 +41,27 @@ from packaging.version import InvalidVersion, Version
 from torch import nn
 from transformers import PreTrainedModel
 
-from nli.model.fastpaths import cpu_dropout, first_token, unpadded
+from nli.model.fastpaths import cpu_dropout, embed_grad, first_token, unpadded
 
 __all__ = ["install", "PATHS"]
 
 log = logging.getLogger(__name__)
 
-PATHS = ("first_token", "cpu_dropout", "unpadded")  # in the order they are installed
-CPU_ONLY = frozenset({"cpu_dropout", "unpadded"})
+PATHS = ("first_token", "cpu_dropout", "unpadded", "embed_grad")  # in the order they are installed
+CPU_ONLY = frozenset({"cpu_dropout", "unpadded", "embed_grad"})
 TRANSFORMERS = SpecifierSet("==5.23.*")  # the transformers the paths were written against (pinned: 5.23.0)
 _INSTALLED = "_nli_fast_paths"  # the model's attribute naming what install() did
 _PATCHES = "_nli_fast_path_patches"  # the model's and its base model's: (the model, what install() changed)
 
 
 def install(model: PreTrainedModel, *, device: torch.device, enabled: bool = True, compiled: bool = False,
-            only: Optional[Collection[str]] = None) -> List[str]:
+            distributed: bool = False, only: Optional[Collection[str]] = None) -> List[str]:
     """Install on ``model`` (already on ``device``) the fast paths that apply; the names of those
     installed, in :data:`PATHS` order.
 
-    ``first_token`` on any device; ``cpu_dropout`` and ``unpadded`` where ``device`` is a CPU and the
-    model is not to be ``compiled`` (a compiled model fuses its own dropout and wants fixed shapes).
+    ``first_token`` on any device; the others where ``device`` is a CPU and the model is not to be
+    ``compiled`` (a compiled model fuses its own dropout and wants fixed shapes); ``embed_grad``
+    also not where it is to be trained ``distributed``.
     ``enabled=False``: none. ``only``: at most these (names from :data:`PATHS`). Call once per model.
     """
     wanted = list(PATHS) if only is None else [name for name in PATHS if name in set(only)]
@@ -73,6 +77,8 @@ def install(model: PreTrainedModel, *, device: torch.device, enabled: bool = Tru
         return []
     if device.type != "cpu" or compiled:
         wanted = [name for name in wanted if name not in CPU_ONLY]
+    if distributed:
+        wanted = [name for name in wanted if name != "embed_grad"]
     if not wanted:
         return []
     reasons, version_ok = _unsupported(model)
@@ -93,6 +99,12 @@ def install(model: PreTrainedModel, *, device: torch.device, enabled: bool = Tru
     if "unpadded" in wanted:
         unpadded.install(model)
         patches.methods.append(model.base_model.encoder)
+    if "embed_grad" in wanted:
+        embeddings = model.get_input_embeddings()
+        if embed_grad.install(embeddings):
+            patches.methods.append(embeddings)
+        else:  # e.g. frozen under LoRA
+            wanted.remove("embed_grad")
     for module in (model, model.base_model):  # the classifier, and its encoder called alone
         module.forward = types.MethodType(_stock_when_outputs_requested, module)
         object.__setattr__(module, _PATCHES, (model, patches))

@@ -7,13 +7,14 @@ import copy
 import importlib.util
 import json
 import logging
+import math
 import subprocess
 import sys
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
-import transformers
+from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from nli.config.schema import (
@@ -25,7 +26,7 @@ from nli.config.schema import (
 )
 from nli.model import fastpaths
 from nli.model.build import build_model, train_bpe_tokenizer
-from nli.model.fastpaths import cpu_dropout, first_token, unpadded
+from nli.model.fastpaths import cpu_dropout, embed_grad, first_token, unpadded
 
 
 def test_attention_implementation_and_fast_paths_come_from_config() -> None:
@@ -208,8 +209,9 @@ def _is_stock(model: torch.nn.Module, attention: str = "sdpa") -> bool:
 def test_fast_paths_are_installed_by_device_compile_switch_and_choice() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")  # only the device object: the model stays here
     model = _tiny_classifier("bert")
-    assert fastpaths.install(model, device=cpu) == ["first_token", "cpu_dropout", "unpadded"]
+    assert fastpaths.install(model, device=cpu) == ["first_token", "cpu_dropout", "unpadded", "embed_grad"]
     assert "forward" in vars(model.bert.encoder.layer[-1]) and "forward" in vars(model.bert.encoder)
+    assert "forward" in vars(model.bert.embeddings.word_embeddings)
     assert model.config._attn_implementation == cpu_dropout.ATTENTION
     with pytest.raises(RuntimeError, match="already installed"):
         fastpaths.install(model, device=cpu)  # once per model
@@ -235,13 +237,17 @@ def test_fast_paths_are_installed_by_device_compile_switch_and_choice() -> None:
     assert not any(isinstance(m, cpu_dropout.CpuDropout) for m in model.modules())
     model = _tiny_classifier("bert")
     assert fastpaths.install(model, device=cuda, only=["unpadded"]) == [] and _is_stock(model)
+    model = _tiny_classifier("bert")  # trained under DDP, whose reducer waits for the weight's gradient hook
+    assert fastpaths.install(model, device=cpu, distributed=True) == ["first_token", "cpu_dropout", "unpadded"]
+    assert "forward" not in vars(model.bert.embeddings.word_embeddings)
     with pytest.raises(ValueError, match="unknown fast path"):
         fastpaths.install(_tiny_classifier("bert"), device=cpu, only=["first-token"])
 
 
 def test_fast_paths_only_with_the_transformers_they_were_written_for(monkeypatch: pytest.MonkeyPatch,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(transformers, "__version__", "5.99.0")
+    # The module object fastpaths reads: importing some transformers submodules replaces sys.modules' entry.
+    monkeypatch.setattr(fastpaths.transformers, "__version__", "5.99.0")
     model = _tiny_classifier("bert")
     before = [model(**batch).logits for batch in _batches()]
     with caplog.at_level(logging.INFO, logger="nli.model.fastpaths"):
@@ -252,7 +258,7 @@ def test_fast_paths_only_with_the_transformers_they_were_written_for(monkeypatch
                           "==5.23.* they were written against")]
     for batch, logits in zip(_batches(), before):
         assert torch.equal(model(**batch).logits, logits)
-    monkeypatch.setattr(transformers, "__version__", "5.23.4")  # a patch release of the same minor version
+    monkeypatch.setattr(fastpaths.transformers, "__version__", "5.23.4")  # a patch release of the same minor version
     assert fastpaths.install(_tiny_classifier("bert"), device=torch.device("cpu")) == list(fastpaths.PATHS)
 
 
@@ -306,6 +312,7 @@ def test_hidden_states_and_attentions_come_from_the_stock_forward(model_type: st
         assert hidden[-1].shape == (4, 12, 32)
     # The fast paths are back for the next call, and without the flags they run.
     assert "forward" in vars(fast.base_model.encoder.layer[-1]) and "forward" in vars(fast.base_model.encoder)
+    assert "forward" in vars(fast.base_model.embeddings.word_embeddings)
     assert sum(isinstance(m, cpu_dropout.CpuDropout) for m in fast.modules()) == 8
     assert fast.config._attn_implementation == (cpu_dropout.ATTENTION if attention == "sdpa" else "eager")
     assert fast.base_model(**batch).last_hidden_state.shape == (4, 1, 32)  # the first token alone
@@ -347,3 +354,127 @@ print(json.dumps({"imported": imported, "installed": installed, "after": registe
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"imported": [False, False], "installed": list(fastpaths.PATHS), "after": [True, True]}
+
+
+# ------------------------------------------------- the word embeddings' gradient in one buffer (embed_grad)
+
+
+Batch = Dict[str, torch.Tensor]
+
+
+def _embed_grad_models() -> Tuple[nn.Module, nn.Module]:
+    """A tiny BERT as transformers builds it, and a copy with the buffer installed (nothing else)."""
+    config = AutoConfig.for_model("bert", vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, num_labels=2, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    stock = AutoModelForSequenceClassification.from_config(config).train()
+    fast = copy.deepcopy(stock)
+    assert fastpaths.install(fast, device=torch.device("cpu"), only=["embed_grad"]) == ["embed_grad"]
+    return stock, fast
+
+
+def _token_batch(seed: int) -> Batch:
+    """Eight sequences of 3 to 12 tokens from a 50-word vocabulary (many repeats), padded with id 0."""
+    generator = torch.Generator().manual_seed(seed)
+    mask = (torch.arange(12) < torch.randint(3, 13, (8, 1), generator=generator)).long()
+    ids = torch.randint(1, 50, (8, 12), generator=generator).masked_fill(mask == 0, 0)
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 2, (8,), generator=generator)}
+
+
+def _sgd_steps(model: nn.Module, steps: List[List[Batch]],
+           between: Optional[Callable[[torch.Tensor], None]] = None) -> Tuple[List[torch.Tensor], List[int]]:
+    """SGD over ``steps`` (each a list of micro-batches); the word embeddings' gradient at each step
+    (a copy) and where its storage is. ``between``: done to that gradient after the step is read."""
+    weight = model.get_input_embeddings().weight
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    grads, storage = [], []
+    for micro_batches in steps:
+        for batch in micro_batches:
+            model(**batch).loss.backward()
+        grads.append(weight.grad.clone())
+        storage.append(weight.grad.data_ptr())
+        if between is not None:
+            between(weight.grad)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return grads, storage
+
+
+def _assert_same_bits(got: List[torch.Tensor], want: List[torch.Tensor]) -> None:
+    for step, (ours, torchs) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(ours.view(torch.int32), torchs.view(torch.int32)), f"step {step}"
+
+
+def test_the_gradient_is_torchs_to_the_bit_in_storage_allocated_once() -> None:
+    stock, fast = _embed_grad_models()
+    steps = [[_token_batch(seed)] for seed in range(4)]
+    want, _ = _sgd_steps(stock, steps)
+    got, storage = _sgd_steps(fast, steps)
+    _assert_same_bits(got, want)
+    assert len(set(storage)) == 1  # one buffer for the run
+    assert all(torch.equal(a, b) for a, b in zip(fast.parameters(), stock.parameters()))  # the same weights after
+    assert not got[0][0].any()  # the padding id's row: no gradient, as torch gives it none
+
+
+def test_micro_batches_accumulate_as_torch_accumulates() -> None:
+    stock, fast = _embed_grad_models()
+    steps = [[_token_batch(2 * seed), _token_batch(2 * seed + 1), _token_batch(99)] for seed in range(3)]
+    want, _ = _sgd_steps(stock, steps)
+    got, storage = _sgd_steps(fast, steps)
+    _assert_same_bits(got, want)
+    assert len(set(storage)) == 1
+
+
+def test_a_gradient_already_there_is_added_to_as_torch_adds() -> None:
+    """A weight used elsewhere too (tied) may hold a gradient of that use before this lookup adds its own."""
+    stock, fast = _embed_grad_models()
+    earlier = torch.randn(50, 16)
+    grads = []
+    for model in (stock, fast):
+        model.get_input_embeddings().weight.grad = earlier.clone()
+        model(**_token_batch(0)).loss.backward()
+        grads.append(model.get_input_embeddings().weight.grad)
+    _assert_same_bits([grads[1]], [grads[0]])
+
+
+def test_a_gradient_scaled_by_nan_leaves_nothing_in_the_next_step() -> None:
+    """Clipping by a NaN norm scales every row, the untouched ones too: the next step starts from zeros."""
+    stock, fast = _embed_grad_models()
+    weight = fast.get_input_embeddings().weight
+    fast(**_token_batch(0)).loss.backward()
+    with torch.no_grad():
+        weight.grad.mul_(math.nan)
+    fast.zero_grad(set_to_none=True)  # no step taken: both models keep the same weights
+    for model in (stock, fast):
+        model(**_token_batch(1)).loss.backward()
+    assert not weight.grad.isnan().any()
+    _assert_same_bits([weight.grad], [stock.get_input_embeddings().weight.grad])
+
+
+def test_without_a_gradient_the_lookup_is_torchs_own() -> None:
+    stock, fast = _embed_grad_models()
+    batch = _token_batch(0)
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            assert torch.equal(fast(**batch).logits, stock(**batch).logits)
+    assert fast.get_input_embeddings().weight.grad is None
+    frozen = nn.Embedding(10, 4)
+    frozen.weight.requires_grad_(False)
+    for embedding in (frozen, nn.Embedding(10, 4, max_norm=1.0), nn.Embedding(10, 4, sparse=True),
+                      nn.Embedding(10, 4, scale_grad_by_freq=True)):
+        assert not embed_grad.install(embedding) and "forward" not in vars(embedding)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_a_lookup_alone_gives_torchs_gradient(padding_idx: Optional[int]) -> None:
+    torch.manual_seed(0)
+    stock = nn.Embedding(20, 8, padding_idx=padding_idx)
+    fast = copy.deepcopy(stock)
+    assert embed_grad.install(fast)
+    ids = torch.tensor([[3, 5, 5, 3, 19], [0, 3, 5, 7, 7]])
+    upstream = torch.randn(2, 5, 8)
+    for embedding in (stock, fast):
+        assert torch.equal(embedding(ids), stock.weight[ids])
+        embedding(ids).backward(upstream)
+    _assert_same_bits([fast.weight.grad], [stock.weight.grad])

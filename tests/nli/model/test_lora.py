@@ -177,7 +177,8 @@ def test_the_fast_paths_run_the_adapters(family: str) -> None:
     gradients as the stock forward (no dropout, which the fast paths draw otherwise)."""
     stock = adapted(family, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     fast = copy.deepcopy(stock)
-    assert fastpaths.install(unwrap(fast), device=torch.device("cpu")) == list(fastpaths.PATHS)
+    # Every path but the embeddings' gradient buffer: LoRA freezes the embeddings.
+    assert fastpaths.install(unwrap(fast), device=torch.device("cpu")) == list(fastpaths.PATHS[:-1])
     inputs = batch(family)
     assert torch.allclose(logits(fast, inputs), logits(stock, inputs), atol=1e-5)
     grads = []
