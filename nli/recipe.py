@@ -419,7 +419,7 @@ def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: 
         export.write(out.storage, model, loaded.tokenizer, result.best, Path(folder),
                      Card(out.context.resolved, out.provenance))
         exported = load_export(Path(folder)).to(run.compute.device)
-    fastpaths.install(exported, device=run.compute.device, enabled=run.cfg.model.fast_paths)
+    fastpaths.install(exported, device=run.compute.device, enabled=run.cfg.model.fast_paths, trains=False)
     return exported
 
 
@@ -498,7 +498,8 @@ def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:
     weights = integrity.scored(str(trained.name_or_path))  # an export checked whole, before anything loads
     tokenizer = share_tokenizer(build_tokenizer(trained, [], max_seq_length=cfg.data.max_seq_length), world)
     model = load_trained(trained).to(run.compute.device)
-    fastpaths.install(model, device=run.compute.device, enabled=cfg.model.fast_paths)  # as training evaluated
+    fastpaths.install(model, device=run.compute.device, enabled=cfg.model.fast_paths,  # as training evaluated
+                      trains=False)
     labels = head_labels(model.config) if model.config.num_labels > 1 else []  # one output: a regression
     scoring = _scoring(run, tokenizer, labels, f"model.name_or_path={cfg.model.name_or_path}")
     for each in [cfg.task, *evalsets.extra_tasks(cfg.eval)]:  # every set's labels matched, before any set loads

@@ -55,13 +55,13 @@ _PATCHES = "_nli_fast_path_patches"  # the model's and its base model's: (the mo
 
 
 def install(model: PreTrainedModel, *, device: torch.device, enabled: bool = True, compiled: bool = False,
-            distributed: bool = False, only: Optional[Collection[str]] = None) -> List[str]:
+            distributed: bool = False, trains: bool = True, only: Optional[Collection[str]] = None) -> List[str]:
     """Install on ``model`` (already on ``device``) the fast paths that apply; the names of those
     installed, in :data:`PATHS` order.
 
     ``first_token`` on any device; the others where ``device`` is a CPU and the model is not to be
     ``compiled`` (a compiled model fuses its own dropout and wants fixed shapes); ``embed_grad``
-    also not where it is to be trained ``distributed``.
+    only for a model that ``trains``, and not where it trains ``distributed``.
     ``enabled=False``: none. ``only``: at most these (names from :data:`PATHS`). Call once per model.
     """
     wanted = list(PATHS) if only is None else [name for name in PATHS if name in set(only)]
@@ -77,7 +77,7 @@ def install(model: PreTrainedModel, *, device: torch.device, enabled: bool = Tru
         return []
     if device.type != "cpu" or compiled:
         wanted = [name for name in wanted if name not in CPU_ONLY]
-    if distributed:
+    if distributed or not trains:
         wanted = [name for name in wanted if name != "embed_grad"]
     if not wanted:
         return []

@@ -240,6 +240,8 @@ def test_fast_paths_are_installed_by_device_compile_switch_and_choice() -> None:
     model = _tiny_classifier("bert")  # trained under DDP, whose reducer waits for the weight's gradient hook
     assert fastpaths.install(model, device=cpu, distributed=True) == ["first_token", "cpu_dropout", "unpadded"]
     assert "forward" not in vars(model.bert.embeddings.word_embeddings)
+    model = _tiny_classifier("bert")  # evaluated only (an export, an evaluation-only run): no gradient to keep
+    assert fastpaths.install(model, device=cpu, trains=False) == ["first_token", "cpu_dropout", "unpadded"]
     with pytest.raises(ValueError, match="unknown fast path"):
         fastpaths.install(_tiny_classifier("bert"), device=cpu, only=["first-token"])
 
