@@ -36,7 +36,7 @@ def install(embedding: nn.Embedding) -> bool:
     """Give ``embedding`` the forward below where it :func:`applies`; True if it did."""
     if not applies(embedding):
         return False
-    object.__setattr__(embedding, _BUFFER, _Buffer())  # not a module attribute: no state_dict entry
+    object.__setattr__(embedding, _BUFFER, _Buffer())  # a plain attribute (nn.Module's setter types tensors)
     embedding.forward = types.MethodType(_forward, embedding)  # type: ignore[method-assign]
     return True
 
