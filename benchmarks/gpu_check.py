@@ -684,15 +684,19 @@ def make_fp16_checkpoint(folder: Path) -> None:
 SYNC_STEPS = 20  # training steps between the two runs whose synchronisations are compared
 
 
+SYNCS = "syncs.json"  # count-syncs' counts, in the folder it is given
+
+
 def line_syncs(check: Check, line: Line) -> None:
     """How often the host waits for the GPU in a training step (torch.cuda.set_sync_debug_mode), and where: a run
     of 2N steps less one of N, so that set-up and evaluations cancel out. The loop itself should wait in none
     (non-finite steps are skipped on the device); transformers' SDPA mask check waits once per forward."""
-    if not check.gpu:
-        raise Skipped("no GPU")
-    proc = sub_run(check, line, "count", [sys.executable, "-m", "benchmarks.gpu_check", "count-syncs",
-                                          str(check.work / "runs" / "syncs")], timeout=240)
-    found = json.loads(last_line(proc.output))
+    folder = check.work / "runs" / "syncs"
+    sub_run(check, line, "count", [sys.executable, "-m", "benchmarks.gpu_check", "count-syncs", str(folder)],
+            timeout=240)
+    found = json.loads((folder / SYNCS).read_text())  # a file: on a GPU, lines follow the counts on stdout
+    if not check.gpu:  # the rehearsal runs the counting and reads it back; a CPU has nothing to wait for
+        raise Skipped("no GPU (counted and read back: a CPU has no synchronisation to count)")
     per_step = {where: round((found["long"].get(where, 0) - found["short"].get(where, 0)) / SYNC_STEPS, 2)
                 for where in {**found["long"], **found["short"]}}
     per_step = {where: count for where, count in sorted(per_step.items(), key=lambda item: -item[1]) if count}
@@ -733,7 +737,7 @@ def count_syncs(folder: Path) -> None:
                 where = _source(warning.filename)
                 sources[where] = sources.get(where, 0) + 1
         counts[name] = sources
-    print(json.dumps(counts))
+    (folder / SYNCS).write_text(json.dumps(counts))
 
 
 def _source(filename: str) -> str:
