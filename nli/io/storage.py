@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 import fsspec
 from fsspec.core import split_protocol
@@ -153,9 +153,26 @@ class Storage:
         path = self.path(name)
         try:
             if self.local:
-                _write_local_atomically(Path(path), data)
+                _write_local_atomically(Path(path), lambda file: file.write(data))
             else:
                 self.fs.pipe_file(path, data)  # an object is visible only once fully uploaded
+        except OSError as err:
+            raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
+
+    def write_stream(self, name: str, write: Callable[[BinaryIO], object]) -> None:
+        """``name``, as ``write`` writes it into an open file, whole or not at all, as write_bytes: for what
+        is too large to hold in memory twice (a checkpoint). On Cloud Storage, written to a local file first,
+        then uploaded (an object is visible only once fully uploaded)."""
+        path = self.path(name)
+        try:
+            if self.local:
+                _write_local_atomically(Path(path), write)
+            else:
+                with tempfile.TemporaryDirectory() as folder:
+                    staging = Path(folder) / "upload"
+                    with open(staging, "wb") as file:
+                        write(file)
+                    self.fs.put_file(str(staging), path)
         except OSError as err:
             raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
 
@@ -303,13 +320,13 @@ def umask() -> int:
     return mask
 
 
-def _write_local_atomically(path: Path, data: bytes) -> None:
+def _write_local_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # A name of this writer's own: two writers of one file must not write into each other's staging.
     fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())  # on disk before the rename makes it visible
             os.fchmod(f.fileno(), 0o666 & ~umask())  # mkstemp makes it 0600; a file others may read, as open() would

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -570,3 +570,26 @@ def test_without_credentials_the_run_says_so_before_torch_loads(tmp_path: Path, 
         assert f"point GOOGLE_APPLICATION_CREDENTIALS (now {tmp_path}/key.json) at a service account key file" in error
     else:
         assert "set GOOGLE_APPLICATION_CREDENTIALS to a service account key file" in error
+
+
+def test_a_streamed_write_is_whole_or_not_there_and_leaves_no_staging(folder: Storage) -> None:
+    """write_stream, as a checkpoint's state is written: locally renamed over the file, on Cloud Storage
+    uploaded from a local file once written; a writer that fails midway changes nothing."""
+    def chunks(file: BinaryIO) -> None:
+        for part in (b"first ", b"second ", b"third"):
+            file.write(part)
+
+    folder.write_stream("step-000005/state.pt", chunks)
+    assert folder.read_bytes("step-000005/state.pt") == b"first second third"
+
+    def fails_midway(file: BinaryIO) -> None:
+        file.write(b"half of a new")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(StorageError, match="could not write .*state.pt: no space left on its disk: make room"):
+        folder.write_stream("step-000005/state.pt", fails_midway)
+    assert folder.read_bytes("step-000005/state.pt") == b"first second third"
+    assert folder.list("step-000005") == ["state.pt"]
+    with pytest.raises(StorageError, match="could not write .*state.pt"):
+        folder.write_stream("step-000010/state.pt", fails_midway)
+    assert not folder.exists("step-000010/state.pt")

@@ -1,9 +1,14 @@
 """What a checkpoint holds (nli/train/checkpoint.py): the registry saves and restores every part in order and
-refuses a missing one unless it is optional; each rank's random generators, restored on any number of GPUs."""
+refuses a missing one unless it is optional; each rank's random generators, restored on any number of GPUs; the
+state written as torch serializes it, its manifest vouching for it."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import random
+from pathlib import Path
 from typing import Any, Dict
 
 import numpy as np
@@ -13,7 +18,17 @@ import transformers
 
 from nli.errors import CheckpointError
 from nli.evaluate.evaluation import Evaluation
-from nli.train.checkpoint import BestEvaluation, Progress, TrainingState, seed_everything
+from nli.io.storage import Storage
+from nli.train.checkpoint import (
+    FORMAT,
+    MANIFEST,
+    STATE,
+    BestEvaluation,
+    Checkpoints,
+    Progress,
+    TrainingState,
+    seed_everything,
+)
 
 
 class Counter:
@@ -139,3 +154,43 @@ def test_seed_everything_draws_what_transformers_set_seed_draws() -> None:
         theirs = draws()
         seed_everything(seed)
         assert draws() == theirs
+
+
+def test_the_state_is_written_as_torch_serializes_it_and_the_manifest_vouches_for_it(tmp_path: Path) -> None:
+    """The state goes straight into its file, hashed on the way (no copy of it in memory): the same bytes
+    torch.save makes, the manifest's size and SHA-256 those of the file, read back and verified whole."""
+    torch.manual_seed(0)
+    parts = {"model": {"weight": torch.randn(300, 70), "bias": torch.zeros(70, dtype=torch.bfloat16)},
+             "progress": {"step": 5}}
+    checkpoints = Checkpoints(Storage(str(tmp_path)), keep=2, identity={"digest": "abc"})
+    checkpoints.write(5, {"format": FORMAT, "parts": parts}, {"tokenizer/vocab.txt": b"[PAD]\n"}, evaluation=None)
+    written = (tmp_path / "step-000005" / STATE).read_bytes()
+    expected = io.BytesIO()
+    torch.save({"format": FORMAT, "parts": parts}, expected)
+    assert written == expected.getvalue()
+    manifest = json.loads((tmp_path / "step-000005" / MANIFEST).read_text())
+    assert manifest["files"][STATE] == {"size": len(written), "sha256": hashlib.sha256(written).hexdigest()}
+    assert list(manifest["files"]) == [STATE, "tokenizer/vocab.txt"]
+    snapshot = checkpoints.snapshot(5)
+    assert torch.equal(snapshot.state["model"]["weight"], parts["model"]["weight"])
+    assert snapshot.tokenizer_files == {"vocab.txt": b"[PAD]\n"}
+
+
+class Interrupted(io.BytesIO):
+    """A file whose second write is interrupted (Ctrl-C)."""
+
+    def write(self, data: Any) -> int:
+        if self.tell():
+            raise KeyboardInterrupt
+        return super().write(data)
+
+
+def test_what_stops_the_states_write_is_raised_as_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's writer turns whatever a write raises into its own RuntimeError ("unexpected pos"): the
+    interrupt, or the storage's error for a full disk (tests/runs/test_resume.py), is raised instead."""
+    storage = Storage(str(tmp_path))
+    monkeypatch.setattr(storage, "write_stream", lambda name, write: write(Interrupted()))
+    with pytest.raises(KeyboardInterrupt):
+        Checkpoints(storage, keep=2, identity={}).write(5, {"format": FORMAT, "parts": {"w": torch.zeros(4096)}}, {},
+                                                        evaluation=None)
+    assert not (tmp_path / "step-000005" / MANIFEST).exists()
