@@ -19,7 +19,8 @@ can run (the GPU-only ones are reported "skipped: no GPU", never passed):
 Lines: the quickstart in bf16 and fp16; ``train.compile=true`` and its recompilations; an
 evaluation-only run of a run folder with and without the fast paths; SIGTERM and resume against
 unbroken runs; a CUDA out-of-memory backed off into smaller micro-batches; torchrun with one process;
-the synthetic roberta-large benchmark against the tuned Trainer (tokens/s, MFU); every GPU hw preset x
+the synthetic roberta-large benchmark against the tuned Trainer (tokens/s, MFU), again at 512 pairs a
+step, and ours with DataLoader workers and without; every GPU hw preset x
 recipe (benchmarks.memory's enumeration) measured against its card's memory; an fp16-stored checkpoint
 trained in bf16 and fp16; gradient checkpointing.
 """
@@ -488,23 +489,55 @@ def line_checkpointing(check: Check, line: Line) -> None:
     line.detail = "completed with a finite loss"
 
 
+def vs_trainer(check: Check, line: Line, label: str, flags: Sequence[str], *, timeout: float) -> Dict[str, Figures]:
+    """``benchmarks.vs_trainer --synthetic --arch roberta-large --precision bf16 FLAGS``: each system's figures,
+    its JSON and Markdown kept in the report's folder as ``LABEL.json`` and ``LABEL.md``."""
+    out = check.out / label
+    command = [sys.executable, "-m", "benchmarks.vs_trainer", "--synthetic", "--arch", "roberta-large", "--precision",
+               "bf16", "--out", str(out), *flags]  # last: flags may end in train.py's overrides, after --
+    sub_run(check, line, label, command, timeout=timeout)
+    systems = json.loads(out.with_suffix(".json").read_text())["systems"]
+    return {system: {"tokens_per_second": round(row["tokens_per_second"]),
+                     "examples_per_second": round(row["examples_per_second"], 1),
+                     "eval_examples_per_second": round(row["eval_examples_per_second"], 1),
+                     "mfu": None if row.get("mfu") is None else round(row["mfu"], 4),
+                     "peak_memory_gib": round(row["peak_memory_bytes"] / 2**30, 2),
+                     "wall_seconds": round(row["wall_seconds"], 1)} for system, row in systems.items()}
+
+
 def line_vs_trainer(check: Check, line: Line) -> None:
     """The synthetic roberta-large benchmark, ours against the tuned Trainer, bf16: tokens/s and MFU."""
     if not check.gpu:
         raise Skipped("no GPU")
-    out = check.out / "vs_trainer"
-    sub_run(check, line, "run", [sys.executable, "-m", "benchmarks.vs_trainer", "--synthetic", "--arch",
-                                 "roberta-large", "--precision", "bf16", "--steps", "100", "--synthetic-size", "4096",
-                                 "--systems", "ours", "hf-tuned", "--out", str(out)], timeout=330)
-    report = json.loads(out.with_suffix(".json").read_text())
-    for system, row in report["systems"].items():
-        line.figures[system] = {"tokens_per_second": round(row["tokens_per_second"]),
-                                "examples_per_second": round(row["examples_per_second"], 1),
-                                "mfu": None if row.get("mfu") is None else round(row["mfu"], 4),
-                                "peak_memory_gib": round(row["peak_memory_bytes"] / 2**30, 2)}
-    require(all(row.get("mfu") for row in report["systems"].values()),
+    line.figures.update(vs_trainer(check, line, "vs_trainer", ["--steps", "100", "--synthetic-size", "4096",
+                                                               "--systems", "ours", "hf-tuned"], timeout=330))
+    require(all(row["mfu"] for row in line.figures.values()),
             "no MFU: this GPU has no peak in benchmarks.vs_trainer.PEAK_FLOPS")
     line.detail = "both systems ran; MFU from the device's dense bf16 peak (vs_trainer.json, vs_trainer.md)"
+
+
+def line_mfu(check: Check, line: Line) -> None:
+    """Line g at 512 pairs a step, 16 times its batch: 32 pairs of about 40 tokens leave the GPU idle while
+    the host runs 24 layers' Python and launches; how near the issue's 40% MFU more tokens a step come."""
+    if not check.gpu:
+        raise Skipped("no GPU")
+    line.figures.update(vs_trainer(check, line, "vs_trainer_512", ["--steps", "30", "--batch-size", "512",
+                                                                   "--synthetic-size", "4096", "--systems", "ours",
+                                                                   "hf-tuned"], timeout=240))
+    line.detail = "both systems ran at 512 pairs a step (vs_trainer_512.json, vs_trainer_512.md)"
+
+
+def line_workers(check: Check, line: Line) -> None:
+    """Ours as in line g with data.num_workers at its GPU default (2) and at 0, the Trainer's: whether workers
+    pay in training, and what starting them costs an evaluation of four batches (line g's evaluation ran at
+    a sixth of the Trainer's examples/s on the first GPU check)."""
+    if not check.gpu:
+        raise Skipped("no GPU")
+    flags = ["--steps", "100", "--synthetic-size", "4096", "--systems", "ours"]
+    line.figures["workers_2"] = vs_trainer(check, line, "workers_2", flags, timeout=150)["ours"]
+    line.figures["workers_0"] = vs_trainer(check, line, "workers_0", [*flags, "--", "data.num_workers=0"],
+                                           timeout=150)["ours"]
+    line.detail = "measured: training and evaluation examples/s, and the whole run, with two workers and none"
 
 
 def line_presets(check: Check, line: Line) -> None:
@@ -879,6 +912,8 @@ def plan(quick: "concurrent.futures.Future[Optional[Path]]") -> List[Tuple[str, 
         ("sdpa", "l. SDPA's kernels on padded and unpadded batches", line_sdpa, "together"),
         ("rng", "m. a checkpoint's GPU generator restored on one GPU", line_rng, "together"),
         ("vs_trainer", "g. roberta-large synthetic: ours vs tuned Trainer", line_vs_trainer, "last"),
+        ("mfu", "n. roberta-large synthetic at 512 pairs a step: MFU", line_mfu, "last"),
+        ("workers", "o. data.num_workers=2 against 0: training and evaluation", line_workers, "last"),
         ("presets", "h. hw presets x recipes: measured peak against card memory", line_presets, "last"),
     ]
 
@@ -1004,7 +1039,7 @@ def atomic_write(path: Path, text: str) -> None:
 # ----------------------------------------------------------------------------------------- main
 
 LINES = ("oom", "quickstart_bf16", "quickstart_fp16", "eval_only", "resume", "torchrun", "fp16_checkpoint",
-         "compile", "checkpointing", "syncs", "sdpa", "rng", "vs_trainer", "presets")
+         "compile", "checkpointing", "syncs", "sdpa", "rng", "vs_trainer", "mfu", "workers", "presets")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -1023,8 +1058,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                      "directory), apart from --out: checkpoints and weights are gigabytes")
     run.add_argument("--keep", action="store_true", help="keep the runs' folders (their path is in the report)")
     run.add_argument("--jobs", type=int, help="lines side by side on the device (default: 4 on a GPU, 1 on a CPU)")
-    run.add_argument("--budget", type=float, default=420, help="seconds after which no sub-run starts, and those "
-                     "running are stopped (default 420: the whole check in under 8 minutes)")
+    run.add_argument("--budget", type=float, default=540, help="seconds after which no sub-run starts, and those "
+                     "running are stopped (default 540: the whole check in under 10 minutes)")
     measure = commands.add_parser("measure-presets", help=argparse.SUPPRESS)
     measure.add_argument("--budget", type=float, default=180)
     make = commands.add_parser("make-fp16-checkpoint", help=argparse.SUPPRESS)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,18 @@ def test_the_check_rehearsed_on_the_cpu_with_the_gpu_machines_libraries(machine_
     assert lines["resume"]["figures"]["relative_weight_gap"] == 0  # on the CPU, with its threads fixed: bit for bit
     assert lines["fp16_checkpoint"]["figures"]["bf16"]["exported_dtypes"] == ["float32"]
     assert "a CPU rehearsal: no GPU figures" in (out / "gpu_check.md").read_text()
+
+
+@pytest.mark.bench
+def test_the_speed_lines_read_each_systems_figures_from_the_benchmark(tmp_path: Path) -> None:
+    """What lines g, n and o run on a GPU, run here on a tiny model: the benchmark's JSON read back per system,
+    train.py's overrides passed after its flags (argparse takes the last --arch and --precision)."""
+    check = gpu_check.Check(tmp_path / "out", tmp_path / "work", "cpu", process_env(), deadline=time.monotonic() + 600)
+    line = gpu_check.Line("workers", "o. a test")
+    figures = gpu_check.vs_trainer(check, line, "workers_0", ["--arch", "tiny", "--precision", "fp32", "--steps", "4",
+                                                              "--synthetic-size", "256", "--systems", "ours", "--",
+                                                              "data.num_workers=0"], timeout=300)
+    assert list(figures) == ["ours"] and figures["ours"]["examples_per_second"] > 0
+    assert figures["ours"]["eval_examples_per_second"] > 0 and figures["ours"]["mfu"] is None  # no GPU, no peak
+    report = json.loads((tmp_path / "out" / "workers_0.json").read_text())
+    assert report["settings"]["ours_overrides"] == ["data.num_workers=0"] and not line.logs
