@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 import fsspec
 from fsspec.core import split_protocol
@@ -213,6 +213,18 @@ class Storage:
                     self.fs.put_file(str(file), self.path(name, file.relative_to(local).as_posix()))
         except OSError as err:
             raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
+
+    @contextlib.contextmanager
+    def local_file(self, name: str) -> Iterator[Path]:
+        """A path on this machine holding ``name``: the file itself where the folder is local, else a download
+        of it, deleted afterwards (FileNotFoundError where there is no such file)."""
+        if self.local:
+            yield Path(self.path(name))
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / posixpath.basename(name)
+            self.fs.get_file(self.path(name), str(copy))
+            yield copy
 
     def download_dir(self, name: str, local: Path) -> None:
         """Copy the files under ``name`` into the local directory ``local``, by their paths there."""

@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -182,13 +183,14 @@ def test_a_sigkilled_run_leaves_a_claim_the_next_run_takes_over(folder: Storage,
 
 def test_a_stale_heartbeat_is_taken_over_whatever_the_host(folder: Storage, caplog: pytest.LogCaptureFixture) -> None:
     plant(folder, other(host="elsewhere", pid=4242, age=5))
-    with pytest.raises(ClaimedError, match="host elsewhere, pid 4242, started .* \\(heartbeat 5 s ago\\)"):
+    # Its age as the claim reads it: 5 s, or a few more where the machine is busy (CI beside other work)
+    with pytest.raises(ClaimedError, match="host elsewhere, pid 4242, started .* \\(heartbeat [5-9] s ago\\)"):
         Claim.take(folder, heartbeat=1, stale_after=60)  # another host: its pid cannot be asked, only its heartbeat
     with caplog.at_level(logging.WARNING, logger="nli.io.claim"), \
             Claim.take(folder, heartbeat=1, stale_after=4) as claim:
         assert current(folder).token == claim.owner.token
     assert "host elsewhere, pid 4242" in caplog.text
-    assert "its last heartbeat was 5 s ago (stale after 4 s)" in caplog.text
+    assert re.search(r"its last heartbeat was [5-9] s ago \(stale after 4 s\)", caplog.text)
 
 
 @pytest.mark.process

@@ -8,6 +8,8 @@ import hashlib
 import io
 import json
 import random
+import re
+import uuid
 from pathlib import Path
 from typing import Any, Dict
 
@@ -194,3 +196,47 @@ def test_what_stops_the_states_write_is_raised_as_itself(tmp_path: Path, monkeyp
         Checkpoints(storage, keep=2, identity={}).write(5, {"format": FORMAT, "parts": {"w": torch.zeros(4096)}}, {},
                                                         evaluation=None)
     assert not (tmp_path / "step-000005" / MANIFEST).exists()
+
+
+@pytest.fixture(params=["local", "gs"])
+def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    """A run's checkpoints folder on local disk, or on Cloud Storage (the emulator)."""
+    if request.param == "local":
+        return Storage(str(tmp_path / "checkpoints"))
+    request.getfixturevalue("gcs_emulator")
+    return Storage(f"gs://test-bucket/checkpoints/{uuid.uuid4().hex}")
+
+
+def damaged(folder: Storage, file: str, how: str) -> None:
+    data = folder.read_bytes(f"step-000005/{file}")
+    if how == "missing":
+        folder.remove(f"step-000005/{file}")
+    else:
+        flipped = data[:-1] + bytes([data[-1] ^ 1])  # the same size, one bit off
+        folder.write_bytes(f"step-000005/{file}", data[:len(data) // 2] if how == "truncated" else flipped)
+
+
+@pytest.mark.parametrize("file", [STATE, "tokenizer/vocab.txt"])
+def test_a_checkpoint_read_back_is_checked_piece_by_piece_and_its_damage_named(folder: Storage, file: str) -> None:
+    """The state is hashed in pieces from its file (a download on Cloud Storage), then loaded from it: never
+    held whole in memory twice. Each kind of damage is named, for the state and for a tokenizer file alike."""
+    weight = torch.randn(700, 300)
+    checkpoints = Checkpoints(folder, keep=2, identity={})
+    tokenizer = {"tokenizer/vocab.txt": b"[PAD]\n"}
+    checkpoints.write(5, {"format": FORMAT, "parts": {"model": {"weight": weight}}}, tokenizer, evaluation=None)
+    assert checkpoints.damage(5) is None
+    assert torch.equal(checkpoints.load_model_weights(5)["weight"], weight)
+    snapshot = checkpoints.snapshot(5)
+    assert torch.equal(snapshot.state["model"]["weight"], weight)
+    assert snapshot.tokenizer_files == {"vocab.txt": b"[PAD]\n"}
+    size = len(folder.read_bytes(f"step-000005/{file}"))
+    for how, said in [("truncated", f"{file} is truncated ({size // 2} of {size} bytes)"),
+                      ("corrupt", f"{file} is corrupt (its SHA-256 does not match the manifest)"),
+                      ("missing", f"{file} is missing")]:
+        original = folder.read_bytes(f"step-000005/{file}")
+        damaged(folder, file, how)
+        assert checkpoints.damage(5) == said, how
+        with pytest.raises(CheckpointError, match=re.escape(said)):
+            checkpoints.snapshot(5)
+        folder.write_bytes(f"step-000005/{file}", original)
+    assert checkpoints.damage(5) is None
