@@ -9,7 +9,6 @@ import io
 import json
 import random
 import re
-import uuid
 from pathlib import Path
 from typing import Any, Dict
 
@@ -198,15 +197,6 @@ def test_what_stops_the_states_write_is_raised_as_itself(tmp_path: Path, monkeyp
     assert not (tmp_path / "step-000005" / MANIFEST).exists()
 
 
-@pytest.fixture(params=["local", "gs"])
-def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    """A run's checkpoints folder on local disk, or on Cloud Storage (the emulator)."""
-    if request.param == "local":
-        return Storage(str(tmp_path / "checkpoints"))
-    request.getfixturevalue("gcs_emulator")
-    return Storage(f"gs://test-bucket/checkpoints/{uuid.uuid4().hex}")
-
-
 def damaged(folder: Storage, file: str, how: str) -> None:
     data = folder.read_bytes(f"step-000005/{file}")
     if how == "missing":
@@ -218,8 +208,9 @@ def damaged(folder: Storage, file: str, how: str) -> None:
 
 @pytest.mark.parametrize("file", [STATE, "tokenizer/vocab.txt"])
 def test_a_checkpoint_read_back_is_checked_piece_by_piece_and_its_damage_named(folder: Storage, file: str) -> None:
-    """The state is hashed in pieces from its file (a download on Cloud Storage), then loaded from it: never
-    held whole in memory twice. Each kind of damage is named, for the state and for a tokenizer file alike."""
+    """The state is hashed in pieces from its file (on Cloud Storage, a download of it: ``folder``, from
+    tests/nli/conftest.py), then loaded from it: never held whole in memory twice. Each kind of damage is
+    named, for the state and for a tokenizer file alike."""
     weight = torch.randn(700, 300)
     checkpoints = Checkpoints(folder, keep=2, identity={})
     tokenizer = {"tokenizer/vocab.txt": b"[PAD]\n"}
