@@ -5,7 +5,7 @@ Hugging Face Hub downloads that fail once, early and clearly."""
 from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
-    "storage": ["Storage", "TIMEOUT"],
+    "storage": ["Storage", "TIMEOUT", "digest"],
     "claim": ["Claim", "Use", "live_holder"],
     "hub": ["hub_download"],
 }, ["remote"])

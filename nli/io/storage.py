@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import posixpath
@@ -24,7 +25,7 @@ import shutil
 import tempfile
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 import fsspec
 from fsspec.core import split_protocol
@@ -236,6 +237,16 @@ class Storage:
                 self.fs.get_file(remote, str(target))
         except OSError as err:
             raise StorageError(f"could not read {self.describe(name)}: {_reason(err)}") from err
+
+
+def digest(f: IO[bytes]) -> Tuple[int, str]:
+    """The size and SHA-256 of what ``f`` holds, read in blocks: a model or a checkpoint (gigabytes) is never
+    whole in memory. What a checkpoint's manifest and an export's export.json record of each file."""
+    sha, size = hashlib.sha256(), 0
+    while block := f.read(1 << 20):
+        sha.update(block)
+        size += len(block)
+    return size, sha.hexdigest()
 
 
 def _reason(err: OSError) -> str:

@@ -4,14 +4,13 @@ as it is written (nli/output/export.py), and the folder checked against them whe
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from nli import contract
 from nli.errors import ConfigError
-from nli.io.storage import Storage
+from nli.io.storage import Storage, digest
 
 WEIGHT_FILES = (".safetensors", ".bin")  # a model folder's weights, whole or in shards
 
@@ -21,18 +20,9 @@ def digests(local: Path) -> Dict[str, Dict[str, Any]]:
     found: Dict[str, Dict[str, Any]] = {}
     for path in sorted(p for p in local.rglob("*") if p.is_file()):
         with path.open("rb") as f:
-            size, sha256 = _hashed(f)
+            size, sha256 = digest(f)
         found[path.relative_to(local).as_posix()] = {"size": size, "sha256": sha256}
     return found
-
-
-def _hashed(f: IO[bytes]) -> Tuple[int, str]:
-    """The size and SHA-256 of what ``f`` holds, read in blocks: a large model is never whole in memory."""
-    sha, size = hashlib.sha256(), 0
-    while block := f.read(1 << 20):
-        sha.update(block)
-        size += len(block)
-    return size, sha.hexdigest()
 
 
 def damage(storage: Storage, step: Optional[int], *, folder: str = contract.MODEL_DIR) -> List[str]:
@@ -89,14 +79,14 @@ def scored(name_or_path: str, *, key: str = "model.name_or_path") -> Dict[str, A
 
 def _sha256(path: Path) -> str:
     with path.open("rb") as f:
-        return _hashed(f)[1]
+        return digest(f)[1]
 
 
 def _file_damage(storage: Storage, name: str, expected: Any) -> Optional[str]:
     """What is wrong with file ``name`` against its ``expected`` size and SHA-256; None if nothing is."""
     try:
         with storage.fs.open(storage.path(name), "rb") as f:
-            size, sha256 = _hashed(f)
+            size, sha256 = digest(f)
     except FileNotFoundError:
         return f"{storage.describe(name)} is missing"
     except (IsADirectoryError, NotADirectoryError):

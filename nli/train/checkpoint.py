@@ -35,7 +35,7 @@ from nli import contract
 from nli.errors import CheckpointError
 from nli.evaluate.evaluation import Evaluation
 from nli.io.claim import Claim
-from nli.io.storage import Storage
+from nli.io.storage import Storage, digest
 from nli.model.build import tokenizer_files
 from nli.runtime import xla
 from nli.runtime.distributed import World
@@ -406,7 +406,8 @@ class Checkpoints:
         with ExitStack() as opened:
             try:
                 path = opened.enter_context(self.storage.local_file(f"{name}/{file}"))
-                size, sha256 = _digest(path)
+                with path.open("rb") as f:
+                    size, sha256 = digest(f)
             except FileNotFoundError:
                 raise _Damaged(f"{file} is missing") from None
             if size != expected["size"]:
@@ -465,16 +466,6 @@ def _step(name: str) -> int:
     match = _NAME.match(name)
     assert match, name
     return int(match.group(1))
-
-
-def _digest(path: Path) -> Tuple[int, str]:
-    """The file's size and SHA-256, read in pieces of 16 MiB."""
-    sha256, size, piece = hashlib.sha256(), 0, bytearray(16 << 20)
-    with open(path, "rb", buffering=0) as file:
-        while read := file.readinto(piece):
-            sha256.update(memoryview(piece)[:read])
-            size += read
-    return size, sha256.hexdigest()
 
 
 def _read_state(path: Path) -> Dict[str, Any]:
