@@ -29,11 +29,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, cast
 
 import datasets
@@ -415,10 +413,9 @@ def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: 
         return lora.merged(cast(Any, model)) if isinstance(training.weights, lora.Adapters) else model
     if out.claim is not None:
         out.claim.check()
-    with tempfile.TemporaryDirectory() as folder:
-        export.write(out.storage, model, loaded.tokenizer, result.best, Path(folder),
-                     Card(out.context.resolved, out.provenance))
-        exported = load_export(Path(folder)).to(run.compute.device)
+    with out.storage.staged_dir(contract.MODEL_DIR) as folder:  # read back before it is swapped in: no download
+        export.fill(folder, model, loaded.tokenizer, result.best, Card(out.context.resolved, out.provenance))
+        exported = load_export(folder).to(run.compute.device)
     fastpaths.install(exported, device=run.compute.device, enabled=run.cfg.model.fast_paths, trains=False)
     return exported
 

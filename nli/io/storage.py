@@ -208,12 +208,33 @@ class Storage:
         directory is swapped in whole; on Cloud Storage each file is replaced as it uploads."""
         try:
             if self.local:
-                _replace_local_dir(local, Path(self.path(name)))
+                with _staged_local_dir(Path(self.path(name))) as staging:
+                    _copy_files(local, staging)
             else:
-                for file in sorted(p for p in local.rglob("*") if p.is_file()):
-                    self.fs.put_file(str(file), self.path(name, file.relative_to(local).as_posix()))
+                self._upload_files(local, name)
         except OSError as err:
             raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
+
+    @contextlib.contextmanager
+    def staged_dir(self, name: str) -> Iterator[Path]:
+        """A local folder to write ``name``'s files into, which becomes ``name`` when the block ends without an
+        error, as upload_dir would copy it, but with no copy where the folder is local: the staging folder
+        beside ``name`` is swapped in (a model of gigabytes is written once). On Cloud Storage, a temporary
+        folder uploaded file by file. An error leaves what was there before and no staging folder."""
+        try:
+            if self.local:
+                with _staged_local_dir(Path(self.path(name))) as staging:
+                    yield staging
+            else:
+                with tempfile.TemporaryDirectory() as folder:
+                    yield Path(folder)
+                    self._upload_files(Path(folder), name)
+        except OSError as err:
+            raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
+
+    def _upload_files(self, local: Path, name: str) -> None:
+        for file in sorted(p for p in local.rglob("*") if p.is_file()):
+            self.fs.put_file(str(file), self.path(name, file.relative_to(local).as_posix()))
 
     @contextlib.contextmanager
     def local_file(self, name: str) -> Iterator[Path]:
@@ -359,13 +380,14 @@ def _write_local_atomically(path: Path, write: Callable[[BinaryIO], object]) -> 
         raise
 
 
-def _replace_local_dir(source: Path, target: Path) -> None:
-    """Copy ``source`` beside ``target``, then swap it in: a crash keeps the previous one. The
-    staging and retired folders are named for this writer alone."""
+@contextlib.contextmanager
+def _staged_local_dir(target: Path) -> Iterator[Path]:
+    """A folder beside ``target`` to fill, swapped in when the block ends: a crash keeps the previous one.
+    The staging and retired folders are named for this writer alone."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp"))
     try:
-        _copy_files(source, staging)
+        yield staging
         _set_modes(staging)
         _swap_in(staging, target)
     except BaseException:

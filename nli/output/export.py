@@ -14,12 +14,15 @@ such a model is taken as it is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import re
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, cast
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -40,24 +43,49 @@ log = logging.getLogger(__name__)
 
 
 def write(storage: Storage, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, evaluation: Evaluation,
-          local: Path, card: Optional[Card] = None) -> None:
-    """``model/``: the weights and tokenizer as ``save_pretrained`` writes them into ``local``, the model
-    card (``README.md``, nli.output.modelcard) where ``card`` is given, and ``export.json``; swapped in whole where
-    the folder is local. Under LoRA, the adapters merged into the weights (a plain transformers model),
-    and the adapter itself in ``adapter/`` (nli.model.lora)."""
-    if unwrap(model) is not model:  # peft's wrapper: LoRA
-        lora.save_merged(cast(Any, model), local)
-        tokenizer.save_pretrained(local)
-    else:
-        save_pretrained(model, tokenizer, local)
+          card: Optional[Card] = None) -> None:
+    """``model/`` (:func:`fill`), written straight into the folder's staging copy and swapped in whole where
+    the folder is local (nli.io.storage.Storage.staged_dir)."""
+    with storage.staged_dir(contract.MODEL_DIR) as folder:
+        fill(folder, model, tokenizer, evaluation, card)
+
+
+def fill(folder: Path, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, evaluation: Evaluation,
+         card: Optional[Card] = None) -> None:
+    """``model/``'s files in ``folder``: the weights and tokenizer as ``save_pretrained`` writes them, the model
+    card (``README.md``, nli.output.modelcard) where ``card`` is given, and ``export.json``. Under LoRA, the
+    adapters merged into the weights (a plain transformers model), and the adapter itself in ``adapter/``
+    (nli.model.lora)."""
+    with _io_errors():
+        if unwrap(model) is not model:  # peft's wrapper: LoRA
+            lora.save_merged(cast(Any, model), folder)
+            tokenizer.save_pretrained(folder)
+        else:
+            save_pretrained(model, tokenizer, folder)
     if card is not None:  # before the digests: export.json vouches for the card as for the weights
-        (local / CARD_FILE).write_text(card.render(evaluation))
-    record = {**asdict(evaluation), "files": integrity.digests(local)}
-    (local / contract.EXPORT_FILE).write_text(json.dumps(record, indent=1) + "\n")
-    storage.upload_dir(local, contract.MODEL_DIR)
+        (folder / CARD_FILE).write_text(card.render(evaluation))
+    record = {**asdict(evaluation), "files": integrity.digests(folder)}
+    (folder / contract.EXPORT_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
+_RUST_IO_ERROR = re.compile(r"\(os error (\d+)\)$")
 
+
+@contextlib.contextmanager
+def _io_errors() -> Iterator[None]:
+    """safetensors and tokenizers write in Rust and report a write that failed as their own exception, its
+    message ending in the system's error number ("No space left on device (os error 28)"): raised again as
+    the OSError it was, so that the folder says what it means (a full disk: make room, run the same command)."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as err:
+        found = _RUST_IO_ERROR.search(str(err))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code)) from err
 
 
 class ExportBest(Hook):
@@ -77,8 +105,7 @@ class ExportBest(Hook):
         if self._pending is None or self._pending.step != step:
             return
         if self.main:
-            with tempfile.TemporaryDirectory() as folder:
-                write(self.storage, self.model, self.tokenizer, self._pending, Path(folder), self.card)
+            write(self.storage, self.model, self.tokenizer, self._pending, self.card)
             log.info("step %d: the best so far, exported to %s", step, self.storage.describe(contract.MODEL_DIR))
         self.exported, self._pending = self._pending, None  # every rank: they agree on what finish_export skips
 
@@ -187,8 +214,7 @@ def _export_again(problems: List[str], step: int, model_cfg: ModelConfig, task: 
     evaluation = checkpoints.evaluation(step) or Evaluation(step=step, metrics={}, objective=float("nan"))
     if claim is not None:
         claim.check()
-    with tempfile.TemporaryDirectory() as folder:
-        write(storage, model, tokenizer, evaluation, Path(folder), card)
+    write(storage, model, tokenizer, evaluation, card)
     log.info("step %d, the best, exported again to %s", step, storage.describe(contract.MODEL_DIR))
 
 

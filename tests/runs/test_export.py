@@ -6,10 +6,8 @@ The real train.py, in this process; locally, in a bucket (the Cloud Storage emul
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Callable, Dict, Sequence
@@ -208,16 +206,20 @@ def test_an_edited_model_card_is_damage_and_the_runs_card_is_written_again(finis
 
 def test_a_full_disk_during_the_export_is_said_in_one_line_and_the_same_command_continues(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The disk fills while the best model's files are copied into the run folder (the kernel's copy answers
-    ENOSPC, as a full disk does); the checkpoint before it is whole. Shown before as 1,580 characters of every
-    file's copy error with the temporary folders' names."""
+    """The disk fills while the best model's weights are written into the run folder: safetensors' writer (in
+    Rust) leaves part of the file and raises its own error, "No space left on device (os error 28)", as it does
+    on a full disk; the checkpoint before it is whole. Shown before as that error's traceback."""
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
     run_dir = tmp_path / "run"
 
-    def full(*args: object, **kwargs: object) -> int:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def full(tensors: object, filename: str, metadata: object = None) -> None:
+        Path(filename).write_bytes(b"\0" * 4096)  # what fitted
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     with monkeypatch.context() as disk:
-        disk.setattr(os, "sendfile", full)  # what shutil copies a file's bytes with on Linux
+        disk.setattr(transformers.modeling_utils, "safe_save_file", full)  # what save_pretrained writes with
         failed = run_app([*FAST, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert failed.returncode == 1
     message = failed.stderr.strip()
@@ -225,6 +227,7 @@ def test_a_full_disk_during_the_export_is_said_in_one_line_and_the_same_command_
     assert message.startswith(f"error: could not write {run_dir / 'model'}: no space left on its disk: make room "
                               "there and run the same command again")
     assert (run_dir / "checkpoints" / "step-000006" / "checkpoint.json").exists()  # written before the export
+    assert not (run_dir / "model").exists() and not list(run_dir.glob(".model*"))  # no half model, no staging
     done = run_app([*FAST, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "resuming from checkpoint" in done.stdout + done.stderr
@@ -253,15 +256,15 @@ def test_the_end_of_a_run_reads_and_writes_the_model_again_only_where_something_
             return function(*args, **kwargs)
         return wrapped
 
-    for module, name in ((recipe, "load_export"), (export, "write"), (export, "best_weights")):
+    for module, name in ((recipe, "load_export"), (export, "fill"), (export, "best_weights")):
         monkeypatch.setattr(module, name, counted(name, getattr(module, name)))
     run_dir = tmp_path / "run"
     proc = run_app([*RTE_TINY, f"train.predict={str(predict).lower()}", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     improvements = proc.stdout.count("the best so far, exported to")
     assert improvements >= 1
-    assert calls == ({"write": improvements + 1, "best_weights": 1, "load_export": 1} if predict else
-                     {"write": improvements})
+    assert calls == ({"fill": improvements + 1, "best_weights": 1, "load_export": 1} if predict else
+                     {"fill": improvements})
     assert (run_dir / "predictions" / "RTE.tsv").is_file() == predict
     results, record = read_results(run_dir), json.loads((run_dir / "model" / "export.json").read_text())
     assert record["step"] == results["best_step"] and record["objective"] == results["objective"]

@@ -543,3 +543,42 @@ def test_a_streamed_write_is_whole_or_not_there_and_leaves_no_staging(folder: St
     with pytest.raises(StorageError, match="could not write .*state.pt"):
         folder.write_stream("step-000010/state.pt", fails_midway)
     assert not folder.exists("step-000010/state.pt")
+
+
+def test_a_staged_folder_becomes_the_folder_whole_or_leaves_it_as_it_was(folder: Storage) -> None:
+    """staged_dir, as an export is written: what the block writes is ``model/`` once it ends, all of it and
+    nothing of the previous one; a block that fails midway (a full disk in save_pretrained) changes nothing
+    and leaves no staging folder."""
+    with folder.staged_dir("model") as staging:
+        (staging / "sub").mkdir()
+        (staging / "model.safetensors").write_bytes(b"first weights")
+        (staging / "sub" / "vocab.txt").write_text("first vocab")
+        (staging / "stale.txt").write_text("only in the first")
+    with folder.staged_dir("model") as staging:
+        (staging / "model.safetensors").write_bytes(b"second weights")
+    assert folder.read_bytes("model/model.safetensors") == b"second weights"
+    if folder.local:  # Cloud Storage replaces each file as it uploads (upload_dir's contract)
+        assert folder.list("model") == ["model.safetensors"]
+
+    with pytest.raises(StorageError, match="could not write .*model: no space left on its disk: make room"):
+        with folder.staged_dir("model") as staging:
+            (staging / "model.safetensors").write_bytes(b"half of the third")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert folder.read_bytes("model/model.safetensors") == b"second weights"
+    with pytest.raises(KeyboardInterrupt):
+        with folder.staged_dir("model") as staging:
+            (staging / "model.safetensors").write_bytes(b"half of the fourth")
+            raise KeyboardInterrupt
+    assert folder.read_bytes("model/model.safetensors") == b"second weights"
+    if folder.local:
+        assert os.listdir(Path(folder.path())) == ["model"]
+
+
+def test_a_staged_folder_is_not_copied_where_the_folder_is_local(tmp_path: Path) -> None:
+    """The files written into the staging folder are the ones that end in ``model/`` (the same inodes): a
+    model of gigabytes is written once, not written then copied."""
+    storage = Storage(str(tmp_path / "out"))
+    with storage.staged_dir("model") as staging:
+        (staging / "model.safetensors").write_bytes(b"weights")
+        written = (staging / "model.safetensors").stat().st_ino
+    assert (tmp_path / "out" / "model" / "model.safetensors").stat().st_ino == written
