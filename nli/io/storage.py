@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import secrets
 import shutil
 import tempfile
@@ -236,6 +237,24 @@ class Storage:
         for file in sorted(p for p in local.rglob("*") if p.is_file()):
             self.fs.put_file(str(file), self.path(name, file.relative_to(local).as_posix()))
 
+    def remove_staging(self) -> List[str]:
+        """What writers stopped mid-write (SIGKILL, a machine lost) left at the folder's top level: the staging
+        files and folders this module names for their writer (``.<name>.<pid>.<random>.tmp``) that were never
+        renamed into place, an export's gigabytes among them. Only for a folder this process holds (nli.io.claim):
+        another live writer's staging would be in use. On Cloud Storage there are none (an object appears whole,
+        and staging is local). Returns their names."""
+        root = Path(self.path())
+        if not self.local or not root.is_dir():
+            return []
+        left = sorted(entry.name for entry in root.iterdir() if _STAGING.match(entry.name))
+        for name in left:
+            path = root / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        return left
+
     @contextlib.contextmanager
     def local_file(self, name: str) -> Iterator[Path]:
         """A path on this machine holding ``name``: the file itself where the folder is local, else a download
@@ -362,6 +381,10 @@ def umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+# The staging names of _write_local_atomically and _staged_local_dir (and _swap_in's retired folder).
+_STAGING = re.compile(r"^\..+\.\d+\.[a-z0-9_]+\.tmp(\.old)?$")
 
 
 def _write_local_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable, Dict, Sequence
 
@@ -271,3 +272,15 @@ def test_the_end_of_a_run_reads_and_writes_the_model_again_only_where_something_
     state = torch.load(run_dir / "checkpoints" / checkpoint_name(results["best_step"]) / STATE, weights_only=True)
     exported = load_file(run_dir / "model" / "model.safetensors")
     assert exported and all(torch.equal(tensor, state["parts"]["model"][name]) for name, tensor in exported.items())
+
+
+def test_the_same_command_removes_the_half_export_of_a_killed_run(finished: Path, tmp_path: Path) -> None:
+    """An export is written into a staging folder beside model/ (Storage.staged_dir): a run SIGKILLed mid-export
+    leaves it, gigabytes for a large model. The next run in the folder, once it holds it, removes it
+    (the staging names: tests/nli/io/test_storage.py)."""
+    run_dir = copy_run(finished, tmp_path / "run")
+    left = Path(tempfile.mkdtemp(dir=run_dir, prefix=".model.4242.", suffix=".tmp"))
+    (left / "model.safetensors").write_bytes(b"half of the weights")
+    output = again(run_dir)
+    assert f"removed what a run stopped mid-write left in {run_dir}: {left.name}" in output
+    assert not left.exists() and model_files(run_dir) == model_files(finished)

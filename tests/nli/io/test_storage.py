@@ -582,3 +582,44 @@ def test_a_staged_folder_is_not_copied_where_the_folder_is_local(tmp_path: Path)
         (staging / "model.safetensors").write_bytes(b"weights")
         written = (staging / "model.safetensors").stat().st_ino
     assert (tmp_path / "out" / "model" / "model.safetensors").stat().st_ino == written
+
+
+KILLED_MID_WRITE = """
+import sys, time
+from pathlib import Path
+from nli.io.storage import Storage
+
+storage = Storage(sys.argv[1])
+def write(file):
+    file.write(b"half of the results")
+    with storage.staged_dir("model") as folder:
+        (folder / "model.safetensors").write_bytes(b"half of the weights")
+        print("writing", flush=True)
+        time.sleep(60)
+storage.write_stream("results.json", write)
+"""
+
+
+@pytest.mark.process
+def test_what_writers_killed_mid_write_left_is_removed_and_nothing_else(tmp_path: Path) -> None:
+    """remove_staging, as a run calls it once it holds its folder: the staging file and folder of writers
+    SIGKILLed mid-write go; a user's own hidden or .tmp files, and what is in place, stay."""
+    storage = Storage(str(tmp_path / "run"))
+    storage.write_text("results.json", "{}")
+    mine = [".hidden", "notes.tmp", ".model.tmp", "model.1234.abc.tmp"]
+    for name in mine:
+        (tmp_path / "run" / name).write_text("the user's")
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(tmp_path / "run")], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert read_line(writer.stdout) == "writing\n"
+    finally:
+        writer.kill()
+        writer.communicate()
+    staged = sorted(set(os.listdir(tmp_path / "run")) - {*mine, "results.json"})
+    assert [name.split(".")[1] for name in staged] == ["model", "results"]  # .results.json.<pid>.<random>.tmp
+
+    assert storage.remove_staging() == staged
+    assert sorted(os.listdir(tmp_path / "run")) == sorted([*mine, "results.json"])
+    assert storage.read_bytes("results.json") == b"{}"
+    assert storage.remove_staging() == []
