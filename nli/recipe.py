@@ -216,8 +216,6 @@ def setup(train: TrainConfig, logger: Mapping[str, LoggerConfig], context: RunCo
     if world.is_main:
         storage.check_writable()
         claim = held.enter_context(Claim.take(storage))  # one run at a time in the folder
-        if left := storage.remove_staging():  # held now: what is half-written there, its writer left
-            log.info("removed what a run stopped mid-write left in %s: %s", storage.describe(), ", ".join(left))
     world.barrier()
     ident = identity(context.resolved)
     checkpoints = run_checkpoints(context.checkpoint_dir, storage, ident, keep=train.keep_checkpoints,

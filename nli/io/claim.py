@@ -154,13 +154,16 @@ class Claim:
     def take(cls, storage: Storage, *, heartbeat: float = 30.0, stale_after: float = 300.0,
              use: Use = RUN) -> "Claim":
         """Claim ``storage``'s folder for this run (or what ``use`` names), taking over an abandoned
-        claim; raise :class:`ClaimedError` at once if a live one holds it."""
+        claim; raise :class:`ClaimedError` at once if a live one holds it. A run's folder, once held, is rid of
+        what writers killed mid-write left there (Storage.remove_staging)."""
         if stale_after < 2 * heartbeat:
             raise ValueError(f"stale_after={stale_after} must be at least twice heartbeat={heartbeat}")
         backend, owner = _backend(storage, use.file), Owner.me()
         _HELD.add(owner.token)  # before anyone can read it: this process's other threads must not think it abandoned
         try:
             _acquire(storage, backend, owner, stale_after, use)
+            if use is RUN and (left := storage.remove_staging()):  # before the heartbeat writes its own
+                log.info("removed what a run stopped mid-write left in %s: %s", storage.describe(), ", ".join(left))
             claim = cls(storage, backend, owner, heartbeat, use)
             claim._thread.start()
         except BaseException as stopped:
