@@ -260,20 +260,24 @@ def train_loader(ds: datasets.Dataset, collator: Collator, batching: Batching, *
 
 
 def eval_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, world: World,
-                num_workers: int, pin_memory: bool, grouped: bool = True) -> DataLoader:
+                num_workers: int, pin_memory: bool, grouped: bool = True, keep_workers: bool = False) -> DataLoader:
     """This rank's contiguous slice of ``ds``: the ranks' predictions, each put back in the slice's
     order (:func:`in_split_order`) and gathered in rank order, are the split's in its own order, each
     example once. ``grouped``: in batches of about one length (:class:`LengthGroups`), which pad far
-    less than batches in the split's order; else in that order."""
+    less than batches in the split's order; else in that order. ``keep_workers``: the ``num_workers``
+    processes started at the first evaluation and kept for the next (forking them for each evaluation cost
+    more than the few batches of a dev set gained); for a model whose weights are not in this process's
+    memory, since a kept worker keeps, copy-on-write, every page the training changes after its fork."""
     lo, hi = world.shard(len(ds))
     ds = ds.select(range(lo, hi)) if (lo, hi) != (0, len(ds)) else ds
     if ds.features.get("idx") == datasets.Value("string"):  # a test file's own ids, as text
         collator = TextIds(collator)
+    keep = keep_workers and num_workers > 0
     if grouped and len(ds):
         return DataLoader(ds, batch_sampler=LengthGroups(_lengths(ds), batch_size), collate_fn=collator,
-                          num_workers=num_workers, pin_memory=pin_memory)
-    return DataLoader(ds, batch_size=batch_size, sampler=SequentialSampler(ds),
-                      collate_fn=collator, num_workers=num_workers, pin_memory=pin_memory)
+                          num_workers=num_workers, pin_memory=pin_memory, persistent_workers=keep)
+    return DataLoader(ds, batch_size=batch_size, sampler=SequentialSampler(ds), collate_fn=collator,
+                      num_workers=num_workers, pin_memory=pin_memory, persistent_workers=keep)
 
 
 def _lengths(ds: datasets.Dataset) -> List[int]:

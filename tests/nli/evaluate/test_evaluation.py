@@ -8,9 +8,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import os
 import random
 from pathlib import Path
-from typing import Callable, Dict, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 import datasets
 import numpy as np
@@ -63,6 +64,29 @@ def test_ungrouped_loaders_keep_the_splits_order() -> None:
                               grouped=False)
     assert [row["labels"] for batch in loader for row in batch] == [0, 1, 2]
     assert data.in_split_order(loader, "anything") == "anything"
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("keep", [True, False])
+def test_an_eval_loaders_workers_are_kept_from_one_evaluation_to_the_next_where_asked(grouped: bool, keep: bool
+                                                                                      ) -> None:
+    """With data.num_workers (two by default on a GPU), every evaluation forked its workers anew: on a GPU's
+    four batches of 512 dev pairs that cost more than it saved. On an accelerator they are started once and
+    kept, as the training loader's are (nli.evaluate.evalsets); each pass still yields every example once, in
+    the same batches. Not on the CPU, where a kept worker would keep a copy of each weight the training changes."""
+    ds = datasets.Dataset.from_dict({"input_ids": [[1] * n for n in (5, 9, 2, 7, 3)], "labels": list(range(5))})
+
+    def collate(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+        return {"labels": [row["labels"] for row in rows], "worker": os.getpid()}
+
+    loader = data.eval_loader(ds, collate, batch_size=2, world=World(), num_workers=2, pin_memory=False,
+                              grouped=grouped, keep_workers=keep)
+    passes = [list(loader) for _ in range(3)]
+    assert all([batch["labels"] for batch in each] == [batch["labels"] for batch in passes[0]] for each in passes)
+    assert sorted(label for batch in passes[0] for label in batch["labels"]) == list(range(5))
+    workers = [frozenset(batch["worker"] for batch in each) for each in passes]
+    assert os.getpid() not in workers[0]
+    assert len(set(workers)) == (1 if keep else 3)
 
 
 def test_a_model_predicts_the_same_in_length_groups_as_in_the_splits_order(tmp_path: Path) -> None:
