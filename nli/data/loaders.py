@@ -259,25 +259,38 @@ def train_loader(ds: datasets.Dataset, collator: Collator, batching: Batching, *
     return TrainBatches(loader, sampler)
 
 
+@dataclass(frozen=True)
+class Workers:
+    """How an evaluation's batches are loaded: ``count`` DataLoader worker processes (data.num_workers as the
+    device takes it), into pinned memory for a CUDA device, and ``keep``: started at the first evaluation and
+    kept for the next (forking them for each evaluation cost more than a dev set's few batches gained). Kept
+    only where the model's weights are not in this process's memory: a kept worker keeps, copy-on-write, every
+    page the training changes after its fork."""
+
+    count: int = 0
+    pin_memory: bool = False
+    keep: bool = False
+
+    @classmethod
+    def on(cls, device_type: str, count: int) -> "Workers":
+        return cls(count, pin_memory=device_type == "cuda", keep=count > 0 and device_type != "cpu")
+
+
 def eval_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, world: World,
-                num_workers: int, pin_memory: bool, grouped: bool = True, keep_workers: bool = False) -> DataLoader:
+                workers: Workers = Workers(), grouped: bool = True) -> DataLoader:
     """This rank's contiguous slice of ``ds``: the ranks' predictions, each put back in the slice's
     order (:func:`in_split_order`) and gathered in rank order, are the split's in its own order, each
     example once. ``grouped``: in batches of about one length (:class:`LengthGroups`), which pad far
-    less than batches in the split's order; else in that order. ``keep_workers``: the ``num_workers``
-    processes started at the first evaluation and kept for the next (forking them for each evaluation cost
-    more than the few batches of a dev set gained); for a model whose weights are not in this process's
-    memory, since a kept worker keeps, copy-on-write, every page the training changes after its fork."""
+    less than batches in the split's order; else in that order."""
     lo, hi = world.shard(len(ds))
     ds = ds.select(range(lo, hi)) if (lo, hi) != (0, len(ds)) else ds
     if ds.features.get("idx") == datasets.Value("string"):  # a test file's own ids, as text
         collator = TextIds(collator)
-    keep = keep_workers and num_workers > 0
     if grouped and len(ds):
         return DataLoader(ds, batch_sampler=LengthGroups(_lengths(ds), batch_size), collate_fn=collator,
-                          num_workers=num_workers, pin_memory=pin_memory, persistent_workers=keep)
+                          num_workers=workers.count, pin_memory=workers.pin_memory, persistent_workers=workers.keep)
     return DataLoader(ds, batch_size=batch_size, sampler=SequentialSampler(ds), collate_fn=collator,
-                      num_workers=num_workers, pin_memory=pin_memory, persistent_workers=keep)
+                      num_workers=workers.count, pin_memory=workers.pin_memory, persistent_workers=workers.keep)
 
 
 def _lengths(ds: datasets.Dataset) -> List[int]:

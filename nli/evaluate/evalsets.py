@@ -127,9 +127,7 @@ def from_splits(task: TaskConfig, splits: data.Splits, examples: Dict[str, datas
     """The eval and test splits of ``splits`` (tokenized; ``examples``: the eval splits as loaded), in
     loaders of this rank's slice, and the evaluator of the eval splits."""
     loaders = {name: data.eval_loader(ds, scoring.collator, batch_size=scoring.batch_size, world=scoring.world,
-                                      num_workers=scoring.num_workers,
-                                      pin_memory=scoring.compute.device.type == "cuda",
-                                      keep_workers=scoring.compute.device.type != "cpu")
+                                      workers=data.Workers.on(scoring.compute.device.type, scoring.num_workers))
                for name, ds in {**splits.eval, **splits.test}.items()}
     evaluator = Evaluator({name: loaders[name] for name in splits.eval}, task, scoring.compute, scoring.world,
                           groups=splits.groups, label_map=label_map, prefix=prefix, examples=examples)

@@ -43,8 +43,7 @@ def test_length_groups_batch_by_length_and_restore_each_ranks_slice_to_the_split
     ds = datasets.Dataset.from_dict({"input_ids": [[7] * n for n in lengths], "labels": list(range(23))})
     joined = []
     for rank in (0, 1):
-        loader = data.eval_loader(ds, lambda rows: rows, batch_size=4, world=World(rank=rank, world_size=2),
-                                  num_workers=0, pin_memory=False)
+        loader = data.eval_loader(ds, lambda rows: rows, batch_size=4, world=World(rank=rank, world_size=2))
         batches = list(loader)
         seen = [[len(row["input_ids"]) for row in batch] for batch in batches]
         flat = [n for batch in seen for n in batch]
@@ -60,8 +59,7 @@ def test_length_groups_batch_by_length_and_restore_each_ranks_slice_to_the_split
 
 def test_ungrouped_loaders_keep_the_splits_order() -> None:
     ds = datasets.Dataset.from_dict({"input_ids": [[1] * n for n in (5, 9, 2)], "labels": [0, 1, 2]})
-    loader = data.eval_loader(ds, lambda rows: rows, batch_size=2, world=World(), num_workers=0, pin_memory=False,
-                              grouped=False)
+    loader = data.eval_loader(ds, lambda rows: rows, batch_size=2, world=World(), grouped=False)
     assert [row["labels"] for batch in loader for row in batch] == [0, 1, 2]
     assert data.in_split_order(loader, "anything") == "anything"
 
@@ -71,22 +69,30 @@ def test_ungrouped_loaders_keep_the_splits_order() -> None:
 def test_an_eval_loaders_workers_are_kept_from_one_evaluation_to_the_next_where_asked(grouped: bool, keep: bool
                                                                                       ) -> None:
     """With data.num_workers (two by default on a GPU), every evaluation forked its workers anew: on a GPU's
-    four batches of 512 dev pairs that cost more than it saved. On an accelerator they are started once and
-    kept, as the training loader's are (nli.evaluate.evalsets); each pass still yields every example once, in
-    the same batches. Not on the CPU, where a kept worker would keep a copy of each weight the training changes."""
+    four batches of 512 dev pairs that cost more than it saved. Where kept, the same processes serve each pass;
+    each pass still yields every example once, in the same batches."""
     ds = datasets.Dataset.from_dict({"input_ids": [[1] * n for n in (5, 9, 2, 7, 3)], "labels": list(range(5))})
 
     def collate(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
         return {"labels": [row["labels"] for row in rows], "worker": os.getpid()}
 
-    loader = data.eval_loader(ds, collate, batch_size=2, world=World(), num_workers=2, pin_memory=False,
-                              grouped=grouped, keep_workers=keep)
+    loader = data.eval_loader(ds, collate, batch_size=2, world=World(), workers=data.Workers(2, keep=keep),
+                              grouped=grouped)
     passes = [list(loader) for _ in range(3)]
     assert all([batch["labels"] for batch in each] == [batch["labels"] for batch in passes[0]] for each in passes)
     assert sorted(label for batch in passes[0] for label in batch["labels"]) == list(range(5))
     workers = [frozenset(batch["worker"] for batch in each) for each in passes]
     assert os.getpid() not in workers[0]
     assert len(set(workers)) == (1 if keep else 3)
+
+
+@pytest.mark.parametrize(("device", "count", "pinned", "kept"), [
+    ("cuda", 2, True, True), ("xla", 2, False, True), ("cpu", 2, False, False), ("cuda", 0, True, False)])
+def test_eval_workers_are_kept_on_an_accelerator_and_not_on_the_cpu(device: str, count: int, pinned: bool,
+                                                                    kept: bool) -> None:
+    """On the CPU the model's weights are in the process's memory: a kept worker would keep, copy-on-write, a copy
+    of each one the training changes after its fork (evalsets.from_splits asks by the run's device)."""
+    assert data.Workers.on(device, count) == data.Workers(count, pin_memory=pinned, keep=kept)
 
 
 def test_a_model_predicts_the_same_in_length_groups_as_in_the_splits_order(tmp_path: Path) -> None:
@@ -109,17 +115,16 @@ def test_a_model_predicts_the_same_in_length_groups_as_in_the_splits_order(tmp_p
     collator = DataCollatorWithPadding(tokenizer)
     made = {}
     for grouped in (True, False):
-        loader = data.eval_loader(ds, collator, batch_size=16, world=World(), num_workers=0, pin_memory=False,
-                                  grouped=grouped)
+        loader = data.eval_loader(ds, collator, batch_size=16, world=World(), grouped=grouped)
         made[grouped] = gather(predict(model, loader, cfg.task, compute), World())
     assert made[True].labels.tolist() == made[False].labels.tolist() == ds["labels"]
     assert made[True].values.tolist() == made[False].values.tolist()
     regression = dataclasses.replace(cfg.task, label_names=[])  # predict() keeps the raw scores
     assert regression.is_regression
-    scores = {grouped: predict(model, data.eval_loader(ds, collator, batch_size=16, world=World(), num_workers=0,
-                                                       pin_memory=False, grouped=grouped), regression, compute)
+    scores = {grouped: predict(model, data.eval_loader(ds, collator, batch_size=16, world=World(), grouped=grouped),
+                               regression, compute)
               for grouped in (True, False)}
-    grouped_loader = data.eval_loader(ds, collator, batch_size=16, world=World(), num_workers=0, pin_memory=False)
+    grouped_loader = data.eval_loader(ds, collator, batch_size=16, world=World())
     order = grouped_loader.batch_sampler.order  # type: ignore[union-attr]
     assert order != sorted(order)  # the model saw the examples by length, not in the split's order
     np.testing.assert_allclose(scores[True].values[:, 0], scores[False].values[:, 0], rtol=0, atol=1e-5)
