@@ -94,11 +94,12 @@ def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
     command line checked before Hydra writes anything (nli.config.command), then Hydra's ``main``, and a sweep's
     table (nli.sweep.table)."""
     if not answer_help(argv, conf_dir, "train"):  # Hydra's own --help takes seconds (nli/config/help.py)
-        extra = command.check(argv, conf_dir, "train")
-        if extra:  # Hydra's main reads sys.argv
-            sys.argv = [*sys.argv, *extra]
+        checked = command.check(argv, conf_dir, "train")
+        if checked.extra:  # Hydra's main reads sys.argv
+            sys.argv = [*sys.argv, *checked.extra]
         try:
-            main()
+            with command.known_mode(checked):
+                main()
         except KeyboardInterrupt:  # Ctrl-C outside a run (a run takes it itself: exit 75), e.g. between a sweep's jobs
             print("interrupted (Ctrl-C)", file=sys.stderr)
             raise SystemExit(130) from None
