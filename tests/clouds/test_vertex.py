@@ -304,7 +304,9 @@ def test_a_vertex_trial_is_pruned_through_its_folder_in_the_bucket(fake: FakeVer
     assert proc.returncode == 0, output
     (row,) = read_rows(tmp_path / "sweep")
     results = gcs_json(f"{BUCKET}/pruned/0/model/results.json")
-    assert row["state"] == "PRUNED" and results["status"] == "pruned" and 10 < results["pruned_at"] < 200
+    # Given up at step 10; the run reads prune.json right after writing each evaluation, so it ends at step 10
+    # where the sweeper's poll falls in between (a CI run saw it), else at a later evaluation: never runs on.
+    assert row["state"] == "PRUNED" and results["status"] == "pruned" and 10 <= results["pruned_at"] < 200
     assert gcs_json(f"{BUCKET}/pruned/0/model/prune.json")["step"] == 10
     assert "trial 0 (job 0) was pruned" in output
 

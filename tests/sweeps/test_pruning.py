@@ -47,7 +47,9 @@ def test_a_pruned_trial_stops_at_its_next_evaluation_and_says_so_everywhere(tmp_
     for row in rows:
         folder = Path(row["output_dir"])
         results = read_results(folder)
-        assert results["status"] == "pruned" and 10 < results["pruned_at"] < 200
+        # Given up at step 10; the run reads prune.json right after writing each evaluation, so it ends at step 10
+        # where the sweeper's poll falls in between (a CI run saw it), else at a later evaluation: never runs on.
+        assert results["status"] == "pruned" and 10 <= results["pruned_at"] < 200
         assert results["train_steps"] == results["pruned_at"] and (folder / "model" / "config.json").is_file()
         assert json.loads((folder / "prune.json").read_text())["step"] == 10  # given up at its first report
         reported = [json.loads(line) for line in (folder / "evaluations.jsonl").read_text().splitlines()]
