@@ -23,6 +23,8 @@ from nli.config.schema import EVAL_SETS, ConfigError
 from nli.data import loaders as data
 from nli.errors import DataError
 from nli.evaluate import evalsets, metrics
+from nli.runtime.device import Compute
+from nli.runtime.distributed import World
 from tests.conftest import build_config
 from tests.support.nli_layouts import (
     ANLI,
@@ -155,6 +157,24 @@ def test_hans_accuracies_per_heuristic_and_label_match_values_counted_by_hand() 
     by_hand = hans_by_hand(["entailment" if p == 0 else "non-entailment" for p in predictions])
     assert {k: v for k, v in by_hand.items() if k != "accuracy"} == pytest.approx(scores)
     assert by_hand["accuracy"] == pytest.approx(6 / 10)
+
+
+@pytest.mark.parametrize(("device", "pinned", "kept"), [("cpu", False, False), ("cuda", True, True)])
+def test_a_sets_eval_and_test_loaders_take_data_num_workers_as_the_runs_device_takes_them(device: str, pinned: bool,
+                                                                                          kept: bool) -> None:
+    """evalsets.from_splits, which builds every set's loaders (the run's own, eval.extra's, test predictions'),
+    asks data.Workers.on with the run's device and data.num_workers: a loader built with the defaults instead
+    would load on the main process and never keep its workers on a GPU. Only built here, never iterated (no GPU)."""
+    ds = datasets.Dataset.from_dict({"input_ids": [[1] * n for n in (5, 9, 2)], "labels": [0, 1, 0]})
+    splits = data.Splits(train=None, eval={"validation": ds}, test={"test": ds.remove_columns("labels")})
+    scoring = evalsets.Scoring(tokenizer=None,  # type: ignore[arg-type]  # building loaders reads no text
+                               collator=lambda rows: rows, labels=["entailment", "not_entailment"], model="a model",
+                               compute=Compute(torch.device(device), torch.float32), world=World(), batch_size=2,
+                               num_workers=2, seed=0)
+    made = evalsets.from_splits(build_config(["task=rte"]).task, splits, {"validation": ds}, scoring)
+    loaders = [*made.evaluate.evaluator.loaders.values(), *made.test.values()]
+    assert len(loaders) == 2
+    assert [(each.num_workers, each.pin_memory, each.persistent_workers) for each in loaders] == [(2, pinned, kept)] * 2
 
 
 def test_a_models_labels_count_as_a_sets_by_name() -> None:
