@@ -10,10 +10,12 @@ kit is complete and that the project runs on those versions, before a GPU is the
 
     bash .ci/gpu-check-env && python -m pytest -m gpu_rehearsal tests/benchmarks/test_gpu_check.py
 
-Measured on 2 cores (AMD EPYC): building the environment took 3 minutes with a cold pip cache (1.6 GB,
-torch's CPU build most of it); the rehearsal then about 4 minutes. Too long for ``-m bench``: CI runs it
-as a phase of its own (.ci/run), the environment built once and kept. NLI_GPU_CHECK_PYTHON names the
-Python of another such environment.
+The environment is made with Python 3.12, the GPU machines' own, where one is found (.ci/gpu-check-env), so
+the kit rehearsed is the one they get. Measured on 2 cores: building it took 2 minutes on an Intel Xeon
+with Python 3.12 (5.4 GB: PyPI's torch for 3.12 is CUDA's build, which runs on a CPU too), 3 minutes on an
+AMD EPYC with 3.11 and torch's CPU build (1.6 GB); the rehearsal then about 4 minutes on either. Too long
+for ``-m bench``: CI runs it as a phase of its own (.ci/run), the environment built once and kept.
+NLI_GPU_CHECK_PYTHON names the Python of another such environment.
 """
 
 from __future__ import annotations
