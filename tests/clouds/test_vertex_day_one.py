@@ -109,13 +109,15 @@ def test_python_package_without_a_prebuilt_image_of_the_pinned_torch_is_refused(
     assert not (tmp_path / "sweep" / "code").exists()  # no sdist built
 
 
-def pinning(tmp_path: Path, torch: str) -> Path:
-    """A project that pins torch==``torch`` (its sdist builds here, not in the checkout)."""
+def pinning(tmp_path: Path, torch: str, python: str = "") -> Path:
+    """A project that pins torch==``torch`` (its sdist builds here, not in the checkout), and where ``python`` is
+    given, requires that Python."""
     project = tmp_path / "project"
     project.mkdir()
+    requires = f'requires-python = "{python}"\n' if python else ""
     (project / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\n'
                                             'build-backend = "setuptools.build_meta"\n\n'
-                                            '[project]\nname = "pins-torch"\nversion = "1"\n'
+                                            f'[project]\nname = "pins-torch"\nversion = "1"\n{requires}'
                                             f'dependencies = ["numpy", "torch=={torch}"]\n\n'
                                             '[tool.setuptools]\npy-modules = []\n')
     return project
@@ -141,6 +143,23 @@ def test_a_prebuilt_image_of_another_torch_is_taken_only_on_purpose(fake: FakeVe
     assert accepted.returncode == 0, accepted.stderr
     spec = request(tmp_path)["customJob"]["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]
     assert spec["executorImageUri"] == other
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["picked", "named-on-purpose"])
+def test_a_prebuilt_image_of_a_python_the_project_refuses_is_refused_before_anything_is_built(
+        fake: FakeVertex, tmp_path: Path, named: bool) -> None:
+    """Vertex AI's prebuilt images run Python 3.10 (.py310 in their names); a project that requires 3.11, as this
+    one does, would be refused by pip on each job's machine after its minutes of start-up."""
+    image = PREBUILT_PYTORCH["2.3"]
+    chosen = [f"hydra.launcher.executor_image_uri={image}", "hydra.launcher.replace_image_torch=true"] if named else []
+    proc = sweep(fake, tmp_path, *launcher(fake), "hydra.launcher.packaging=python_package", *chosen,
+                 f"hydra.launcher.source_dir={pinning(tmp_path, '2.3.1', python='>=3.11')}")
+    what = f"hydra.launcher.executor_image_uri={image}" if named else \
+        f"Vertex AI's prebuilt image of the pinned torch, {image},"
+    message = refused(proc, f"{what} runs Python 3.10, and the project requires Python >=3.11 (requires-python in "
+                      "pyproject.toml): pip there would refuse to install it. Use hydra.launcher.packaging=container")
+    assert message.rstrip().endswith("or name an image of a Python it takes: hydra.launcher.executor_image_uri=IMAGE")
+    assert not (tmp_path / "sweep" / "code").exists()  # no sdist built; refused() checked that nothing was submitted
 
 
 # ------------------------------------------------------------------------------ the user's defaults

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,3 +175,32 @@ def test_the_installed_wheel_lists_every_config_group_and_finds_the_launcher(ins
     vertex = nli(installed, ["hydra/launcher=vertex", "--cfg", "hydra", "--package", "hydra.launcher"], cwd=tmp_path)
     assert vertex.returncode == 0, vertex.stderr
     assert "_target_: hydra_plugins.vertex_launcher.vertex_launcher.VertexLauncher" in vertex.stdout
+
+
+def test_every_pin_runs_on_the_oldest_python_the_project_says_it_runs_on() -> None:
+    """requires-python is what a user's pip reads before anything else: each pinned package's own Requires-Python
+    must admit the oldest Python it allows. With ">=3.10", pip on Python 3.10 found no transformers 5.23 (it
+    asks for 3.11) and said so of transformers, after resolving half the list, instead of naming the Python."""
+    from importlib.metadata import metadata, version
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    ours = SpecifierSet(project["requires-python"])
+    oldest = next(f"3.{minor}.0" for minor in range(30) if ours.contains(f"3.{minor}.0"))
+    pins = [Requirement(line) for group in [project["dependencies"], *project["optional-dependencies"].values()]
+            for line in group]
+    refused = {}
+    for pin in pins:
+        if pin.name == project["name"]:  # an extra naming others (test: vertex and bench)
+            continue
+        installed = Version(version(pin.name)).public  # torch's CPU build: 2.13.0+cpu
+        assert pin.specifier == SpecifierSet(f"=={installed}"), f"{pin.name} {installed} is installed, not {pin}"
+        needs = metadata(pin.name).get("Requires-Python")
+        if needs and not SpecifierSet(needs).contains(oldest):
+            refused[str(pin)] = needs
+    assert not refused, f"requires-python {ours} admits Python {oldest}, which these pins refuse: {refused}"
+    floor = oldest.removesuffix(".0")
+    assert f"On a fresh machine with Python {floor}+ " in (ROOT / "README.md").read_text()  # the quick start says it

@@ -4,25 +4,23 @@ pip installs the project's dependencies on the image, its torch pin included: wh
 is another version, pip replaces it with PyPI's wheel of the pinned one, built for the CUDA of its day,
 which the image's older driver may not run (the Dockerfile's comment). So the image is the one of the
 pinned torch, where Vertex AI has one; another is taken only when named, and one of Vertex's prebuilt
-images of another torch only with ``replace_image_torch=true``, on purpose."""
+images of another torch only with ``replace_image_torch=true``, on purpose. A prebuilt image whose Python the
+project's ``requires-python`` refuses (their names say it: ``.py310``) is refused before anything is built: pip
+there would refuse the sdist, job after job."""
 
 from __future__ import annotations
 
 import re
-import sys
+import tomllib
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ._checks import LaunchError
 from .config import VertexLauncherConf
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # build, which builds the sdist, brings it
-    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]  # not installed where mypy runs
 
 # Vertex AI's prebuilt PyTorch training images (GPU builds, which run CPU jobs too), by torch minor version:
 # https://cloud.google.com/vertex-ai/docs/training/pre-built-containers
@@ -35,6 +33,7 @@ PREBUILT_PYTORCH = {
 }
 # A prebuilt image's name says its torch: .../training/pytorch-gpu.2-4.py310 (also -cpu, -xla, gcr.io's)
 _PREBUILT_NAME = re.compile(r"/training/pytorch-[a-z]+\.(?P<major>\d+)-(?P<minor>\d+)\b")
+_PREBUILT_PYTHON = re.compile(r"/training/pytorch-[a-z]+\.\d+-\d+\.py(?P<major>\d)(?P<minor>\d+)\b")  # .py310: 3.10
 _CONTAINER = ("Use hydra.launcher.packaging=container with the project's Dockerfile (hydra.launcher.image_uri=IMAGE, "
               "docs/vertex.md)")
 
@@ -53,7 +52,9 @@ def executor_image(settings: VertexLauncherConf, source_dir: Path) -> str:
                               "another, pip would replace the image's torch with PyPI's wheel, built for a newer CUDA "
                               f"than the image's driver may run. {_CONTAINER}, or name an "
                               "image whose torch is that one: hydra.launcher.executor_image_uri=IMAGE")
+        _check_python(image, source_dir, f"Vertex AI's prebuilt image of the pinned torch, {image},")
         return image
+    _check_python(named, source_dir, f"hydra.launcher.executor_image_uri={named}")
     found = _PREBUILT_NAME.search(named)
     if found and pinned and f"{found['major']}.{found['minor']}" != _minor(pinned) and not settings.replace_image_torch:
         raise LaunchError(f"hydra.launcher.executor_image_uri={named} is Vertex AI's prebuilt image of torch "
@@ -64,14 +65,39 @@ def executor_image(settings: VertexLauncherConf, source_dir: Path) -> str:
     return named
 
 
-def pinned_torch(source_dir: Path) -> Optional[Version]:
-    """The version ``torch==X`` in the project's dependencies pins; None where it pins no single version."""
+def _check_python(image: str, source_dir: Path, what: str) -> None:
+    """LaunchError where ``image`` is a prebuilt image whose Python the project's ``requires-python`` refuses."""
+    found = _PREBUILT_PYTHON.search(image)
+    needs = required_python(source_dir)
+    if found is None or needs is None or needs.contains(f"{found['major']}.{found['minor']}"):
+        return
+    raise LaunchError(f"{what} runs Python {found['major']}.{found['minor']}, and the project requires Python {needs} "
+                      "(requires-python in pyproject.toml): pip there would refuse to install it. "
+                      f"{_CONTAINER}, or name an image of a Python it takes: hydra.launcher.executor_image_uri=IMAGE")
+
+
+def required_python(source_dir: Path) -> Optional[SpecifierSet]:
+    """The project's ``requires-python``; None where it says none (or the file cannot be read: building the sdist
+    says what is wrong with it)."""
+    try:
+        needs = _project(source_dir).get("requires-python")
+        return SpecifierSet(needs) if isinstance(needs, str) else None
+    except InvalidSpecifier:
+        return None
+
+
+def _project(source_dir: Path) -> Dict[str, Any]:
+    """pyproject.toml's [project] table; empty where the file cannot be read."""
     try:
         with open(source_dir / "pyproject.toml", "rb") as stream:
-            dependencies = tomllib.load(stream).get("project", {}).get("dependencies", [])
+            return dict(tomllib.load(stream).get("project", {}))
     except (OSError, tomllib.TOMLDecodeError):
-        return None  # building the sdist says what is wrong with the file
-    for line in dependencies:
+        return {}
+
+
+def pinned_torch(source_dir: Path) -> Optional[Version]:
+    """The version ``torch==X`` in the project's dependencies pins; None where it pins no single version."""
+    for line in _project(source_dir).get("dependencies", []):
         try:
             requirement = Requirement(line)
         except InvalidRequirement:
