@@ -61,10 +61,11 @@ class Interrupted(BaseException):
 
 
 def interruption(error: BaseException) -> Optional[Interrupted]:
-    """The :class:`Interrupted` that caused ``error``, if one did. Python turns an exception raised while
+    """The :class:`Interrupted` that caused ``error``, if one did. Python 3.11 turns an exception raised while
     it runs a hook of its own into another one: a signal that lands in a class's ``__set_name__`` while a
     library imports (pandas' dataclasses, say) becomes "RuntimeError: Error calling __set_name__", its
-    cause the Interrupted. The run stops as the signal asked, not as a crash."""
+    cause the Interrupted (3.12 raises the Interrupted itself), as may a library that catches and raises
+    anew. The run stops as the signal asked, not as a crash."""
     seen: List[int] = []
     while error is not None and id(error) not in seen:
         if isinstance(error, Interrupted):
