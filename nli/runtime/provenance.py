@@ -81,8 +81,12 @@ def version(distribution: str) -> Optional[str]:
 
 def versions() -> Dict[str, Optional[str]]:
     """Python's and each library's version, the project's too, as installed (None: not installed; the
-    project's, where its code runs from a checkout without installing it)."""
-    return {"python": platform.python_version(), **{name: version(name) for name in LIBRARIES}}
+    project's, where its code runs from a checkout without installing it). torch's as torch says it, its
+    build included: PyPI's CUDA wheels are 2.13.0 to pip and 2.13.0+cu130 to torch."""
+    import torch  # the run that asks has loaded it
+
+    return {"python": platform.python_version(), **{name: version(name) for name in LIBRARIES},
+            "torch": str(torch.__version__)}
 
 
 def device(compute: Compute, world: World) -> Dict[str, Any]:

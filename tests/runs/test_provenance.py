@@ -26,6 +26,16 @@ def git(where: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(where), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
+def test_torchs_version_is_torchs_own_with_its_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyPI's CUDA wheels of torch are 2.13.0 to pip's metadata and 2.13.0+cu130 to torch: the record keeps the
+    build (found running the suite on Python 3.13 with PyPI's torch, where the run's record said 2.13.0)."""
+    from nli.runtime import provenance
+
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cu130")
+    assert provenance.versions()["torch"] == "2.13.0+cu130"
+    assert list(provenance.versions()) == ["python", *provenance.LIBRARIES]
+
+
 def test_results_record_the_code_the_libraries_the_device_and_the_command(
         shared_run: Callable[[str, Sequence[str]], Path]) -> None:
     provenance = read_results(shared_run("fast", FAST))["provenance"]

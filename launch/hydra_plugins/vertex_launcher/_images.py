@@ -68,7 +68,7 @@ def executor_image(settings: VertexLauncherConf, source_dir: Path) -> str:
 def _check_python(image: str, source_dir: Path, what: str) -> None:
     """LaunchError where ``image`` is a prebuilt image whose Python the project's ``requires-python`` refuses."""
     found = _PREBUILT_PYTHON.search(image)
-    needs = required_python(source_dir)
+    needs = _required_python(source_dir)
     if found is None or needs is None or needs.contains(f"{found['major']}.{found['minor']}"):
         return
     raise LaunchError(f"{what} runs Python {found['major']}.{found['minor']}, and the project requires Python {needs} "
@@ -76,7 +76,7 @@ def _check_python(image: str, source_dir: Path, what: str) -> None:
                       f"{_CONTAINER}, or name an image of a Python it takes: hydra.launcher.executor_image_uri=IMAGE")
 
 
-def required_python(source_dir: Path) -> Optional[SpecifierSet]:
+def _required_python(source_dir: Path) -> Optional[SpecifierSet]:
     """The project's ``requires-python``; None where it says none (or the file cannot be read: building the sdist
     says what is wrong with it)."""
     try:
