@@ -180,7 +180,7 @@ def test_the_installed_wheel_lists_every_config_group_and_finds_the_launcher(ins
 def test_every_pin_runs_on_the_oldest_python_the_project_says_it_runs_on() -> None:
     """requires-python is what a user's pip reads before anything else: each pinned package's own Requires-Python
     must admit the oldest Python it allows. With ">=3.10", pip on Python 3.10 found no transformers 5.23 (it
-    asks for 3.11) and said so of transformers, after resolving half the list, instead of naming the Python."""
+    asks for 3.11) and said so of transformers instead of naming the Python."""
     from importlib.metadata import metadata, version
 
     from packaging.requirements import Requirement
