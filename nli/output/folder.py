@@ -70,7 +70,7 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
         raise CheckpointError(f"{checkpoints.where()} holds a checkpoint of step {newest} and train.resume=false "
                               "refuses to continue or overwrite it. Choose another output_dir (or hydra.run.dir) "
                               "to start afresh, delete that folder, or drop train.resume=false to continue")
-    finished = _results(storage)
+    finished = _results(storage, newest)
     if finished is None and newest is None:
         return None  # a new run
     saved = _saved_identity(storage, checkpoints, newest)
@@ -115,7 +115,7 @@ def check_continuation(train: TrainConfig, ident: Mapping[str, Any], storage: St
         return
     if checkpoints.continued:  # the step it goes on from: the newest intact checkpoint's
         checkpoints.continued[-1]["step"] = snapshot.step
-    results = _results(storage)
+    results = _results(storage, snapshot.step)
     finished = results is not None and not _stale(results, checkpoints.continued[:-1])
     what = f"{storage.describe()} holds a {'finished run' if finished else 'run'} at step {snapshot.step}"
     stopped = _stopped_early(train, changes, snapshot, what)
@@ -186,10 +186,24 @@ def _stale(results: Mapping[str, Any], continued: List[Dict[str, Any]]) -> bool:
     return list(results.get("continued", [])) != continued
 
 
-def _results(storage: Storage) -> Optional[Dict[str, Any]]:
+def _results(storage: Storage, newest: Optional[int]) -> Optional[Dict[str, Any]]:
+    """The folder's results.json, None where it has none. One that is not a run's results (a run writes it whole,
+    at its end, so something else changed it) is refused by name, touching nothing: whether the run finished, and
+    with what, cannot be told from it."""
     if not storage.exists(contract.RESULTS_FILE):
         return None
-    return dict(json.loads(storage.read_bytes(contract.RESULTS_FILE)))
+    try:
+        results = json.loads(storage.read_bytes(contract.RESULTS_FILE))
+    except ValueError as err:  # not JSON, or not UTF-8
+        results, why = None, f"not JSON: {err}"
+    else:
+        why = "JSON, but not an object with the run's objective"
+    if isinstance(results, dict) and "objective" in results:  # what the contract says every results.json holds
+        return results
+    again = (f"finishes the run again from its newest checkpoint (step {newest}): its final evaluation, export and "
+             "results" if newest is not None else "runs it again: the folder holds no checkpoint to finish it from")
+    raise CheckpointError(f"{storage.describe(contract.RESULTS_FILE)} is not a run's results ({why}). Nothing was "
+                          f"changed. Restore it, or delete it: the same command then {again}")
 
 
 def _saved_identity(storage: Storage, checkpoints: Checkpoints, newest: Optional[int]) -> Optional[Dict[str, Any]]:

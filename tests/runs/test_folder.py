@@ -82,6 +82,38 @@ def test_a_finished_run_asked_again_with_the_same_settings_reports_its_results(f
     assert "this run already finished" in output and files(run_dir) == before
 
 
+@pytest.mark.parametrize("content, why", [("", "not JSON: Expecting value"), ('{"accuracy": 0.9', "not JSON"),
+                                          ("[0.9]", "JSON, but not an object with the run's objective"),
+                                          ("{}", "JSON, but not an object with the run's objective")],
+                         ids=["empty", "cut-short", "a-list", "no-objective"])
+def test_a_results_file_that_is_not_a_runs_results_is_refused_by_name_and_touched_by_nothing(
+        finished: Path, tmp_path: Path, content: str, why: str) -> None:
+    """Whether the run finished, and with what, cannot be told from it: the run says so, changes nothing, and
+    says how to go on (a run writes results.json whole, last, so something else changed it)."""
+    run_dir = copy_of(finished, tmp_path)
+    (run_dir / "results.json").write_text(content)
+    before = files(run_dir)
+    proc = run_app([*FAST, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: {run_dir / 'results.json'} is not a run's results ({why}" in proc.stderr
+    assert ("Nothing was changed. Restore it, or delete it: the same command then finishes the run again from its "
+            "newest checkpoint (step 12): its final evaluation, export and results") in proc.stderr
+    assert files(run_dir) == before
+
+
+def test_a_finished_run_whose_results_were_deleted_finishes_again_with_the_same_results(finished: Path,
+                                                                                       tmp_path: Path) -> None:
+    """What the refusal above advises: results.json deleted, the same command writes it again from the newest
+    checkpoint, training nothing."""
+    run_dir = copy_of(finished, tmp_path)
+    (run_dir / "results.json").unlink()
+    output = train(run_dir, *FAST)
+    assert "resuming from checkpoint" in output and "step 12 of 12" in output
+    again, first = read_results(run_dir), read_results(finished)
+    assert {key: again[key] for key in ("objective", "best_step", "train_steps", "identity")} == \
+        {key: first[key] for key in ("objective", "best_step", "train_steps", "identity")}
+
+
 def test_a_finished_run_trains_on_with_accepted_changes(finished: Path, tmp_path: Path) -> None:
     run_dir = copy_of(finished, tmp_path)
     refused = run_app([*FAST, "train.max_steps=18", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
