@@ -159,14 +159,12 @@ def end_promptly(status: int, *, within: float = WIND_DOWN_SECONDS) -> None:
 
 
 def end_done() -> NoReturn:
-    """A process whose work is done ends with status 0 as Python would end it, without its teardown: threads
-    that are not daemons joined, every ``atexit`` handler run (logging's flush, the loggers' and temporary
-    folders' clean-up), the streams flushed, then ``os._exit``. Python's teardown of the modules a run
-    loads (torch, transformers, datasets) takes 1.5-2 s on two cores and frees nothing the system does not
-    free at exit. For the process's own ``__main__`` alone: it ends the process."""
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    """A process whose work is done ends with status 0 as Python would end it, without its teardown: threading's
+    exit hooks run and the threads that are not daemons joined, every ``atexit`` handler run (logging's flush,
+    the loggers' and temporary folders' clean-up), the streams flushed, then ``os._exit``. Python's teardown of
+    the modules a run loads (torch, transformers, datasets) takes 1.5-2 s on two cores and frees nothing the
+    system does not free at exit. For the process's own ``__main__`` alone: it ends the process."""
+    _join_threads()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -174,6 +172,20 @@ def end_done() -> NoReturn:
         except (OSError, ValueError):  # a closed pipe or stream: nothing more to say on it
             pass
     os._exit(0)
+
+
+def _join_threads() -> None:
+    """What Python does first at exit (threading._shutdown): the hooks of ``threading._register_atexit`` run, then
+    the threads that are not daemons are joined. The hooks come first because a thread pool's idle workers
+    (concurrent.futures, which inductor's compilation keeps for the process) wait for work until theirs tells
+    them to end: joined before it, they held a finished ``train.compile=true`` run for good."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+        return
+    for thread in threading.enumerate():  # a Python without it: at least the threads that end by themselves
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
 
 
 _IN_THREADS: List[StopRequest] = []  # the StopRequests active in threads other than the main one

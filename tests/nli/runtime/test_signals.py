@@ -36,3 +36,21 @@ def test_a_process_that_is_done_joins_its_threads_runs_its_exit_handlers_and_flu
     assert lines[1:] == ["unflushedworker done", "exit handler ran"]
     assert proc.stderr == "to stderr"
     assert not Path(lines[0]).exists()  # the temporary folder's finalizer ran
+
+
+@pytest.mark.process  # it ends the process it runs in
+def test_a_done_process_is_not_held_by_a_thread_pool_left_open() -> None:
+    """A thread pool's idle workers (inductor keeps one for the process after ``train.compile=true``) end when
+    threading's exit hook tells them to: the process ends, as Python's own exit would end it."""
+    script = textwrap.dedent("""
+        import atexit
+        from concurrent.futures import ThreadPoolExecutor
+        from nli.runtime.signals import end_done
+
+        pool = ThreadPoolExecutor(2)  # left open, as a library's module-level pool is
+        print(pool.submit(sum, [1, 2]).result(), flush=True)
+        atexit.register(lambda: print("exit handler ran"))
+        end_done()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.splitlines() == ["3", "exit handler ran"], proc.stderr
