@@ -170,8 +170,10 @@ def parse_rows(text: str, where: str, notes: Optional[List[str]] = None) -> List
 
 
 def of_sweep(rows: Iterable[Mapping[str, Any]], sweep_id: Optional[str]) -> List[Dict[str, Any]]:
-    """The rows of one sweep (None: the rows written before rows said their sweep)."""
-    return [dict(row) for row in rows if row.get(SWEEP_ID) == sweep_id]
+    """The rows of one sweep (None: the rows written before rows said their sweep), by job number: jobs that run
+    side by side (joblib, the local GPUs, Vertex AI) end, and write their rows, in any order."""
+    ours = [dict(row) for row in rows if row.get(SWEEP_ID) == sweep_id]
+    return sorted(ours, key=lambda row: (0, row["job"]) if isinstance(row.get("job"), int) else (1, 0))
 
 
 def newest_sweep(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Optional[str]]]:

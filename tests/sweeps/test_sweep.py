@@ -373,6 +373,15 @@ def test_a_rerun_job_replaces_its_row_in_place(tmp_path: Path) -> None:
     assert lines[1].split(",")[2] == "optimizer.lr=1e-3 seed=1"
 
 
+def test_the_table_lists_jobs_by_number_whatever_order_they_ended_in(tmp_path: Path) -> None:
+    """Jobs side by side (joblib, the local GPUs, Vertex AI) end in any order; the jsonl keeps it, the table not."""
+    for num in (2, 0, 1):
+        sweep.record(tmp_path, _row(num, str(num), 0.5))
+    assert [row["job"] for row in sweep.read_rows(tmp_path)] == [2, 0, 1]
+    table = (tmp_path / sweep.RESULTS_CSV).read_text().splitlines()
+    assert [line.split(",")[0] for line in table[1:]] == ["0", "1", "2"]
+
+
 def _write_rows(args: tuple[str, int]) -> None:
     directory, worker = args
     for num in range(10):
