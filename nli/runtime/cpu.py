@@ -319,6 +319,12 @@ class Sharing:
         if self.threads is not None:
             self.threads.revisit()
 
+    def hold(self, why: str) -> None:
+        """The count chosen so far stays for the rest of the run, ``why`` logged: :meth:`revisit` does nothing."""
+        if self.threads is not None:
+            log.info("threads %d from here on: %s", self.threads.threads, why)
+            self.threads = None
+
 
 # ------------------------------------------------------------------------------------------ heap
 

@@ -231,3 +231,39 @@ def test_the_processes_a_platform_places_here_share_the_cores(tmp_path: Path, cl
                           site.local_processes, chosen.append)
     clock[0] += 1
     assert threads.decide() == 4 and threads.runs == 4
+
+
+def test_a_held_count_is_not_looked_at_again(tmp_path: Path, clock: List[float]) -> None:
+    """train.compile=true on a CPU holds the count: dynamo guards on torch's thread count, so each new one
+    compiles the model again (a minute for the quickstart's model on 2 cores)."""
+    proc = FakeProc(tmp_path / "proc")
+    chosen: List[int] = []
+    sharing = cpu.Sharing(None, 1, env={})
+    sharing.threads = cpu.Threads(cpu.Registry(tmp_path / "runs", proc.root), cpu.Cores({0, 1}, 2, None), 1,
+                                  chosen.append)
+    clock[0] += 1
+    sharing.threads.decide()
+    sharing.hold("compiled")
+    proc.busy(0, 10)
+    clock[0] += cpu.REVISIT_SECONDS
+    sharing.revisit()
+    assert chosen == [2]  # not [2, 1]: the busy core is not looked at
+
+
+def test_a_compiled_run_on_the_cpu_holds_its_thread_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipe holds the count where it compiles on the CPU (torch.compile itself stood in for by the plain
+    module: what is under test is the thread policy, not inductor's minute of compiling)."""
+    import torch
+
+    from tests.support.runs import run_app
+
+    monkeypatch.delenv("OMP_NUM_THREADS")  # the suite fixes the count; a user's run decides it
+    monkeypatch.setattr(torch, "compile", lambda module, **_: module)
+    threads = torch.get_num_threads()
+    try:
+        proc = run_app([*FAST, "train.compile=true", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    assert proc.returncode == 0, proc.stderr
+    assert "from here on: train.compile=true compiles the CPU's kernels for a thread count" in \
+        (tmp_path / "train.log").read_text()
