@@ -552,7 +552,7 @@ EVAL_SETS: Dict[str, Tuple[str, ...]] = {
 TRAINING_ONLY = ("optimizer", "schedule", "train.epochs", "train.max_steps", "train.batch_size", "train.eval_every",
                  "train.log_every", "train.max_grad_norm", "train.checkpoint_every", "train.keep_checkpoints",
                  "train.checkpoint_dir", "train.skip_nonfinite", "train.label_smoothing",
-                 "train.gradient_checkpointing", "train.early_stopping", "data.max_train_samples",
+                 "train.gradient_checkpointing", "train.compile", "train.early_stopping", "data.max_train_samples",
                  "data.fraction_of_train_data", "data.synthetic_train_size")
 
 

@@ -108,10 +108,10 @@ def test_an_evaluation_only_run_refuses_adapters_and_says_what_it_ignores(shared
     proc = run_app([*evaluate, "model/peft=lora", f"hydra.run.dir={tmp_path / 'lora'}"], cwd=tmp_path)
     assert proc.returncode == 1 and "error: eval.only=true evaluates a trained model as it is, and model/peft=lora " \
         "adds new adapters to train: drop model/peft=lora" in proc.stderr
-    proc = run_app([*evaluate, "optimizer.lr=1e-3", "schedule=cosine", f"hydra.run.dir={tmp_path / 'e'}"],
-                   cwd=tmp_path)
+    proc = run_app([*evaluate, "optimizer.lr=1e-3", "schedule=cosine", "train.compile=true",
+                    f"hydra.run.dir={tmp_path / 'e'}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     said = ("eval.only=true trains nothing, so it ignores data.synthetic_train_size, train.max_steps, "
-            "train.eval_every, train.log_every, optimizer.lr, schedule (set on the command line)")
+            "train.eval_every, train.log_every, optimizer.lr, schedule, train.compile (set on the command line)")
     assert said in proc.stdout
     assert json.loads((tmp_path / "e" / "results.json").read_text())["warnings"][0] == said
