@@ -21,6 +21,7 @@ from nli.config.schema import DataConfig, TaskConfig
 from nli.data import sources
 from nli.errors import DataError
 from nli.runtime.distributed import World, shard
+from nli.runtime.signals import end_workers_at_exit, shelter_worker
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +256,7 @@ def train_loader(ds: datasets.Dataset, collator: Collator, batching: Batching, *
     # Workers that stay from epoch to epoch: none is started again at each.
     loader = DataLoader(ds, batch_size=batching.micro_size, sampler=sampler, collate_fn=collator,
                         num_workers=num_workers, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
-                        persistent_workers=num_workers > 0)
+                        persistent_workers=num_workers > 0, worker_init_fn=worker_init(num_workers))
     return TrainBatches(loader, sampler)
 
 
@@ -276,6 +277,15 @@ class Workers:
         return cls(count, pin_memory=device_type == "cuda", keep=count > 0 and device_type != "cpu")
 
 
+def worker_init(count: int) -> Optional[Callable[[int], None]]:
+    """The ``worker_init_fn`` of a loader with ``count`` workers: signals meant for the run leave them be
+    (nli.runtime.signals.shelter_worker), and the process ends those still alive at its exit."""
+    if count == 0:
+        return None
+    end_workers_at_exit()
+    return shelter_worker
+
+
 def eval_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, world: World,
                 workers: Workers = Workers(), grouped: bool = True) -> DataLoader:
     """This rank's contiguous slice of ``ds``: the ranks' predictions, each put back in the slice's
@@ -288,9 +298,11 @@ def eval_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, wo
         collator = TextIds(collator)
     if grouped and len(ds):
         return DataLoader(ds, batch_sampler=LengthGroups(_lengths(ds), batch_size), collate_fn=collator,
-                          num_workers=workers.count, pin_memory=workers.pin_memory, persistent_workers=workers.keep)
+                          num_workers=workers.count, pin_memory=workers.pin_memory, persistent_workers=workers.keep,
+                          worker_init_fn=worker_init(workers.count))
     return DataLoader(ds, batch_size=batch_size, sampler=SequentialSampler(ds), collate_fn=collator,
-                      num_workers=workers.count, pin_memory=workers.pin_memory, persistent_workers=workers.keep)
+                      num_workers=workers.count, pin_memory=workers.pin_memory, persistent_workers=workers.keep,
+                      worker_init_fn=worker_init(workers.count))
 
 
 def _lengths(ds: datasets.Dataset) -> List[int]:

@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Dict, Iterator, List, NoReturn, Optional
@@ -131,6 +132,51 @@ class StopRequest:
         if again or not self._deferred:
             raise Interrupted(name)
         log.warning("%s received: stopping after this step, with a checkpoint", name)
+
+
+def shelter_worker(_worker_id: int) -> None:
+    """A DataLoader worker's ``worker_init_fn``. A signal meant for the run reaches its workers too where it goes to
+    every process of a job (Slurm signals every process of a job step at its time limit, at a preemption and with
+    ``--signal``, as submitit asks; a terminal's Ctrl-C, its process group), and a worker that SIGTERM or a
+    requeue signal ends fails the run at once ("DataLoader worker is killed by signal", raised by torch in the
+    main process) where the run should stop at its next step with a checkpoint. The main process ends its workers
+    itself (torch tells them through their queues): here those signals are ignored, and at exit
+    :func:`end_workers` ends those still alive."""
+    for each in WORKER_IGNORES:
+        signal.signal(each, signal.SIG_IGN)
+
+
+WORKER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+_ENDS_WORKERS: List[bool] = []  # whether end_workers is registered with atexit
+
+
+def end_workers_at_exit() -> None:
+    """Registers :func:`end_workers` with atexit, once; called once torch, and with it multiprocessing, has loaded,
+    so that it runs before multiprocessing's own exit handler (atexit runs the last registered first)."""
+    if not _ENDS_WORKERS:
+        atexit.register(end_workers)
+        _ENDS_WORKERS.append(True)
+
+
+def end_workers(grace: float = 0.2) -> None:
+    """At exit: the daemonic child processes still alive (a loader that keeps its workers, an iterator that a
+    traceback holds) are sent SIGTERM, as multiprocessing's exit handler would send it before it joins them, and
+    those that ignore it (:func:`shelter_worker`: they hold nothing to save) SIGKILL after ``grace`` seconds, so
+    that the join that follows cannot wait for good. torch's SIGCHLD handler, which raises for a worker that died
+    while its loader was in use, is put back to the default first: no loader is in use now."""
+    import multiprocessing
+
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    if children and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + grace
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            child.kill()
+            child.join(1.0)  # reaped here, while SIGCHLD is the default's
 
 
 WIND_DOWN_SECONDS = 10.0  # how long a stopped run's process may take to end: Hydra's and the loggers' last writes

@@ -99,6 +99,22 @@ def test_a_second_signal_during_training_stops_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.process
+def test_sigterm_to_every_process_of_the_run_its_data_workers_too_stops_it_with_a_checkpoint(tmp_path: Path) -> None:
+    """As Slurm signals a job step at its time limit or a preemption: the run and its DataLoader workers at once.
+    A worker that SIGTERM ended failed the run ("DataLoader worker is killed by signal") before its checkpoint."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *FAST, "train.max_steps=400",
+                             "data.synthetic_train_size=12800", "data.num_workers=2", f"hydra.run.dir={run_dir}"],
+                            cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=process_env(), start_new_session=True)  # its own group: the signal goes to it alone
+    wait_for(proc, logged(run_dir, "step 6: loss"))
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == PREEMPTED and "Traceback" not in err, err
+    assert re.search(r"preempted, resumable: SIGTERM at step \d+, checkpoint written", err)
+
+
+@pytest.mark.process
 def test_after_training_a_signal_stops_the_run_and_the_same_command_finishes_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # A large evaluation set: the final evaluation takes seconds, after the last checkpoint.

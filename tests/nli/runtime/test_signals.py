@@ -3,12 +3,17 @@ modules it loaded (end_done); what Python does at exit that matters still happen
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
+import torch
+from torch.utils.data import DataLoader
 
 
 @pytest.mark.process  # it ends the process it runs in
@@ -54,3 +59,38 @@ def test_a_done_process_is_not_held_by_a_thread_pool_left_open() -> None:
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.splitlines() == ["3", "exit handler ran"], proc.stderr
+
+
+class _Pids(torch.utils.data.Dataset):
+    """Each item: the pid of the worker that loaded it, slowly enough that both workers serve."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.005)
+        return os.getpid()
+
+
+def test_a_loaders_workers_outlive_the_signals_meant_for_the_run_and_end_with_the_process() -> None:
+    """Slurm signals every process of a job step (its time limit, a preemption, submitit's USR2), a terminal's
+    Ctrl-C its process group: sent by another process, SIGTERM, SIGINT, USR1 and USR2 leave the workers serving
+    (the run stops them itself, at its next step); at exit, end_workers ends them, though they ignore SIGTERM."""
+    from nli.data.loaders import worker_init
+    from nli.runtime.signals import end_workers
+
+    loader = DataLoader(_Pids(), batch_size=4, num_workers=2, worker_init_fn=worker_init(2), persistent_workers=True)
+    batches = iter(loader)
+    pids = {pid for _ in range(2) for pid in next(batches).tolist()}
+    assert len(pids) == 2
+    for name in ("TERM", "INT", "USR1", "USR2"):
+        subprocess.run(["kill", f"-{name}", *map(str, pids)], check=True)
+    assert len(list(batches)) == 16 - 2  # every batch still came
+    sigchld = signal.getsignal(signal.SIGCHLD)  # torch's, which end_workers puts back to the default
+    try:
+        end_workers()
+    finally:
+        signal.signal(signal.SIGCHLD, sigchld)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # ended, and reaped
