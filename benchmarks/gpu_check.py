@@ -342,8 +342,9 @@ def line_eval_only(check: Check, line: Line, source: concurrent.futures.Future) 
 
 
 # The run test_resume.py stops: 20 steps an epoch, 50 in all, SIGTERM after step 23 (mid second epoch).
+# Two data workers on every device (a GPU's default): the signal reaches them too, as Slurm's reaches a job step.
 RESUME = [*SHORT, "train.max_steps=50", "train.eval_every=15", "train.log_every=1", "train.checkpoint_every=5",
-          "precision=fp32"]
+          "precision=fp32", "data.num_workers=2"]
 PREEMPTED = 75  # the exit status of a run stopped by a signal with its checkpoint written (nli.runtime.signals)
 
 
@@ -378,19 +379,21 @@ def line_resume(check: Check, line: Line) -> None:
 
 
 def stop_after(check: Check, command: List[str], log: Path, *, step: int) -> int:
-    """Start ``command``, SIGTERM it once its log reaches ``step``; the step it says it stopped at."""
+    """Start ``command``, SIGTERM it once its log reaches ``step``, to its every process as Slurm sends it (its data
+    workers too); the step it says it stopped at."""
     log.parent.mkdir(parents=True, exist_ok=True)
     sink = check.out / "logs" / "resume-sigterm.log"
     sink.parent.mkdir(parents=True, exist_ok=True)
     with open(sink, "w") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=check.env)
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=check.env,
+                                start_new_session=True)
         deadline = time.monotonic() + min(240.0, check.left())
         while f"step {step}: loss" not in (log.read_text() if log.exists() else ""):
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise Failed(f"the run to stop never reached step {step} (exit {proc.poll()}; logs/resume-sigterm.log)")
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
         returncode = proc.wait(timeout=120)
     text = sink.read_text(errors="replace")
     require(returncode == PREEMPTED, f"SIGTERM: exit {returncode}, not {PREEMPTED} (logs/resume-sigterm.log)")
@@ -944,6 +947,8 @@ def main_run(args: argparse.Namespace) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "1"}  # a failed run's whole traceback, in its log
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)  # a folder named for the runs, made as --out is
     work = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=args.work))
     probe = Check(out, work, "cpu", env, started + args.budget)
     environment: Dict[str, Any] = {}
