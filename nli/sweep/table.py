@@ -583,12 +583,13 @@ def format_rows(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def format_groups(groups: Sequence[Mapping[str, Any]]) -> str:
     varying = [key for key in _varying_keys(groups) if key not in {"n", "seeds", "failed", "pruned"}]
-    metrics = [key[:-5] for key in groups[0] if key.endswith("_mean")]
+    # Every group's metrics: a group whose jobs all failed has none, and it may come first.
+    metrics = list(dict.fromkeys(key[:-5] for group in groups for key in group if key.endswith("_mean")))
     shown = [metric for metric in metrics if metric in _SHOWN] or metrics[:3]
     pruned = ["pruned"] if any("pruned" in group for group in groups) else []
     cells = [{**{key: group.get(key) for key in varying}, "n": group["n"], "failed": group["failed"],
               **{key: group.get(key, 0) for key in pruned},
-              **{metric: _plus_minus(group[f"{metric}_mean"], group[f"{metric}_sd"]) for metric in shown}}
+              **{metric: _plus_minus(group.get(f"{metric}_mean"), group.get(f"{metric}_sd")) for metric in shown}}
              for group in groups]
     return format_table(cells, [*varying, "n", "failed", *pruned, *shown])
 
@@ -609,8 +610,10 @@ def _varying_keys(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     return [key for key in keys if not key.endswith(("_mean", "_sd")) and len({str(row.get(key)) for row in rows}) > 1]
 
 
-def _plus_minus(mean: float, sd: float) -> str:
-    return f"{mean:.4f}" if math.isnan(sd) else f"{mean:.4f} ± {sd:.4f}"
+def _plus_minus(mean: Optional[float], sd: Optional[float]) -> str:
+    if mean is None:  # no job of the group completed
+        return ""
+    return f"{mean:.4f}" if sd is None or math.isnan(sd) else f"{mean:.4f} ± {sd:.4f}"
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:

@@ -405,6 +405,19 @@ def test_seed_groups_are_the_rows_own_mean_and_sd() -> None:
     assert sweep.seed_groups([{**row, "overrides": ["optimizer.lr=1e-3"]} for row in rows]) == []  # no seeds swept
 
 
+@pytest.mark.parametrize("failed_first", [True, False])
+def test_the_seeds_table_shows_the_metrics_whichever_group_comes_first(failed_first: bool) -> None:
+    """A setting whose every job failed has no means: its row is empty there, and the others' figures stay."""
+    rows = [_row(0, "a", 0.5, seed=1), _row(1, "b", 0.7, seed=2)]
+    failed = [{**_row(2 + i, f"f{i}", None, seed=1 + i, state="FAILED"), "overrides": ["optimizer.lr=-1", f"seed={i}"],
+               "optimizer.lr": "-1"} for i in (1, 2)]
+    groups = sweep.seed_groups([*failed, *rows] if failed_first else [*rows, *failed])
+    table = sweep.format_groups(groups).splitlines()
+    assert table[0].split() == ["optimizer.lr", "n", "failed", "objective"]
+    assert {line.split()[0]: line.split()[1:] for line in table[1:]} == {"1e-3": ["2", "0", "0.6000", "±", "0.1414"],
+                                                                          "-1": ["0", "2"]}
+
+
 def test_only_this_sweeps_failures_end_it_non_zero(tmp_path: Path) -> None:
     """A failed row from an earlier sweep in the same directory, not rerun, is neither in this sweep's
     table nor fails it."""
