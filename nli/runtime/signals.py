@@ -5,7 +5,9 @@ SIGINT. While training steps run, the signal is a request to stop at the next st
 run finishes the step, writes a checkpoint and exits (:class:`Preempted`); started again, it
 continues from there. In every other phase (start-up, data loading, the final evaluation, export
 and predictions) nothing is half-way that a checkpoint could keep, so the run stops at once
-(:class:`Interrupted`), and the entry point says what was saved. A second signal always stops at once.
+(:class:`Interrupted`), and the entry point says what was saved. A second signal always stops at once, but
+the same signal again within :data:`ECHO_SECONDS` is the first one's copy: under torchrun on Slurm each rank gets
+Slurm's signal and torchrun's forwarded one, milliseconds apart.
 
 Once a signal has stopped the run, the process ends within seconds (:func:`end_promptly`): a further signal
 ends it at once, with the same status, and so does a watchdog where a thread would hold it at exit.
@@ -39,6 +41,9 @@ from typing import Any, Dict, Iterator, List, NoReturn, Optional
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+ECHO_SECONDS = 1.0  # the same signal again within this is the first one's copy, not a second signal
 
 
 class Preempted(Exception):
@@ -86,6 +91,7 @@ class StopRequest:
         self._requeue = requeue
         self._previous: Dict[int, Any] = {}
         self._deferred = False
+        self._since = 0.0  # when the first signal came (time.monotonic)
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
@@ -127,7 +133,11 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
         name = signal.Signals(signum).name
+        if name == self.signal and time.monotonic() - self._since < ECHO_SECONDS:
+            return  # the first signal's copy (torchrun forwards to its ranks what Slurm sent them too)
         again = self.signal is not None
+        if not again:
+            self._since = time.monotonic()
         self.signal = name
         if again or not self._deferred:
             raise Interrupted(name)

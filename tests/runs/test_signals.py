@@ -270,3 +270,18 @@ def test_a_signal_stops_at_once_except_between_steps_where_the_second_does() -> 
             with pytest.raises(Interrupted, match="SIGINT"):  # a second signal does not wait
                 os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_same_signal_again_at_once_is_one_request_and_later_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun on Slurm, each rank gets Slurm's SIGTERM and torchrun's forwarded copy milliseconds apart:
+    one request, which stops at the next step with a checkpoint. The same signal later is a second one."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be set from the main thread")
+    with StopRequest() as stop:
+        with stop.at_step_boundaries():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # the copy
+            assert stop.signal == "SIGTERM"  # noted once, not fatal
+            monkeypatch.setattr(signals, "ECHO_SECONDS", 0.0)  # as if a second had passed
+            with pytest.raises(Interrupted, match="SIGTERM"):
+                os.kill(os.getpid(), signal.SIGTERM)
