@@ -28,6 +28,7 @@ Light on purpose (no torch): the entry point catches these before torch loads.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import signal
@@ -144,6 +145,9 @@ class StopRequest:
         log.warning("%s received: stopping after this step, with a checkpoint", name)
 
 
+WORKER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)  # what a data worker leaves to the run
+
+
 def shelter_worker(_worker_id: int) -> None:
     """A DataLoader worker's ``worker_init_fn``. A signal meant for the run reaches its workers too where it goes to
     every process of a job (Slurm signals every process of a job step at its time limit, at a preemption and with
@@ -156,16 +160,11 @@ def shelter_worker(_worker_id: int) -> None:
         signal.signal(each, signal.SIG_IGN)
 
 
-WORKER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
-_ENDS_WORKERS: List[bool] = []  # whether end_workers is registered with atexit
-
-
+@functools.cache
 def end_workers_at_exit() -> None:
     """Registers :func:`end_workers` with atexit, once; called once torch, and with it multiprocessing, has loaded,
     so that it runs before multiprocessing's own exit handler (atexit runs the last registered first)."""
-    if not _ENDS_WORKERS:
-        atexit.register(end_workers)
-        _ENDS_WORKERS.append(True)
+    atexit.register(end_workers)
 
 
 def end_workers(grace: float = 0.2) -> None:
