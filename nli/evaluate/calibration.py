@@ -115,8 +115,9 @@ def tempered(log_probs: np.ndarray, temperature: float, label_map: Optional[np.n
 def fit_temperature(log_probs: np.ndarray, labels: np.ndarray, label_map: Optional[np.ndarray],
                     classes: int) -> Optional[float]:
     """The temperature that minimises the negative log-likelihood of the labelled examples' gold labels
-    (as the set counts them, through ``label_map``); None without a labelled example."""
-    keep = labels >= 0
+    (as the set counts them, through ``label_map``); None without a labelled example whose outputs are
+    finite (a diverged model's NaN would make every temperature's likelihood NaN, and any of them "fitted")."""
+    keep = (labels >= 0) & np.isfinite(log_probs).all(axis=1)
     if not keep.any():
         return None
     kept, gold = log_probs[keep].astype(np.float64), labels[keep].astype(np.int64)

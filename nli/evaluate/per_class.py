@@ -66,6 +66,24 @@ def one_class(analysis: SplitAnalysis) -> Optional[str]:
             "not give. Train longer or at another learning rate, or start from a pretrained model")
 
 
+def non_finite(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Dict[str, str]:
+    """A warning for each split (by its key) where the model's outputs are NaN or infinite for some examples: their
+    predictions are the argmax of NaN, and every figure that counts them says nothing of the model. A run whose
+    weights diverged ends so where train.skip_nonfinite let it go on; so does an fp16 evaluation that overflows."""
+    found: Dict[str, str] = {}
+    for evaluator, evaluation in evaluated:
+        for split, predictions in evaluation.predictions.items():
+            outputs = predictions.values if predictions.log_probs is None else predictions.log_probs
+            bad = int((~np.isfinite(outputs.reshape(len(outputs), -1))).any(axis=1).sum())
+            if bad:
+                found[split_key(evaluator, split)] = (
+                    f"{split_key(evaluator, split)}: the model's outputs are NaN or infinite for {bad} of "
+                    f"{len(outputs)} examples, so its predictions there, and the figures that count them, mean "
+                    "nothing: the model diverged. Lower optimizer.lr, keep train.max_grad_norm, or compute in bf16 "
+                    "or fp32 where fp16 overflows")
+    return found
+
+
 def per_class(predictions: Predictions, labels: Sequence[str]) -> Dict[str, Dict[str, float]]:
     """Each label's precision, recall, F1 and support (its gold examples) on the labelled examples."""
     gold, predicted = _labelled(predictions)

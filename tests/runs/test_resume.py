@@ -332,6 +332,14 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Pa
     proc = run_app([*diverge, "train.skip_nonfinite=100", f"hydra.run.dir={skipping}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "step 4: the loss is nan; skipping this update (1 of train.skip_nonfinite=100)" in proc.stdout
+    # Its weights diverged before the loss did: what it ends with says so, rather than calling its NaN's argmax a
+    # model that predicts one class, or fitting a temperature to NaN.
+    results = read_results(skipping)
+    assert results["loss"] != results["loss"] and results["warnings"] == [
+        "validation: the model's outputs are NaN or infinite for 96 of 96 examples, so its predictions there, and "
+        "the figures that count them, mean nothing: the model diverged. Lower optimizer.lr, keep "
+        "train.max_grad_norm, or compute in bf16 or fp32 where fp16 overflows"]
+    assert "temperature" not in results["calibration"]["validation"] and "temperature" not in proc.stdout
 
 
 def test_an_unwritable_output_dir_fails_before_training(tmp_path: Path) -> None:

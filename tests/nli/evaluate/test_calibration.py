@@ -5,6 +5,7 @@ confidence after a relabelling (HANS), and a temperature whose best value is kno
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -93,3 +94,17 @@ def test_a_temperature_through_a_relabelling_is_fitted_on_the_sets_labels() -> N
     assert calibration.fit_temperature(log_probs, labels, label_map, 2) == pytest.approx(2.0, rel=1e-4)
     assert calibration.tempered(log_probs, 2.0, label_map, 2) == pytest.approx(np.tile([[0.75, 0.25]], (4, 1)))
     assert calibration.fit_temperature(log_probs, np.array([-1, -1, -1, -1]), label_map, 2) is None
+
+
+def test_a_temperature_is_fitted_on_the_examples_whose_outputs_are_finite_and_on_none_where_none_are() -> None:
+    """A diverged model's NaN outputs make every temperature's likelihood NaN, so a search would return one of them
+    as "fitted": the examples with a NaN or infinite log-probability are left out, and with none left there is
+    no temperature."""
+    log_probs = np.log(np.tile([[0.9, 0.1]], (6, 1)))
+    log_probs[4] = np.nan
+    log_probs[5, 1] = -np.inf  # a probability that underflowed to 0: its class's log-probability is -inf
+    labels = np.array([0, 0, 0, 1, 1, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "invalid value encountered" either
+        assert calibration.fit_temperature(log_probs, labels, None, 2) == pytest.approx(2.0, rel=1e-4)
+        assert calibration.fit_temperature(np.full((4, 2), np.nan), labels[:4], None, 2) is None
