@@ -38,7 +38,6 @@ import functools
 import json
 import math
 import re
-import statistics
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
@@ -357,9 +356,7 @@ def class_table(rows: Sequence[Row], keys: Sequence[str]) -> Optional[str]:
 
 def _mean_sd(values: Sequence[Any]) -> str:
     numbers = [float(value) for value in values if sweep.is_number(value)]
-    if not numbers:
-        return ""
-    return plus_minus(statistics.fmean(numbers), statistics.stdev(numbers) if len(numbers) > 1 else None)
+    return plus_minus(*sweep.mean_sd(numbers))
 
 
 def plus_minus(mean: Optional[float], sd: Optional[float]) -> str:
@@ -401,8 +398,9 @@ def plot_objective(rows: Sequence[Row], key: str, others: Sequence[str], path: P
     axes = figure.subplots()
     for label, points in lines.items():
         ordered = sorted(points, key=lambda value: where[value])
-        means = [statistics.fmean(points[value]) for value in ordered]
-        sds = [statistics.stdev(points[value]) if len(points[value]) > 1 else 0.0 for value in ordered]
+        # A setting whose seeds' objectives are not all numbers is no point (matplotlib leaves a NaN out).
+        figures = [sweep.mean_sd(points[value]) for value in ordered]
+        means, sds = [mean for mean, _ in figures], [0.0 if math.isnan(sd) else sd for _, sd in figures]
         axes.errorbar([where[value] for value in ordered], means, yerr=sds, fmt="o-", capsize=4, label=label or None)
     if scale != "category":
         axes.set_xscale(scale)
@@ -502,7 +500,8 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
     sections = [f"# Sweep report\n\n{len(rows)} {'job' if len(rows) == 1 else 'jobs'}, {len(done)} completed, "
                 "from " + ", ".join(f"`{path}`" for path in paths) + "." +
                 "".join(f"\n\n{note}." for note in notes),
-                "## Jobs\n\n" + job_table(rows, keys, metrics, folders=len(paths) > 1) + cost.markdown_note(rows)]
+                "## Jobs\n\n" + job_table(rows, keys, metrics, folders=len(paths) > 1) + cost.markdown_note(rows),
+                *warnings_section(rows, keys)]
     if sweep.SEED in keys:
         sections.append("## Over seeds\n\nMean ± sample standard deviation over the seeds of each setting "
                         "(completed jobs).\n\n" + seed_table(rows, keys, metrics))
@@ -518,6 +517,17 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
     report = out / REPORT
     report.write_text("\n\n".join(sections) + "\n")
     return [report, *written]
+
+
+def warnings_section(rows: Sequence[Row], keys: Sequence[str]) -> List[str]:
+    """What each run said of its own figures (results.json's ``warnings``: a model that predicts one class, outputs
+    that are NaN), under its job's swept values; nothing where no run warned."""
+    lines = [f"- job {row['job']} ({' '.join(f'{key}={row.get(key)}' for key in keys)}): {warning}"
+             for row in rows for warning in row.get("warnings") or []]
+    if not lines:
+        return []
+    return ["## Warnings\n\nWhat the runs said of their own figures (`warnings` in results.json).\n\n"
+            + "\n".join(lines)]
 
 
 def _differences_section(rows: Sequence[Row], out: Path, written: List[Path]) -> List[str]:

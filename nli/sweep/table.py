@@ -240,10 +240,18 @@ def _group_row(overrides: Dict[str, str], members: Sequence[Mapping[str, Any]]) 
     if any(row["state"] == PRUNED for row in members):  # stopped part-way: in no mean
         group["pruned"] = sum(row["state"] == PRUNED for row in members)
     for metric in metric_columns(done):
-        values = [float(row[metric]) for row in done if is_number(row.get(metric))]
-        group[f"{metric}_mean"] = statistics.fmean(values) if values else math.nan
-        group[f"{metric}_sd"] = statistics.stdev(values) if len(values) > 1 else math.nan
+        group[f"{metric}_mean"], group[f"{metric}_sd"] = mean_sd([row[metric] for row in done
+                                                                   if is_number(row.get(metric))])
     return group
+
+
+def mean_sd(values: Sequence[float]) -> Tuple[float, float]:
+    """The mean of ``values`` and their sample standard deviation (NaN for fewer than two); both NaN for none, and
+    where one is NaN or infinite (a correlation of constant predictions, a diverged run's loss): the seeds have no
+    mean then, and Python's statistics would raise on it rather than say so."""
+    if not values or not all(math.isfinite(value) for value in values):
+        return math.nan, math.nan
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
 
 
 def seed_settings(rows: Sequence[Mapping[str, Any]]) -> Dict[differences.Setting, Dict[str, float]]:

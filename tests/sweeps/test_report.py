@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
+import math
 import os
 import re
 import shutil
@@ -245,6 +247,43 @@ def test_a_pruned_trial_is_in_the_jobs_table_as_pruned_and_in_no_mean_or_plot(sw
         "0.001": ("2", "0"), "0.003": ("2", "0"), "0.1": ("0", "1")}
     assert set(report.objective_points(sweep.read_rows(copy), "optimizer.lr", [])[""]) == set(LRS)
     assert sweep.failed(sweep.read_rows(copy)) == []  # pruned is how a search's trial may end: no failure
+
+
+def test_a_setting_whose_seeds_have_a_nan_figure_has_no_mean_of_it_and_its_runs_warnings_are_listed(
+        sweep_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The sweep again with a setting whose two seeds diverged: their loss is NaN, and one's objective too (as a
+    correlation of constant predictions is). Python's statistics raised on a NaN: the sweep's own table was lost
+    (Hydra turns a callback's error into a warning) and the report ended in a traceback."""
+    copy = tmp_path / "sweep"
+    rows = sweep.read_rows(sweep_dir)
+    for row in rows:
+        sweep.record(copy, row)
+    same = [override for override in rows[0]["overrides"] if not override.startswith(("optimizer.lr=", "seed="))]
+    diverged = "validation: the model's outputs are NaN or infinite for 96 of 96 examples"
+    for seed, objective in ((1, 0.33), (2, math.nan)):
+        results = {"objective": objective, "accuracy": objective, "loss": math.nan, "warnings": [diverged]}
+        sweep.record(copy, sweep.job_row(num=3 + seed, state=sweep.COMPLETED, results=results,
+                                         overrides=[*same, "optimizer.lr=0.1", f"seed={seed}"],
+                                         output_dir=str(copy / str(3 + seed)), sweep=rows[0]["sweep"],
+                                         sweep_started=rows[0]["sweep_started"]))
+    every = sweep.read_rows(copy)
+    groups = {group["optimizer.lr"]: group for group in sweep.seed_groups(every)}
+    assert math.isnan(groups["0.1"]["loss_mean"]) and math.isnan(groups["0.1"]["objective_mean"])
+    assert groups["0.001"]["loss_mean"] == pytest.approx(statistics.fmean(
+        row["loss"] for row in rows if row["optimizer.lr"] == "0.001"))  # the other settings' figures stand
+
+    callback = sweep.SweepResults()  # the table a sweep prints as it ends
+    callback.sweep_dir, callback.sweep_id = copy, rows[0]["sweep"]
+    with caplog.at_level(logging.INFO, logger="nli.sweep.table"):
+        callback._report(copy)
+    over_seeds = caplog.text[caplog.text.index("Over seeds"):].splitlines()
+    assert [line.split()[:3] for line in over_seeds if line.startswith("0.1 ")] == [["0.1", "2", "0"]]
+
+    assert report.main([str(copy)]) == 0
+    markdown = (copy / report.REPORT).read_text()
+    assert {line["optimizer.lr"]: line["loss"] for line in tables(markdown)["Over seeds"]}["0.1"] == ""
+    assert [line for line in markdown.splitlines() if diverged in line] == [
+        f"- job {3 + seed} (optimizer.lr=0.1 seed={seed}): {diverged}" for seed in (1, 2)]
 
 
 @pytest.mark.process
