@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+import warnings
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
+from scipy.stats import ConstantInputWarning, pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from nli.config.schema import METRIC_NAMES
@@ -16,9 +17,18 @@ METRICS: Dict[str, Metric] = {
     "accuracy": lambda pred, ref: float(accuracy_score(ref, pred)),
     "f1": lambda pred, ref: float(f1_score(ref, pred)),  # binary, positive class 1 (MRPC, QQP)
     "matthews_correlation": lambda pred, ref: float(matthews_corrcoef(ref, pred)),
-    "pearson": lambda pred, ref: float(pearsonr(pred, ref)[0]),
-    "spearmanr": lambda pred, ref: float(spearmanr(pred, ref)[0]),
+    "pearson": lambda pred, ref: _correlation(pearsonr, pred, ref),
+    "spearmanr": lambda pred, ref: _correlation(spearmanr, pred, ref),
 }
+
+
+def _correlation(correlate: Callable[[np.ndarray, np.ndarray], Any], pred: np.ndarray, ref: np.ndarray) -> float:
+    """A correlation of the predictions with the references; NaN where the predictions are one score (a model
+    early in training), without SciPy's warning at every evaluation: the run's end says it once for the split
+    (nli.evaluate.per_class.one_score)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConstantInputWarning)
+        return float(correlate(pred, ref)[0])
 
 assert set(METRICS) == set(METRIC_NAMES), "nli.config.schema.METRIC_NAMES must list what METRICS computes"
 

@@ -84,6 +84,23 @@ def non_finite(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Dict[str, s
     return found
 
 
+def one_score(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Dict[str, str]:
+    """A warning for each regression split (by its key) where the model predicts one score for every example: its
+    correlations with the gold scores are undefined (NaN), the split's objective among them."""
+    found: Dict[str, str] = {}
+    for evaluator, evaluation in evaluated:
+        if not evaluator.task.is_regression:
+            continue
+        for split, predictions in evaluation.predictions.items():
+            scores = predictions.values
+            if len(scores) > 1 and np.isfinite(scores).all() and (scores == scores[0]).all():
+                found[split_key(evaluator, split)] = (
+                    f"{split_key(evaluator, split)}: the model predicts the score {float(scores[0]):.4g} for all "
+                    f"{len(scores)} examples, so its correlations with the gold scores are undefined (NaN). Train "
+                    "longer or at another learning rate, or start from a pretrained model")
+    return found
+
+
 def per_class(predictions: Predictions, labels: Sequence[str]) -> Dict[str, Dict[str, float]]:
     """Each label's precision, recall, F1 and support (its gold examples) on the labelled examples."""
     gold, predicted = _labelled(predictions)

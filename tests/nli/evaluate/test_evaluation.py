@@ -190,6 +190,29 @@ def test_grouped_evaluation_scores_and_submits_what_the_splits_order_does(tmp_pa
     assert len(set(files[0].values())) > 10  # scores that tell the rows apart: a reordering would show
 
 
+def test_a_regressor_that_gives_every_pair_one_score_has_undefined_correlations_said_once(tmp_path: Path) -> None:
+    """A head whose output weights are zero scores every pair with its bias: Pearson's and Spearman's correlations
+    are NaN, and so the objective; the run's end says why in one warning, where SciPy warned at every evaluation."""
+    glue = stsb_varied(tmp_path / "glue_data")
+    model = random_stsb_model(tmp_path / "model", glue)
+    from transformers import AutoModelForSequenceClassification
+
+    flat = AutoModelForSequenceClassification.from_pretrained(model)
+    with torch.no_grad():
+        flat.classifier.out_proj.weight.zero_()
+        flat.classifier.out_proj.bias.fill_(2.5)
+    flat.save_pretrained(model)
+    proc = run_app([*EVAL, "task=stsb", f"model.name_or_path={model}", f"data.dir={glue}", "data.max_seq_length=64",
+                    "hw=cpu", "precision=fp32", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = read_results(tmp_path / "eval")
+    assert np.isnan(results["objective"]) and np.isnan(results["pearson"]) and np.isnan(results["spearmanr"])
+    assert results["warnings"] == ["validation: the model predicts the score 2.5 for all 40 examples, so its "
+                                   "correlations with the gold scores are undefined (NaN). Train longer or at "
+                                   "another learning rate, or start from a pretrained model"]
+    assert "ConstantInputWarning" not in proc.stdout + proc.stderr
+
+
 def test_an_evaluation_only_run_uses_the_fast_paths(shared_run: ShareRun, tmp_path: Path) -> None:
     trained = shared_run("fast", FAST)
     proc = run_app([*EVAL, f"model.name_or_path={trained}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
