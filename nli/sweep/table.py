@@ -343,7 +343,14 @@ class SweepResults(Callback):
         record(Path(str(config.hydra.sweep.dir)), hydra_job_row(config, job_return, {**self.stamp(), **job}))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        failed = self._finish()
+        sweep_dir = self.sweep_dir
+        try:
+            failed = self._finish()
+        except Exception as err:  # Hydra makes a callback's error a warning: the sweep would end 0, its table unmade
+            log.error("the sweep's table could not be made (%s: %s); its rows are in %s, and python -m "
+                      "nli.report %s makes its report from them", type(err).__name__, err,
+                      sweep_dir and sweep_dir / RESULTS_JSONL, sweep_dir, exc_info=not isinstance(err, OSError))
+            raise SystemExit(1) from err
         if failed:  # a sweeper that let the sweep go on past them (Optuna's max_failure_rate)
             raise SystemExit(1)
 

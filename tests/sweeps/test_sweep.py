@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import multiprocessing
 import os
 import re
@@ -432,6 +433,29 @@ def test_only_this_sweeps_failures_end_it_non_zero(tmp_path: Path) -> None:
     callback.on_multirun_end(config)  # no SystemExit
     assert [row["output_dir"] for row in sweep.read_rows(tmp_path)] == ["earlier", "now"]
     assert len((tmp_path / sweep.RESULTS_CSV).read_text().splitlines()) == 2  # header and this sweep's row
+    assert not (tmp_path / SWEEP_CLAIM).exists()
+
+
+def test_a_table_that_cannot_be_made_ends_the_sweep_non_zero_through_hydras_callbacks(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Hydra turns an exception in a callback into a warning: a sweep whose table could not be written (here its
+    summary's path is taken by a folder) ended with status 0 and no table. Now it says so and ends with 1, and its
+    directory is let go."""
+    from hydra._internal.callbacks import Callbacks
+
+    callback = sweep.SweepResults()
+    callbacks = Callbacks()
+    callbacks.callbacks.append(callback)  # as Hydra holds the callbacks of hydra.callbacks
+    config: Any = _config(tmp_path)
+    callbacks.on_multirun_start(config)
+    for num, seed in ((0, 1), (1, 2)):  # seeds: a summary to write
+        sweep.record(tmp_path, {**_row(num, str(num), 0.5 + num / 10, seed=seed), **callback.stamp()})
+    (tmp_path / sweep.SUMMARY_CSV).mkdir()
+    with pytest.raises(SystemExit) as ended, caplog.at_level(logging.ERROR, logger="nli.sweep.table"):
+        callbacks.on_multirun_end(config)
+    assert ended.value.code == 1
+    assert "the sweep's table could not be made (IsADirectoryError: [Errno 21] Is a directory: " in caplog.text
+    assert f"its rows are in {tmp_path / sweep.RESULTS_JSONL}, and python -m nli.report {tmp_path}" in caplog.text
     assert not (tmp_path / SWEEP_CLAIM).exists()
 
 
