@@ -13,14 +13,6 @@ from nli.config.schema import METRIC_NAMES
 
 Metric = Callable[[np.ndarray, np.ndarray], float]
 
-METRICS: Dict[str, Metric] = {
-    "accuracy": lambda pred, ref: float(accuracy_score(ref, pred)),
-    "f1": lambda pred, ref: float(f1_score(ref, pred)),  # binary, positive class 1 (MRPC, QQP)
-    "matthews_correlation": lambda pred, ref: float(matthews_corrcoef(ref, pred)),
-    "pearson": lambda pred, ref: _correlation(pearsonr, pred, ref),
-    "spearmanr": lambda pred, ref: _correlation(spearmanr, pred, ref),
-}
-
 
 def _correlation(correlate: Callable[[np.ndarray, np.ndarray], Any], pred: np.ndarray, ref: np.ndarray) -> float:
     """A correlation of the predictions with the references; NaN where the predictions are one score (a model
@@ -29,6 +21,15 @@ def _correlation(correlate: Callable[[np.ndarray, np.ndarray], Any], pred: np.nd
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConstantInputWarning)
         return float(correlate(pred, ref)[0])
+
+
+METRICS: Dict[str, Metric] = {
+    "accuracy": lambda pred, ref: float(accuracy_score(ref, pred)),
+    "f1": lambda pred, ref: float(f1_score(ref, pred)),  # binary, positive class 1 (MRPC, QQP)
+    "matthews_correlation": lambda pred, ref: float(matthews_corrcoef(ref, pred)),
+    "pearson": lambda pred, ref: _correlation(pearsonr, pred, ref),
+    "spearmanr": lambda pred, ref: _correlation(spearmanr, pred, ref),
+}
 
 assert set(METRICS) == set(METRIC_NAMES), "nli.config.schema.METRIC_NAMES must list what METRICS computes"
 
