@@ -71,16 +71,14 @@ def non_finite(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Dict[str, s
     predictions are the argmax of NaN, and every figure that counts them says nothing of the model. A run whose
     weights diverged ends so where train.skip_nonfinite let it go on; so does an fp16 evaluation that overflows."""
     found: Dict[str, str] = {}
-    for evaluator, evaluation in evaluated:
-        for split, predictions in evaluation.predictions.items():
-            outputs = predictions.values if predictions.log_probs is None else predictions.log_probs
-            bad = int((~np.isfinite(outputs.reshape(len(outputs), -1))).any(axis=1).sum())
-            if bad:
-                found[split_key(evaluator, split)] = (
-                    f"{split_key(evaluator, split)}: the model's outputs are NaN or infinite for {bad} of "
-                    f"{len(outputs)} examples, so its predictions there, and the figures that count them, mean "
-                    "nothing: the model diverged. Lower optimizer.lr, keep train.max_grad_norm, or compute in bf16 "
-                    "or fp32 where fp16 overflows")
+    for _, key, predictions in _splits(evaluated):
+        finite = np.isfinite(predictions.values if predictions.log_probs is None else predictions.log_probs)
+        bad = int((~(finite if finite.ndim == 1 else finite.all(axis=1))).sum())  # examples, not values
+        if bad:
+            found[key] = (f"{key}: the model's outputs are NaN or infinite for {bad} of {len(finite)} examples, so "
+                          "its predictions there, and the figures that count them, mean nothing: the model "
+                          "diverged. Lower optimizer.lr, clip gradients (train.max_grad_norm), or compute in bf16 or "
+                          "fp32 where fp16 overflows")
     return found
 
 
@@ -88,17 +86,21 @@ def one_score(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Dict[str, st
     """A warning for each regression split (by its key) where the model predicts one score for every example: its
     correlations with the gold scores are undefined (NaN), the split's objective among them."""
     found: Dict[str, str] = {}
-    for evaluator, evaluation in evaluated:
-        if not evaluator.task.is_regression:
-            continue
-        for split, predictions in evaluation.predictions.items():
-            scores = predictions.values
-            if len(scores) > 1 and np.isfinite(scores).all() and (scores == scores[0]).all():
-                found[split_key(evaluator, split)] = (
-                    f"{split_key(evaluator, split)}: the model predicts the score {float(scores[0]):.4g} for all "
-                    f"{len(scores)} examples, so its correlations with the gold scores are undefined (NaN). Train "
-                    "longer or at another learning rate, or start from a pretrained model")
+    for evaluator, key, predictions in _splits(evaluated):
+        scores = predictions.values
+        constant = len(scores) > 1 and np.isfinite(scores).all() and (scores == scores[0]).all()
+        if evaluator.task.is_regression and constant:
+            found[key] = (f"{key}: the model predicts the score {float(scores[0]):.4g} for all {len(scores)} examples, "
+                          "so its correlations with the gold scores are undefined (NaN). Train longer or at another "
+                          "learning rate, or start from a pretrained model")
     return found
+
+
+def _splits(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Iterator[Tuple[Evaluator, str, Predictions]]:
+    """Each split that each evaluation predicted: its evaluator, its key (:func:`split_key`) and its predictions."""
+    for evaluator, evaluation in evaluated:
+        for split, predictions in evaluation.predictions.items():
+            yield evaluator, split_key(evaluator, split), predictions
 
 
 def per_class(predictions: Predictions, labels: Sequence[str]) -> Dict[str, Dict[str, float]]:

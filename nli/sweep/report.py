@@ -522,8 +522,11 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
 def warnings_section(rows: Sequence[Row], keys: Sequence[str]) -> List[str]:
     """What each run said of its own figures (results.json's ``warnings``: a model that predicts one class, outputs
     that are NaN), under its job's swept values; nothing where no run warned."""
-    lines = [f"- job {row['job']} ({' '.join(f'{key}={row.get(key)}' for key in keys)}): {warning}"
-             for row in rows for warning in row.get("warnings") or []]
+    def job(row: Row) -> str:
+        values = " ".join(f"{key}={row.get(key)}" for key in keys)
+        return f"job {row['job']} ({values})" if values else f"job {row['job']}"
+
+    lines = [f"- {job(row)}: {warning}" for row in rows for warning in row.get("warnings") or []]
     if not lines:
         return []
     return ["## Warnings\n\nWhat the runs said of their own figures (`warnings` in results.json).\n\n"

@@ -17,7 +17,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from transformers import DataCollatorWithPadding, PreTrainedTokenizerFast
+from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, PreTrainedTokenizerFast
 
 from nli.data import loaders as data
 from nli.evaluate.evaluation import Predictions, gather, predict
@@ -195,8 +195,6 @@ def test_a_regressor_that_gives_every_pair_one_score_has_undefined_correlations_
     are NaN, and so the objective; the run's end says why in one warning, where SciPy warned at every evaluation."""
     glue = stsb_varied(tmp_path / "glue_data")
     model = random_stsb_model(tmp_path / "model", glue)
-    from transformers import AutoModelForSequenceClassification
-
     flat = AutoModelForSequenceClassification.from_pretrained(model)
     with torch.no_grad():
         flat.classifier.out_proj.weight.zero_()
