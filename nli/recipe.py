@@ -384,7 +384,7 @@ def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: 
     training.pruning = Pruning(out.storage, world)
     hooks.append(training.pruning)
     training.export_best = export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main,
-                                             card=Card(out.context.resolved, out.provenance))
+                                             card=Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator))
     hooks.append(training.export_best)
     checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world, out.claim)
     loop = Loop(training.opt, loaded.train, training.plan, evaluate=loaded.evaluate,
@@ -416,8 +416,9 @@ def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: 
         return lora.merged(cast(Any, model)) if isinstance(training.weights, lora.Adapters) else model
     if out.claim is not None:
         out.claim.check()
+    card = Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator)
     with out.storage.staged_dir(contract.MODEL_DIR) as folder:  # read back before it is swapped in: no download
-        export.fill(folder, model, loaded.tokenizer, result.best, Card(out.context.resolved, out.provenance))
+        export.fill(folder, model, loaded.tokenizer, result.best, card)
         exported = load_export(folder).to(run.compute.device)
     fastpaths.install(exported, device=run.compute.device, enabled=run.cfg.model.fast_paths, trains=False)
     return exported

@@ -96,6 +96,14 @@ def one_score(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Dict[str, st
     return found
 
 
+def warnings_of(evaluated: Sequence[Tuple[Evaluator, Evaluation]], analyses: Sequence[SplitAnalysis]) -> List[str]:
+    """Every warning the predictions call for (``analyses``: theirs, :func:`analyse`): NaN outputs, one class, one
+    score. A split whose outputs are NaN predicts one class for that reason alone: its warning is the NaN's."""
+    diverged = non_finite(evaluated)
+    one = [one_class(each) for each in analyses if each.split not in diverged]
+    return [warning for warning in [*diverged.values(), *one, *one_score(evaluated).values()] if warning]
+
+
 def _splits(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Iterator[Tuple[Evaluator, str, Predictions]]:
     """Each split that each evaluation predicted: its evaluator, its key (:func:`split_key`) and its predictions."""
     for evaluator, evaluation in evaluated:

@@ -4,7 +4,9 @@ Written with every export (nli.output.export), by huggingface_hub's own model ca
 ``ModelCard.load`` read it: the metadata block names the base model, the data set (GLUE's Hub id
 ``nyu-mll/glue`` with the task's config, or the task's own), and the best checkpoint's metrics as the
 Hub's ``model-index``; the text gives the hyperparameters, the framework versions and the command
-that trains the same model again (with the commit of the code, nli.runtime.provenance).
+that trains the same model again (with the commit of the code, nli.runtime.provenance). Where the
+predictions of the evaluation it describes call for a warning (one class for every example, NaN outputs:
+nli.evaluate.per_class), the card gives it too, as results.json does.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from nli.evaluate.evaluation import Evaluation
+from nli.evaluate import per_class
+from nli.evaluate.evaluation import Evaluation, Evaluator
 
 CARD_FILE = "README.md"  # in model/, where the Hub looks for a model's card
 TASK_TYPE = "text-classification"  # the Hub's task for GLUE (STS-B's regression included)
@@ -35,12 +38,14 @@ class Card:
 
     config: Mapping[str, Any]  # the run's resolved config (nli.runtime.context.RunContext.resolved)
     provenance: Mapping[str, Any]  # results.json's provenance (nli.runtime.provenance.collect); empty where unknown
+    evaluator: Optional[Evaluator] = None  # the task's, whose predictions the card's warnings read
 
     def render(self, evaluation: Evaluation) -> str:
         """The card of the weights that scored ``evaluation``, as ``README.md`` holds it."""
         data = card_data(self.config, evaluation)
-        body = "\n\n".join([self._summary(evaluation), _metrics_table(evaluation), self._hyperparameters(),
-                            self._framework(), self._reproduce()])
+        sections = [self._summary(evaluation), self._warnings(evaluation), _metrics_table(evaluation),
+                    self._hyperparameters(), self._framework(), self._reproduce()]
+        body = "\n\n".join(section for section in sections if section)
         return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}\n"))
 
     def _summary(self, evaluation: Evaluation) -> str:
@@ -53,6 +58,15 @@ class Card:
         return (f"# {model_name(self.config)}\n\n{source} fine-tuned on {_dataset_title(task)}, the checkpoint "
                 f"of {steps} (the best by {task.get('main_metric')}: {evaluation.objective:.4f}), exported by "
                 f"nli-glue.")
+
+    def _warnings(self, evaluation: Evaluation) -> str:
+        """What the evaluation's predictions show that its figures do not; nothing where it holds none (one read
+        back from a checkpoint keeps its metrics alone)."""
+        if self.evaluator is None or not evaluation.predictions:
+            return ""
+        scored = [(self.evaluator, evaluation)]
+        found = per_class.warnings_of(scored, per_class.analyse(scored))
+        return "## Warnings\n\n" + "\n".join(f"- {warning}" for warning in found) if found else ""
 
     def _hyperparameters(self) -> str:
         rows = [(key, value) for key, value in hyperparameters(self.config).items()]

@@ -25,10 +25,7 @@ def analyse(evaluated: List[Tuple[Evaluations, Evaluation]], trackers: Trackers,
     each eval split's predictions under eval_predictions/."""
     scored = [(evaluations.evaluator, evaluation) for evaluations, evaluation in evaluated]  # the batches that fit
     analyses = per_class.analyse(scored)
-    diverged = per_class.non_finite(scored)
-    # A split whose outputs are NaN predicts one class for that reason alone: its warning is the NaN's.
-    one_class = [per_class.one_class(each) for each in analyses if each.split not in diverged]
-    for warning in filter(None, [*diverged.values(), *one_class, *per_class.one_score(scored).values()]):
+    for warning in per_class.warnings_of(scored, analyses):
         out.warn(warning)  # logged, and in results.json's warnings
     if out.world.is_main:
         trackers.log_classes(analyses, step=step)

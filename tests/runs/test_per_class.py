@@ -15,6 +15,7 @@ import datasets
 import numpy as np
 import pandas
 import pytest
+from huggingface_hub import ModelCard
 from sklearn.metrics import precision_recall_fscore_support
 
 from nli.evaluate import per_class
@@ -174,7 +175,8 @@ def test_no_predictions_files_with_save_predictions_false_and_a_wrong_value_is_o
 
 def test_the_readmes_offline_rte_run_says_its_model_predicts_one_class(tmp_path: Path) -> None:
     """README.md's offline RTE example: a tiny model from scratch learns nothing of RTE's 2,490 pairs and predicts
-    one class, which its 0.50 accuracy did not say. The run says it, in its log and results.json's warnings."""
+    one class, which its 0.50 accuracy did not say. The run says it, in its log, results.json's warnings and the
+    exported model's card."""
     out = tmp_path / "rte"
     proc = run_app(["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "train.progress_bar=false",
                     f"hydra.run.dir={out}"], cwd=tmp_path)
@@ -187,6 +189,8 @@ def test_the_readmes_offline_rte_run_says_its_model_predicts_one_class(tmp_path:
             "learning rate, or start from a pretrained model")
     assert results["warnings"] == [said]
     assert f"[WARNING] - {said}\n" in proc.stdout
+    card = ModelCard.load(out / "model" / "README.md")  # the model handed on says so too, beside its accuracy
+    assert f"## Warnings\n\n- {said}\n" in card.text
 
 
 def test_a_model_that_predicts_several_classes_gets_no_such_warning() -> None:
