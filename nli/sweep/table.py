@@ -309,6 +309,7 @@ class SweepResults(Callback):
         self.started = 0.0
         self.wandb: Optional[DictConfig] = None  # the sweep's W&B logger, if it has one
         self.job: Dict[str, Any] = {}  # where a job runs: when it started, and the GPUs nli.sweep.local_gpus gave it
+        self.unrecorded: List[Dict[str, Any]] = []  # the rows of jobs that ran here and could not be recorded
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -340,7 +341,14 @@ class SweepResults(Callback):
             return
         job, self.job = self.job, {}
         job.update(cost.job_columns(config, job.get("started"), time.time()))  # its GPU-hours, where it has GPUs
-        record(Path(str(config.hydra.sweep.dir)), hydra_job_row(config, job_return, {**self.stamp(), **job}))
+        sweep_dir, row = Path(str(config.hydra.sweep.dir)), hydra_job_row(config, job_return, {**self.stamp(), **job})
+        try:
+            record(sweep_dir, row)
+        except Exception as err:  # Hydra would make it a warning, and the table would lack the job without a word
+            log.error("job #%s's row could not be added to %s (%s: %s), so the sweep's table will lack it; add this "
+                      "line to that file, then python -m nli.report %s makes the report with it:\n%s", row["job"],
+                      sweep_dir / RESULTS_JSONL, type(err).__name__, err, sweep_dir, json.dumps(row))
+            self.unrecorded.append(row)  # the sweep ends non-zero where it ran in the sweep's process
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = self.sweep_dir
@@ -366,9 +374,14 @@ class SweepResults(Callback):
             return []
         sweep_dir, self.sweep_dir = self.sweep_dir, None
         try:
-            return self._report(sweep_dir)
+            ended_badly = self._report(sweep_dir)
         finally:
             release(self.sweep_id)
+        if self.unrecorded:
+            jobs = ", ".join(f"#{row['job']}" for row in self.unrecorded)
+            log.error("%d job(s) ran but their rows could not be recorded, so the table lacks them (each row is in "
+                      "the log above): %s", len(self.unrecorded), jobs)
+        return [*ended_badly, *self.unrecorded]
 
     def _report(self, sweep_dir: Path) -> List[Dict[str, Any]]:
         rows = of_sweep(read_rows(sweep_dir), self.sweep_id)

@@ -459,6 +459,35 @@ def test_a_table_that_cannot_be_made_ends_the_sweep_non_zero_through_hydras_call
     assert not (tmp_path / SWEEP_CLAIM).exists()
 
 
+def test_a_jobs_row_that_cannot_be_written_is_said_with_the_row_and_the_sweep_ends_non_zero(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk is full for a moment as the first job's row is written. Hydra turned the callback's error into a
+    warning: the job ran, the table lacked it, and the sweep ended 0. Now the log gives the row to add back, the
+    table has the other job, and the sweep ends with 1 naming the job."""
+    sweep_dir, replace, calls = tmp_path / "sweep", sweep._replace, []
+
+    def full_once(path: Path, text: str) -> None:
+        calls.append(path.name)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        replace(path, text)
+
+    monkeypatch.setattr(sweep, "_replace", full_once)
+    proc = run_app(["-m", *FAST, "optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert calls[0] == sweep.RESULTS_JSONL
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = re.search(r"job #0's row could not be added to (.*) \(OSError: \[Errno 28\] No space left on device\), so "
+                     r"the sweep's table will lack it; add this line to that file, then python -m nli.report (.*) "
+                     r"makes the report with it:\n(.*)\n", proc.stdout)
+    assert said and said.groups()[:2] == (str(sweep_dir / sweep.RESULTS_JSONL), str(sweep_dir)), proc.stdout
+    row = json.loads(said.group(3))
+    assert row["job"] == 0 and row["objective"] == read_results(sweep_dir / "0")["objective"]
+    assert list(rows_by_job(sweep_dir)) == [1]
+    assert "1 job(s) ran but their rows could not be recorded, so the table lacks them (each row is in the log " \
+           "above): #0" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr and not (sweep_dir / SWEEP_CLAIM).exists()
+
+
 def _config(sweep_dir: Path) -> Any:
     from omegaconf import OmegaConf
 
