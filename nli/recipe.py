@@ -163,7 +163,8 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             out = setup(cfg.train, cfg.logger, context, world, held, evaluation_only=cfg.eval.only)
             if out.finished is not None:  # its model checked, and exported again if it was lost (nli.output.export)
                 export.check_finished(out.finished, cfg.model, cfg.task, out, seed=cfg.seed,
-                                      card=Card(context.resolved, out.finished.get("provenance") or {}))
+                                      card=Card(context.resolved, out.finished.get("provenance") or {},
+                                                recorded=out.finished.get("warnings") or []))
                 log.info("results: %s", results.summary(out.finished))
                 return out.finished
             started = device.started_precision(out.snapshot.state if out.snapshot else None)  # kept on resume

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
@@ -39,6 +39,9 @@ class Card:
     config: Mapping[str, Any]  # the run's resolved config (nli.runtime.context.RunContext.resolved)
     provenance: Mapping[str, Any]  # results.json's provenance (nli.runtime.provenance.collect); empty where unknown
     evaluator: Optional[Evaluator] = None  # the task's, whose predictions the card's warnings read
+    # results.json's warnings, for a card written again after the run finished: the evaluation then comes
+    # from a checkpoint, which keeps no predictions, and the card gives those of the task's eval splits.
+    recorded: Sequence[str] = ()
 
     def render(self, evaluation: Evaluation) -> str:
         """The card of the weights that scored ``evaluation``, as ``README.md`` holds it."""
@@ -60,12 +63,13 @@ class Card:
                 f"nli-glue.")
 
     def _warnings(self, evaluation: Evaluation) -> str:
-        """What the evaluation's predictions show that its figures do not; nothing where it holds none (one read
-        back from a checkpoint keeps its metrics alone)."""
-        if self.evaluator is None or not evaluation.predictions:
-            return ""
-        scored = [(self.evaluator, evaluation)]
-        found = per_class.warnings_of(scored, per_class.analyse(scored))
+        """What the evaluation's predictions show that its figures do not, as results.json says it."""
+        if self.evaluator is not None and evaluation.predictions:
+            scored = [(self.evaluator, evaluation)]
+            found = per_class.warnings_of(scored, per_class.analyse(scored))
+        else:  # the task's splits' own (an extra set's are prefixed: hans/validation)
+            found = [each for each in self.recorded if each.partition(": ")[0] in (_task(self.config).get(
+                "eval_splits") or {})]
         return "## Warnings\n\n" + "\n".join(f"- {warning}" for warning in found) if found else ""
 
     def _hyperparameters(self) -> str:
