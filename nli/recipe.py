@@ -274,6 +274,8 @@ def load_data(run: Run) -> Data:
                                 seed=cfg.seed, world=run.world, num_workers=scoring.num_workers,
                                 pin_memory=run.compute.device.type == "cuda")
     own = evalsets.from_splits(task, splits, examples, scoring)
+    for note in own.notes:
+        out.warn(note)
     return Data(scoring.tokenizer, batches, own.evaluate, own.test, examples_per_epoch=len(splits.train),
                 extras=extras)
 
@@ -507,6 +509,8 @@ def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:
     for each in [cfg.task, *evalsets.extra_tasks(cfg.eval)]:  # every set's labels matched, before any set loads
         evalsets.label_map(labels, each, model=scoring.model)
     own = evalsets.prepare(cfg.task, cfg.data, scoring, predict=cfg.train.predict)
+    for note in own.notes:
+        out.warn(note)
     extras = evalsets.extras(cfg.eval, cfg.data, scoring)
     stop.check()  # a signal some library swallowed while the sets loaded (nli.runtime.signals)
     trackers = Trackers(cfg.logger, enabled=world.is_main)

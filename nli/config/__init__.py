@@ -4,11 +4,11 @@ command line checked before Hydra starts, ``--help``, and the config a run folde
 from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
-    "schema": ["Accelerator", "AdamConfig", "Attention", "Config", "DataConfig", "EvalConfig", "GlueFilesConfig",
-               "HardwareConfig", "LoggerConfig", "LoraConfig", "METRIC_NAMES", "ModelConfig", "OptimizerConfig",
-               "Precision", "PrecisionConfig", "SGDConfig", "ScheduleConfig", "ScratchArchitecture", "TaskConfig",
-               "TrainConfig", "WandbConfig", "WandbMode", "checked", "compose", "config_dir", "register_configs",
-               "task_config"],
+    "schema": ["Accelerator", "AdamConfig", "Attention", "Config", "DIAGNOSTIC_SPLIT", "DataConfig",
+               "DiagnosticConfig", "EvalConfig", "GlueFilesConfig", "HardwareConfig", "LoggerConfig", "LoraConfig",
+               "METRIC_NAMES", "ModelConfig", "OptimizerConfig", "Precision", "PrecisionConfig", "SGDConfig",
+               "ScheduleConfig", "ScratchArchitecture", "TaskConfig", "TrainConfig", "WandbConfig", "WandbMode",
+               "checked", "compose", "config_dir", "register_configs", "task_config"],
     "keys": ["check_known", "key_of"],
     "help": ["answer_help"],
 }, ["command", "identity", "runfolder"])

@@ -23,7 +23,8 @@ from nli.errors import ConfigError, RunChanged
 # Keys (and key prefixes) outside the identity.
 EXCLUDED = ("output_dir", "train.checkpoint_dir", "logger", "hw", "train.progress_bar", "train.log_every",
             "train.eval_every", "train.eval_batch_size", "train.checkpoint_every", "train.keep_checkpoints",
-            "train.resume", "train.accept_changes", "data.num_workers", "eval.save_predictions")
+            "train.resume", "train.accept_changes", "data.num_workers", "eval.save_predictions",
+            "task.diagnostic")  # which unlabelled set it predicts besides the test splits: nothing it trains
 # Keys added to the config since runs first recorded their identity, at the value that trains as the
 # code did before them: a run from before they existed resumes where they keep that value.
 ADDED: Dict[str, Any] = {"model.classifier_dropout": None, "train.label_smoothing": 0.0, "optimizer.layer_decay": None,

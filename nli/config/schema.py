@@ -157,6 +157,20 @@ class GlueFilesConfig:
 
 
 @dataclass
+class DiagnosticConfig:
+    """GLUE's diagnostic set (AX): unlabelled pairs that a task's model (MNLI's) predicts, with train.predict,
+    as one more file of a GLUE submission. Where it is not at hand the run writes the other files and says so."""
+
+    submission: str = "AX"  # its file in the submission: AX.tsv
+    glue_file: str = "diagnostic/diagnostic.tsv"  # under data.dir, where GLUE's download puts it
+    hub_config: str = "ax"  # on the Hub: this config of task.hub_dataset
+    hub_split: str = "test"  # the split of hub_config that holds it
+
+
+DIAGNOSTIC_SPLIT = "diagnostic"  # the diagnostic set among a run's test splits (task.diagnostic)
+
+
+@dataclass
 class TaskConfig:
     """One row of the GLUE task table."""
 
@@ -178,6 +192,7 @@ class TaskConfig:
     # columns kept to report accuracy on each of their values, and on each value x gold label (HANS: heuristic)
     groups: List[str] = field(default_factory=list)
     glue: Optional[GlueFilesConfig] = None  # the task's original-file layout (for data.dir); null: none
+    diagnostic: Optional[DiagnosticConfig] = None  # GLUE's diagnostic set, predicted with the test splits; null: none
 
     def __post_init__(self) -> None:
         _require(1 <= len(self.text_fields) <= 2, f"task.text_fields must name one or two "
@@ -209,6 +224,12 @@ class TaskConfig:
     @property
     def is_regression(self) -> bool:
         return not self.label_names
+
+    def submission_file(self, split: str) -> str:
+        """The name, without ``.tsv``, of a test split's file in a GLUE submission (MNLI-m, AX)."""
+        if split == DIAGNOSTIC_SPLIT and self.diagnostic is not None:
+            return self.diagnostic.submission
+        return self.test_splits[split]
 
     @property
     def is_generated(self) -> bool:

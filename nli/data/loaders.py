@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler, SequentialSampler
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
-from nli.config.schema import DataConfig, TaskConfig
+from nli.config.schema import DIAGNOSTIC_SPLIT, DataConfig, TaskConfig
 from nli.data import sources
 from nli.errors import DataError
 from nli.runtime.distributed import World, shard
@@ -39,6 +39,7 @@ class Splits:
     test: Dict[str, datasets.Dataset] = field(default_factory=dict)  # only when predicting
     # eval split -> each of task.groups -> its value for each example (tokenizing drops the columns)
     groups: Dict[str, Dict[str, List[str]]] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)  # what a run asked for and will not get: its warnings
 
     def train_texts(self, text_fields: List[str]) -> Iterator[str]:
         assert self.train is not None, "a tokenizer is learnt from a training set"
@@ -49,8 +50,9 @@ class Splits:
 def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool, train: bool = True,
                 dir_key: str = "data.dir") -> Splits:
     """The training split (unless ``train`` is false), every evaluation split and, to ``predict``, the
-    test splits of ``task``, subsampled as ``data`` asks; examples without a gold label (SNLI's) left
-    out of training and evaluation. ``dir_key`` names the key that set ``data.dir``, for the messages."""
+    test splits of ``task`` with GLUE's diagnostic set where it has one (a note where it is not at hand),
+    subsampled as ``data`` asks; examples without a gold label (SNLI's) left out of training and
+    evaluation. ``dir_key`` names the key that set ``data.dir``, for the messages."""
     test_splits = list(task.test_splits) if predict else []
     raw = sources.load(task, data, [*([task.train_split] if train else []), *task.eval_splits, *test_splits],
                        dir_key=dir_key)
@@ -60,13 +62,26 @@ def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool,
     evals = {split: _first(_gold(raw[split], task, split), data.max_eval_samples) for split in task.eval_splits}
     groups = {split: {column: ds[column] for column in task.groups} for split, ds in evals.items()} \
         if task.groups else {}
+    test = {split: raw[split] for split in test_splits}
+    notes = _diagnostic(task, data, test) if predict and task.diagnostic is not None else []
     sizes = ", ".join(f"{name}={len(ds)}" for name, ds in evals.items()) + \
-        "".join(f"; test {name}={len(raw[name])}" for name in test_splits)
+        "".join(f"; test {name}={len(ds)}" for name, ds in test.items())
     if train_set is not None:
         log.info("data: %d training examples; eval %s", len(train_set), sizes)
     else:
         log.info("data: %s, no training set; eval %s", task.name, sizes)
-    return Splits(train=train_set, eval=evals, test={split: raw[split] for split in test_splits}, groups=groups)
+    return Splits(train=train_set, eval=evals, test=test, groups=groups, notes=notes)
+
+
+def _diagnostic(task: TaskConfig, data: DataConfig, test: Dict[str, datasets.Dataset]) -> List[str]:
+    """GLUE's diagnostic set added to ``test``; where it is not at hand, the note that says so."""
+    assert task.diagnostic is not None
+    found, why = sources.diagnostic(task, data)
+    if found is not None:
+        test[DIAGNOSTIC_SPLIT] = found
+        return []
+    return [f"{task.diagnostic.submission}.tsv, the predictions on GLUE's diagnostic set that a GLUE submission "
+            f"takes from the {task.name} model, will not be written: {why}"]
 
 
 def _gold(ds: datasets.Dataset, task: TaskConfig, split: str) -> datasets.Dataset:
@@ -126,7 +141,7 @@ def tokenize(splits: Splits, tokenizer: PreTrainedTokenizerBase, task: TaskConfi
     return Splits(train=apply(splits.train, "train") if splits.train is not None else None,
                   eval={name: apply(ds, name) for name, ds in splits.eval.items()},
                   test={name: apply(ds, name, keep=("idx",)) for name, ds in splits.test.items()},
-                  groups=splits.groups)
+                  groups=splits.groups, notes=splits.notes)
 
 
 class EpochSampler(Sampler[int]):

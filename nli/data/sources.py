@@ -16,6 +16,7 @@ keyed by the object's generation (nli/io/remote.py), and then read as local file
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -29,9 +30,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import datasets
 from datasets.exceptions import DatasetGenerationError
 
-from nli.config.schema import DataConfig, GlueFilesConfig, TaskConfig
+from nli.config.schema import DIAGNOSTIC_SPLIT, DataConfig, GlueFilesConfig, TaskConfig
 from nli.data import synthetic
-from nli.errors import DataError
+from nli.errors import DataError, UserError
 from nli.io import remote
 from nli.io.hub import hub_download
 
@@ -162,10 +163,12 @@ def _not_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, where: str
             f"load {task.name} from the Hub ({task.hub_dataset})")
 
 
-def _read_glue_file(task: TaskConfig, glue: GlueFilesConfig, path: Path, split: str) -> datasets.Dataset:
+def _read_glue_file(task: TaskConfig, glue: GlueFilesConfig, path: Path, split: str, *,
+                    labelled: Optional[bool] = None) -> datasets.Dataset:
+    """``labelled``: whether the file must have labels; None: unless ``split`` is a test split."""
     stat = path.stat()
     kwargs = {"path": str(path.resolve()), "stamp": f"{stat.st_size}-{stat.st_mtime_ns}",
-              "task": task, "labelled": split not in task.test_splits}
+              "task": task, "labelled": split not in task.test_splits if labelled is None else labelled}
     if path.suffix == ".jsonl":
         reader: Any = _read_jsonl
     else:
@@ -482,6 +485,37 @@ def _unreadable(path: Path, err: Exception) -> str:
     formats = ", ".join(FORMAT_NAMES.values())
     return (f"{path} cannot be read as {fmt}: {str(cause).rstrip('.')}. data.files takes {formats} files, "
             "named by their extension")
+
+
+# ------------------------------------------------------------------------ GLUE's diagnostic set
+
+
+def diagnostic(task: TaskConfig, data: DataConfig) -> Tuple[Optional[datasets.Dataset], str]:
+    """GLUE's diagnostic set (task.diagnostic), unlabelled, from where the task's data comes: ``data.dir``'s
+    ``diagnostic/diagnostic.tsv``, or the Hub's ``ax`` config. None, and why, where it is not there:
+    a run predicts the test splits without it (files of your own have none)."""
+    ax = task.diagnostic
+    assert ax is not None
+    if data.files:
+        return None, "data.files names no diagnostic set"
+    if data.dir is not None:
+        assert task.glue is not None  # the config checked it
+        url = f"{data.dir.rstrip('/')}/{ax.glue_file}"
+        if remote.is_remote(data.dir):
+            if not remote.exists(url):
+                return None, f"{url} does not exist: put GLUE's diagnostic.tsv there, as its download does"
+            path = remote.local_copy(url)
+            with remote.named_as(url, path):
+                return _read_glue_file(task, task.glue, path, DIAGNOSTIC_SPLIT, labelled=False), ""
+        path = Path(data.dir).expanduser() / ax.glue_file
+        if not path.is_file():
+            return None, f"{path} does not exist: put GLUE's diagnostic.tsv there, as its download does"
+        return _read_glue_file(task, task.glue, path, DIAGNOSTIC_SPLIT, labelled=False), ""
+    try:
+        found = _from_hub(dataclasses.replace(task, hub_config=ax.hub_config, hub_data_dir=None), [ax.hub_split])
+    except (UserError, ValueError) as err:  # datasets' ValueError: a copy without that config; no network
+        return None, str(err)
+    return found[ax.hub_split], ""
 
 
 # ------------------------------------------------------------------------------- Hub, synthetic

@@ -45,6 +45,7 @@ class EvalSet:
 
     evaluate: Evaluations  # in smaller batches where they run out of memory (nli.evaluate.oom)
     test: Dict[str, DataLoader]  # test split -> this rank's slice of it, in order (only when predicting)
+    notes: Sequence[str] = ()  # what was asked and is not at hand (nli.data.loaders.Splits.notes): warnings
 
 
 def extra_tasks(evaluation: EvalConfig) -> List[TaskConfig]:
@@ -131,7 +132,7 @@ def from_splits(task: TaskConfig, splits: data.Splits, examples: Dict[str, datas
                for name, ds in {**splits.eval, **splits.test}.items()}
     evaluator = Evaluator({name: loaders[name] for name in splits.eval}, task, scoring.compute, scoring.world,
                           groups=splits.groups, label_map=label_map, prefix=prefix, examples=examples)
-    return EvalSet(Evaluations(evaluator), {name: loaders[name] for name in splits.test})
+    return EvalSet(Evaluations(evaluator), {name: loaders[name] for name in splits.test}, splits.notes)
 
 
 def extras(evaluation: EvalConfig, run_data: DataConfig, scoring: Scoring) -> List[Evaluations]:

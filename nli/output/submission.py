@@ -1,10 +1,11 @@
 """Test-set predictions in the GLUE submission format.
 
-One ``<TASK>.tsv`` per test split (MNLI: ``MNLI-m.tsv`` and ``MNLI-mm.tsv``), tab-separated with
+One ``<TASK>.tsv`` per test split (MNLI: ``MNLI-m.tsv``, ``MNLI-mm.tsv``, and ``AX.tsv`` for GLUE's
+diagnostic set where it is at hand: TaskConfig.diagnostic), tab-separated with
 the header ``index	prediction``: each example's index as its test file gives it (GLUE's ``index``, a
 file of your own's ``idx``, ``index`` or ``id``, numbers or text: nli.data.sources), and classes written
 as GLUE's own files write them (``0``/``1`` for CoLA, SST-2, MRPC, QQP and WNLI; label names for
-MNLI, QNLI and RTE), scores for STS-B.
+MNLI, QNLI, RTE and AX), scores for STS-B.
 Zip the files of a run's ``predictions/`` folder to submit them to gluebenchmark.com.
 """
 
@@ -55,4 +56,4 @@ def submission(task: TaskConfig, split: str, predictions: Predictions) -> Tuple[
     writer = csv.writer(text, delimiter="\t", lineterminator="\n")
     writer.writerow(["index", "prediction"])
     writer.writerows(zip(predictions.idx.tolist(), column))
-    return f"{task.test_splits[split]}.tsv", text.getvalue()
+    return f"{task.submission_file(split)}.tsv", text.getvalue()

@@ -45,6 +45,10 @@ def mnli_dir(root: Path) -> Path:
         head = MNLI_HEAD + (["label1", "gold_label"] if not name.startswith("test") else [])
         write_tsv(root / "MNLI" / f"{name}.tsv", [head, *(mnli_row(i, p, h, *labels[i]) for i, (p, h) in
                                                         enumerate(zip(pairs["premise"], pairs["hypothesis"])))])
+    pairs = synthetic.generate(7, seed=5)  # GLUE's diagnostic set, beside the tasks' folders: unlabelled pairs
+    write_tsv(root / "diagnostic" / "diagnostic.tsv", [["index", "sentence1", "sentence2"],
+                                                       *([str(i), p, h] for i, (p, h) in
+                                                         enumerate(zip(pairs["premise"], pairs["hypothesis"])))])
     return root
 
 
@@ -88,7 +92,8 @@ def test_stsb_trains_as_regression_and_submits_scores(tmp_path: Path, gcs_emulat
     assert all((each.difference.low, each.difference.high) == (0.0, 0.0) for each in same.metrics)
 
 
-def test_mnli_reports_both_dev_sets_and_submits_both_test_sets(tmp_path: Path) -> None:
+def test_mnli_reports_both_dev_sets_and_submits_both_test_sets_and_the_diagnostic(tmp_path: Path) -> None:
+    """A GLUE submission takes MNLI's two test sets and GLUE's diagnostic set (AX.tsv) from the MNLI model."""
     glue = mnli_dir(tmp_path / "glue_data")
     out = tmp_path / "run"
     proc = run_app(["task=mnli", f"data.dir={glue}", *TINY, "train.max_steps=8", "train.predict=true",
@@ -97,15 +102,31 @@ def test_mnli_reports_both_dev_sets_and_submits_both_test_sets(tmp_path: Path) -
     results = read_results(out)
     assert {"accuracy", "accuracy_mm"} <= set(results) and results["objective"] == results["accuracy"]
     assert "data: 192 training examples; eval validation_matched=48, validation_mismatched=40" in proc.stdout
-    for name, n in [("MNLI-m", 12), ("MNLI-mm", 9)]:
+    assert "; test test_matched=12; test test_mismatched=9; test diagnostic=7" in proc.stdout
+    for name, n in [("MNLI-m", 12), ("MNLI-mm", 9), ("AX", 7)]:
         rows = read_submission(out / "predictions" / f"{name}.tsv")
         assert [r["index"] for r in rows] == [str(i) for i in range(n)]
         assert {r["prediction"] for r in rows} <= {"entailment", "neutral", "contradiction"}
-    assert sorted(p.name for p in (out / "predictions").iterdir()) == ["MNLI-m.tsv", "MNLI-mm.tsv"]
+    assert sorted(p.name for p in (out / "predictions").iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
+    assert not any("AX.tsv" in warning for warning in results.get("warnings", []))
     # Both dev sets compared, each as its own split (python -m nli.report compare).
     compared = compare.compare_runs(str(out), str(out))
     assert [(c.split, c.examples) for c in compared] == [("validation_matched", 48), ("validation_mismatched", 40)]
     assert [c.metrics[0].a for c in compared] == pytest.approx([results["accuracy"], results["accuracy_mm"]])
+
+    # Without the diagnostic set (an evaluation of the model on a GLUE directory that lacks it): the other files,
+    # and a warning that names the file the submission lacks and where it was looked for.
+    shutil.rmtree(glue / "diagnostic")
+    again = tmp_path / "eval"
+    proc = run_app(["task=mnli", f"data.dir={glue}", "eval.only=true", f"model.name_or_path={out}",
+                    "train.predict=true", "train.progress_bar=false", f"hydra.run.dir={again}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = ("AX.tsv, the predictions on GLUE's diagnostic set that a GLUE submission takes from the mnli model, will "
+            f"not be written: {glue / 'diagnostic' / 'diagnostic.tsv'} does not exist: put GLUE's diagnostic.tsv "
+            "there, as its download does")
+    assert said in read_results(again)["warnings"] and f"[WARNING] - {said}\n" in proc.stdout
+    assert sorted(p.name for p in (again / "predictions").iterdir()) == ["MNLI-m.tsv", "MNLI-mm.tsv"]
+    assert (again / "predictions" / "MNLI-m.tsv").read_text() == (out / "predictions" / "MNLI-m.tsv").read_text()
 
 
 def test_rte_from_the_glue_dir_ends_with_the_best_checkpoint(tmp_path: Path) -> None:

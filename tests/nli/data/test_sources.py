@@ -23,6 +23,7 @@ from nli.data import loaders as data
 from nli.data import synthetic
 from nli.data.sources import DataError
 from tests.conftest import build_config
+from tests.runs.test_glue import mnli_dir
 from tests.support.glue_layouts import EXPECTED, write_layout, write_tsv
 from tests.support.runs import GLUE_DATA, run_app
 
@@ -620,3 +621,61 @@ def test_workers_load_the_same_batches_in_the_same_order(tmp_path: Path,
         {k: v for k, v in theirs.items() if k not in MEASURED}
     weights, reference = (load_file(folder / "model" / "model.safetensors") for folder in (tmp_path / "run", expected))
     assert all(torch.equal(weights[name], reference[name]) for name in reference)
+
+
+def mnli_hub_copy(root: Path, *, with_ax: bool) -> Path:
+    """A local copy of nyu-mll/glue's mnli config and, ``with_ax``, its ax config (GLUE's diagnostic set: one
+    unlabelled test split), with the Hub's features, made from the synthetic task's sentences."""
+    labels = datasets.ClassLabel(names=["entailment", "neutral", "contradiction"])
+    features = datasets.Features({"premise": datasets.Value("string"), "hypothesis": datasets.Value("string"),
+                                  "label": labels, "idx": datasets.Value("int32")})
+    splits = {"mnli": [("train", 24), ("validation_matched", 8), ("validation_mismatched", 8), ("test_matched", 5),
+                       ("test_mismatched", 4)], **({"ax": [("test", 6)]} if with_ax else {})}
+    readme = ["---\nconfigs:\n"]
+    for seed, (config, each) in enumerate(splits.items()):
+        readme.append(f"- config_name: {config}\n  data_files:\n")
+        for split, n in each:
+            pairs = synthetic.generate(n, seed=seed)
+            label = pairs["label"] if not split.startswith("test") else [-1] * n
+            (root / config).mkdir(parents=True, exist_ok=True)
+            datasets.Dataset.from_dict({"premise": pairs["premise"], "hypothesis": pairs["hypothesis"], "label": label,
+                                        "idx": list(range(n))}, features=features).to_parquet(
+                root / config / f"{split}-00000-of-00001.parquet")
+            readme.append(f"  - split: {split}\n    path: {config}/{split}-*\n")
+    (root / "README.md").write_text("".join(readme) + "---\n")
+    return root
+
+
+def test_mnlis_diagnostic_set_comes_from_the_hubs_ax_config_and_where_there_is_none_a_note_says_so(
+        tmp_path: Path, datasets_cache: Path) -> None:
+    with_ax = load(["task=mnli", f"task.hub_dataset={mnli_hub_copy(tmp_path / 'hub', with_ax=True)}"], predict=True)
+    diagnostic = with_ax.test["diagnostic"]
+    assert diagnostic["premise"] == synthetic.generate(6, seed=1)["premise"]
+    assert diagnostic["label"] == [-1] * 6 and diagnostic["idx"] == list(range(6)) and with_ax.notes == []
+    assert set(with_ax.test) == {"test_matched", "test_mismatched", "diagnostic"}
+
+    hub = mnli_hub_copy(tmp_path / "no-ax", with_ax=False)
+    without = load(["task=mnli", f"task.hub_dataset={hub}"], predict=True)
+    assert set(without.test) == {"test_matched", "test_mismatched"}
+    (note,) = without.notes
+    assert note.startswith("AX.tsv, the predictions on GLUE's diagnostic set that a GLUE submission takes from the "
+                           "mnli model, will not be written: ") and "'ax'" in note, note
+    assert load(["task=mnli", f"task.hub_dataset={hub}"]).notes == []  # nothing to predict, nothing missed
+
+
+def test_mnlis_diagnostic_set_in_a_bucket_is_read_as_the_local_one(tmp_path: Path, datasets_cache: Path,
+                                                                    gcs_emulator: Dict[str, str]) -> None:
+    local = mnli_dir(tmp_path / "glue")
+    bucket = "gs://test-bucket/data-diagnostic"
+    for path in local.rglob("*.tsv"):
+        upload(path, f"{bucket}/whole/{path.relative_to(local)}")
+        if path.parent.name != "diagnostic":
+            upload(path, f"{bucket}/without/{path.relative_to(local)}")
+    here, there = (load(["task=mnli", f"data.dir={root}"], predict=True) for root in (local, f"{bucket}/whole"))
+    assert there.test["diagnostic"].to_list() == here.test["diagnostic"].to_list()
+    assert len(here.test["diagnostic"]) == 7 and here.notes == there.notes == []
+    without = load(["task=mnli", f"data.dir={bucket}/without"], predict=True)
+    assert "diagnostic" not in without.test and without.notes == [
+        "AX.tsv, the predictions on GLUE's diagnostic set that a GLUE submission takes from the mnli model, will not "
+        f"be written: {bucket}/without/diagnostic/diagnostic.tsv does not exist: put GLUE's diagnostic.tsv there, as "
+        "its download does"]
