@@ -317,3 +317,14 @@ def test_the_folders_values_are_offered_only_where_they_can_be_typed() -> None:
                        checkpointed=True)
     assert "run the command it last ran with again (its overrides.yaml lists that command's overrides)" in \
         str(untypable)
+
+
+def test_an_mnli_run_from_before_the_diagnostic_set_has_the_identity_it_had() -> None:
+    """task.diagnostic says which unlabelled set an MNLI run predicts for GLUE (AX.tsv): nothing it trains. Out
+    of the identity, MNLI folders written before it continue, and their results.json's digest stands."""
+    from nli.config.identity import digest, identity
+
+    resolved = OmegaConf.to_container(compose_config(["task=mnli"]), resolve=True)
+    assert isinstance(resolved, dict) and resolved["task"]["diagnostic"]["submission"] == "AX"
+    before = {**resolved, "task": {k: v for k, v in resolved["task"].items() if k != "diagnostic"}}
+    assert identity(resolved) == identity(before) and digest(identity(resolved)) == digest(identity(before))
