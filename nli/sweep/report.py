@@ -24,7 +24,8 @@ bucket, ``reports/<sweep name>`` in the current directory), or to ``--out``:
 - ``reliability.png``: each eval split's reliability diagram, a line per run (nli.sweep.calibration_plot).
 
 ``python -m nli.report compare RUN_A RUN_B`` compares two runs on the same eval examples instead
-(nli.sweep.compare).
+(nli.sweep.compare); ``python -m nli.report submission DIR...`` makes GLUE's submission zip from runs'
+test predictions (nli.sweep.leaderboard).
 
 Failed jobs are in the tables and not in the plots. The plots are drawn on matplotlib's Agg
 canvas, without pyplot: no display is needed and no global backend is switched for the caller.

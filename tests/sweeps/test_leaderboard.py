@@ -1,0 +1,131 @@
+"""`python -m nli.report submission` (nli/sweep/leaderboard.py): GLUE's submission zip from real runs' test
+predictions, read back with zipfile as GLUE's server reads it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+from nli.config.schema import DIAGNOSTIC_SPLIT, config_dir, task_config
+from nli.contract import PREDICTIONS_DIR, RESULTS_FILE
+from nli.data.sources import GLUE_HUB
+from nli.evaluate.evaluation import Predictions
+from nli.output.submission import submission
+from nli.sweep import leaderboard
+from tests.runs.test_glue import TINY, mnli_dir
+from tests.support.runs import GLUE_DATA, read_results, run_app
+
+RTE_SWEEP = ["-m", "task=rte", f"data.dir={GLUE_DATA}", *TINY, "train.max_steps=4", "train.eval_every=2",
+             "train.predict=true", "optimizer.lr=1e-3,3e-2"]
+
+
+def test_the_files_it_expects_are_the_ones_the_glue_tasks_write() -> None:
+    tasks = [path.stem for path in (config_dir() / "task").glob("*.yaml")]
+    written: Dict[str, str] = {}
+    for task in map(task_config, tasks):
+        if task.hub_dataset == GLUE_HUB:
+            splits = [*task.test_splits, *([DIAGNOSTIC_SPLIT] if task.diagnostic else [])]
+            written.update({f"{task.submission_file(split)}.tsv": task.name for split in splits})
+    assert written == {name: task for name, (task, _) in leaderboard.GLUE_FILES.items()}
+
+
+def test_the_zip_takes_each_tasks_best_run_and_says_what_glue_would_refuse(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_dir, mnli = tmp_path / "rte-sweep", tmp_path / "mnli"
+    assert run_app([*RTE_SWEEP, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path).returncode == 0
+    proc = run_app(["task=mnli", f"data.dir={mnli_dir(tmp_path / 'glue')}", *TINY, "train.max_steps=4",
+                    "train.predict=true", f"hydra.run.dir={mnli}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    objectives = [read_results(sweep_dir / job)["objective"] for job in ("0", "1")]
+    best = sweep_dir / str(objectives.index(max(objectives)))  # the first, of equals
+
+    out = tmp_path / "submission.zip"
+    assert leaderboard.main([str(sweep_dir), str(mnli), "--out", str(out)]) == 1
+    said = capsys.readouterr()
+    with zipfile.ZipFile(out) as archive:
+        assert sorted(archive.namelist()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "RTE.tsv"]
+        assert archive.read("RTE.tsv") == (best / PREDICTIONS_DIR / "RTE.tsv").read_bytes()
+        for name in ("MNLI-m.tsv", "MNLI-mm.tsv", "AX.tsv"):
+            assert archive.read(name) == (mnli / PREDICTIONS_DIR / name).read_bytes()
+    assert said.out.splitlines()[0] == f"{out}: 4 of GLUE's 11 files"
+    assert f"  RTE.tsv      {best}  objective {max(objectives):.4f} (the best of 2 runs)" in said.out
+    assert f"  AX.tsv       {mnli}  objective {read_results(mnli)['objective']:.4f}" in said.out
+    refused = said.err.splitlines()
+    assert refused[0] == "GLUE would not take this zip as it is:"
+    assert "  CoLA.tsv: no run of cola given wrote it (train.predict=true writes it)" in refused
+    assert "  RTE.tsv: 1,384 predictions, where GLUE's test set has 3,000 examples (a run on a part of it, or on " \
+           "other data)" in refused  # the suite's RTE test file is a re-split, not GLUE's
+    assert "  AX.tsv: 7 predictions, where GLUE's test set has 1,104 examples (a run on a part of it, or on other " \
+           "data)" in refused
+    assert len(refused) == 1 + 7 + 4  # seven tasks no run wrote, four files of the wrong size
+
+    # A chosen run that lacks one of its task's files: said, not filled from another run of another model.
+    shutil.copytree(mnli, tmp_path / "mnli-better")
+    (tmp_path / "mnli-better" / PREDICTIONS_DIR / "AX.tsv").unlink()
+    results = read_results(mnli)
+    (tmp_path / "mnli-better" / RESULTS_FILE).write_text(json.dumps({**results, "objective": 1.0}))
+    assert leaderboard.main([str(mnli), str(tmp_path / "mnli-better"), "--out", str(out)]) == 1
+    assert f"  AX.tsv: the chosen run of mnli, {tmp_path / 'mnli-better'}, did not write it" in \
+        capsys.readouterr().err.splitlines()
+    with zipfile.ZipFile(out) as archive:
+        assert sorted(archive.namelist()) == ["MNLI-m.tsv", "MNLI-mm.tsv"]
+
+
+def glue_sized_runs(root: Path) -> List[Path]:
+    """One folder per GLUE task holding what a run with train.predict=true leaves for the zip: its results.json
+    and its predictions, written by the run's own writer for test sets of GLUE's sizes."""
+    folders = []
+    for task in {task for task, _ in leaderboard.GLUE_FILES.values()}:
+        config = task_config(task)
+        folder = root / task
+        (folder / PREDICTIONS_DIR).mkdir(parents=True)
+        (folder / RESULTS_FILE).write_text(json.dumps({"objective": 0.5, "status": "COMPLETED"}))
+        for split in [*config.test_splits, *([DIAGNOSTIC_SPLIT] if config.diagnostic else [])]:
+            size = leaderboard.GLUE_FILES[f"{config.submission_file(split)}.tsv"][1]
+            values = np.zeros(size, dtype=np.float32 if config.is_regression else np.int64)
+            name, text = submission(config, split, Predictions(values, np.full(size, -1), np.arange(size)))
+            (folder / PREDICTIONS_DIR / name).write_text(text)
+        folders.append(folder)
+    return folders
+
+
+def test_a_whole_submission_is_written_and_the_command_ends_with_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "glue.zip"
+    assert leaderboard.main([*map(str, glue_sized_runs(tmp_path / "runs")), "--out", str(out)]) == 0
+    with zipfile.ZipFile(out) as archive:
+        assert sorted(archive.namelist()) == sorted(leaderboard.GLUE_FILES)
+        assert archive.read("QQP.tsv").decode().count("\n") == 390_965 + 1
+    said = capsys.readouterr()
+    assert said.out.startswith(f"{out}: 11 of GLUE's 11 files\n") and said.err == ""
+
+
+def test_nothing_to_zip_is_one_line_and_no_zip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = glue_sized_runs(tmp_path / "runs")[0]
+    shutil.rmtree(run / PREDICTIONS_DIR)
+    out = tmp_path / "glue.zip"
+    assert leaderboard.main([str(run), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: no completed run of {run} wrote GLUE test predictions: train with "
+                                       "train.predict=true, or evaluate a trained model with eval.only=true "
+                                       "train.predict=true\n")
+    assert not out.exists() and not list(tmp_path.glob(".glue.zip*"))
+    assert leaderboard.main([str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+    assert "nowhere: no such directory" in capsys.readouterr().err
+
+
+@pytest.mark.process
+def test_python_m_nli_report_submission_is_this_command(tmp_path: Path) -> None:
+    run = glue_sized_runs(tmp_path / "runs")[0]
+    shutil.rmtree(run / PREDICTIONS_DIR)
+    proc = subprocess.run([sys.executable, "-m", "nli.report", "submission", str(run)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: no completed run of {run} wrote GLUE test "), \
+        proc.stderr
