@@ -6,7 +6,7 @@ the header ``index	prediction``: each example's index as its test file gives it 
 file of your own's ``idx``, ``index`` or ``id``, numbers or text: nli.data.sources), and classes written
 as GLUE's own files write them (``0``/``1`` for CoLA, SST-2, MRPC, QQP and WNLI; label names for
 MNLI, QNLI, RTE and AX), scores for STS-B.
-Zip the files of a run's ``predictions/`` folder to submit them to gluebenchmark.com.
+``python -m nli.report submission`` zips the nine tasks' runs' files for gluebenchmark.com (nli.sweep.leaderboard).
 """
 
 from __future__ import annotations
