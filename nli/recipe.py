@@ -65,7 +65,7 @@ from nli.model.build import (
     unwrap,
 )
 from nli.output import export, results
-from nli.output.folder import Outputs, check_continuation, earlier_run, recorded_config
+from nli.output.folder import Outputs, check_continuation, earlier_run, record_code, recorded_config
 from nli.output.modelcard import Card
 from nli.output.submission import write_predictions
 from nli.runtime import cpu, device, distributed, provenance, xla
@@ -174,6 +174,7 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
                 stage = "evaluating"
                 with compute.inference():  # the model trains no more
                     return evaluate_only(Run(cfg, out, compute), stop)
+            record_code(out)  # the code of this attempt, beside that of the steps before it
             # A model in a bucket is read from its local copy (nli.model.bucket).
             this_run = Run(dataclasses.replace(cfg, model=from_bucket(cfg.model)), out, compute)
             loaded = load_data(this_run)

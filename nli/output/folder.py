@@ -26,6 +26,7 @@ from nli.config.schema import TrainConfig
 from nli.errors import CheckpointError, RunChanged
 from nli.io.claim import Claim
 from nli.io.storage import Storage
+from nli.runtime import provenance
 from nli.runtime.context import RunContext
 from nli.runtime.distributed import World
 from nli.train.checkpoint import Checkpoints, Snapshot
@@ -99,6 +100,26 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
     if finished is not None:
         log.info("this run already finished; its results are in %s", storage.describe(contract.RESULTS_FILE))
     return finished
+
+
+def record_code(out: Outputs) -> None:
+    """The code this attempt trains with (nli.runtime.provenance.code_of), added to the run's record: each
+    checkpoint keeps which code ran from which step. Where it is not the code of the steps before (a run
+    requeued after a git pull, an edit, an upgrade), a warning says so, and results.json's
+    ``provenance.code_history`` lists each attempt's code from the step it started at."""
+    now = provenance.code_of(out.provenance)
+    step = out.snapshot.step if out.snapshot is not None else 0
+    history = out.checkpoints.code_history(step) if out.snapshot is not None else []
+    if history and history[-1]["code"] != now:
+        out.warn(f"this run goes on from step {step} under other code than its steps before it "
+                 f"({'; '.join(provenance.code_changes(history[-1]['code'], now))}): its figures come from both, "
+                 "and results.json's provenance.code_history says which steps ran under which. To train under one, "
+                 "start it afresh in another output_dir")
+    if not history or history[-1]["code"] != now:
+        history.append({"step": step, "code": now})
+    out.checkpoints.code = history
+    if len(history) > 1:
+        out.provenance["code_history"] = history
 
 
 def check_continuation(train: TrainConfig, ident: Mapping[str, Any], storage: Storage, checkpoints: Checkpoints,

@@ -99,6 +99,9 @@ class Card:
         lines.append(str(command))
         note = (" The code had uncommitted changes when it ran: the commit alone does not hold them."
                 if self.provenance.get("dirty") else "")
+        if len(self.provenance.get("code_history") or []) > 1:
+            note += (" Its steps ran under more than one version of the code (results.json's "
+                     "provenance.code_history): this is its last attempt's.")
         code = f"the code of commit `{commit}`" if commit else "the installed nli-glue " + str(
             (self.provenance.get("versions") or {}).get("nli-glue") or "")
         return (f"## Reproduce\n\nWith {code}:{note}\n\n```bash\n" + "\n".join(lines) + "\n```")

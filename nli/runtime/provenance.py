@@ -4,7 +4,7 @@ results.json records them under ``provenance`` (and a sweep's table, the commit 
 The code is the git commit of the checkout the ``nli`` package was imported from (found from the
 package's own location, not the working directory: a run started from anywhere names the code it
 ran), and whether that checkout had uncommitted changes to tracked files (untracked files are left
-out: a checkout holds outputs and notes of its user's that change nothing). Code installed from a
+out: a checkout holds outputs and notes of its user's that change nothing), with a digest of them. Code installed from a
 package, not a checkout, is named by the project's version instead; a Vertex AI job, whose image holds
 no .git, by the commit and image its launcher recorded (nli.contract.JOB_COMMIT, JOB_IMAGE).
 Nothing here fails a run: what cannot be found (no git, no checkout) is recorded as null.
@@ -12,6 +12,7 @@ Nothing here fails a run: what cannot be found (no git, no checkout) is recorded
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -19,7 +20,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from nli import contract
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 PROJECT = "nli-glue"  # the distribution's name (pyproject.toml)
 LIBRARIES = ("torch", "transformers", "datasets", "huggingface-hub", "peft", "hydra-core", PROJECT)
 _GIT_SECONDS = 10  # a git that hangs (a network file system) must not hold the run
+CHANGES_DIGITS = 16  # of the uncommitted changes' SHA-256: enough to tell two sets of changes apart
 
 
 def checkout() -> Optional[Path]:
@@ -51,6 +53,40 @@ def code(root: Optional[Path] = None) -> Dict[str, Any]:
     changes = _git(root, "status", "--porcelain", "--untracked-files=no") if commit is not None else None
     return {"commit": commit, "dirty": bool(changes) if changes is not None else None,
             "checkout": str(root) if commit is not None else None}
+
+
+def changes(root: Optional[Path]) -> Optional[str]:
+    """A digest of the uncommitted changes to the checkout's tracked files (``git diff HEAD``), where it has
+    some: two attempts of a run from one dirty checkout ran the same code only where it is the same; None
+    for a clean checkout, or code that is not a checkout's."""
+    diff = _git(root, "diff", "HEAD", "--no-ext-diff", "--no-color") if root is not None else None
+    return hashlib.sha256(diff.encode()).hexdigest()[:CHANGES_DIGITS] if diff else None
+
+
+def changed_code() -> Dict[str, Any]:
+    """:func:`code`, with the digest of its uncommitted changes (:func:`changes`) where it has some."""
+    found = code()
+    return {**found, "changes": changes(Path(found["checkout"]) if found.get("dirty") and found.get("checkout")
+                                        else None)}
+
+
+def code_of(record: Mapping[str, Any]) -> Dict[str, Any]:
+    """What of a run's provenance (:func:`collect`) names the code that computed its steps: the commit, the
+    uncommitted changes (whether, and which), and the libraries' versions. Two attempts of one run whose
+    ``code_of`` differ computed with other code."""
+    return {**{key: record.get(key) for key in ("commit", "dirty", "changes")}, "versions": record.get("versions")}
+
+
+def code_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> List[str]:
+    """How the code of :func:`code_of` ``new`` differs from ``old``, a phrase for each part that does."""
+    found = [f"commit {old.get('commit')} -> {new.get('commit')}"] if old.get("commit") != new.get("commit") else []
+    before, after = (each.get("changes") if each.get("dirty") else None for each in (old, new))
+    if (old.get("dirty"), before) != (new.get("dirty"), after):
+        found.append(f"uncommitted changes {before or 'none'} -> {after or 'none'}")
+    versions = (old.get("versions") or {}, new.get("versions") or {})
+    found += [f"{name} {versions[0].get(name)} -> {versions[1].get(name)}" for name in
+              dict.fromkeys([*versions[0], *versions[1]]) if versions[0].get(name) != versions[1].get(name)]
+    return found
 
 
 def launched() -> Dict[str, Any]:
@@ -137,5 +173,5 @@ def collect(compute: Compute, world: World, overrides: List[str]) -> Dict[str, A
     is for a run started by ``python train.py`` (or ``python -m nli``); one started from Python (a
     notebook) has none: its config is in config.yaml."""
     started = Path(sys.argv[0]).name in ("train.py", "__main__.py") if sys.argv else False
-    return {**code(), "versions": versions(), "device": device(compute, world), "threads": threads(),
+    return {**changed_code(), "versions": versions(), "device": device(compute, world), "threads": threads(),
             "overrides": list(overrides), "argv": list(sys.argv), "command": command(overrides) if started else None}

@@ -243,6 +243,9 @@ class Checkpoints:
         # Where the run went on with new values (train.accept_changes), oldest first: {"step", "changes"}.
         # Each manifest keeps the list, so that results.json can say so however often the run stops.
         self.continued: List[Dict[str, Any]] = []
+        # The code each attempt ran, from the step it started at, oldest first: {"step", "code"}
+        # (nli.runtime.provenance.code_of); kept by each manifest as the continuations are.
+        self.code: List[Dict[str, Any]] = []
 
     def where(self, *name: str) -> str:
         return self.storage.describe(*name)
@@ -277,6 +280,14 @@ class Checkpoints:
         """The continuations recorded by checkpoint ``step`` (none if its manifest is damaged)."""
         try:
             return list(self._manifest(checkpoint_name(step)).get("continued", []))
+        except _Damaged:
+            return []
+
+    def code_history(self, step: int) -> List[Dict[str, Any]]:
+        """The code of each attempt that checkpoint ``step`` records (none if its manifest is damaged, or
+        was written before manifests kept it)."""
+        try:
+            return list(self._manifest(checkpoint_name(step)).get("code", []))
         except _Damaged:
             return []
 
@@ -344,7 +355,7 @@ class Checkpoints:
                     "objective": evaluation.objective if evaluation else None,
                     "metrics": evaluation.metrics if evaluation else None,  # what a fallback best needs
                     **({"continued": self.continued} if self.continued else {}),
-                    "files": written}
+                    **({"code": self.code} if self.code else {}), "files": written}
         self.storage.write_text(f"{name}/{MANIFEST}", json.dumps(manifest, indent=1))
         return name
 

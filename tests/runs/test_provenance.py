@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -65,17 +66,19 @@ def test_a_checkout_with_a_modified_file_says_dirty_wherever_the_run_starts(tmp_
     git(checkout, "add", ".")
     git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy")
     (tmp_path / "elsewhere").mkdir()
-    script = ("import json, pathlib, nli.runtime.provenance as p; print(json.dumps(p.code())); "
+    script = ("import json, pathlib, nli.runtime.provenance as p; print(json.dumps(p.changed_code())); "
               "f = pathlib.Path(p.__file__).parents[1] / 'data' / 'synthetic.py'; "
-              "f.write_text(f.read_text() + '# changed\\n'); "
-              "print(json.dumps(p.code()))")
+              "f.write_text(f.read_text() + '# changed\\n'); print(json.dumps(p.changed_code())); "
+              "f.write_text(f.read_text() + '# changed again\\n'); print(json.dumps(p.changed_code()))")
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path / "elsewhere", capture_output=True, text=True,
                           env=process_env({"PYTHONPATH": str(checkout)}), timeout=120)
     assert proc.returncode == 0, proc.stderr
-    clean, dirty = map(json.loads, proc.stdout.splitlines())
+    clean, dirty, dirtier = map(json.loads, proc.stdout.splitlines())
     head = git(checkout, "rev-parse", "HEAD")
-    assert clean == {"commit": head, "dirty": False, "checkout": str(checkout)}
-    assert dirty == {"commit": head, "dirty": True, "checkout": str(checkout)}
+    assert clean == {"commit": head, "dirty": False, "checkout": str(checkout), "changes": None}
+    # The changes' digest tells two sets of uncommitted changes apart (nli.output.folder.record_code).
+    assert dirty == {"commit": head, "dirty": True, "checkout": str(checkout), "changes": dirty["changes"]}
+    assert re.fullmatch(r"[0-9a-f]{16}", dirty["changes"]) and dirtier["changes"] not in (None, dirty["changes"])
 
 
 def test_a_sweeps_rows_and_report_carry_each_jobs_commit(shared_root: Path) -> None:

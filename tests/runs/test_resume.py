@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load
 
 from nli.io.storage import Storage
+from nli.runtime import provenance
 from nli.train.checkpoint import Checkpoints
 from tests.support.runs import MEASURED, ROOT, copy_run, process_env, read_results, run_app, shared_folder
 from tests.support.wandb_records import records
@@ -135,11 +136,45 @@ def test_sigterm_mid_epoch_then_resume_ends_as_if_never_stopped(preempted: Path,
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"resuming from checkpoint {run_dir / 'checkpoints' / newest}: step {int(newest[5:])} of 50" in proc.stdout
     assert_same_run(local_outcome(run_dir), uninterrupted)
+    assert "code_history" not in read_results(run_dir)["provenance"]  # one code throughout: nothing to tell apart
     # Started once more, the finished run reports its results and trains no further.
     results = (run_dir / "results.json").read_bytes()
     again = resume(run_dir)
     assert again.returncode == 0 and "this run already finished" in again.stdout and "training:" not in again.stdout
     assert (run_dir / "results.json").read_bytes() == results
+
+
+@pytest.mark.process
+def test_a_run_that_goes_on_under_other_code_says_so_and_records_which_steps_ran_under_which(
+        preempted: Path, tmp_path: Path) -> None:
+    """The steps before the newest checkpoint ran an older commit with another torch, as a run requeued after a
+    git pull and an upgrade would have: its checkpoint's record of the code says so. Resumed, the run warns,
+    and results.json and the model card say that its steps ran under more than one version of the code."""
+    run_dir = copy_of(preempted, tmp_path)
+    newest = max(name for name, complete in checkpoints(run_dir).items() if complete)
+    manifest_file = run_dir / "checkpoints" / newest / "checkpoint.json"
+    manifest = json.loads(manifest_file.read_text())
+    (first,) = manifest["code"]
+    assert first["step"] == 0 and first["code"] == provenance.code_of({**provenance.changed_code(),
+                                                                          "versions": provenance.versions()})
+    older = {**first["code"], "commit": "0" * 40, "versions": {**first["code"]["versions"], "torch": "2.0.0"}}
+    manifest["code"] = [{"step": 0, "code": older}]
+    manifest_file.write_text(json.dumps(manifest))
+
+    proc = resume(run_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results, step = read_results(run_dir), int(newest[5:])
+    now = provenance.code_of(results["provenance"])
+    assert results["provenance"]["code_history"] == [{"step": 0, "code": older}, {"step": step, "code": now}]
+    said = (f"this run goes on from step {step} under other code than its steps before it (commit {'0' * 40} -> "
+            f"{now['commit']}; torch 2.0.0 -> {now['versions']['torch']}): its figures come from both, and "
+            "results.json's provenance.code_history says which steps ran under which. To train under one, start it "
+            "afresh in another output_dir")
+    assert results["warnings"] == [said] and f"[WARNING] - {said}\n" in proc.stdout
+    assert "Its steps ran under more than one version of the code" in (run_dir / "model" / "README.md").read_text()
+    last = max(name for name, complete in checkpoints(run_dir).items() if complete)
+    assert json.loads((run_dir / "checkpoints" / last / "checkpoint.json").read_text())["code"] == \
+        results["provenance"]["code_history"]  # a later attempt is told of both
 
 
 @pytest.mark.process
