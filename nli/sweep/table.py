@@ -266,10 +266,17 @@ def seed_settings(rows: Sequence[Mapping[str, Any]]) -> Dict[differences.Setting
     return found
 
 
+# Swept values whose settings are scored on other examples, or by another metric: another task, other data, another
+# part of it. Their objectives do not subtract (RTE's accuracy less WNLI's says nothing): no difference across them.
+OTHER_EXAMPLES = ("task", "data.dir", "data.files", "data.max_eval_samples", "data.synthetic_eval_size",
+                  "data.synthetic_version")
+
+
 def setting_pairs(rows: Sequence[Mapping[str, Any]]) -> List[differences.Pair]:
     """Every two settings of a sweep over seeds that differ in one swept value, with the difference of their
-    objectives (nli.sweep.differences); none without seeds."""
-    return differences.pairs(seed_settings(rows))
+    objectives (nli.sweep.differences); none without seeds, and none across :data:`OTHER_EXAMPLES`."""
+    return [pair for pair in differences.pairs(seed_settings(rows))
+            if not any(pair.key == key or pair.key.startswith(f"{key}.") for key in OTHER_EXAMPLES)]
 
 
 def failed(rows: Iterable[_Row]) -> List[_Row]:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import yaml
@@ -360,6 +360,25 @@ def _row(num: int, folder: str, objective: float | None, *, seed: int = 1, state
     results = None if objective is None else {"objective": objective, "accuracy": objective, "train_steps": 10}
     return sweep.job_row(num=num, state=state, overrides=["optimizer.lr=1e-3", f"seed={seed}"], results=results,
                          output_dir=folder, error=None if objective is not None else "error: it broke")
+
+
+def test_settings_of_other_tasks_or_other_eval_data_are_never_subtracted() -> None:
+    """A sweep over task=rte,wnli (and learning rates, over seeds): RTE's accuracy less WNLI's is no difference
+    between two settings, so none is computed across tasks or eval data; the learning rates within a task are."""
+    def rows(key: str, values: Tuple[str, str]) -> List[Dict[str, Any]]:
+        settings = [(value, lr, seed) for value in values for lr in ("1e-3", "3e-3") for seed in (1, 2)]
+        return [sweep.job_row(num=num, state="COMPLETED", output_dir=str(num),
+                              overrides=[f"{key}={value}", f"optimizer.lr={lr}", f"seed={seed}"],
+                              results={"objective": 0.5 + 0.1 * (value == values[1]) + 0.01 * (lr == "3e-3")
+                                       + 0.001 * seed})
+                for num, (value, lr, seed) in enumerate(settings)]
+
+    assert [(pair.key, dict(pair.fixed)) for pair in sweep.setting_pairs(rows("task", ("rte", "wnli")))] == [
+        ("optimizer.lr", {"task": "rte"}), ("optimizer.lr", {"task": "wnli"})]
+    for key in ("data.max_eval_samples", "data.files.validation"):
+        assert [pair.key for pair in sweep.setting_pairs(rows(key, ("64", "128")))] == ["optimizer.lr"] * 2
+    assert sorted(pair.key for pair in sweep.setting_pairs(rows("train.epochs", ("2", "3")))) == [
+        "optimizer.lr", "optimizer.lr", "train.epochs", "train.epochs"]  # a training setting is compared
 
 
 def test_a_rerun_job_replaces_its_row_in_place(tmp_path: Path) -> None:
