@@ -127,6 +127,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     notes: List[str] = []
     try:
+        if not args.out.parent.is_dir():  # said before anything is read, and of the path given, not a temporary
+            raise UserError(f"--out {args.out}: the folder {args.out.parent} does not exist: make it, or give "
+                            "another path")
         found = runs(args.paths, notes)
         if not found:
             raise UserError(f"no completed run of {', '.join(map(str, args.paths))} wrote GLUE test predictions: "

@@ -119,6 +119,10 @@ def test_nothing_to_zip_is_one_line_and_no_zip(tmp_path: Path, capsys: pytest.Ca
     assert not out.exists() and not list(tmp_path.glob(".glue.zip*"))
     assert leaderboard.main([str(tmp_path / "nowhere"), "--out", str(out)]) == 2
     assert "nowhere: no such directory" in capsys.readouterr().err
+    elsewhere = tmp_path / "no-folder" / "glue.zip"
+    assert leaderboard.main([str(run), "--out", str(elsewhere)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {elsewhere}: the folder {elsewhere.parent} does not exist: "
+                                       "make it, or give another path\n")
 
 
 @pytest.mark.process
