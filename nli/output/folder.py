@@ -110,12 +110,13 @@ def record_code(out: Outputs) -> None:
     now = provenance.code_of(out.provenance)
     step = out.snapshot.step if out.snapshot is not None else 0
     history = out.checkpoints.code_history(step) if out.snapshot is not None else []
-    if history and history[-1]["code"] != now:
+    changed = bool(history) and history[-1]["code"] != now
+    if changed:
         out.warn(f"this run goes on from step {step} under other code than its steps before it "
                  f"({'; '.join(provenance.code_changes(history[-1]['code'], now))}): its figures come from both, "
                  "and results.json's provenance.code_history says which steps ran under which. To train under one, "
                  "start it afresh in another output_dir")
-    if not history or history[-1]["code"] != now:
+    if changed or not history:
         history.append({"step": step, "code": now})
     out.checkpoints.code = history
     if len(history) > 1:

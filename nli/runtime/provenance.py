@@ -4,9 +4,10 @@ results.json records them under ``provenance`` (and a sweep's table, the commit 
 The code is the git commit of the checkout the ``nli`` package was imported from (found from the
 package's own location, not the working directory: a run started from anywhere names the code it
 ran), and whether that checkout had uncommitted changes to tracked files (untracked files are left
-out: a checkout holds outputs and notes of its user's that change nothing), with a digest of them. Code installed from a
-package, not a checkout, is named by the project's version instead; a Vertex AI job, whose image holds
-no .git, by the commit and image its launcher recorded (nli.contract.JOB_COMMIT, JOB_IMAGE).
+out: a checkout holds outputs and notes of its user's that change nothing), with a digest of them.
+Code installed from a package, not a checkout, is named by the project's version instead; a Vertex AI
+job, whose image holds no .git, by the commit and image its launcher recorded (nli.contract.JOB_COMMIT,
+JOB_IMAGE).
 Nothing here fails a run: what cannot be found (no git, no checkout) is recorded as null.
 """
 
