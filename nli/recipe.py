@@ -460,7 +460,7 @@ def report(run: Run, training: Training, loaded: Data, result: TrainResult,
     if best_model is not None:
         write_predictions(task, loaded.test, best_model, loaded.evaluate, out.storage, out.world)
     early, pruned = training.early_stopping, training.pruning.pruned_at if training.pruning else None
-    figures = {"objective": final.objective, **final.metrics, **extra,
+    figures = {"objective": final.objective, **final.metrics, **extra, "task": task.name,
                "train_examples_per_second": result.examples_per_second,
                "train_tokens_per_second": result.tokens_per_second,
                "eval_examples_per_second": loaded.evaluate.examples_per_second(),
@@ -527,7 +527,7 @@ def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:
     classes = results.analyse([(own.evaluate, final), *zip(extras, extra_evaluations)], trackers, out, step=0,
                               save_predictions=cfg.eval.save_predictions)
     write_predictions(cfg.task, own.test, model, own.evaluate, out.storage, world)
-    figures = {"objective": final.objective, **final.metrics, **extra, "evaluated_model": where,
+    figures = {"objective": final.objective, **final.metrics, **extra, "task": cfg.task.name, "evaluated_model": where,
                **({"evaluated_weights": weights} if weights else {}),
                "eval_examples_per_second": own.evaluate.examples_per_second(),
                "identity": digest(out.identity), **classes, "status": contract.COMPLETED}

@@ -257,12 +257,21 @@ def mean_sd(values: Sequence[float]) -> Tuple[float, float]:
 def seed_settings(rows: Sequence[Mapping[str, Any]]) -> Dict[differences.Setting, Dict[str, float]]:
     """Each setting's objective on each of its seeds, from the completed jobs that set a seed (the other swept
     values as (key, value) in one order): what nli.sweep.differences compares."""
+    return {setting: _by_seed(members) for setting, members in _seeded(rows).items()}
+
+
+def _by_seed(members: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
+    return {str(swept(row)[SEED]): float(row["objective"]) for row in members}
+
+
+def _seeded(rows: Sequence[Mapping[str, Any]]) -> Dict[differences.Setting, List[Mapping[str, Any]]]:
+    """Each setting's completed jobs that set a seed and have an objective."""
     keys = [key for key in varying(rows) if key != SEED]
-    found: Dict[differences.Setting, Dict[str, float]] = {}
+    found: Dict[differences.Setting, List[Mapping[str, Any]]] = {}
     for row in rows:
         values, objective = swept(row), row.get("objective")
         if row["state"] == COMPLETED and SEED in values and is_number(objective) and not math.isnan(objective):
-            found.setdefault(tuple((key, str(row.get(key))) for key in keys), {})[values[SEED]] = float(objective)
+            found.setdefault(tuple((key, str(row.get(key))) for key in keys), []).append(row)
     return found
 
 
@@ -270,13 +279,30 @@ def seed_settings(rows: Sequence[Mapping[str, Any]]) -> Dict[differences.Setting
 # part of it. Their objectives do not subtract (RTE's accuracy less WNLI's says nothing): no difference across them.
 OTHER_EXAMPLES = ("task", "data.dir", "data.files", "data.max_eval_samples", "data.synthetic_eval_size",
                   "data.synthetic_version")
+# results.json's task: the one a job resolved, whatever was typed (experiment= presets name theirs).
+TASK = "task"
 
 
 def setting_pairs(rows: Sequence[Mapping[str, Any]]) -> List[differences.Pair]:
     """Every two settings of a sweep over seeds that differ in one swept value, with the difference of their
-    objectives (nli.sweep.differences); none without seeds, and none across :data:`OTHER_EXAMPLES`."""
-    return [pair for pair in differences.pairs(seed_settings(rows))
-            if not any(pair.key == key or pair.key.startswith(f"{key}.") for key in OTHER_EXAMPLES)]
+    objectives (nli.sweep.differences); none without seeds, none across :data:`OTHER_EXAMPLES`, and none
+    between settings whose jobs resolved other tasks (``experiment=`` presets of two tasks)."""
+    pairs: List[differences.Pair] = []
+    for settings in _by_task(_seeded(rows)).values():
+        pairs += [pair for pair in differences.pairs(settings)
+                  if not any(pair.key == key or pair.key.startswith(f"{key}.") for key in OTHER_EXAMPLES)]
+    return pairs
+
+
+def _by_task(seeded: Mapping[differences.Setting, Sequence[Mapping[str, Any]]]
+             ) -> Dict[Tuple[str, ...], Dict[differences.Setting, Dict[str, float]]]:
+    """The settings' objectives by seed, grouped by the tasks their jobs resolved (none recorded by results
+    written before results.json named the task: one group)."""
+    groups: Dict[Tuple[str, ...], Dict[differences.Setting, Dict[str, float]]] = {}
+    for setting, members in seeded.items():
+        tasks = tuple(sorted({str(row[TASK]) for row in members if row.get(TASK) is not None}))
+        groups.setdefault(tasks, {})[setting] = _by_seed(members)
+    return groups
 
 
 def failed(rows: Iterable[_Row]) -> List[_Row]:

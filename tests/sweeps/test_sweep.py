@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+from itertools import product
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -379,6 +380,22 @@ def test_settings_of_other_tasks_or_other_eval_data_are_never_subtracted() -> No
         assert [pair.key for pair in sweep.setting_pairs(rows(key, ("64", "128")))] == ["optimizer.lr"] * 2
     assert sorted(pair.key for pair in sweep.setting_pairs(rows("train.epochs", ("2", "3")))) == [
         "optimizer.lr", "optimizer.lr", "train.epochs", "train.epochs"]  # a training setting is compared
+
+
+def test_presets_that_resolve_other_tasks_are_never_subtracted() -> None:
+    """``-m experiment=roberta-large-mnli,roberta-large-from-mnli seed=1,2``: the row holds the key typed, and
+    results.json the task each preset resolved (MNLI, RTE), so the presets are not compared; two presets of
+    one task are."""
+    def rows(tasks: Dict[str, str]) -> List[Dict[str, Any]]:
+        return [sweep.job_row(num=num, state="COMPLETED", output_dir=str(num),
+                              overrides=[f"experiment={preset}", f"seed={seed}"],
+                              results={"objective": 0.5 + 0.1 * num, sweep.TASK: task})
+                for num, ((preset, task), seed) in enumerate(product(tasks.items(), (1, 2)))]
+
+    assert sweep.setting_pairs(rows({"roberta-large-mnli": "mnli", "roberta-large-from-mnli": "rte"})) == []
+    alike = sweep.setting_pairs(rows({"roberta-large-mnli": "mnli", "electra-large-mnli": "mnli"}))
+    assert [(pair.key, pair.a, pair.b) for pair in alike] == [
+        ("experiment", "roberta-large-mnli", "electra-large-mnli")]
 
 
 def test_a_rerun_job_replaces_its_row_in_place(tmp_path: Path) -> None:

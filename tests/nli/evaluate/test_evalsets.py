@@ -290,6 +290,7 @@ def test_an_evaluation_only_run_of_a_run_folder_gives_its_results_without_traini
     metrics_of = {key: value for key, value in earlier.items() if key == "accuracy" or "/" in key}
     assert {key: results[key] for key in metrics_of} == pytest.approx(metrics_of, abs=1e-9)
     assert results["objective"] == earlier["objective"] and results["evaluated_model"] == str(trained / "model")
+    assert results["task"] == earlier["task"] == "synthetic"
     assert not any(key.startswith(("train_", "best_step")) for key in results) and results["status"] == "completed"
     assert f"model.name_or_path={trained} is a run folder: evaluating the model it exported, {trained / 'model'}" in log
     assert "data: synthetic, no training set; eval validation=96" in log and "tokenize train" not in log
