@@ -287,22 +287,20 @@ def setting_pairs(rows: Sequence[Mapping[str, Any]]) -> List[differences.Pair]:
     """Every two settings of a sweep over seeds that differ in one swept value, with the difference of their
     objectives (nli.sweep.differences); none without seeds, none across :data:`OTHER_EXAMPLES`, and none
     between settings whose jobs resolved other tasks (``experiment=`` presets of two tasks)."""
-    pairs: List[differences.Pair] = []
-    for settings in _by_task(_seeded(rows)).values():
-        pairs += [pair for pair in differences.pairs(settings)
-                  if not any(pair.key == key or pair.key.startswith(f"{key}.") for key in OTHER_EXAMPLES)]
-    return pairs
+    seeded = _seeded(rows)
+    tasks = {frozenset(setting): _tasks(members) for setting, members in seeded.items()}
+
+    def across_tasks(pair: differences.Pair) -> bool:
+        a, b = (tasks[frozenset({**dict(pair.fixed), pair.key: value}.items())] for value in (pair.a, pair.b))
+        return bool(a and b and a != b)  # a row written before results.json named its task: not told
+
+    return [pair for pair in differences.pairs({setting: _by_seed(members) for setting, members in seeded.items()})
+            if not any(pair.key == key or pair.key.startswith(f"{key}.") for key in OTHER_EXAMPLES)
+            and not across_tasks(pair)]
 
 
-def _by_task(seeded: Mapping[differences.Setting, Sequence[Mapping[str, Any]]]
-             ) -> Dict[Tuple[str, ...], Dict[differences.Setting, Dict[str, float]]]:
-    """The settings' objectives by seed, grouped by the tasks their jobs resolved (none recorded by results
-    written before results.json named the task: one group)."""
-    groups: Dict[Tuple[str, ...], Dict[differences.Setting, Dict[str, float]]] = {}
-    for setting, members in seeded.items():
-        tasks = tuple(sorted({str(row[TASK]) for row in members if row.get(TASK) is not None}))
-        groups.setdefault(tasks, {})[setting] = _by_seed(members)
-    return groups
+def _tasks(members: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+    return frozenset(str(row[TASK]) for row in members if row.get(TASK) is not None)
 
 
 def failed(rows: Iterable[_Row]) -> List[_Row]:

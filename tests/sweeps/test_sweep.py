@@ -386,7 +386,7 @@ def test_presets_that_resolve_other_tasks_are_never_subtracted() -> None:
     """``-m experiment=roberta-large-mnli,roberta-large-from-mnli seed=1,2``: the row holds the key typed, and
     results.json the task each preset resolved (MNLI, RTE), so the presets are not compared; two presets of
     one task are."""
-    def rows(tasks: Dict[str, str]) -> List[Dict[str, Any]]:
+    def rows(tasks: Dict[str, str | None]) -> List[Dict[str, Any]]:
         return [sweep.job_row(num=num, state="COMPLETED", output_dir=str(num),
                               overrides=[f"experiment={preset}", f"seed={seed}"],
                               results={"objective": 0.5 + 0.1 * num, sweep.TASK: task})
@@ -396,6 +396,8 @@ def test_presets_that_resolve_other_tasks_are_never_subtracted() -> None:
     alike = sweep.setting_pairs(rows({"roberta-large-mnli": "mnli", "electra-large-mnli": "mnli"}))
     assert [(pair.key, pair.a, pair.b) for pair in alike] == [
         ("experiment", "roberta-large-mnli", "electra-large-mnli")]
+    # A job's results.json written before it named its task: the pair is kept, as before.
+    assert len(sweep.setting_pairs(rows({"roberta-large-mnli": "mnli", "electra-large-mnli": None}))) == 1
 
 
 def test_a_rerun_job_replaces_its_row_in_place(tmp_path: Path) -> None:
