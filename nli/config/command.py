@@ -16,8 +16,9 @@ line alone is answered here, in a fraction of a second, with one line on stderr 
   after the folder's task, handed to Hydra (:func:`check` returns it).
 
 A sweep is checked here by its keys (with each group's first option), each value of a list or range
-against its key's type or its group's options, and its directory; the schema's rules, which may depend
-on how values combine, are each job's own to check (it fails alone, nli.cli).
+against its key's type or its group's options, and its directory; a sweep over lists (Hydra's basic
+sweeper) by the schema's rules on each of its jobs, as the job would check itself. A search's jobs, drawn
+as it goes, check themselves (a job that fails does so alone, nli.cli).
 ``--cfg`` (and Hydra's other flags that show the config) gets the same check of its keys and types, not the
 schema's rules: it shows the config as composed. An argument Hydra's grammar cannot read is named with how to type
 it (a path with a space, a ``~``). Anything else this check cannot judge (``--config-dir``, ``--info``) is Hydra's.
@@ -25,6 +26,7 @@ it (a path with a space, a ``~``). Anything else this check cannot judge (``--co
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shlex
@@ -32,10 +34,11 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
@@ -51,6 +54,7 @@ from nli.errors import ConfigError, UserError
 
 MULTIRUN = ("-m", "--multirun")
 HYDRA_LAUNCHER = "basic"  # Hydra's own: runs a sweep's jobs here, one after another
+HYDRA_SWEEPER = "basic"  # Hydra's own: runs a list of jobs, every combination of the values typed
 
 
 @dataclass(frozen=True)
@@ -306,6 +310,7 @@ def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) 
     _check_ranges(base, overrides)
     _check_keys(base, overrides, groups)
     _check_values(config_name, overrides, groups, choices, base)
+    _check_jobs(config_name, overrides, groups, base)
     plain = [_line(o) for o in overrides if o.key_or_group.startswith("hydra.") and not o.is_sweep_override()]
     _check_folder("hydra.sweep.dir", str(_compose(config_name, [*choices, *plain]).hydra.sweep.dir))
 
@@ -314,8 +319,7 @@ def _check_ranges(base: DictConfig, overrides: List[Override]) -> None:
     """``interval(a,b)`` is a range for a search to draw from: Hydra's basic sweeper, which runs a list of jobs,
     ended in its own traceback."""
     interval = next((o for o in overrides if o.is_interval_sweep()), None)
-    sweeper = OmegaConf.select(base, "hydra.runtime.choices", default={}).get("hydra/sweeper", "basic")
-    if interval is not None and sweeper == "basic":
+    if interval is not None and _sweeper(base) == HYDRA_SWEEPER:
         key = as_typed(_line(interval))
         raise ConfigError(f"{_line(interval)} is a range for a search to draw from, and this sweep runs a list of "
                           "jobs: search it with Optuna (hydra/sweeper=optuna, or a search of conf/hparams_search/: "
@@ -342,6 +346,61 @@ def _check_values(config_name: str, overrides: List[Override], groups: set[str],
             except (UserError, OmegaConfBaseException) as err:
                 reason = _refused_value(f"{key}={text}", err) if isinstance(err, OmegaConfBaseException) else str(err)
                 raise ConfigError(f"{key}={text}, one job of the sweep {_line(override)}: {reason}") from None
+
+
+def _check_jobs(config_name: str, overrides: List[Override], groups: set[str], base: DictConfig) -> None:
+    """Every job of a sweep that runs a list (Hydra's basic sweeper) checked by the schema's rules, as the job will
+    check itself: a value they refuse, alone or beside another swept value (``optimizer.lr=-1``; ``hw=v100`` with a
+    global batch no multiple of its per-device batch), stops the sweep here, naming the job, before any job runs or
+    waits in a Slurm queue or for a Vertex AI machine. Jobs are made as the sweeper makes them (its
+    ``hydra.sweeper.params`` too); a config is composed once for each combination of group options, and each job's
+    values set on a copy of it (a hundred jobs take about a second). An evaluation of a run folder takes its
+    config from the folder: it checks itself, as it starts."""
+    if _sweeper(base) != HYDRA_SWEEPER:
+        return  # a search draws its jobs as it goes: each checks itself as it starts
+    parser = OverridesParser.create()
+    params = OmegaConf.select(base, "hydra.sweeper.params") or {}
+    typed = [*parser.parse_overrides([f"{key}={value}" for key, value in params.items()]), *overrides]
+    swept = {o.get_key_element() for o in typed if o.is_sweep_override()}
+    composed: Dict[Tuple[str, ...], DictConfig] = {}
+    refused: List[Tuple[str, str]] = []
+    jobs = BasicSweeper.split_arguments(typed, None)[0]  # the sweeper's own: its jobs, in its order
+    for lines in jobs:
+        job = parser.parse_overrides(lines)
+        values = [o for o in job if o.get_key_element() in swept and not _chooses(o, groups)
+                  and not o.is_hydra_override()]
+        try:
+            choices = tuple(_line(o) for o in job if o not in values)
+            if choices not in composed:
+                composed[choices] = _compose(config_name, list(choices))
+                with open_dict(composed[choices]):
+                    del composed[choices]["hydra"]  # read by no rule, and the better part of each copy's time
+            cfg = copy.deepcopy(composed[choices])
+            with open_dict(cfg):
+                for value in values:
+                    OmegaConf.update(cfg, value.key_or_group, value.value(), merge=True)
+            if not OmegaConf.select(cfg, "eval.only"):
+                _check_config(cfg, rules=True)
+        except (UserError, OmegaConfBaseException) as err:
+            said = str(err) if isinstance(err, UserError) else _refused_value(" ".join(map(_line, values)), err)
+            refused.append((" ".join(_line(o) for o in job if o.get_key_element() in swept), said))
+    if refused:
+        raise ConfigError(f"{_refusal(refused, len(jobs))}. No job has run: mend the value, or drop it from the sweep")
+
+
+def _refusal(refused: Sequence[Tuple[str, str]], jobs: int) -> str:
+    """The jobs ``refused`` (each by its swept values, and why), out of the sweep's ``jobs``, in a line."""
+    (which, why), count = refused[0], len(refused)
+    if count == jobs and len({reason for _, reason in refused}) == 1:
+        return f"every job of the sweep would stop as it starts: {why}"
+    if count == 1:
+        return f"the sweep's job {which} would stop as it starts: {why}"
+    every = f"every one of the sweep's {jobs} jobs" if count == jobs else f"{count} of the sweep's {jobs} jobs"
+    return f"{every} would stop as they start; the first, {which}: {why}"
+
+
+def _sweeper(cfg: DictConfig) -> str:
+    return str(OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hydra/sweeper", HYDRA_SWEEPER))
 
 
 def _compose(config_name: str, overrides: List[str]) -> DictConfig:
@@ -373,7 +432,7 @@ def _check_keys(base: DictConfig, overrides: List[Override], groups: set[str]) -
 
 def _check_config(cfg: DictConfig, *, rules: bool) -> None:
     with open_dict(cfg):
-        del cfg["hydra"]
+        cfg.pop("hydra", None)
     check_known(cfg)
     if rules:
         OmegaConf.to_object(cfg)  # the schema's rules (nli.config.schema): ConfigError names the key and the fix

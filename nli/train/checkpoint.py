@@ -519,7 +519,8 @@ def run_checkpoints(checkpoint_dir: Optional[str], storage: Storage, identity: D
     """A run's checkpoints: in ``<output_dir>/checkpoints``, or in ``checkpoint_dir`` (train.checkpoint_dir
     or the platform's), each marked with the run's identity. A run that ``writes`` none (evaluation only)
     does not check that it could."""
-    folder = Storage(checkpoint_dir or storage.describe(contract.CHECKPOINTS_DIR))
+    folder = (Storage(checkpoint_dir, key="train.checkpoint_dir") if checkpoint_dir  # named as errors say it
+              else Storage(storage.describe(contract.CHECKPOINTS_DIR)))
     if checkpoint_dir and writes:
         folder.check_writable()
     return Checkpoints(folder, keep=keep, identity=identity)

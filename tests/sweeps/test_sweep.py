@@ -28,7 +28,17 @@ from nli.sweep import table as sweep
 from tests.support.runs import FAST, ROOT, process_env, read_results, run_app, shared_folder
 from tests.support.wandb_records import records
 
-BAD_LR = "optimizer.lr=-1.0 must be positive"
+# A job that fails as it starts, for a reason its config cannot tell (the schema's rules stop the sweep before any
+# job: tests/nli/config/test_keys.py): its checkpoint folder's parent is a file. Relative to the sweep's cwd.
+BLOCKED = "a-file/checkpoints"
+BLOCKED_ERROR = f"train.checkpoint_dir={BLOCKED} is not writable"
+
+
+def blocker(cwd: Path) -> Path:
+    """The file that stands where :data:`BLOCKED`'s parent folder would be."""
+    path = cwd / "a-file"
+    path.write_text("not a folder")
+    return path
 SWEEP_CLAIM = sweep.CLAIM.file
 
 
@@ -40,14 +50,15 @@ def rows_by_job(sweep_dir: Path) -> Dict[int, Dict[str, Any]]:
 
 
 def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_path: Path) -> None:
+    blocker(tmp_path)
     sweep_dir = tmp_path / "sweep"
     args = ["-m", *FAST, f"hydra.sweep.dir={sweep_dir}"]
-    proc = run_app([*args, "optimizer.lr=-1,1e-3"], cwd=tmp_path)
+    proc = run_app([*args, f"train.checkpoint_dir={BLOCKED},null"], cwd=tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
     rows = rows_by_job(sweep_dir)
-    assert rows[0]["state"] == "FAILED" and BAD_LR in rows[0]["error"] and "objective" not in rows[0]
-    assert rows[1]["state"] == "COMPLETED" and rows[1]["optimizer.lr"] == "0.001" and rows[1]["error"] is None
+    assert rows[0]["state"] == "FAILED" and BLOCKED_ERROR in rows[0]["error"] and "objective" not in rows[0]
+    assert rows[1]["state"] == "COMPLETED" and rows[1]["train.checkpoint_dir"] == "null" and rows[1]["error"] is None
     results = read_results(sweep_dir / "1")  # the job after the failed one ran to the end
     assert rows[1]["objective"] == results["objective"] and rows[1]["train_seconds"] == results["train_seconds"]
     assert rows[1]["output_dir"] == str(sweep_dir / "1")
@@ -55,7 +66,8 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
     # The end of the output: the table, then the failed job by number and overrides, with its error.
     table = proc.stdout[proc.stdout.index("Sweep results"):]
     failed = table[table.index("1 of the sweep's jobs failed (the others ran):"):].splitlines()
-    assert failed[1].startswith("  #0 experiment=quickstart ") and f"optimizer.lr=-1: error: {BAD_LR}" in failed[1]
+    assert failed[1].startswith("  #0 experiment=quickstart ")
+    assert f"train.checkpoint_dir={BLOCKED}: error: {BLOCKED_ERROR}" in failed[1]
     assert "Traceback" not in output
     assert (sweep_dir / "sweep_results.csv").read_text().count("\n") == 3  # header and two rows
 
@@ -63,21 +75,21 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
 
     # The same sweep again with job 0 mended: a table of its own, job 1 answering from its finished folder.
     # With W&B (offline): job 0's run tagged with its overrides, and the table as a run of the sweep's group.
-    again = run_app([*args, "optimizer.lr=5e-4,1e-3", "logger=wandb", "logger.wandb.mode=offline"], cwd=tmp_path,
-                    env={"WANDB_SILENT": "true"})
+    again = run_app([*args, "train.checkpoint_dir=checkpoints,null", "logger=wandb", "logger.wandb.mode=offline"],
+                    cwd=tmp_path, env={"WANDB_SILENT": "true"})
     assert again.returncode == 0, again.stdout + again.stderr
     rows = rows_by_job(sweep_dir)
     assert [rows[job]["state"] for job in (0, 1)] == ["COMPLETED", "COMPLETED"]
-    assert rows[0]["optimizer.lr"] == "0.0005" and rows[1]["objective"] == results["objective"]
+    assert rows[0]["train.checkpoint_dir"] == "checkpoints" and rows[1]["objective"] == results["objective"]
     assert rows[0]["sweep"] == rows[1]["sweep"] != first[0]["sweep"] == first[1]["sweep"]
     assert sweep.read_rows(sweep_dir) == [first[0], first[1], rows[0], rows[1]]  # the first sweep's kept as they were
     configs = {job: yaml.safe_load((sweep_dir / job / "config.yaml").read_text()) for job in ("0", "1")}
-    assert {c["optimizer"]["lr"] for c in configs.values()} == {5e-4, 1e-3}
+    assert {c["train"]["checkpoint_dir"] for c in configs.values()} == {"checkpoints", None}
 
     job_run = wandb_run(sweep_dir / "0")
-    assert "optimizer.lr=0.0005" in job_run.tags and job_run.run_group == "sweep"
+    assert "train.checkpoint_dir=checkpoints" in job_run.tags and job_run.run_group == "sweep"
     assert json.loads(next(item.value_json for item in job_run.config.update if item.key == "overrides"))[
-        "optimizer.lr"] == "0.0005"
+        "train.checkpoint_dir"] == "checkpoints"
     summary_run = wandb_run(sweep_dir)
     assert (summary_run.run_group, summary_run.job_type) == ("sweep", "sweep-summary")
     (table,) = sweep_dir.glob("wandb/offline-run-*/files/media/table/sweep_results_*.table.json")
@@ -103,28 +115,30 @@ def test_a_mistake_every_job_would_make_stops_the_sweep_before_any_job(tmp_path:
 @pytest.mark.process
 def test_submitit_local_rows_from_each_job_and_seeds_summed_up(tmp_path: Path) -> None:
     """Four jobs at once in their own processes, each writing its row; two fail."""
+    blocked = blocker(tmp_path) / "checkpoints"  # absolute: submitit's jobs run in folders of their own
     sweep_dir = tmp_path / "sweep"
     proc = run_app(["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10", *FAST,
-                      "optimizer.lr=1e-3,-1", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+                    f"train.checkpoint_dir=null,{blocked}", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
     rows = sweep.read_rows(sweep_dir)
     assert sorted(row["job"] for row in rows) == [0, 1, 2, 3]
-    good = [row for row in rows if row["optimizer.lr"] == "0.001"]  # as Hydra hands a swept value to the job
+    good = [row for row in rows if row["train.checkpoint_dir"] == "null"]  # as Hydra hands a swept value to the job
     assert [row["state"] for row in good] == ["COMPLETED"] * 2
-    assert all(row["state"] == "FAILED" and BAD_LR in row["error"] for row in rows if row not in good)
+    assert all(row["state"] == "FAILED" and f"train.checkpoint_dir={blocked} is not writable" in row["error"]
+               for row in rows if row not in good)
     assert "2 of the sweep's jobs failed" in output
 
     with open(sweep_dir / sweep.SUMMARY_CSV) as stream:
-        groups = {group["optimizer.lr"]: group for group in csv.DictReader(stream)}
+        groups = {group["train.checkpoint_dir"]: group for group in csv.DictReader(stream)}
     objectives = [row["objective"] for row in good]
     speeds = [row["train_examples_per_second"] for row in good]
-    assert groups["0.001"]["n"] == "2" and groups["0.001"]["failed"] == "0"
-    assert sorted(groups["0.001"]["seeds"].split()) == ["1", "2"]
-    assert float(groups["0.001"]["objective_mean"]) == pytest.approx(statistics.mean(objectives))
-    assert float(groups["0.001"]["objective_sd"]) == pytest.approx(statistics.stdev(objectives))
-    assert float(groups["0.001"]["train_examples_per_second_sd"]) == pytest.approx(statistics.stdev(speeds))
-    assert groups["-1"]["n"] == "0" and groups["-1"]["failed"] == "2"
+    assert groups["null"]["n"] == "2" and groups["null"]["failed"] == "0"
+    assert sorted(groups["null"]["seeds"].split()) == ["1", "2"]
+    assert float(groups["null"]["objective_mean"]) == pytest.approx(statistics.mean(objectives))
+    assert float(groups["null"]["objective_sd"]) == pytest.approx(statistics.stdev(objectives))
+    assert float(groups["null"]["train_examples_per_second_sd"]) == pytest.approx(statistics.stdev(speeds))
+    assert groups[str(blocked)]["n"] == "0" and groups[str(blocked)]["failed"] == "2"
     assert "Over seeds" in output
 
 
@@ -154,8 +168,9 @@ def _claim_written(path: Path) -> bool:
 def test_a_second_sweep_into_a_directory_a_live_sweep_holds_is_refused_before_any_job(tmp_path: Path) -> None:
     """Two sweeps at once into one directory: the second stops at its start, naming the first; the first,
     with a job that fails, runs to its end with a table of its own jobs and lets the directory go."""
+    blocker(tmp_path)
     sweep_dir = tmp_path / "sweep"
-    first = start_sweep([*FAST, "optimizer.lr=1e-3,-1"], cwd=tmp_path, sweep_dir=sweep_dir)
+    first = start_sweep([*FAST, f"train.checkpoint_dir=null,{BLOCKED}"], cwd=tmp_path, sweep_dir=sweep_dir)
     os.kill(first.pid, signal.SIGSTOP)  # alive and holding the directory, whatever the speed of the machine
     try:
         second = run_app(["-m", *FAST, "optimizer.lr=3e-3,5e-4", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
@@ -174,12 +189,12 @@ def test_a_second_sweep_into_a_directory_a_live_sweep_holds_is_refused_before_an
 
     assert first.returncode == 1, output  # its own failed job
     rows = sweep.read_rows(sweep_dir)
-    assert [(row["job"], row["optimizer.lr"], row["state"]) for row in rows] == [(0, "0.001", "COMPLETED"),
-                                                                                 (1, "-1", "FAILED")]
+    assert [(row["job"], row["train.checkpoint_dir"], row["state"]) for row in rows] == [
+        (0, "null", "COMPLETED"), (1, BLOCKED, "FAILED")]
     assert rows[0]["objective"] == read_results(sweep_dir / "0")["objective"] and "objective" not in rows[1]
     assert yaml.safe_load((sweep_dir / "0" / "config.yaml").read_text())["optimizer"]["lr"] == 1e-3
     assert sorted(path.name for path in sweep_dir.iterdir() if path.is_dir()) == ["0", "1"]
-    assert "optimizer.lr=1e-3,-1" in (sweep_dir / "multirun.yaml").read_text()  # the second wrote nothing there
+    assert f"train.checkpoint_dir=null,{BLOCKED}" in (sweep_dir / "multirun.yaml").read_text()  # the second's: none
     table = output[output.index("Sweep results"):]
     assert "0.003" not in table and "0.0005" not in table
     assert not (sweep_dir / SWEEP_CLAIM).exists()  # let go at its end, a failed job and all

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Callable, Iterator, List, Sequence, Tuple
 
 import pytest
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from nli.config.command import check
@@ -108,12 +110,75 @@ def test_a_typo_in_one_value_of_a_sweep_is_named_before_any_job_runs(tmp_path: P
     assert proc.stderr.startswith(f"error: {refused}") and "HYDRA_FULL_ERROR" not in proc.stderr, proc.stderr
 
 
-def test_a_sweeps_values_are_set_not_composed_one_by_one(tmp_path: Path) -> None:
-    """Valid values of every kind pass, a hundred seeds among them; no rule of the schema is judged here
-    (a value may be valid only beside another group's option): each job checks its own."""
+def test_a_sweeps_jobs_are_checked_without_composing_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Valid values of every kind pass, 400 jobs of a hundred seeds among them, each job checked by the schema's
+    rules: a config composed for each combination of group options (two models), not for each job."""
+    from hydra._internal.hydra import Hydra
+
+    composed: List[List[str]] = []
+    original = Hydra.compose_config
+
+    def counted(self: Hydra, config_name: str, overrides: List[str], *args: object, **kwargs: object) -> DictConfig:
+        composed.append(list(overrides))
+        return original(self, config_name, overrides, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Hydra, "compose_config", counted)
     assert check(["-m", "experiment=quickstart", "seed=range(1,101)", "optimizer.lr=1e-3,2e-3",
-                  "model=tiny,roberta-base", "train.max_steps=5,-3", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                  "model=tiny,roberta-base", "train.max_steps=5,3", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                  CONF, "train").extra == []
+    assert len(composed) <= 6, composed  # the first options; each model's; each model's jobs; the sweep's folder
+
+
+NO_JOB = ". No job has run: mend the value, or drop it from the sweep\n"
+
+
+@pytest.mark.parametrize("typed, refused", [
+    (["optimizer.lr=-1,1e-3"], "the sweep's job optimizer.lr=-1 would stop as it starts: optimizer.lr=-1.0 must be "
+                               "positive (e.g. optimizer.lr=2e-5)"),
+    # Under any launcher: a Slurm job would wait in the queue first, a Vertex AI job for its machine.
+    (["hydra/launcher=submitit_local", "optimizer.lr=-1,1e-3"], "the sweep's job optimizer.lr=-1 would stop as it "
+                                                                "starts: optimizer.lr=-1.0 must be positive"),
+    (["optimizer.lr=-1,1e-3", "seed=1,2"], "2 of the sweep's 4 jobs would stop as they start; the first, "
+                                           "optimizer.lr=-1 seed=1: optimizer.lr=-1.0 must be positive"),
+    (["optimizer.lr=-1,-2"], "every one of the sweep's 2 jobs would stop as they start; the first, optimizer.lr=-1: "
+                             "optimizer.lr=-1.0 must be positive"),
+    (["train.batch_size=0", "seed=1,2"], "every job of the sweep would stop as it starts: train.batch_size=0 must be "
+                                         "positive"),
+    # Valid with one of the swept options, not with the other: each job as it combines them.
+    (["hw=cpu,v100", "train.batch_size=24"], "the sweep's job hw=v100 would stop as it starts: train.batch_size=24 "
+                                             "must be a multiple of hw.per_device_batch_size=16"),
+    (["model=roberta-base,tiny", "data.max_seq_length=300"], "the sweep's job model=tiny would stop as it starts: "
+                                                             "model.scratch.max_position_embeddings=258 must be at "
+                                                             "least data.max_seq_length + 2 = 302"),
+])
+def test_a_job_of_a_sweep_the_schema_refuses_stops_the_sweep_before_any_job_runs(tmp_path: Path, typed: List[str],
+                                                                                 refused: str) -> None:
+    """A value the schema's rules refuse, alone or beside another swept value, would have its job fail as it
+    starts: after a Slurm queue, or a Vertex AI machine's start. The sweep is refused before any job, naming it."""
+    sweep = tmp_path / "sweep"
+    proc = run_app(["-m", *FAST, *typed, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert proc.returncode == 1 and not sweep.exists(), proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"error: {refused}") and proc.stderr.endswith(NO_JOB), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Launching" not in proc.stdout
+
+
+def test_the_jobs_of_an_experiments_own_sweep_are_checked_as_the_sweeper_makes_them(
+        tmp_path: Path, hydra_restore_singletons: None) -> None:
+    """An experiment's YAML that sweeps (Hydra's basic sweeper's ``params``), beside the command line's values:
+    the jobs are its and the command line's, combined in the sweeper's order."""
+    conf = shutil.copytree(CONF, tmp_path / "conf")
+    (conf / "experiment" / "lr-sweep.yaml").write_text("# @package _global_\ndefaults:\n  - quickstart\n"
+                                                       "hydra:\n  sweeper:\n    params:\n      optimizer.lr: 1e-3,-1\n")
+    argv = ["-m", "experiment=lr-sweep", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    GlobalHydra.instance().clear()  # conftest keeps Hydra initialised on the project's conf/: restored after the test
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with pytest.raises(SystemExit) as refused:
+            check(argv, conf, "train")
+        assert str(refused.value).startswith("error: 2 of the sweep's 4 jobs would stop as they start; the first, "
+                                             "optimizer.lr=-1 seed=1: optimizer.lr=-1.0 must be positive")
+        (conf / "experiment" / "lr-sweep.yaml").write_text((conf / "experiment" / "lr-sweep.yaml").read_text()
+                                                           .replace("1e-3,-1", "1e-3,2e-3"))
+        assert check(argv, conf, "train").extra == []
 
 
 def test_a_job_checks_its_own_keys_where_the_command_line_is_left_to_hydra(tmp_path: Path) -> None:
