@@ -354,38 +354,44 @@ def _check_jobs(config_name: str, overrides: List[Override], groups: set[str], b
     global batch no multiple of its per-device batch), stops the sweep here, naming the job, before any job runs or
     waits in a Slurm queue or for a Vertex AI machine. Jobs are made as the sweeper makes them (its
     ``hydra.sweeper.params`` too); a config is composed once for each combination of group options, and each job's
-    values set on a copy of it (a hundred jobs take about a second). An evaluation of a run folder takes its
-    config from the folder: it checks itself, as it starts."""
+    values set on a copy of it (a hundred jobs take about a second)."""
     if _sweeper(base) != HYDRA_SWEEPER:
         return  # a search draws its jobs as it goes: each checks itself as it starts
     parser = OverridesParser.create()
     params = OmegaConf.select(base, "hydra.sweeper.params") or {}
     typed = [*parser.parse_overrides([f"{key}={value}" for key, value in params.items()]), *overrides]
     swept = {o.get_key_element() for o in typed if o.is_sweep_override()}
-    composed: Dict[Tuple[str, ...], DictConfig] = {}
-    refused: List[Tuple[str, str]] = []
     jobs = BasicSweeper.split_arguments(typed, None)[0]  # the sweeper's own: its jobs, in its order
-    for lines in jobs:
-        job = parser.parse_overrides(lines)
-        values = [o for o in job if o.get_key_element() in swept and not _chooses(o, groups)
-                  and not o.is_hydra_override()]
-        try:
-            choices = tuple(_line(o) for o in job if o not in values)
-            if choices not in composed:
-                composed[choices] = _compose(config_name, list(choices))
-                with open_dict(composed[choices]):
-                    del composed[choices]["hydra"]  # read by no rule, and the better part of each copy's time
-            cfg = copy.deepcopy(composed[choices])
-            with open_dict(cfg):
-                for value in values:
-                    OmegaConf.update(cfg, value.key_or_group, value.value(), merge=True)
-            if not OmegaConf.select(cfg, "eval.only"):
-                _check_config(cfg, rules=True)
-        except (UserError, OmegaConfBaseException) as err:
-            said = str(err) if isinstance(err, UserError) else _refused_value(" ".join(map(_line, values)), err)
-            refused.append((" ".join(_line(o) for o in job if o.get_key_element() in swept), said))
+    composed: Dict[Tuple[str, ...], DictConfig] = {}
+    refused = [(" ".join(_line(o) for o in job if o.get_key_element() in swept), why) for job in
+               map(parser.parse_overrides, jobs) if (why := _job_refused(config_name, job, swept, groups, composed))]
     if refused:
         raise ConfigError(f"{_refusal(refused, len(jobs))}. No job has run: mend the value, or drop it from the sweep")
+
+
+def _job_refused(config_name: str, job: List[Override], swept: set[str], groups: set[str],
+                 composed: Dict[Tuple[str, ...], DictConfig]) -> Optional[str]:
+    """Why the schema's rules refuse the sweep's ``job``, if they do: its group options and fixed values composed
+    (once for every job that shares them, in ``composed``), its swept values set on a copy. An evaluation of a run
+    folder takes its config from the folder, and checks itself as it starts."""
+    values = [o for o in job if o.get_key_element() in swept and not _chooses(o, groups) and not o.is_hydra_override()]
+    try:
+        choices = tuple(_line(o) for o in job if o not in values)
+        if choices not in composed:
+            composed[choices] = _compose(config_name, list(choices))
+            with open_dict(composed[choices]):
+                del composed[choices]["hydra"]  # read by no rule, and the better part of each copy's time
+        cfg = copy.deepcopy(composed[choices])
+        with open_dict(cfg):
+            for value in values:
+                OmegaConf.update(cfg, value.key_or_group, value.value(), merge=True)
+        if not OmegaConf.select(cfg, "eval.only"):
+            _check_config(cfg, rules=True)
+    except UserError as err:
+        return str(err)
+    except OmegaConfBaseException as err:
+        return _refused_value(" ".join(map(_line, values)), err)
+    return None
 
 
 def _refusal(refused: Sequence[Tuple[str, str]], jobs: int) -> str:

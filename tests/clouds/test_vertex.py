@@ -174,19 +174,23 @@ def test_sweep_of_two_jobs_returns_their_objectives_and_keeps_the_key_secret(
 
 @pytest.mark.process
 def test_a_failed_job_is_failed_with_vertex_message_and_the_other_succeeds(fake: FakeVertex, tmp_path: Path) -> None:
-    # The second job's config is valid to compose but fails inside the job (synthetic data has no GLUE directory).
-    proc = sweep_cli([*launcher(fake), *FAST, "data.dir=null,/no/glue", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                     cwd=tmp_path)
+    # The second job's config is valid (the schema's rules pass every job before any is submitted) but it fails
+    # inside the job: the parent of its checkpoint folder is a file.
+    blocked = tmp_path / "a-file" / "checkpoints"
+    blocked.parent.write_text("not a folder")
+    proc = sweep_cli([*launcher(fake), *FAST, f"train.checkpoint_dir=null,{blocked}",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, output
     rows = read_rows(tmp_path / "sweep")
     assert [row["state"] for row in rows] == ["COMPLETED", "FAILED"]
-    assert "data.dir reads the GLUE layout" in rows[1]["error"]  # the job's own error, in its row
+    error = f"train.checkpoint_dir={blocked} is not writable"
+    assert error in rows[1]["error"]  # the job's own error, in its row
     assert 0 <= float(rows[0]["objective"]) <= 1 and rows[1]["objective"] == ""
     # Rows of this sweep (nli.sweep.table), hence in the table it prints at its end.
     assert rows[0]["sweep"] == rows[1]["sweep"] != "" and "1 of the sweep's jobs failed" in output
     assert "exited with a non-zero status of 1" in output  # the service's message ...
-    assert "data.dir reads the GLUE layout" in output  # ... and the job's own error, reported from inside
+    assert error in output  # ... and the job's own error, reported from inside
 
 
 @pytest.mark.process
