@@ -77,6 +77,9 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> Checked:
     flags, typed = split
     groups = {path.relative_to(conf_dir).as_posix() for path in conf_dir.rglob("*") if path.is_dir()}
     try:
+        if flags == {"-m", "--cfg"}:  # Hydra's own answer is a ValueError's traceback
+            raise ConfigError("-m runs a sweep and --cfg shows a config, one or the other: to see a job's config, "
+                              f"drop -m and give that job's values (python train.py --cfg job{_one_job(typed)})")
         overrides = _parsed(typed)
         _check_search_keys(overrides)
         with _hydra(conf_dir):
@@ -92,6 +95,17 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> Checked:
         raise SystemExit(f"error: {err}") from None
     except yaml.YAMLError as err:  # a config file edited by hand (a user's conf/local/): the file, the line
         raise SystemExit(f"error: a config file is not valid YAML: {_yaml_problem(err)}") from None
+
+
+def _one_job(typed: Sequence[str]) -> str:
+    """``typed`` with each listed value's first, as the end of a command line: one job of its sweep (none for a
+    search's range, which has no first value)."""
+    parts: List[str] = []
+    for override in _parsed(list(typed)):
+        if override.is_sweep_override() and not override.is_discrete_sweep():
+            return ""
+        parts.append(_first(override))
+    return f" {shlex.join(parts)}" if parts else ""
 
 
 # Hydra's flags that show the composed config instead of running, with the number of values each takes.

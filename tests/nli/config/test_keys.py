@@ -363,3 +363,14 @@ def test_cfg_job_checks_the_keys_as_a_run_does_and_prints_the_config(tmp_path: P
     assert shown.returncode == 0, shown.stderr  # what it shows is the config: the schema's rules are the run's
     assert "  epochs: 3.0\n" in shown.stdout and "  lr: -1.0\n" in shown.stdout
     assert not list(tmp_path.iterdir())
+
+
+def test_a_sweep_asked_for_its_config_is_told_how_to_see_one_jobs(tmp_path: Path) -> None:
+    """``-m ... --cfg job`` was Hydra's ValueError with its traceback; it is one line giving one job's command."""
+    proc = run_app(["-m", "experiment=quickstart", "seed=1,2", "data.dir=/a b", "--cfg", "job"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
+    assert proc.stderr == ("error: -m runs a sweep and --cfg shows a config, one or the other: to see a job's config, "
+                           "drop -m and give that job's values (python train.py --cfg job experiment=quickstart seed=1 "
+                           "'data.dir=/a b')\n")
+    shown = run_app(["--cfg", "job", "experiment=quickstart", "seed=1", "data.dir=/a b"], cwd=tmp_path)
+    assert shown.returncode == 0 and "seed: 1\n" in shown.stdout, shown.stderr  # the command given works
