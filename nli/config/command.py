@@ -266,7 +266,8 @@ def _composed_run(config_name: str, overrides: List[Override], groups: set[str])
     if plain:
         try:
             return compose(config_name, overrides=lines, return_hydra_config=True)
-        except (HydraException, OmegaConfBaseException, AssertionError):  # Hydra's assertion: a key under a null node
+        # Hydra's assertion: a key under a null node; OmegaConf's AttributeError: a mapping merged into one.
+        except (HydraException, OmegaConfBaseException, AssertionError, AttributeError):
             pass
     _check_keys(_compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)]), overrides, groups)
     return _compose(config_name, lines)
@@ -447,7 +448,9 @@ def _refused_value(typed: str, err: OmegaConfBaseException) -> str:
 def _check_keys(base: DictConfig, overrides: List[Override], groups: set[str]) -> None:
     for override in overrides:
         if not _chooses(override, groups) and override.type != OverrideType.DEL:
-            check_override_key(base, override.key_or_group, _line(override))
+            value = None if override.is_sweep_override() else override.value()
+            check_override_key(base, override.key_or_group, _line(override),
+                               mapping=value if isinstance(value, dict) else None)
 
 
 def _check_config(cfg: DictConfig, *, rules: bool) -> None:

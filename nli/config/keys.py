@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -30,6 +30,9 @@ NULL_NODES = {
                      "(model.name_or_path) has none",
     "task.glue": "task.glue describes a task's files in GLUE's layout, and this task has none: use data.files "
                  "for files of your own",
+    "hydra.sweeper.params": "Hydra's basic sweeper takes it from a config file (an experiment's YAML), and the values "
+                            "typed as they are (optimizer.lr=1e-3,2e-3); an Optuna search (hydra/sweeper=optuna) "
+                            "takes it typed",
 }
 
 
@@ -75,16 +78,16 @@ def check_known(cfg: DictConfig) -> None:
         raise ConfigError("\n".join(not_a_key(key, known, every_key(cfg)) for key, known in unknown))
 
 
-def check_override_key(cfg: DictConfig, key: str, typed: str) -> None:
+def check_override_key(cfg: DictConfig, key: str, typed: str, *, mapping: Optional[Mapping[str, Any]] = None) -> None:
     """Refuse the override ``typed`` of ``key`` (dotted) where ``cfg``, the config it overrides, cannot
-    take it: a key under a node this config leaves null, or one its node's schema does not define."""
+    take it: a key under a node this config leaves null, one its node's schema does not define, or a new key
+    of a free-form mapping without a ``+``; the same of each key of the ``mapping`` it types, if it types one."""
     parts = key.split(".")
     node: Any = cfg
     for depth, part in enumerate(parts):
         path = ".".join(parts[:depth])
-        if node is None or (isinstance(node, DictConfig) and node._is_none()):
-            hint = NULL_NODES.get(path, f"select an option that gives {path} keys first")
-            raise ConfigError(f"{typed} sets a key of {path}, which is null in this config: {hint}")
+        if _is_null(node):
+            raise ConfigError(f"{typed} sets a key of {path}, which is null in this config: {_null_hint(path)}")
         if not isinstance(node, DictConfig):
             raise ConfigError(f"{typed}: {path} is a value, not a group of keys; set {path}=... itself")
         known = fields_of(node)
@@ -92,6 +95,8 @@ def check_override_key(cfg: DictConfig, key: str, typed: str) -> None:
             # A plugin's node made from YAML (the sweeper's, its sampler's): Hydra refuses a key it lacks unless
             # added with +, which the plugin then takes (a sampler option the file leaves out).
             taken = [str(each) for each in node if not str(each).startswith("_")]  # not Hydra's _target_ and kin
+            if not taken:  # a mapping of the user's own (hydra.job.env_set)
+                raise ConfigError(_needs_plus(typed, part, path))
             near = difflib.get_close_matches(part, taken, n=3, cutoff=0.6)
             meant = f"did you mean {' or '.join(f'{path}.{each}' for each in near)}? " if near else ""
             raise ConfigError(f"{key} is not a key of this config: {meant}{path} takes {', '.join(taken)} "
@@ -104,8 +109,37 @@ def check_override_key(cfg: DictConfig, key: str, typed: str) -> None:
         if part not in node:  # a free-form mapping's new key: it takes any, but for a logger the run does not select
             if path == "logger" and depth + 1 < len(parts):
                 raise ConfigError(unselected_logger(key_of(typed), part, list(map(str, node))))
+            if not typed.startswith("+"):  # Hydra's own answer was three lines and OmegaConf's node description
+                raise ConfigError(_needs_plus(typed, part, path))
             return
         node = node._get_node(part)
+    if mapping is not None:
+        _check_mapping(cfg, node, key, typed, mapping)
+
+
+def _check_mapping(cfg: DictConfig, node: Any, key: str, typed: str, mapping: Mapping[str, Any]) -> None:
+    """A ``mapping`` typed for ``key``, whose node in ``cfg`` is ``node``: OmegaConf's merge into a null node
+    raised an AttributeError, and Hydra's of a key the node lacks gave three lines of its own, a ``+`` among them."""
+    if _is_null(node):
+        raise ConfigError(f"{typed} sets keys of {key}, which is null in this config: {_null_hint(key)}")
+    known = fields_of(node) if isinstance(node, DictConfig) else None
+    if known is not None and (unknown := [str(name) for name in mapping if name not in known]):
+        raise ConfigError(not_a_key(f"{key}.{unknown[0]}", known, every_key(cfg)))
+    new = [str(name) for name in mapping if isinstance(node, DictConfig) and name not in node]
+    if new and not typed.startswith("+"):
+        raise ConfigError(_needs_plus(typed, ", ".join(new), key))
+
+
+def _needs_plus(typed: str, names: str, path: str) -> str:
+    return f"{typed} adds {names} to {path}, a mapping of your own, and Hydra adds keys only with a +: +{typed}"
+
+
+def _is_null(node: Any) -> bool:
+    return node is None or (isinstance(node, DictConfig) and node._is_none())
+
+
+def _null_hint(path: str) -> str:
+    return NULL_NODES.get(path, f"select an option that gives {path} keys first")
 
 
 def not_a_key(key: str, known: Sequence[str], everywhere: Sequence[str]) -> str:

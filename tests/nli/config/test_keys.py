@@ -201,6 +201,20 @@ def test_a_run_from_python_refuses_an_unknown_key() -> None:
      "adapters first: model/peft=lora"),  # without +, Hydra's own composition fails first (an AssertionError)
     (["+task.glue.columns.x=y"], "error: +task.glue.columns.x=y sets a key of task.glue, which is null in this config"),
     (["seed.x=1"], "error: seed.x=1: seed is a value, not a group of keys"),
+    # A mapping typed for a null node: OmegaConf's merge raised an AttributeError, with its traceback.
+    (["model.peft={r:4}"], "error: model.peft={r:4} sets keys of model.peft, which is null in this config: select "
+     "the adapters first: model/peft=lora\n"),
+    (["-m", "hydra.sweeper.params={optimizer.lr:'1e-3,2e-3'}"],
+     "error: hydra.sweeper.params={optimizer.lr:'1e-3,2e-3'} sets keys of hydra.sweeper.params, which is null in "
+     "this config: Hydra's basic sweeper takes it from a config file (an experiment's YAML), and the values typed "
+     "as they are (optimizer.lr=1e-3,2e-3); an Optuna search (hydra/sweeper=optuna) takes it typed\n"),
+    # A mapping of the user's own takes a new key with a + alone: Hydra said so in three lines and OmegaConf's.
+    (["task=rte", "data.files.train=a.csv"], "error: data.files.train=a.csv adds train to data.files, a mapping of "
+     "your own, and Hydra adds keys only with a +: +data.files.train=a.csv\n"),
+    (["task=rte", "data.files={train:a.csv}"], "error: data.files={train:a.csv} adds train to data.files, a mapping "
+     "of your own, and Hydra adds keys only with a +: +data.files={train:a.csv}\n"),
+    (["hydra.job.env_set.FOO=1"], "error: hydra.job.env_set.FOO=1 adds FOO to hydra.job.env_set, a mapping of your "
+     "own, and Hydra adds keys only with a +: +hydra.job.env_set.FOO=1\n"),
 ])
 def test_a_key_under_null_or_under_a_value_is_named_with_its_fix(tmp_path: Path, overrides: List[str],
                                                                   message: str) -> None:
