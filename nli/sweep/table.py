@@ -254,18 +254,9 @@ def mean_sd(values: Sequence[float]) -> Tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
 
 
-def seed_settings(rows: Sequence[Mapping[str, Any]]) -> Dict[differences.Setting, Dict[str, float]]:
-    """Each setting's objective on each of its seeds, from the completed jobs that set a seed (the other swept
-    values as (key, value) in one order): what nli.sweep.differences compares."""
-    return {setting: _by_seed(members) for setting, members in _seeded(rows).items()}
-
-
-def _by_seed(members: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
-    return {str(swept(row)[SEED]): float(row["objective"]) for row in members}
-
-
 def _seeded(rows: Sequence[Mapping[str, Any]]) -> Dict[differences.Setting, List[Mapping[str, Any]]]:
-    """Each setting's completed jobs that set a seed and have an objective."""
+    """Each setting's completed jobs that set a seed and have an objective (the setting: the other swept values as
+    (key, value) in one order)."""
     keys = [key for key in varying(rows) if key != SEED]
     found: Dict[differences.Setting, List[Mapping[str, Any]]] = {}
     for row in rows:
@@ -297,6 +288,11 @@ def setting_pairs(rows: Sequence[Mapping[str, Any]]) -> List[differences.Pair]:
     return [pair for pair in differences.pairs({setting: _by_seed(members) for setting, members in seeded.items()})
             if not any(pair.key == key or pair.key.startswith(f"{key}.") for key in OTHER_EXAMPLES)
             and not across_tasks(pair)]
+
+
+def _by_seed(members: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
+    """A setting's objective on each of its seeds: what nli.sweep.differences compares."""
+    return {str(swept(row)[SEED]): float(row["objective"]) for row in members}
 
 
 def _tasks(members: Sequence[Mapping[str, Any]]) -> frozenset[str]:
