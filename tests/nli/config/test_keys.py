@@ -63,23 +63,29 @@ def test_a_plain_misspelling_suggests_the_key_never_a_plus(tmp_path: Path) -> No
     assert "+optimizer" not in proc.stderr and "To append" not in proc.stderr
 
 
+@pytest.fixture
+def composed(monkeypatch: pytest.MonkeyPatch) -> List[List[str]]:
+    """The overrides of each composition of the config in this process, in order."""
+    from hydra._internal.hydra import Hydra
+
+    found: List[List[str]] = []
+    original = Hydra.compose_config
+
+    def counted(self: Hydra, config_name: str, overrides: List[str], *args: object, **kwargs: object) -> DictConfig:
+        found.append(list(overrides))
+        return original(self, config_name, overrides, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Hydra, "compose_config", counted)
+    return found
+
+
 @pytest.mark.parametrize("overrides,compositions", [
     (["train.max_steps=2", "optimizer.lr=1e-3"], 1),  # plain keys: the run's own composition answers for them
     (["++optimizer.weight_decay=0.1"], 2),  # a ++: checked against the config the choices compose
 ])
 def test_a_valid_command_is_checked_with_as_few_compositions_as_its_keys_need(
-        overrides: List[str], compositions: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        overrides: List[str], compositions: int, composed: List[List[str]]) -> None:
     """Each composition is about half a second of every run's start (docs/testing.md)."""
-    from hydra._internal.hydra import Hydra
-
-    composed: List[List[str]] = []
-    original = Hydra.compose_config
-
-    def counted(self: Hydra, config_name: str, overrides: List[str], *args: object, **kwargs: object) -> DictConfig:
-        composed.append(list(overrides))
-        return original(self, config_name, overrides, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Hydra, "compose_config", counted)
     assert check(["experiment=quickstart", *overrides], CONF, "train").extra == []
     assert len(composed) == compositions, composed
 
@@ -110,19 +116,9 @@ def test_a_typo_in_one_value_of_a_sweep_is_named_before_any_job_runs(tmp_path: P
     assert proc.stderr.startswith(f"error: {refused}") and "HYDRA_FULL_ERROR" not in proc.stderr, proc.stderr
 
 
-def test_a_sweeps_jobs_are_checked_without_composing_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sweeps_jobs_are_checked_without_composing_each(tmp_path: Path, composed: List[List[str]]) -> None:
     """Valid values of every kind pass, 400 jobs of a hundred seeds among them, each job checked by the schema's
     rules: a config composed for each combination of group options (two models), not for each job."""
-    from hydra._internal.hydra import Hydra
-
-    composed: List[List[str]] = []
-    original = Hydra.compose_config
-
-    def counted(self: Hydra, config_name: str, overrides: List[str], *args: object, **kwargs: object) -> DictConfig:
-        composed.append(list(overrides))
-        return original(self, config_name, overrides, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Hydra, "compose_config", counted)
     assert check(["-m", "experiment=quickstart", "seed=range(1,101)", "optimizer.lr=1e-3,2e-3",
                   "model=tiny,roberta-base", "train.max_steps=5,3", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                  CONF, "train").extra == []
