@@ -77,12 +77,13 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> Checked:
     flags, typed = split
     groups = {path.relative_to(conf_dir).as_posix() for path in conf_dir.rglob("*") if path.is_dir()}
     try:
-        if flags == {"-m", "--cfg"}:  # Hydra's own answer is a ValueError's traceback
-            raise ConfigError("-m runs a sweep and --cfg shows a config, one or the other: to see a job's config, "
-                              f"drop -m and give that job's values (python train.py --cfg job{_one_job(typed)})")
-        overrides = _parsed(typed)
-        _check_search_keys(overrides)
         with _hydra(conf_dir):
+            if flags == {"-m", "--cfg"}:  # Hydra's own answer is a ValueError's traceback
+                raise ConfigError("-m runs a sweep and --cfg shows a config, one or the other: to see a job's "
+                                  "config, drop -m and give that job's values (python train.py --cfg "
+                                  f"job{_one_job(typed)})")
+            overrides = _parsed(typed)
+            _check_search_keys(overrides)
             if "-m" in flags:
                 _check_sweep(config_name, overrides, groups)
             elif flags:  # --cfg shows the config as composed: its keys and types checked, the rules are the run's
@@ -136,7 +137,7 @@ def _flags(argv: Sequence[str]) -> Optional[Tuple[set[str], List[str]]]:
 def _parsed(typed: List[str]) -> List[Override]:
     """The overrides, or a ConfigError naming the first argument Hydra's grammar cannot read, and how to type it:
     the shell splits a path with a space and leaves a ~ it does not expand, and Hydra's parser said neither."""
-    parser = OverridesParser.create()
+    parser = _parser()
     try:
         return parser.parse_overrides(typed)
     except HydraException:
@@ -147,6 +148,13 @@ def _parsed(typed: List[str]) -> List[Override]:
         except HydraException as err:
             raise ConfigError(_unreadable(arg, before, str(err))) from None
     raise AssertionError("each override parses alone, and together they did not")  # Hydra's grammar is per argument
+
+
+def _parser() -> OverridesParser:
+    """Hydra's parser of overrides, with the config's groups where Hydra is set up: a sweep over ``glob(...)`` of
+    a group's options needs them to list its values."""
+    hydra = GlobalHydra.instance()
+    return OverridesParser.create(config_loader=hydra.config_loader() if hydra.is_initialized() else None)
 
 
 def _unreadable(arg: str, before: str, said: str) -> str:
@@ -372,7 +380,7 @@ def _check_jobs(config_name: str, overrides: List[Override], groups: set[str], b
     values set on a copy of it (a hundred jobs take about a second)."""
     if _sweeper(base) != HYDRA_SWEEPER:
         return  # a search draws its jobs as it goes: each checks itself as it starts
-    parser = OverridesParser.create()
+    parser = _parser()
     params = OmegaConf.select(base, "hydra.sweeper.params") or {}
     typed = [*parser.parse_overrides([f"{key}={value}" for key, value in params.items()]), *overrides]
     swept = {o.get_key_element() for o in typed if o.is_sweep_override()}
@@ -477,7 +485,12 @@ def _first(override: Override) -> str:
     if not override.is_sweep_override():
         return _line(override)
     key = as_typed(_line(override))
-    return f"{key}={next(iter(override.sweep_string_iterator()))}"
+    first = next(iter(override.sweep_string_iterator()), None)
+    if first is None:  # a glob that matches no option: the sweep would have no job
+        options = GlobalHydra.instance().config_loader().get_group_options(override.key_or_group)
+        raise ConfigError(f"{_line(override)} matches none of {override.key_or_group}'s options "
+                          f"({', '.join(options)}): the sweep would have no job")
+    return f"{key}={first}"
 
 
 def _check_folder(key: str, folder: str) -> None:

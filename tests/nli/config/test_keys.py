@@ -146,6 +146,9 @@ NO_JOB = ". No job has run: mend the value, or drop it from the sweep\n"
     (["model=roberta-base,tiny", "data.max_seq_length=300"], "the sweep's job model=tiny would stop as it starts: "
                                                              "model.scratch.max_position_embeddings=258 must be at "
                                                              "least data.max_seq_length + 2 = 302"),
+    # A glob of a group's options, as the sweeper lists them (the check's parser once failed on it, its traceback).
+    (["model=glob(tin*)", "data.max_seq_length=300"], "every job of the sweep would stop as it starts: "
+                                                      "model.scratch.max_position_embeddings=258"),
 ])
 def test_a_job_of_a_sweep_the_schema_refuses_stops_the_sweep_before_any_job_runs(tmp_path: Path, typed: List[str],
                                                                                  refused: str) -> None:
@@ -156,6 +159,14 @@ def test_a_job_of_a_sweep_the_schema_refuses_stops_the_sweep_before_any_job_runs
     assert proc.returncode == 1 and not sweep.exists(), proc.stdout + proc.stderr
     assert proc.stderr.startswith(f"error: {refused}") and proc.stderr.endswith(NO_JOB), proc.stderr
     assert proc.stderr.count("\n") == 1 and "Launching" not in proc.stdout
+
+
+def test_a_glob_of_a_groups_options_sweeps_them_and_one_that_matches_none_is_named(tmp_path: Path) -> None:
+    sweep = f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    assert check(["-m", "experiment=quickstart", "task=glob(r*)", "model=glob(*)", sweep], CONF, "train").extra == []
+    with pytest.raises(SystemExit, match=r"^error: task=glob\(zz\*\) matches none of task's options \(anli_r1, "
+                                         r"anli_r2, .*, wnli\): the sweep would have no job$"):
+        check(["-m", "experiment=quickstart", "task=glob(zz*)", sweep], CONF, "train")
 
 
 def test_the_jobs_of_an_experiments_own_sweep_are_checked_as_the_sweeper_makes_them(
