@@ -34,7 +34,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -401,7 +401,7 @@ def _job_refused(config_name: str, job: List[Override], swept: set[str], groups:
     try:
         choices = tuple(_line(o) for o in job if o not in values)
         if choices not in composed:
-            composed[choices] = _compose(config_name, list(choices))
+            composed[choices] = _composed_job(config_name, [o for o in job if o not in values], groups)
             with open_dict(composed[choices]):
                 del composed[choices]["hydra"]  # read by no rule, and the better part of each copy's time
         cfg = copy.deepcopy(composed[choices])
@@ -415,6 +415,17 @@ def _job_refused(config_name: str, job: List[Override], swept: set[str], groups:
     except OmegaConfBaseException as err:
         return _refused_value(" ".join(map(_line, values)), err)
     return None
+
+
+def _composed_job(config_name: str, overrides: List[Override], groups: set[str]) -> DictConfig:
+    """A job's config from ``overrides``; where Hydra or OmegaConf cannot apply one to this job's group options (a
+    key under a node they leave null: an assertion, or a mapping merged into one: an AttributeError), the key
+    named by the config those options compose, as a single run's check names it."""
+    try:
+        return _compose(config_name, [_line(o) for o in overrides])
+    except (AssertionError, AttributeError):
+        _check_keys(_compose(config_name, [_line(o) for o in overrides if _chooses(o, groups)]), overrides, groups)
+        raise
 
 
 def _refusal(refused: Sequence[Tuple[str, str]], jobs: int) -> str:
@@ -459,6 +470,17 @@ def _check_keys(base: DictConfig, overrides: List[Override], groups: set[str]) -
             value = None if override.is_sweep_override() else override.value()
             check_override_key(base, override.key_or_group, _line(override),
                                mapping=value if isinstance(value, dict) else None)
+            _check_added(base, override, value)
+
+
+def _check_added(base: DictConfig, override: Override, value: Any) -> None:
+    """``+key=value`` for a key the config already sets: Hydra refuses it in three lines as it composes (a
+    mapping or a list it merges instead)."""
+    current = OmegaConf.select(base, override.key_or_group, throw_on_missing=False)
+    if override.is_add() and current is not None and not isinstance(value, (dict, list)):
+        line = _line(override)
+        raise ConfigError(f"{line} adds {override.key_or_group}, which this config already sets ({current}): "
+                          f"drop the + to set it ({line[1:]})")
 
 
 def _check_config(cfg: DictConfig, *, rules: bool) -> None:

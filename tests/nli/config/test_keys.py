@@ -143,6 +143,12 @@ NO_JOB = ". No job has run: mend the value, or drop it from the sweep\n"
     # Valid with one of the swept options, not with the other: each job as it combines them.
     (["hw=cpu,v100", "train.batch_size=24"], "the sweep's job hw=v100 would stop as it starts: train.batch_size=24 "
                                              "must be a multiple of hw.per_device_batch_size=16"),
+    # A key under a node one job's option leaves null (its composition once a traceback in this check).
+    (["model/peft=lora,none", "model.peft.r=4"], "the sweep's job model/peft=none would stop as it starts: "
+                                                 "model.peft.r=4 sets a key of model.peft, which is null in this "
+                                                 "config: select the adapters first: model/peft=lora"),
+    (["model/peft=lora,none", "model.peft={r:4}"], "the sweep's job model/peft=none would stop as it starts: "
+                                                   "model.peft={r:4} sets keys of model.peft"),
     (["model=roberta-base,tiny", "data.max_seq_length=300"], "the sweep's job model=tiny would stop as it starts: "
                                                              "model.scratch.max_position_embeddings=258 must be at "
                                                              "least data.max_seq_length + 2 = 302"),
@@ -208,6 +214,11 @@ def test_a_run_from_python_refuses_an_unknown_key() -> None:
      "adapters first: model/peft=lora"),  # without +, Hydra's own composition fails first (an AssertionError)
     (["+task.glue.columns.x=y"], "error: +task.glue.columns.x=y sets a key of task.glue, which is null in this config"),
     (["seed.x=1"], "error: seed.x=1: seed is a value, not a group of keys"),
+    # A + for a key the config sets: Hydra's answer was three lines, and a sweep over it ran into Hydra's error.
+    (["+optimizer.lr=1e-3"], "error: +optimizer.lr=1e-3 adds optimizer.lr, which this config already sets (0.001): "
+     "drop the + to set it (optimizer.lr=1e-3)\n"),
+    (["-m", "+optimizer.lr=1e-3,2e-3"], "error: +optimizer.lr=1e-3,2e-3 adds optimizer.lr, which this config already "
+     "sets (0.001): drop the + to set it (optimizer.lr=1e-3,2e-3)\n"),
     # A mapping typed for a null node: OmegaConf's merge raised an AttributeError, with its traceback.
     (["model.peft={r:4}"], "error: model.peft={r:4} sets keys of model.peft, which is null in this config: select "
      "the adapters first: model/peft=lora\n"),
