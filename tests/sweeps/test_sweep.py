@@ -39,6 +39,8 @@ def blocker(cwd: Path) -> Path:
     path = cwd / "a-file"
     path.write_text("not a folder")
     return path
+
+
 SWEEP_CLAIM = sweep.CLAIM.file
 
 

@@ -100,7 +100,10 @@ def test_a_sweep_with_an_unknown_key_is_refused_before_any_job(tmp_path: Path) -
 @pytest.mark.parametrize("typed, refused", [
     ("optimizer.lr=5e-4,abc", "optimizer.lr=abc, one job of the sweep optimizer.lr=5e-4,abc: Value 'abc' of type "
                               "'str' could not be converted to Float"),
-    ("+optimizer.lr=5e-4,abc", "+optimizer.lr=abc, one job of the sweep +optimizer.lr=5e-4,abc: Value 'abc'"),
+    ("++optimizer.lr=5e-4,abc", "++optimizer.lr=abc, one job of the sweep ++optimizer.lr=5e-4,abc: Value 'abc'"),
+    # A single + for a key the config sets: every job would fail on it, whatever its value.
+    ("+optimizer.lr=5e-4,abc", "+optimizer.lr=5e-4,abc adds optimizer.lr, which this config already sets (0.001): "
+                               "drop the + to set it (optimizer.lr=5e-4,abc)"),
     ("seed=1,2,x", "seed=x, one job of the sweep seed=1,2,x: Value 'x' of type 'str' could not be converted to "
                    "Integer"),
     ("optimizer=adamw,adamm", "optimizer=adamm, one job of the sweep optimizer=adamw,adamm: In 'train': Could not "
