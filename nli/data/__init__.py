@@ -4,5 +4,5 @@ tokenized once, and batched with dynamic padding."""
 from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
-    "loaders": ["Batching", "EpochSampler", "LengthGroups", "TrainBatches", "Workers"],
+    "loaders": ["Batching", "EpochSampler", "LengthGroups", "Loader", "TrainBatches", "Workers"],
 }, ["loaders", "sources", "synthetic"])

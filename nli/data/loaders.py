@@ -21,7 +21,7 @@ from nli.config.schema import DIAGNOSTIC_SPLIT, DataConfig, TaskConfig
 from nli.data import sources
 from nli.errors import DataError
 from nli.runtime.distributed import World, shard
-from nli.runtime.signals import end_workers_at_exit, shelter_worker
+from nli.runtime.signals import end_workers_at_exit, shelter_worker, workers_forking
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +252,18 @@ class Batching:
     bucket: int = 0
 
 
+class Loader(DataLoader):
+    """A DataLoader whose sheltered workers (:func:`worker_init`) are forked with the run's signals held, so that
+    none reaches a worker before it is sheltered (nli.runtime.signals.workers_forking). Workers are forked as
+    its iterator starts: once for kept workers, at each pass otherwise."""
+
+    def __iter__(self) -> Any:
+        if self.num_workers == 0 or self.worker_init_fn is not shelter_worker:
+            return super().__iter__()
+        with workers_forking():
+            return super().__iter__()
+
+
 class TrainBatches(NamedTuple):
     """This rank's micro-batches of each global batch, and the sampler that sets each epoch's order."""
 
@@ -269,9 +281,9 @@ def train_loader(ds: datasets.Dataset, collator: Collator, batching: Batching, *
     # The loader's own generator seeds its workers, so that it never draws from the global
     # generator: dropout must see the same random numbers whether or not the run resumed.
     # Workers that stay from epoch to epoch: none is started again at each.
-    loader = DataLoader(ds, batch_size=batching.micro_size, sampler=sampler, collate_fn=collator,
-                        num_workers=num_workers, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
-                        persistent_workers=num_workers > 0, worker_init_fn=worker_init(num_workers))
+    loader = Loader(ds, batch_size=batching.micro_size, sampler=sampler, collate_fn=collator,
+                    num_workers=num_workers, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
+                    persistent_workers=num_workers > 0, worker_init_fn=worker_init(num_workers))
     return TrainBatches(loader, sampler)
 
 
@@ -312,12 +324,12 @@ def eval_loader(ds: datasets.Dataset, collator: Collator, *, batch_size: int, wo
     if ds.features.get("idx") == datasets.Value("string"):  # a test file's own ids, as text
         collator = TextIds(collator)
     if grouped and len(ds):
-        return DataLoader(ds, batch_sampler=LengthGroups(_lengths(ds), batch_size), collate_fn=collator,
-                          num_workers=workers.count, pin_memory=workers.pin_memory, persistent_workers=workers.keep,
-                          worker_init_fn=worker_init(workers.count))
-    return DataLoader(ds, batch_size=batch_size, sampler=SequentialSampler(ds), collate_fn=collator,
+        return Loader(ds, batch_sampler=LengthGroups(_lengths(ds), batch_size), collate_fn=collator,
                       num_workers=workers.count, pin_memory=workers.pin_memory, persistent_workers=workers.keep,
                       worker_init_fn=worker_init(workers.count))
+    return Loader(ds, batch_size=batch_size, sampler=SequentialSampler(ds), collate_fn=collator,
+                  num_workers=workers.count, pin_memory=workers.pin_memory, persistent_workers=workers.keep,
+                  worker_init_fn=worker_init(workers.count))
 
 
 def _lengths(ds: datasets.Dataset) -> List[int]:

@@ -44,7 +44,7 @@ from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 import torch
 from torch.utils.data import DataLoader
 
-from nli.data.loaders import LengthGroups
+from nli.data.loaders import LengthGroups, Loader
 from nli.errors import OutOfMemory
 from nli.evaluate.evaluation import Evaluation, Evaluator
 from nli.runtime.device import Compute
@@ -252,13 +252,13 @@ def rebatched(loader: DataLoader, batch_size: int) -> DataLoader:
     ``batch_size``."""
     groups = loader.batch_sampler
     if isinstance(groups, LengthGroups):
-        return DataLoader(loader.dataset, batch_sampler=groups.rebatched(batch_size), collate_fn=loader.collate_fn,
-                          num_workers=loader.num_workers, pin_memory=loader.pin_memory,
-                          worker_init_fn=loader.worker_init_fn)
-    return DataLoader(loader.dataset, batch_size=batch_size, sampler=loader.sampler, collate_fn=loader.collate_fn,
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory, generator=loader.generator,
-                      persistent_workers=loader.persistent_workers, worker_init_fn=loader.worker_init_fn,
-                      prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
+        return Loader(loader.dataset, batch_sampler=groups.rebatched(batch_size), collate_fn=loader.collate_fn,
+                      num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+                      worker_init_fn=loader.worker_init_fn)
+    return Loader(loader.dataset, batch_size=batch_size, sampler=loader.sampler, collate_fn=loader.collate_fn,
+                  num_workers=loader.num_workers, pin_memory=loader.pin_memory, generator=loader.generator,
+                  persistent_workers=loader.persistent_workers, worker_init_fn=loader.worker_init_fn,
+                  prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
 
 
 def _half(size: int, per_device: int) -> Optional[int]:

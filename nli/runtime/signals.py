@@ -158,6 +158,22 @@ def shelter_worker(_worker_id: int) -> None:
     :func:`end_workers` ends those still alive."""
     for each in WORKER_IGNORES:
         signal.signal(each, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_IGNORES)  # held since the fork (workers_forking)
+
+
+@contextmanager
+def workers_forking() -> Iterator[None]:
+    """Around the fork of a loader's sheltered workers: the signals they leave to the run are blocked in this
+    thread, whose mask each worker inherits. Slurm signals every process of a job at once; one that reached a
+    worker after its fork, before :func:`shelter_worker` (torch's own worker SIGTERM handler comes first), ended
+    it, and the run failed on it. Held instead, it is discarded in the worker by shelter_worker's SIG_IGN, and
+    here delivered as the block lifts. Workers started by ``spawn`` or ``forkserver`` begin from a fresh mask;
+    the project's loaders fork (Linux's default)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_IGNORES)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @functools.cache

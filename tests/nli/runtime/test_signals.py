@@ -94,3 +94,23 @@ def test_a_loaders_workers_outlive_the_signals_meant_for_the_run_and_end_with_th
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # ended, and reaped
+
+
+def test_a_signal_that_reaches_a_worker_before_its_init_leaves_it_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm's SIGTERM to every process of the job, sent while a loader forks its workers (an evaluation's are
+    forked at each one on a CPU), reached a worker between torch's own SIGTERM handler and its worker_init_fn:
+    the worker died ("DataLoader worker ... exited unexpectedly") and the run with it, a traceback where a
+    checkpoint was due. Here each worker is sent SIGTERM at that moment, by itself."""
+    from torch.utils.data._utils import signal_handling
+
+    from nli.data.loaders import Loader, worker_init
+
+    torchs = signal_handling._set_worker_signal_handlers
+
+    def then_signalled(*args: object) -> None:  # runs in the worker, after fork: torch's handler, then the signal
+        torchs(*args)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(signal_handling, "_set_worker_signal_handlers", then_signalled)
+    loader = Loader(_Pids(), batch_size=4, num_workers=2, worker_init_fn=worker_init(2))
+    assert len({pid for batch in loader for pid in batch.tolist()}) == 2  # both workers served every batch
