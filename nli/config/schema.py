@@ -10,6 +10,7 @@ imported on that path.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from dataclasses import dataclass, field
@@ -18,11 +19,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nli.config.identity import check_accepted
-from nli.config.keys import unselected_logger
+from nli.config.keys import check_known, unselected_logger
 from nli.errors import ConfigError
 
 
@@ -767,7 +768,6 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     from omegaconf import OmegaConf
 
     from nli.config.command import check_overrides
-    from nli.config.keys import check_known
     from nli.config.runfolder import apply
 
     register_configs()
@@ -804,6 +804,28 @@ def checked(cfg: Config) -> Config:
     fresh = cast(Config, OmegaConf.to_object(structured))  # each node's __post_init__: the schema's rules
     assert dataclasses.is_dataclass(fresh)
     return fresh
+
+
+def job_refusal(cfg: DictConfig) -> Optional[str]:
+    """Why a job's composed config (its ``hydra`` node included) would stop the job as it starts: a key no schema
+    knows, a value or a combination the rules refuse, in the line the job would say; None where it passes, where
+    the job evaluates a run folder (its config comes from the folder, and it checks itself as it starts) and where
+    the config is not this schema's (another app's, under a launcher). ``cfg`` is left as it was. A launcher that
+    starts a machine for each job asks this first (hydra_plugins.vertex_launcher), a search's trials among them:
+    drawn as the search goes, they pass no check of the command line's."""
+    if OmegaConf.get_type(cfg) is not Config or OmegaConf.select(cfg, "eval.only"):
+        return None
+    task = copy.deepcopy(cfg)
+    with open_dict(task):
+        task.pop("hydra", None)
+    try:
+        check_known(task)
+        OmegaConf.to_object(task)  # each node's __post_init__: the rules
+    except ConfigError as err:
+        return str(err)
+    except OmegaConfBaseException as err:  # a value its key does not take: OmegaConf's first line names both
+        return str(err).splitlines()[0]
+    return None
 
 
 def _check_attributes(node: Any, path: str) -> None:

@@ -146,13 +146,26 @@ def _raise(job: Launched) -> None:
                        "number: more trials failed than hydra.sweeper.max_failure_rate allows")
 
 
+def _told(study: optuna.Study, trial: Union[optuna.Trial, int], value: Optional[float] = None, *,
+         state: Optional[TrialState] = None) -> None:
+    """``study.tell``, with the grid sampler's end taken as it means it. Once a trial of the grid's last untried
+    point is told, the sampler calls ``study.stop()``, which Optuna refuses outside its own optimize loop with a
+    RuntimeError (documented for ask-and-tell, as this sweeper runs): raised after the trial is stored. The search
+    needs no stop: it runs at most the grid's points (:meth:`OptunaSearch._sampler`)."""
+    try:
+        study.tell(trial, value, state=state)
+    except RuntimeError as err:
+        if not isinstance(study.sampler, optuna.samplers.GridSampler) or "Study.stop" not in str(err):
+            raise
+
+
 def _resume_stopped(study: optuna.Study) -> None:
     """Trials an earlier command left RUNNING (stopped by Ctrl-C or SIGTERM, their checkpoints kept) are run again
     first, with the same values: their folders, named by the values, resume where they stopped. The stopped
     trial is FAIL in the study; the one that takes it over names it (its ``resumes`` attribute)."""
     for stopped in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.enqueue_trial(stopped.params, user_attrs={"resumes": stopped.number})
-        study.tell(stopped.number, state=TrialState.FAIL)
+        _told(study, stopped.number, state=TrialState.FAIL)
         log.info("trial %d was stopped before it ended (%s): it runs again first, resuming its folder",
                  stopped.number, stopped.params)
 
@@ -296,17 +309,17 @@ class OptunaSearch:
         except (TypeError, ValueError):
             number = math.nan
         if math.isnan(number):
-            study.tell(trial, state=TrialState.FAIL)
+            _told(study, trial, state=TrialState.FAIL)
             why = (job.error if job.error is not None or result is None else
                    result._return_value if value is None else f"its task returned {value!r}, not a number")
             log.warning("trial %d failed: %s", trial.number, why)
             return True
         if ended_pruned(job.folder):
-            study.tell(trial, state=TrialState.PRUNED)
+            _told(study, trial, state=TrialState.PRUNED)
             log.info("trial %d (job %d) was pruned: its best objective before it stopped, %s", trial.number, job.num,
                      number)
             return False
-        study.tell(trial, number)
+        _told(study, trial, number)
         return False
 
     def _best(self, study: optuna.Study, jobs: Dict[int, int]) -> None:

@@ -282,6 +282,26 @@ def test_optuna_drives_two_trials_through_vertex(fake: FakeVertex, tmp_path: Pat
 
 
 @pytest.mark.process
+def test_a_trial_its_rules_refuse_fails_without_a_machine_and_the_search_goes_on(fake: FakeVertex,
+                                                                                 tmp_path: Path) -> None:
+    """A search draws its trials as it goes, so the command line cannot check them ahead as it checks a sweep over
+    lists: a trial whose value the schema's rules refuse was submitted, and failed as it started, on a machine
+    Vertex AI had started (and billed) for it. The launcher now checks each job's config before its request."""
+    before = len(fake.requests)
+    proc = sweep_cli([*launcher(fake), *FAST, "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid",
+                      "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=maximize", "optimizer.lr=choice(-1,0.001)",
+                      "hydra.sweeper.max_failure_rate=1.0", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=300)
+    (request,) = created_jobs(fake, before)  # the trial of optimizer.lr=0.001 alone reached Vertex AI
+    assert "optimizer.lr=0.001" in " ".join(request["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"])
+    rows = {row["optimizer.lr"]: row for row in read_rows(tmp_path / "sweep")}
+    assert rows["0.001"]["state"] == "COMPLETED"
+    assert rows["-1"]["state"] == "FAILED" and "optimizer.lr=-1.0 must be positive" in rows["-1"]["error"], output
+    assert "not submitted to Vertex AI: the job would stop as it starts" in rows["-1"]["error"]
+    assert proc.returncode == 1, output  # a sweep with a failed job ends non-zero, under every launcher
+
+
+@pytest.mark.process
 def test_a_search_that_would_not_wait_for_its_trials_is_refused_before_any_job(fake: FakeVertex,
                                                                                tmp_path: Path) -> None:
     before = len(fake.requests)

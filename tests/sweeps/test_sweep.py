@@ -320,6 +320,22 @@ def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path
         assert Path(row["output_dir"]).name.startswith(f"lr={float(row['optimizer.lr'])},bs=")
 
 
+def test_a_grid_search_runs_every_point_of_its_grid_and_ends_with_its_best(tmp_path: Path) -> None:
+    """Optuna's grid sampler asks its study to stop once the last point is told, which Optuna refuses outside its
+    own optimize loop (its documented ask-and-tell caveat): every grid search ended in a traceback, status 1 and
+    no optimization_results.yaml, its trials run."""
+    sweep_dir = tmp_path / "grid"
+    done = run_app(["-m", *FAST, "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=5",
+                    "hydra.sweeper.direction=maximize", "optimizer.lr=choice(0.001,0.002)",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    rows = sweep.read_rows(sweep_dir)  # n_trials=5 of a grid of two points: each point once
+    assert sorted(float(row["optimizer.lr"]) for row in rows) == [0.001, 0.002]
+    assert all(row["state"] == "COMPLETED" for row in rows)
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_value"] == max(row["objective"] for row in rows)
+
+
 @pytest.mark.parametrize("typed, said", [
     ("hydra.sweeper.direction=maximise", "error: hydra.sweeper.direction=maximise: minimize or maximize"),
     ("hydra.sweeper.n_trail=3", "error: hydra.sweeper.n_trail is not a key of this config: did you mean "

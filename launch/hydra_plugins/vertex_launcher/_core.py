@@ -28,6 +28,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from nli import contract
+from nli.config.schema import job_refusal
 from nli.contract import HW_GROUP, RESULTS_FILE, VERTEX_MODEL_DIR, vertex_dirs
 from nli.sweep import table as sweep
 
@@ -64,6 +65,7 @@ class Job:
     name: str = ""  # the CustomJob's resource name, once submitted
     state: JobState = cast(JobState, JobState.JOB_STATE_UNSPECIFIED)  # proto-plus is untyped: members read as int
     error: str = ""
+    refused: str = ""  # why the framework's rules refuse its config (nli.config.command.job_refusal): not submitted
     quote: _cost.Quote = _cost.UNPRICED  # its price per hour (hydra.launcher.prices)
     gpus: int = 0  # GPUs on all its machines
     started: Optional[datetime] = None  # when Vertex AI started running it, and when it ended: its billed time
@@ -113,7 +115,13 @@ class Sweep:
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[JobReturn]:
         with self._lock:  # Hydra's config singleton while composing, the sdist and image built once
-            jobs = self._prepare(job_overrides, initial_job_idx)
+            composed = self._prepare(job_overrides, initial_job_idx)
+        returns = {job.num: self._refused(job) for job in composed if job.refused}
+        jobs = [job for job in composed if not job.refused]
+        returns.update(zip([job.num for job in jobs], self._launch(jobs) if jobs else []))
+        return [returns[job.num] for job in composed]
+
+    def _launch(self, jobs: List[Job]) -> List[JobReturn]:
         log.info("Vertex AI sweep %s: %s", self.name, _cost.estimate([job.quote for job in jobs], self.settings))
         if self.settings.dry_run:
             return [self._dry_run(job) for job in jobs]
@@ -137,6 +145,8 @@ class Sweep:
             jobs = [self._compose(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         finally:
             HydraConfig.instance().cfg = saved
+        for job in jobs:  # a search's trial, drawn after the command line's check: it would fail on its machine
+            job.refused = job_refusal(_task_config(job.config)) or ""
         check_machines(self.settings, [job.config for job in jobs],
                        self.hydra_context.config_loader.get_group_options(HW_GROUP))
         check_secrets(self.settings, [job.config for job in jobs])
@@ -145,7 +155,7 @@ class Sweep:
                 self.settings, Path(str(self.config.hydra.runtime.cwd), self.settings.source_dir).resolve()))
         package_uri = self._package() if self.settings.python_package() else None
         image = self._image_to_run()
-        for job in jobs:
+        for job in (job for job in jobs if not job.refused):
             job.request = self._request(job, package_uri, image)
             hw = _spec.machine(job.config, self.settings)
             job.quote, job.gpus = _cost.job_price(hw, self.settings), _cost.gpus(hw)
@@ -220,6 +230,16 @@ class Sweep:
         image = self._image.text() if self._image else None
         return {"image": image, "git_commit": self.git.commit if self.git else None,
                 "git_dirty": self.git.dirty if self.git else None}
+
+    def _refused(self, job: Job) -> JobReturn:
+        """A job its config's rules refuse: failed here, a row in the table, and no request sent (its machine would
+        have started only for the job to stop as it began)."""
+        error = JobFailed(f"not submitted to Vertex AI: the job would stop as it starts: {job.refused}")
+        job.note(str(error))
+        sweep.record(self.dir, sweep.job_row(num=job.num, overrides=job.overrides, output_dir=str(job.output_dir),
+                                             state=JobStatus.FAILED.name, results=None, error=str(error),
+                                             **sweep.running_sweep(self.dir), **self._records()))
+        return _job_return(job, JobStatus.FAILED, error)
 
     def _dry_run(self, job: Job) -> JobReturn:
         parent = f"projects/{self.settings.project}/locations/{self.settings.region}"

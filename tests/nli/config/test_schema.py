@@ -439,3 +439,26 @@ def test_a_key_under_a_node_its_option_fills_composes(tmp_path: Path) -> None:
                     "--cfg", "job"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "r: 16" in proc.stdout and "hidden_size: 64" in proc.stdout
+
+
+def test_a_jobs_refusal_is_the_line_the_job_would_stop_with() -> None:
+    """What a launcher asks before it starts a machine for a job (nli.config.schema.job_refusal): a value or a
+    combination the rules refuse, in the job's own words; nothing for a job that passes, for an evaluation of a
+    run folder (checked against that folder's config as it starts) or for another app's config."""
+    from hydra import compose
+    from omegaconf import DictConfig
+
+    from nli.config.schema import job_refusal
+
+    def job(*overrides: str) -> DictConfig:
+        return compose("train", overrides=["experiment=quickstart", *overrides], return_hydra_config=True)
+
+    assert job_refusal(job()) is None
+    bad = job("optimizer.lr=-1")
+    assert job_refusal(bad) == "optimizer.lr=-1.0 must be positive (e.g. optimizer.lr=2e-5)"
+    assert "hydra" in bad and bad.optimizer.lr == -1  # the config is left as it was
+    with pytest.raises(ConfigError) as batch:
+        build_config(["experiment=quickstart", "hw=v100", "train.batch_size=24"])
+    assert job_refusal(job("hw=v100", "train.batch_size=24")) == str(batch.value)
+    assert job_refusal(job("eval.only=true", "optimizer.lr=-1")) is None
+    assert job_refusal(OmegaConf.create({"optimizer": {"lr": -1}})) is None
