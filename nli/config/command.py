@@ -497,8 +497,11 @@ def _line(override: Override) -> str:
 
 
 def _chooses(override: Override, groups: set[str]) -> bool:
-    """An override that picks a group's option (model=tiny, hydra/launcher=vertex, model@x=...)."""
+    """An override that picks a group's option (model=tiny, hydra/launcher=vertex, model@x=...); not a mapping typed
+    for a group's node (optimizer={lr:1e-3}), which sets its keys."""
     key = override.key_or_group
+    if key in groups and not override.is_sweep_override() and isinstance(override.value(), dict):
+        return False
     return "/" in key or key in groups or override.package is not None
 
 

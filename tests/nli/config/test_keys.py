@@ -236,6 +236,8 @@ def test_a_run_from_python_refuses_an_unknown_key() -> None:
      "of your own, and Hydra adds keys only with a +: +data.files={train:a.csv}\n"),
     (["hydra.job.env_set.FOO=1"], "error: hydra.job.env_set.FOO=1 adds FOO to hydra.job.env_set, a mapping of your "
      "own, and Hydra adds keys only with a +: +hydra.job.env_set.FOO=1\n"),
+    # A mapping typed for a group's node: Hydra's three lines, which told to add the misspelt key with a +.
+    (["optimizer={lrr:1}"], "error: optimizer.lrr is not a key of this config: did you mean optimizer.lr?"),
 ])
 def test_a_key_under_null_or_under_a_value_is_named_with_its_fix(tmp_path: Path, overrides: List[str],
                                                                   message: str) -> None:
