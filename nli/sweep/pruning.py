@@ -16,10 +16,9 @@ import json
 import logging
 import threading
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional
 
 import optuna
-from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nli.contract import EVALUATIONS_FILE, PRUNE_FILE, PRUNED, RESULTS_FILE
@@ -28,10 +27,10 @@ from nli.io.storage import Storage
 log = logging.getLogger(__name__)
 
 
-def run_folder(config: DictConfig, hydra_context: HydraContext, overrides: Sequence[str], num: int) -> str:
-    """Where job ``num`` of a sweep run by one of Hydra's launchers writes, as the app decides it (nli.cli):
-    ``output_dir`` where the job's config sets it, else its Hydra sweep subdirectory."""
-    job = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+def run_folder(config: DictConfig, job: DictConfig, num: int) -> str:
+    """Where job ``num`` of a sweep run by one of Hydra's launchers writes, as the app decides it (nli.cli), from
+    the job's composed config (``load_sweep_config``, its ``hydra.job.num`` set here): ``output_dir`` where it sets
+    it, else its Hydra sweep subdirectory."""
     with open_dict(job.hydra.job):
         job.hydra.job.num = num
     explicit = OmegaConf.select(job, "output_dir")

@@ -38,7 +38,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobStatus
-from hydra.errors import InstantiationException
+from hydra.errors import CompactHydraException, InstantiationException
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from hydra.utils import instantiate
@@ -49,7 +49,9 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
+from nli.config.schema import job_refusal
 from nli.errors import ConfigError
+from nli.sweep import table
 from nli.sweep.pruning import Watch, ended_pruned, run_folder
 from nli.sweep.slots import Launched, Slots
 
@@ -144,6 +146,11 @@ def _raise(job: Launched) -> None:
     job.result.return_value  # noqa: B018 - raises the job's error where it failed
     raise RuntimeError(f"trial {job.trial.number} (job {job.num}) returned {job.result._return_value!r}, not a "
                        "number: more trials failed than hydra.sweeper.max_failure_rate allows")
+
+
+class TrialRefused(CompactHydraException):
+    """A trial its config's rules refuse (nli.config.schema.job_refusal), failed without a launch; its message says
+    all there is."""
 
 
 def _told(study: optuna.Study, trial: Union[optuna.Trial, int], value: Optional[float] = None, *,
@@ -263,13 +270,17 @@ class OptunaSearch:
         told, failed, first_failure = 0, 0, None
         with Watch(self.settings.poll_interval) as watch:
             while (len(jobs) < n_trials and first_failure is None) or slots.busy:
+                refused: List[Launched] = []
                 while len(jobs) < n_trials and first_failure is None and slots.free():
                     job = self._job(study.ask(space), fixed, len(jobs))
                     jobs[job.trial.number] = job.num
+                    if job.error is not None:  # never launched: told now, before the next is asked for
+                        refused.append(job)
+                        break
                     if self.prunes and job.folder is not None:
                         watch.add(job.trial, job.folder)
                     slots.start(job)
-                for job in slots.wait():
+                for job in refused or slots.wait():
                     watch.last(job.trial)
                     told += 1
                     if self._tell(study, job):
@@ -293,10 +304,24 @@ class OptunaSearch:
         assert self.config is not None and self.hydra_context is not None
         overrides = [*(f"{key}={value}" for key, value in trial.params.items()),
                      *(f"{key}={value}" for key, value in fixed.items())]
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         own = getattr(self.launcher, "run_folder", None)  # the Vertex launcher's: the job's folder in the bucket
-        folder = own(overrides, num) if own else run_folder(self.config, self.hydra_context, overrides, num)
+        folder = own(overrides, num) if own else run_folder(self.config, config, num)
         log.info("trial %d is job %d: %s", trial.number, num, " ".join(overrides))
-        return Launched(trial, num, overrides, folder)
+        job = Launched(trial, num, overrides, folder)
+        refused = job_refusal(config)
+        if refused is not None:  # drawn with a value the rules refuse: a launch would start it only to fail
+            self._refuse(job, refused)
+        return job
+
+    def _refuse(self, job: Launched, why: str) -> None:
+        """A trial failed without a launch: its error, and its row in the sweep's table (no job writes one)."""
+        assert self.config is not None and job.folder is not None
+        job.error = TrialRefused(f"not launched: the trial would stop as it starts: {why}")
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        table.record(sweep_dir, table.job_row(num=job.num, state=JobStatus.FAILED.name, overrides=job.overrides,
+                                              results=None, output_dir=job.folder, error=str(job.error),
+                                              **table.running_sweep(sweep_dir)))
 
     @staticmethod
     def _tell(study: optuna.Study, job: Launched) -> bool:

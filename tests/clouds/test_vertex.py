@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from hydra_plugins.vertex_launcher._checks import LaunchError, Refused
 from hydra_plugins.vertex_launcher._client import Vertex
+from hydra_plugins.vertex_launcher._core import JobFailed
 from hydra_plugins.vertex_launcher._spec import labels, quote
 from hydra_plugins.vertex_launcher.config import VertexLauncherConf
 from tests.clouds.fake_vertex import FakeVertex
@@ -282,23 +283,21 @@ def test_optuna_drives_two_trials_through_vertex(fake: FakeVertex, tmp_path: Pat
 
 
 @pytest.mark.process
-def test_a_trial_its_rules_refuse_fails_without_a_machine_and_the_search_goes_on(fake: FakeVertex,
-                                                                                 tmp_path: Path) -> None:
-    """A search draws its trials as it goes, so the command line cannot check them ahead as it checks a sweep over
-    lists: a trial whose value the schema's rules refuse was submitted, and failed as it started, on a machine
-    Vertex AI had started (and billed) for it. The launcher now checks each job's config before its request."""
+def test_a_job_its_rules_refuse_is_not_submitted_and_the_others_run(fake: FakeVertex, sweep_train: Callable[..., Any],
+                                                                    tmp_path: Path) -> None:
+    """A sweeper that draws jobs after the command line's check (Hydra's own sweep runner here, as another sweeper
+    would: the project's Optuna sweeper checks its trials itself) handed the launcher a job whose value the schema's
+    rules refuse: it was submitted, and failed as it started, on a machine Vertex AI had started (and billed)."""
     before = len(fake.requests)
-    proc = sweep_cli([*launcher(fake), *FAST, "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid",
-                      "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=maximize", "optimizer.lr=choice(-1,0.001)",
-                      "hydra.sweeper.max_failure_rate=1.0", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
-    output, _ = proc.communicate(timeout=300)
-    (request,) = created_jobs(fake, before)  # the trial of optimizer.lr=0.001 alone reached Vertex AI
-    assert "optimizer.lr=0.001" in " ".join(request["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"])
-    rows = {row["optimizer.lr"]: row for row in read_rows(tmp_path / "sweep")}
-    assert rows["0.001"]["state"] == "COMPLETED"
-    assert rows["-1"]["state"] == "FAILED" and "optimizer.lr=-1.0 must be positive" in rows["-1"]["error"], output
-    assert "not submitted to Vertex AI: the job would stop as it starts" in rows["-1"]["error"]
-    assert proc.returncode == 1, output  # a sweep with a failed job ends non-zero, under every launcher
+    refused = "not submitted to Vertex AI: the job would stop as it starts: optimizer.lr=-1.0 must be positive"
+    with pytest.raises(JobFailed, match=refused):  # Hydra's sweeper raises its first failed job's error, once all ran
+        with sweep_train([*launcher(fake), *FAST, "optimizer.lr=-1,0.001"], tmp_path / "sweep"):
+            pass
+    rows = read_rows(tmp_path / "sweep")
+    (request,) = created_jobs(fake, before)  # the job of optimizer.lr=0.001 alone reached Vertex AI
+    assert "optimizer.lr=0.001" in request["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"]
+    assert [row["state"] for row in rows] == ["FAILED", "COMPLETED"] and rows[0]["optimizer.lr"] == "-1"
+    assert rows[0]["error"] == f"{refused} (e.g. optimizer.lr=2e-5)" and 0 <= float(rows[1]["objective"]) <= 1
 
 
 @pytest.mark.process

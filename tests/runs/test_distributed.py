@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -136,11 +137,23 @@ def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -
     """hydra.launcher.tasks_per_node=2 through submitit, whose local executor sets up each task's
     environment as its Slurm executor does: each task finds its rank there (no torchrun)."""
     sweep = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
-                           "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10", *ARGS,
-                           f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env=process_env(PORTABLE))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The rendezvous port: submitit draws it from 20000-60000 by the job's id, Linux's ephemeral ports among them,
+    # and on a machine as busy with connections as this suite (the emulators'), one was once in use (EADDRINUSE on
+    # rank 0, and rank 1 waited for it its whole collective timeout). submitit takes MASTER_PORT where it is set.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
+               "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10", *ARGS, f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=process_env({**PORTABLE, "MASTER_PORT": str(port)}), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and submitit's tasks
+        out, err = proc.communicate()
+        pytest.fail(f"the sweep ran for over 300 s:\n{out[-3000:]}\n{err[-5000:]}")
+    assert proc.returncode == 0, out + err
     assert "x 2 processes" in (sweep / "0" / "train.log").read_text()
     assert_same_run(outcome(sweep / "0"), single)
 

@@ -336,6 +336,24 @@ def test_a_grid_search_runs_every_point_of_its_grid_and_ends_with_its_best(tmp_p
     assert best["best_value"] == max(row["objective"] for row in rows)
 
 
+def test_a_trial_its_rules_refuse_fails_without_a_launch_and_the_search_goes_on(tmp_path: Path) -> None:
+    """A search draws its trials as it goes, past the command line's check: a trial drawn with a value the schema's
+    rules refuse was launched only to fail as it started (under Slurm, after its wait in the queue; on Vertex AI,
+    on a machine started for it). The sweeper checks each trial's config first."""
+    sweep_dir = tmp_path / "search"
+    done = run_app(["-m", *FAST, "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2",
+                    "hydra.sweeper.direction=maximize", "hydra.sweeper.max_failure_rate=1.0",
+                    "optimizer.lr=choice(-1,0.001)", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    said = done.stdout + done.stderr
+    rows = {row["optimizer.lr"]: row for row in sweep.read_rows(sweep_dir)}
+    assert rows["0.001"]["state"] == "COMPLETED" and rows["-1"]["state"] == "FAILED", said
+    assert rows["-1"]["error"] == ("not launched: the trial would stop as it starts: optimizer.lr=-1.0 must be positive "
+                                 "(e.g. optimizer.lr=2e-5)")
+    assert not Path(rows["-1"]["output_dir"]).exists()  # never launched: Hydra made no folder for it
+    assert said.count("Launching 1 jobs locally") == 1 and "failed: not launched" in said
+    assert done.returncode == 1 and "Traceback" not in said  # a sweep with a failed job ends non-zero
+
+
 @pytest.mark.parametrize("typed, said", [
     ("hydra.sweeper.direction=maximise", "error: hydra.sweeper.direction=maximise: minimize or maximize"),
     ("hydra.sweeper.n_trail=3", "error: hydra.sweeper.n_trail is not a key of this config: did you mean "
