@@ -810,9 +810,9 @@ def job_refusal(cfg: DictConfig) -> Optional[str]:
     """Why a job's composed config (its ``hydra`` node included) would stop the job as it starts: a key no schema
     knows, a value or a combination the rules refuse, in the line the job would say; None where it passes, where
     the job evaluates a run folder (its config comes from the folder, and it checks itself as it starts) and where
-    the config is not this schema's (another app's, under a launcher). ``cfg`` is left as it was. A launcher that
-    starts a machine for each job asks this first (hydra_plugins.vertex_launcher), a search's trials among them:
-    drawn as the search goes, they pass no check of the command line's."""
+    the config is not this schema's (another app's, under a launcher). ``cfg`` is left as it was. Asked of each
+    trial by the Optuna sweeper before it launches it (nli.sweep.search: trials are drawn as the search goes, past
+    the command line's check), and of each job by the Vertex launcher before it starts a machine for it."""
     if OmegaConf.get_type(cfg) is not Config or OmegaConf.select(cfg, "eval.only"):
         return None
     task = copy.deepcopy(cfg)

@@ -65,7 +65,7 @@ class Job:
     name: str = ""  # the CustomJob's resource name, once submitted
     state: JobState = cast(JobState, JobState.JOB_STATE_UNSPECIFIED)  # proto-plus is untyped: members read as int
     error: str = ""
-    refused: str = ""  # why the framework's rules refuse its config (nli.config.command.job_refusal): not submitted
+    refused: str = ""  # why the framework's rules refuse its config (nli.config.schema.job_refusal): not submitted
     quote: _cost.Quote = _cost.UNPRICED  # its price per hour (hydra.launcher.prices)
     gpus: int = 0  # GPUs on all its machines
     started: Optional[datetime] = None  # when Vertex AI started running it, and when it ended: its billed time
@@ -145,7 +145,7 @@ class Sweep:
             jobs = [self._compose(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         finally:
             HydraConfig.instance().cfg = saved
-        for job in jobs:  # a search's trial, drawn after the command line's check: it would fail on its machine
+        for job in jobs:  # a sweeper's job drawn after the command line's check: it would fail on its machine
             job.refused = job_refusal(_task_config(job.config)) or ""
         check_machines(self.settings, [job.config for job in jobs],
                        self.hydra_context.config_loader.get_group_options(HW_GROUP))
