@@ -347,8 +347,8 @@ def test_a_trial_its_rules_refuse_fails_without_a_launch_and_the_search_goes_on(
     said = done.stdout + done.stderr
     rows = {row["optimizer.lr"]: row for row in sweep.read_rows(sweep_dir)}
     assert rows["0.001"]["state"] == "COMPLETED" and rows["-1"]["state"] == "FAILED", said
-    assert rows["-1"]["error"] == ("not launched: the trial would stop as it starts: optimizer.lr=-1.0 must be positive "
-                                 "(e.g. optimizer.lr=2e-5)")
+    assert rows["-1"]["error"] == ("not launched: the trial would stop as it starts: optimizer.lr=-1.0 must be "
+                                   "positive (e.g. optimizer.lr=2e-5)")
     assert not Path(rows["-1"]["output_dir"]).exists()  # never launched: Hydra made no folder for it
     assert said.count("Launching 1 jobs locally") == 1 and "failed: not launched" in said
     assert done.returncode == 1 and "Traceback" not in said  # a sweep with a failed job ends non-zero
