@@ -155,7 +155,8 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
     """setup -> data -> model -> optimization -> fit -> export -> report; ``Interrupted.stage`` says how
     far a run stopped by a signal had come."""
     world = xla.setup() if cfg.hw.accelerator == Accelerator.xla else distributed.setup(
-        context.process_env, timeout=timedelta(minutes=cfg.hw.collective_timeout_minutes))
+        context.process_env, timeout=timedelta(minutes=cfg.hw.collective_timeout_minutes),
+        rendezvous=timedelta(minutes=cfg.hw.rendezvous_timeout_minutes))
     stage = "starting"
     try:
         with ExitStack() as held:  # the output folder's claim, released however the run ends
@@ -215,10 +216,10 @@ def setup(train: TrainConfig, logger: Mapping[str, LoggerConfig], context: RunCo
     output_dir = world.gather(context.output_dir)[0]
     storage = Storage(output_dir)
     claim = None
-    if world.is_main:
-        storage.check_writable()
-        claim = held.enter_context(Claim.take(storage))  # one run at a time in the folder
-    world.barrier()
+    with world.together():  # the others stop with rank 0 where it refuses the folder
+        if world.is_main:
+            storage.check_writable()
+            claim = held.enter_context(Claim.take(storage))  # one run at a time in the folder
     ident = identity(context.resolved)
     checkpoints = run_checkpoints(context.checkpoint_dir, storage, ident, keep=train.keep_checkpoints,
                                   writes=not evaluation_only)
@@ -230,9 +231,10 @@ def setup(train: TrainConfig, logger: Mapping[str, LoggerConfig], context: RunCo
         Trackers(logger, enabled=world.is_main).check()  # e.g. W&B online without a key: before anything loads
         out.snapshot = export.resume_point(checkpoints, storage) if train.resume and not evaluation_only else None
         check_continuation(train, ident, storage, checkpoints, out.snapshot)  # before config.yaml is replaced
-        if world.is_main:  # the folder's record of its run: the resolved directories, as the run uses them
-            storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(recorded_config(context, output_dir)))
-            storage.write_text(contract.OVERRIDES_FILE, OmegaConf.to_yaml(context.command))
+        with world.together():
+            if world.is_main:  # the folder's record of its run: the resolved directories, as the run uses them
+                storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(recorded_config(context, output_dir)))
+                storage.write_text(contract.OVERRIDES_FILE, OmegaConf.to_yaml(context.command))
     return out
 
 

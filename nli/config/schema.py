@@ -377,6 +377,7 @@ class HardwareConfig:
     cpu_threads: Optional[int] = None
     cpu_mmap_threshold: Optional[int] = None  # CPU: glibc's mmap threshold, bytes (less memory, slower); null: glibc's
     collective_timeout_minutes: int = 60  # how long a process waits for the others (rank 0 saving, say), minutes
+    rendezvous_timeout_minutes: float = 15.0  # how long a process waits for the others to join as it starts, minutes
     vertex: VertexMachine = field(default_factory=VertexMachine)  # the machine on Vertex AI
 
     def __post_init__(self) -> None:
@@ -390,6 +391,9 @@ class HardwareConfig:
         minutes = self.collective_timeout_minutes
         _require(minutes >= 1, f"hw.collective_timeout_minutes={minutes} must be at least 1 (minutes a process "
                  "waits for the others before the run fails)")
+        joining = self.rendezvous_timeout_minutes
+        _require(joining > 0, f"hw.rendezvous_timeout_minutes={joining} must be more than 0 (minutes a process waits "
+                 "for the others to join as the run starts)")
         _require(self.cpu_threads is None or self.cpu_threads >= 1,
                  f"hw.cpu_threads={self.cpu_threads} must be at least 1, or null for this run's share of the cores")
         _require(self.cpu_mmap_threshold is None or 0 <= self.cpu_mmap_threshold <= 32 * 2**20,

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, ContextManager, List, Mapping, Tuple
+from typing import Any, Callable, ContextManager, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+
+from nli.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,25 @@ class World:
         """Wait until every process gets here (after rank 0 writes what the others read)."""
         if self.distributed:
             dist.barrier()
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """A block that some ranks may refuse (rank 0 alone claims the output folder and writes its record): at its
+        end every rank learns whether one refused (a UserError), and each raises, the refusing rank its own error,
+        the others one naming it. Otherwise the others went on to the next collective and waited there for the
+        rank that had stopped: a traceback under gloo ("Connection closed by peer"), under NCCL for
+        hw.collective_timeout_minutes where no launcher ends them (Slurm's tasks, a Vertex AI job's nodes)."""
+        refused: Optional[UserError] = None
+        try:
+            yield
+        except UserError as error:
+            refused = error
+        said = self.gather(None if refused is None else str(refused))
+        if refused is not None:
+            raise refused
+        first = next(((rank, message) for rank, message in enumerate(said) if message is not None), None)
+        if first is not None:
+            raise UserError(f"process {first[0]} of the run stopped it, and with it process {self.rank}: {first[1]}")
 
     def gather(self, value: Any) -> List[Any]:
         """Every rank's ``value``, in rank order, on every rank."""
@@ -102,12 +123,14 @@ def shard(size: int, *, rank: int, world_size: int) -> Tuple[int, int]:
     return size * rank // world_size, size * (rank + 1) // world_size
 
 
-def setup(process_env: Mapping[str, str], *, timeout: timedelta = timedelta(minutes=60)) -> World:
+def setup(process_env: Mapping[str, str], *, timeout: timedelta = timedelta(minutes=60),
+          rendezvous: timedelta = timedelta(minutes=15)) -> World:
     """Join the process group ``process_env`` describes (the platform's answer, nli.runtime.platform), if it
     describes more than one process. torch's env:// rendezvous reads the variables from os.environ.
     ``timeout`` (hw.collective_timeout_minutes): how long a rank waits in a collective for the others. NCCL's
     own default, 10 minutes, is less than rank 0 can take to write and upload a roberta-large checkpoint
-    (4-5 GB with Adam's moments) while the others wait at the barrier after it."""
+    (4-5 GB with Adam's moments) while the others wait at the barrier after it. ``rendezvous``
+    (hw.rendezvous_timeout_minutes): how long a rank waits for the others to join as the run starts."""
     if int(process_env.get("WORLD_SIZE", "1")) <= 1:
         return World()
     os.environ.update(process_env)
@@ -117,10 +140,35 @@ def setup(process_env: Mapping[str, str], *, timeout: timedelta = timedelta(minu
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(world.local_rank)  # before NCCL starts: one GPU per process
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+        store = _rendezvous(world, rendezvous)
+        store.set_timeout(timeout)  # the group's own exchanges through it (NCCL's at its first collective)
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("default_pg", store),
+                                rank=world.rank, world_size=world.world_size, timeout=timeout)
         log.info("process %d of %d (local rank %d), %s backend", world.rank, world.world_size, world.local_rank,
                  dist.get_backend())
     return world
+
+
+def _rendezvous(world: World, timeout: timedelta) -> dist.Store:
+    """torch's env:// rendezvous, as ``init_process_group`` makes it (a TCPStore at MASTER_ADDR:MASTER_PORT held by
+    rank 0, or torchrun's own), waiting ``timeout`` for every process to come rather than the collectives'
+    timeout: a rank whose process 0 stopped as it started (an error on its node alone, a port in use) waited
+    for it an hour, holding its GPU. Either failure is one line."""
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    try:
+        store, _, _ = next(dist.rendezvous("env://", world.rank, world.world_size, timeout=timeout))
+    except dist.DistError as error:
+        if "EADDRINUSE" in str(error):
+            raise UserError(f"MASTER_PORT={os.environ.get('MASTER_PORT')} is in use on this machine (another process "
+                            "holds it), so process 0 cannot hold the run's rendezvous there: start the run with "
+                            "another port (torchrun --master-port; under submitit, which draws it from the job's id, "
+                            "a MASTER_PORT in the job's environment)") from None
+        minutes = f"{timeout.total_seconds() / 60:g}"
+        raise UserError(f"process {world.rank} of {world.world_size} waited {minutes} minutes "
+                        f"(hw.rendezvous_timeout_minutes) at {where} for the run's other processes, and not all "
+                        "came: one may have stopped as it started (its own output says why), or its machine "
+                        "started later than that (raise hw.rendezvous_timeout_minutes)") from None
+    return store
 
 
 def teardown() -> None:

@@ -471,9 +471,69 @@ def test_the_collective_timeout_is_how_long_ranks_wait_for_each_other(tmp_path: 
     assert outputs[1].startswith("gave up:"), outputs
 
 
-def test_the_collective_timeout_must_be_positive() -> None:
+def free_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+def lone_rank(rank: int, port: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """One process of a two-process run whose other process never comes, placed as torchrun places it."""
+    placed = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *ARGS, "hw.rendezvous_timeout_minutes=0.1", *args,
+                           f"hydra.run.dir={cwd / 'run'}"], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env=process_env(placed))
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_process_whose_others_never_come_stops_after_the_rendezvous_timeout(tmp_path: Path, rank: int) -> None:
+    """Process 0 gone as it started (an error on its node alone, its port taken): process 1 waited for it at the
+    rendezvous for the whole collective timeout, an hour, holding its GPU; and a process 0 whose others never
+    came waited as long. Now hw.rendezvous_timeout_minutes, in one line."""
+    started = time.monotonic()
+    proc = lone_rank(rank, free_port(), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"error: process {rank} of 2 waited 0.1 minutes (hw.rendezvous_timeout_minutes) at 127.0.0.1:")
+    assert time.monotonic() - started < 60 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.process
+def test_a_rendezvous_port_in_use_is_named_with_the_way_out(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        proc = lone_rank(0, port, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"error: MASTER_PORT={port} is in use on this machine (another process holds it)")
+
+
+@pytest.mark.process
+def test_a_folder_another_run_holds_stops_every_process_in_one_line(tmp_path: Path) -> None:
+    """Rank 0 alone claims the output folder: refused there, it stopped, and rank 1 went on to its next collective
+    and failed in it with gloo's traceback ("Connection closed by peer"); under NCCL, where no launcher ends it,
+    it waited there for hw.collective_timeout_minutes. Now every process stops with rank 0's refusal."""
+    from nli.io.claim import Claim
+    from nli.io.storage import Storage
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with Claim.take(Storage(str(run_dir))):  # a live run's hold on the folder
+        proc = torchrun([*ARGS, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode != 0 and "Connection closed" not in proc.stderr, proc.stderr[-3000:]
+    refusal = f"{run_dir} is in use by another run: host "
+    assert f"error: {refusal}" in proc.stderr
+    assert f"error: process 0 of the run stopped it, and with it process 1: {refusal}" in proc.stderr
+
+
+def test_the_timeouts_must_be_positive() -> None:
     from nli.errors import ConfigError
     from tests.conftest import build_config
 
     with pytest.raises(ConfigError, match=r"hw.collective_timeout_minutes=0 must be at least 1"):
         build_config(["hw.collective_timeout_minutes=0"])
+    with pytest.raises(ConfigError, match=r"hw.rendezvous_timeout_minutes=0.0 must be more than 0"):
+        build_config(["hw.rendezvous_timeout_minutes=0"])
