@@ -16,8 +16,8 @@ works on a study: a second would take the first's running trials for stopped one
 Trials run through the configured launcher, up to ``n_jobs`` at once and the next as soon as one ends
 (nli.sweep.slots); ``hydra/sweeper/pruner`` stops those the study gives up while they train
 (nli.sweep.pruning). A trial whose job failed (a diverged learning rate) is FAIL in the study, and the search
-goes on while the failed share stays within ``max_failure_rate``. ``optimization_results.yaml`` in the sweep
-directory holds the best trial so far.
+goes on while the failed share of its ``n_trials`` stays within ``max_failure_rate``.
+``optimization_results.yaml`` in the sweep directory holds the best trial so far.
 
 Light on purpose (no torch): the sweep's own process runs it, before any job.
 """
@@ -267,7 +267,7 @@ class OptunaSearch:
                  n_trials, slots.describe(), type(sampler).__name__, type(self.pruner).__name__)
         _resume_stopped(study)
         jobs: Dict[int, int] = {}  # trial number -> its job number in this command's table
-        told, failed, first_failure = 0, 0, None
+        failed, first_failure = 0, None
         with Watch(self.settings.poll_interval) as watch:
             while (len(jobs) < n_trials and first_failure is None) or slots.busy:
                 refused: List[Launched] = []
@@ -282,10 +282,10 @@ class OptunaSearch:
                     slots.start(job)
                 for job in refused or slots.wait():
                     watch.last(job.trial)
-                    told += 1
                     if self._tell(study, job):
                         failed += 1
-                        if failed / told > self.settings.max_failure_rate and first_failure is None:
+                        # The share of this command's trials: a failure among the first few is within it.
+                        if failed / n_trials > self.settings.max_failure_rate and first_failure is None:
                             first_failure = job  # no new trial; those in flight end first
         if first_failure is not None:
             _raise(first_failure)

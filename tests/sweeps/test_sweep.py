@@ -354,6 +354,21 @@ def test_a_trial_its_rules_refuse_fails_without_a_launch_and_the_search_goes_on(
     assert done.returncode == 1 and "Traceback" not in said  # a sweep with a failed job ends non-zero
 
 
+def test_a_search_stops_only_once_more_than_its_failure_rate_of_its_trials_failed(tmp_path: Path) -> None:
+    """hydra.sweeper.max_failure_rate is the share of the command's trials that may fail: one failure in four is
+    within 0.3. The share was taken of the trials told so far, so a failure among the first three stopped it
+    (1 of 1, 2 or 3: the grid's seeded order puts the refused value third)."""
+    sweep_dir = tmp_path / "search"
+    done = run_app(["-m", *FAST, "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=1",
+                    "hydra.sweeper.n_trials=4", "hydra.sweeper.direction=maximize",
+                    "hydra.sweeper.max_failure_rate=0.3", "optimizer.lr=choice(-1,0.001,0.002,0.003)",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    rows = sweep.read_rows(sweep_dir)
+    assert [row["state"] for row in rows].count("COMPLETED") == 3, done.stdout + done.stderr
+    assert [row["optimizer.lr"] for row in rows if row["state"] == "FAILED"] == ["-1"]
+    assert (sweep_dir / "optimization_results.yaml").exists()  # the search ended as a search, with its best
+
+
 @pytest.mark.parametrize("typed, said", [
     ("hydra.sweeper.direction=maximise", "error: hydra.sweeper.direction=maximise: minimize or maximize"),
     ("hydra.sweeper.n_trail=3", "error: hydra.sweeper.n_trail is not a key of this config: did you mean "
