@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nli.config import command, runfolder
 from nli.config.help import answer_help
-from nli.config.keys import check_known
+from nli.config.keys import built
 from nli.config.schema import Accelerator, Config, config_dir
 from nli.contract import CONFIG_FILE, OVERRIDES_FILE, PREEMPTED
 from nli.errors import ConfigError, JobFailed, UserError
@@ -55,8 +55,7 @@ def train(raw: DictConfig) -> float:
         fresh = _fresh_run_dir()
         if (taken := runfolder.apply(raw, _typed(), _conf_dir())) is not None:  # eval.only=true of a run folder
             log.info("%s", taken)
-        check_known(raw)  # a sweep's job, or a command nli.config.command left to Hydra
-        cfg = cast(Config, OmegaConf.to_object(raw))  # checks every rule
+        cfg = cast(Config, built(raw))  # every key and rule: a sweep's job, or a command nli.config.command left
         site = platform.detect()
         # From here on a signal stops the run cleanly, and the machine's other runs count this one.
         with StopRequest(requeue=site.requeue_signal) as stop, cpu.Sharing(cfg.hw.cpu_threads,

@@ -9,6 +9,6 @@ __all__, __getattr__, __dir__ = face(__name__, {
                "METRIC_NAMES", "ModelConfig", "OptimizerConfig", "Precision", "PrecisionConfig", "SGDConfig",
                "ScheduleConfig", "ScratchArchitecture", "TaskConfig", "TrainConfig", "WandbConfig", "WandbMode",
                "checked", "compose", "config_dir", "job_refusal", "register_configs", "task_config"],
-    "keys": ["check_known", "key_of"],
+    "keys": ["built", "check_known", "key_of"],
     "help": ["answer_help"],
 }, ["command", "identity", "runfolder"])

@@ -48,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nli.config import runfolder
-from nli.config.keys import as_typed, check_known, check_override_key, key_of
+from nli.config.keys import as_typed, built, check_known, check_override_key, key_of
 from nli.contract import CONFIG_FILE, MULTIRUN_RECORD, RESULTS_FILE
 from nli.errors import ConfigError, UserError
 
@@ -486,9 +486,10 @@ def _check_added(base: DictConfig, override: Override, value: Any) -> None:
 def _check_config(cfg: DictConfig, *, rules: bool) -> None:
     with open_dict(cfg):
         cfg.pop("hydra", None)
-    check_known(cfg)
     if rules:
-        OmegaConf.to_object(cfg)  # the schema's rules (nli.config.schema): ConfigError names the key and the fix
+        built(cfg)  # the schema's rules (nli.config.schema): ConfigError names the key and the fix
+    else:
+        check_known(cfg)
 
 
 def _line(override: Override) -> str:

@@ -18,6 +18,7 @@ import difflib
 from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from nli.errors import ConfigError
 
@@ -76,6 +77,18 @@ def check_known(cfg: DictConfig) -> None:
     unknown = unknown_keys(cfg)
     if unknown:
         raise ConfigError("\n".join(not_a_key(key, known, every_key(cfg)) for key, known in unknown))
+
+
+def built(cfg: DictConfig) -> Any:
+    """``cfg`` as its schema's objects (``OmegaConf.to_object``, which runs each node's rules), its keys checked
+    first (:func:`check_known`). A key left ``???`` (Hydra's "must be given", in a file of the user's or typed)
+    is named with its fix, where OmegaConf raised with its traceback."""
+    check_known(cfg)
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:
+        key = err.full_key
+        raise ConfigError(f"{key} has no value (it is ??? in this config): give it one ({key}=...)") from None
 
 
 def check_override_key(cfg: DictConfig, key: str, typed: str, *, mapping: Optional[Mapping[str, Any]] = None) -> None:

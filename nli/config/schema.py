@@ -23,7 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nli.config.identity import check_accepted
-from nli.config.keys import check_known, unselected_logger
+from nli.config.keys import built, unselected_logger
 from nli.errors import ConfigError
 
 
@@ -769,7 +769,6 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     from hydra import compose as compose_config
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
 
     from nli.config.command import check_overrides
     from nli.config.runfolder import apply
@@ -785,8 +784,7 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     # eval.only=true of a run folder (nli.config.runfolder)
     if (taken := apply(raw, overrides, config_dir())) is not None:
         logging.getLogger(__name__).info("%s", taken)
-    check_known(raw)
-    return cast(Config, OmegaConf.to_object(raw))
+    return cast(Config, built(raw))
 
 
 def checked(cfg: Config) -> Config:
@@ -823,8 +821,7 @@ def job_refusal(cfg: DictConfig) -> Optional[str]:
     with open_dict(task):
         task.pop("hydra", None)
     try:
-        check_known(task)
-        OmegaConf.to_object(task)  # each node's __post_init__: the rules
+        built(task)  # each node's __post_init__: the rules
     except ConfigError as err:
         return str(err)
     except OmegaConfBaseException as err:  # a value its key does not take: OmegaConf's first line names both

@@ -49,6 +49,13 @@ def torchrun(args: List[str], *, cwd: Path, nproc: int = 2, timeout: float = 300
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
+def free_port() -> str:
+    """A port no process holds now, for a rendezvous the test places itself."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
 Outcome = Tuple[Dict[str, Any], Dict[str, torch.Tensor]]  # results.json, and the exported model's weights
 
 
@@ -140,13 +147,11 @@ def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -
     # The rendezvous port: submitit draws it from 20000-60000 by the job's id, Linux's ephemeral ports among them,
     # and on a machine as busy with connections as this suite (the emulators'), one was once in use (EADDRINUSE on
     # rank 0, and rank 1 waited for it its whole collective timeout). submitit takes MASTER_PORT where it is set.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
                "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10", *ARGS, f"hydra.sweep.dir={sweep}"]
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=process_env({**PORTABLE, "MASTER_PORT": str(port)}), start_new_session=True)
+                            env=process_env({**PORTABLE, "MASTER_PORT": port}), start_new_session=True)
     try:
         out, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -460,21 +465,11 @@ except Exception as error:
 def test_the_collective_timeout_is_how_long_ranks_wait_for_each_other(tmp_path: Path) -> None:
     """hw.collective_timeout_minutes reaches the process group: with 3 s, the rank waiting at the barrier while
     rank 0 takes 12 s gives up (torch's default would wait 30 minutes under gloo, 10 under NCCL)."""
-    import socket
-
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = str(free.getsockname()[1])
+    port = free_port()
     ranks = [subprocess.Popen([sys.executable, "-c", WAITER, str(rank), port], cwd=ROOT, env=process_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
     assert outputs[1].startswith("gave up:"), outputs
-
-
-def free_port() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
 
 
 def lone_rank(rank: int, port: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -238,6 +238,11 @@ def test_a_run_from_python_refuses_an_unknown_key() -> None:
      "own, and Hydra adds keys only with a +: +hydra.job.env_set.FOO=1\n"),
     # A mapping typed for a group's node: Hydra's three lines, which told to add the misspelt key with a +.
     (["optimizer={lrr:1}"], "error: optimizer.lrr is not a key of this config: did you mean optimizer.lr?"),
+    # A key left ??? (Hydra's "must be given"): OmegaConf's MissingMandatoryValue, with its traceback.
+    (["optimizer.lr=???"], "error: optimizer.lr has no value (it is ??? in this config): give it one "
+                           "(optimizer.lr=...)\n"),
+    (["-m", "optimizer.lr=???,1e-3"], "error: the sweep's job optimizer.lr=??? would stop as it starts: "
+                                      "optimizer.lr has no value"),
 ])
 def test_a_key_under_null_or_under_a_value_is_named_with_its_fix(tmp_path: Path, overrides: List[str],
                                                                   message: str) -> None:
