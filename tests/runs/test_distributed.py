@@ -144,9 +144,8 @@ def test_two_slurm_tasks_train_as_one_process(tmp_path: Path, single: Outcome) -
     """hydra.launcher.tasks_per_node=2 through submitit, whose local executor sets up each task's
     environment as its Slurm executor does: each task finds its rank there (no torchrun)."""
     sweep = tmp_path / "sweep"
-    # The rendezvous port: submitit draws it from 20000-60000 by the job's id, Linux's ephemeral ports among them,
-    # and on a machine as busy with connections as this suite (the emulators'), one was once in use (EADDRINUSE on
-    # rank 0, and rank 1 waited for it its whole collective timeout). submitit takes MASTER_PORT where it is set.
+    # The rendezvous port: a free one, as the suite runs other tests beside it on this machine; the run takes
+    # MASTER_PORT where the job's environment sets it (else one drawn from the job's id: tests/nli/runtime).
     port = free_port()
     command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
                "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10", *ARGS, f"hydra.sweep.dir={sweep}"]

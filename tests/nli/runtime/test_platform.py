@@ -4,15 +4,18 @@ the most specific first, and nothing else in the project reads a platform's vari
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 from pathlib import Path
+from typing import Dict
 
+import pytest
 import yaml
 
 from nli.contract import vertex_dirs
 from nli.runtime import platform
-from nli.runtime.platform.submitit import SUBMITIT
+from nli.runtime.platform.submitit import PORTS, SUBMITIT
 from tests.support.runs import FAST, ROOT, read_results, run_app
 
 SPEC = {"cluster": {"workerpool0": ["primary:2222"], "workerpool1": ["w1:2222", "w2:2222"]},
@@ -54,6 +57,33 @@ def test_submitit_requeues_on_its_own_signal() -> None:
     assert SUBMITIT.requeue_signal({"SUBMITIT_EXECUTOR": "slurm"}) is signal.SIGUSR2
     assert SUBMITIT.requeue_signal({"SUBMITIT_EXECUTOR": "slurm", "SUBMITIT_PREEMPT_SIGNAL": "USR1"}) is signal.SIGUSR1
     assert not SUBMITIT.applies({})
+
+
+def submitit_task(monkeypatch: pytest.MonkeyPatch, job_id: str, rank: int, tasks: int = 2) -> Dict[str, str]:
+    """The process environment of task ``rank`` of a job of submitit's local executor (which sets what its Slurm
+    executor's job environment reads from Slurm)."""
+    env = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": job_id, "SUBMITIT_LOCAL_NTASKS": str(tasks),
+           "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_GLOBALID": str(rank),
+           "SUBMITIT_LOCAL_LOCALID": str(rank)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return SUBMITIT.process_env(os.environ) or {}
+
+
+def test_a_submitit_jobs_tasks_meet_on_one_port_below_the_ephemeral_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every task of a job draws the same port from its id, below Linux's ephemeral ports (32768-60999), which
+    outgoing connections hold: submitit's own draw (20000-60000) once met one in use."""
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    ports = set()
+    for job in map(str, range(1000, 1050)):
+        first, second = submitit_task(monkeypatch, job, 0), submitit_task(monkeypatch, job, 1)
+        assert first["MASTER_PORT"] == second["MASTER_PORT"] and int(first["MASTER_PORT"]) in PORTS
+        assert (first["RANK"], second["RANK"], first["WORLD_SIZE"], second["LOCAL_WORLD_SIZE"]) == ("0", "1", "2", "2")
+        ports.add(first["MASTER_PORT"])
+    assert len(ports) > 40  # drawn by the job's id: jobs on one node rarely meet
+    monkeypatch.setenv("MASTER_PORT", "29555")  # the job's environment names one: taken as it is
+    assert submitit_task(monkeypatch, "7", 1)["MASTER_PORT"] == "29555"
+    assert submitit_task(monkeypatch, "7", 0, tasks=1) == {}  # one task: no process group
 
 
 def test_no_platform_variable_is_read_outside_the_seam() -> None:
