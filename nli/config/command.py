@@ -240,16 +240,22 @@ def known_mode(checked: Checked) -> Iterator[None]:
 
 
 def _check_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path) -> Checked:
-    run_dir, from_folder, mode = _checked_run(config_name, overrides, groups, conf_dir)
-    _check_folder("hydra.run.dir", run_dir)
+    """A single run's command checked; Hydra's run directory moved where the run writes: into a local ``output_dir``
+    (Hydra's log, train.log, beside the run's other files, and each attempt's in the same one), and for an
+    evaluation of a run folder to the folder its default names once that folder's task is known."""
+    run_dir, output_dir, from_folder, mode = _checked_run(config_name, overrides, groups, conf_dir)
     typed = any(o.key_or_group == "hydra.run.dir" for o in overrides)
-    return Checked([f"hydra.run.dir={_quoted(run_dir)}"] if from_folder and not typed else [], True, mode)
+    moved = not typed and bool(output_dir) and "://" not in str(output_dir)
+    run_dir = str(output_dir) if moved else run_dir
+    _check_folder("output_dir" if moved else "hydra.run.dir", run_dir)
+    return Checked([f"hydra.run.dir={_quoted(run_dir)}"] if (moved or from_folder) and not typed else [], True, mode)
 
 
 def _checked_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path, *,
-                 launcher: bool = True) -> Tuple[str, bool, Optional[RunMode]]:
+                 launcher: bool = True) -> Tuple[str, Optional[str], bool, Optional[RunMode]]:
     """A single run's config checked, as the run will check it (and its ``launcher``, which a run from Python
-    never starts); its run directory, whether it evaluates a run folder (nli.config.runfolder), its hydra.mode."""
+    never starts); its run directory, its output_dir, whether it evaluates a run folder (nli.config.runfolder), its
+    hydra.mode."""
     _check_single_values(overrides)
     cfg = _composed_run(config_name, overrides, groups)
     _check_no_op_mappings(cfg, overrides, groups)
@@ -257,8 +263,9 @@ def _checked_run(config_name: str, overrides: List[Override], groups: set[str], 
         _check_launcher(cfg, overrides)
     from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
     run_dir, mode = str(cfg.hydra.run.dir), cfg.hydra.mode
+    output_dir = None if cfg.output_dir is None else str(cfg.output_dir)
     _check_config(cfg, rules=True)
-    return run_dir, from_folder, mode
+    return run_dir, output_dir, from_folder, mode
 
 
 def _composed_run(config_name: str, overrides: List[Override], groups: set[str]) -> DictConfig:
@@ -526,7 +533,7 @@ def _check_folder(key: str, folder: str) -> None:
         raise ConfigError(f"{key} is empty (an unset shell variable?): it would write into the current directory. "
                           f"Give it a folder ({key}=runs/first), or leave it out for its default")
     path = Path(folder)
-    if key == "hydra.run.dir" and (path / MULTIRUN_RECORD).exists():
+    if key in ("hydra.run.dir", "output_dir") and (path / MULTIRUN_RECORD).exists():
         raise ConfigError(f"{key}={folder} is a sweep's folder (it holds {MULTIRUN_RECORD}): a run there would mix "
                           "its files into the sweep's. Give the run a folder of its own")
     if key == "hydra.sweep.dir" and any((path / name).exists() for name in (CONFIG_FILE, RESULTS_FILE, ".hydra")):

@@ -82,6 +82,26 @@ def test_a_finished_run_asked_again_with_the_same_settings_reports_its_results(f
     assert "this run already finished" in output and files(run_dir) == before
 
 
+def test_a_run_given_an_output_dir_keeps_its_log_there_attempt_after_attempt(tmp_path: Path) -> None:
+    """train.log is with the run's other files in a local output_dir (Hydra's run directory moves there), each
+    attempt's after the last; not in a folder of Hydra's own, outputs/<task>/<time>/, one for each attempt. A
+    hydra.run.dir typed beside it keeps Hydra's log where it says."""
+    run_dir, elsewhere = tmp_path / "mine", tmp_path / "hydra"
+    first = run_app([*FAST, f"output_dir={run_dir}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    log = (run_dir / "train.log").read_text()
+    assert "results: objective=" in log and f"log               {run_dir / 'train.log'}" in log
+    again = run_app([*FAST, f"output_dir={run_dir}"], cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    both = (run_dir / "train.log").read_text()
+    assert both.startswith(log) and "this run already finished" in both[len(log):]
+    assert not (tmp_path / "outputs").exists()
+    typed = run_app([*FAST, f"output_dir={run_dir}", f"hydra.run.dir={elsewhere}"], cwd=tmp_path)
+    assert typed.returncode == 0, typed.stdout + typed.stderr
+    assert "this run already finished" in (elsewhere / "train.log").read_text()
+    assert (run_dir / "train.log").read_text() == both
+
+
 @pytest.mark.parametrize("content, why", [("", "not JSON: Expecting value"), ('{"accuracy": 0.9', "not JSON"),
                                           ("[0.9]", "JSON, but not an object with the run's objective"),
                                           ("{}", "JSON, but not an object with the run's objective")],

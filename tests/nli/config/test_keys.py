@@ -331,6 +331,8 @@ def test_a_sweep_into_a_runs_folder_and_a_run_into_a_sweeps_are_refused(
     (sweep / "multirun.yaml").write_text("hydra: {}\n")  # what Hydra writes first into a sweep's folder
     proc = run_app([*FAST, f"hydra.run.dir={sweep}"], cwd=tmp_path)
     assert proc.returncode == 1 and f"error: hydra.run.dir={sweep} is a sweep's folder" in proc.stderr, proc.stderr
+    proc = run_app([*FAST, f"output_dir={sweep}"], cwd=tmp_path)  # a local output_dir is the run's Hydra directory
+    assert proc.returncode == 1 and f"error: output_dir={sweep} is a sweep's folder" in proc.stderr, proc.stderr
     assert [path.name for path in sweep.iterdir()] == ["multirun.yaml"]
 
 
