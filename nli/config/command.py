@@ -240,32 +240,43 @@ def known_mode(checked: Checked) -> Iterator[None]:
 
 
 def _check_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path) -> Checked:
-    """A single run's command checked; Hydra's run directory moved where the run writes: into a local ``output_dir``
-    (Hydra's log, train.log, beside the run's other files, and each attempt's in the same one), and for an
-    evaluation of a run folder to the folder its default names once that folder's task is known."""
-    run_dir, output_dir, from_folder, mode = _checked_run(config_name, overrides, groups, conf_dir)
-    typed = any(o.key_or_group == "hydra.run.dir" for o in overrides)
-    moved = not typed and bool(output_dir) and "://" not in str(output_dir)
-    run_dir = str(output_dir) if moved else run_dir
-    _check_folder("output_dir" if moved else "hydra.run.dir", run_dir)
-    return Checked([f"hydra.run.dir={_quoted(run_dir)}"] if (moved or from_folder) and not typed else [], True, mode)
+    """A single run's command checked, and Hydra's run directory where Hydra's default would not be the run's: a
+    local output_dir (:func:`_run_dir`), or the folder that an evaluation of a run folder names once it has taken
+    that folder's task."""
+    run_dir, key, from_folder, mode = _checked_run(config_name, overrides, groups, conf_dir)
+    _check_folder(key, run_dir)
+    moved = (from_folder or key == "output_dir") and not _typed_run_dir(overrides)
+    return Checked([f"hydra.run.dir={_quoted(run_dir)}"] if moved else [], True, mode)
 
 
 def _checked_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path, *,
-                 launcher: bool = True) -> Tuple[str, Optional[str], bool, Optional[RunMode]]:
+                 launcher: bool = True) -> Tuple[str, str, bool, Optional[RunMode]]:
     """A single run's config checked, as the run will check it (and its ``launcher``, which a run from Python
-    never starts); its run directory, its output_dir, whether it evaluates a run folder (nli.config.runfolder), its
-    hydra.mode."""
+    never starts); its run directory and the key that names it (:func:`_run_dir`), whether it evaluates a run
+    folder (nli.config.runfolder), its hydra.mode."""
     _check_single_values(overrides)
     cfg = _composed_run(config_name, overrides, groups)
     _check_no_op_mappings(cfg, overrides, groups)
     if launcher:
         _check_launcher(cfg, overrides)
     from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
-    run_dir, mode = str(cfg.hydra.run.dir), cfg.hydra.mode
-    output_dir = None if cfg.output_dir is None else str(cfg.output_dir)
+    (run_dir, key), mode = _run_dir(cfg, overrides), cfg.hydra.mode  # read before the check takes the hydra node
     _check_config(cfg, rules=True)
-    return run_dir, output_dir, from_folder, mode
+    return run_dir, key, from_folder, mode
+
+
+def _run_dir(cfg: DictConfig, overrides: List[Override]) -> Tuple[str, str]:
+    """Hydra's run directory, and the key that names it: a local ``output_dir`` where one is given, so that Hydra's
+    log (train.log) is with the run's other files, each attempt's after the last; Hydra's own (``hydra.run.dir``)
+    where that is typed, or where Hydra changes into it (``hydra.job.chdir``: output_dir is relative to it)."""
+    output_dir = cfg.output_dir
+    if output_dir and "://" not in str(output_dir) and not _typed_run_dir(overrides) and not cfg.hydra.job.chdir:
+        return str(output_dir), "output_dir"
+    return str(cfg.hydra.run.dir), "hydra.run.dir"
+
+
+def _typed_run_dir(overrides: List[Override]) -> bool:
+    return any(o.key_or_group == "hydra.run.dir" for o in overrides)
 
 
 def _composed_run(config_name: str, overrides: List[Override], groups: set[str]) -> DictConfig:

@@ -52,3 +52,16 @@ def test_the_mode_handed_to_hydra_is_the_one_hydra_reads(typed: List[str]) -> No
     checked = command.check(overrides, CONF, "train")
     assert checked.composed
     assert checked.mode == GlobalHydra.instance().hydra.get_mode("train", overrides)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("typed, extra", [
+    (["output_dir=runs/a"], ["hydra.run.dir=runs/a"]),  # Hydra's log with the run's other files
+    (["output_dir=runs/a", "hydra.run.dir=logs/a"], []),  # typed: Hydra's where it says
+    (["output_dir=runs/a", "hydra.job.chdir=true"], []),  # output_dir is relative to Hydra's, which it changes into
+    (["output_dir=gs://bucket/a"], []),  # Hydra writes on local disk; the loggers' copies go to the bucket
+    (["output_dir="], []),  # unset: Hydra's default folder
+])
+def test_a_local_output_dir_is_hydras_run_directory(typed: List[str], extra: List[str], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the check tries the folder's writability where Hydra will make it
+    assert command.check(["experiment=quickstart", *typed], CONF, "train").extra == extra
