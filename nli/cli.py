@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any, Callable, Dict, List, NoReturn, Optional, cast
 
 from hydra.core.hydra_config import HydraConfig
@@ -29,7 +30,16 @@ from nli.errors import ConfigError, JobFailed, UserError
 from nli.io.storage import Storage
 from nli.runtime import cpu, platform
 from nli.runtime.context import RunContext
-from nli.runtime.signals import Interrupted, Preempted, StopRequest, end_done, end_promptly, interruption
+from nli.runtime.signals import (
+    Interrupted,
+    Preempted,
+    StopRequest,
+    end_done,
+    end_promptly,
+    interruption,
+    started,
+    stop_while_starting,
+)
 from nli.sweep import table as sweep
 
 log = logging.getLogger(__name__)
@@ -57,6 +67,7 @@ def train(raw: DictConfig) -> float:
             log.info("%s", taken)
         cfg = cast(Config, built(raw))  # every key and rule: a sweep's job, or a command nli.config.command left
         site = platform.detect()
+        started()  # the command's start-up handler gives way to the run's
         # From here on a signal stops the run cleanly, and the machine's other runs count this one.
         with StopRequest(requeue=site.requeue_signal) as stop, cpu.Sharing(cfg.hw.cpu_threads,
                                                                            site.local_processes) as sharing:
@@ -110,6 +121,7 @@ def process(main: Callable[[], object], conf_dir: Path) -> None:
     """The ``__main__`` of ``train.py`` and ``python -m nli``: :func:`entry` with the process's arguments; a
     process whose run a signal stopped ends within seconds with ``PREEMPTED`` (nli.runtime.signals.end_promptly),
     and one whose work is done at once (nli.runtime.signals.end_done)."""
+    stop_while_starting(_stopped_starting)
     try:
         entry(main, conf_dir, sys.argv[1:])
     except SystemExit as stop:
@@ -117,6 +129,20 @@ def process(main: Callable[[], object], conf_dir: Path) -> None:
             end_promptly(PREEMPTED)
         raise
     end_done()  # without Python's teardown of torch and the rest: seconds of every run's wall time
+
+
+def _stopped_starting(signum: int, frame: Optional[FrameType]) -> None:
+    """SIGTERM while the command starts, before its run or sweep handles it (nli.runtime.signals.stop_while_starting):
+    the process ends here, saying so, with the status that says "run me again". It exits rather than raising, as a
+    sweep's handler does (nli.sweep.table): raised into Hydra's set-up, an exception can be caught and dropped."""
+    message = f"stopped by SIGTERM {INTERRUPTED['starting']}"
+    _off_console(logging.WARNING, message)
+    print(message, file=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(PREEMPTED)
 
 
 def run_context(cfg: Config, raw: DictConfig, site: platform.Site) -> RunContext:

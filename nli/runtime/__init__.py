@@ -9,6 +9,7 @@ __all__, __getattr__, __dir__ = face(__name__, {
     "device": ["Compute", "PeakMemory", "cpu_kernels", "cpu_native_bf16"],
     "distributed": ["World", "no_sync", "shard"],
     "signals": ["Interrupted", "Preempted", "StopRequest", "end_done", "end_promptly", "interruption",
-                "relay_to_threads", "shelter_worker", "end_workers_at_exit", "workers_forking"],
+                "relay_to_threads", "shelter_worker", "end_workers_at_exit", "workers_forking", "started",
+                "stop_while_starting"],
     "xla": ["NO_DEVICE", "runtime"],
 }, ["cpu", "device", "distributed", "platform", "provenance", "xla"])

@@ -37,7 +37,7 @@ import threading
 import time
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Dict, Iterator, List, NoReturn, Optional
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,27 @@ class StopRequest:
         if again or not self._deferred:
             raise Interrupted(name)
         log.warning("%s received: stopping after this step, with a checkpoint", name)
+
+
+Handler = Callable[[int, Optional[FrameType]], Any]
+_STARTING: List[Handler] = []  # the command's SIGTERM handler while it starts (stop_while_starting)
+
+
+def stop_while_starting(handler: Handler) -> None:
+    """For a command's ``__main__``, as it starts: SIGTERM goes to ``handler`` until the run, or a sweep, takes it
+    over (:func:`started`). Python's default ended the process silently (status 143) while it imported, checked
+    its command line and Hydra composed and set up its run; nothing is half-way there that a run could keep."""
+    if threading.current_thread() is threading.main_thread():
+        _STARTING[:] = [handler]
+        signal.signal(signal.SIGTERM, handler)
+
+
+def started() -> None:
+    """A run, or a sweep, is about to set its own SIGTERM handler: the start-up one gives way to Python's default,
+    which is what those put back when they end (a signal after a finished run is not one before it began)."""
+    if threading.current_thread() is threading.main_thread() and _STARTING and \
+            signal.getsignal(signal.SIGTERM) is _STARTING[0]:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 WORKER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)  # what a data worker leaves to the run

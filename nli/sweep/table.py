@@ -56,6 +56,7 @@ from nli.contract import PREEMPTED, RESULTS_FILE
 from nli.errors import StorageError, UserError
 from nli.io.claim import Claim, Use
 from nli.io.storage import Storage
+from nli.runtime.signals import started
 from nli.sweep import cost, differences
 from nli.sweep import local_gpus as gpus
 
@@ -487,6 +488,7 @@ def hold(sweep_dir: Path) -> str:
     :func:`release`, SIGTERM (where nothing else handles it) ends the sweep as an exit, which lets the
     directory go, rather than killing the process outright."""
     # The handler first: from the moment the claim exists, SIGTERM lets it go.
+    started()  # the command's start-up handler gives way (nli.runtime.signals)
     sigterm = None
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)

@@ -20,7 +20,7 @@ import pytest
 from nli.contract import PREEMPTED
 from nli.runtime import signals
 from nli.runtime.signals import Interrupted, StopRequest, interruption, relay_to_threads
-from tests.support.runs import FAST, ROOT, process_env, read_results, run_app
+from tests.support.runs import FAST, ROOT, copy_run, process_env, read_results, run_app
 
 
 def start(args: List[str], run_dir: Path, *, before: Sequence[str] = ()) -> subprocess.Popen:
@@ -67,6 +67,47 @@ def test_before_training_a_signal_stops_the_run_at_once_and_says_nothing_was_sav
     assert "stopped by SIGTERM before training began: nothing new was saved" in err
     assert not {"checkpoints", "model", "results.json"} & {p.name for p in run_dir.iterdir()}
     assert "Run the same command again to start" in (run_dir / "train.log").read_text()
+
+
+# train.py with SIGTERM sent to itself as one of the command's steps begins: nli.config.command.check (the command
+# line's check, before Hydra) or nli.cli.train (Hydra's task function, its run folder and log made, before the run's
+# own handler). The signal is handled before the step's first line.
+SIGNALLED_AS = ("import os, runpy, signal, sys, nli.cli, nli.config.command; name = sys.argv[1]; "
+                "owner = {'check': nli.config.command, 'train': nli.cli}[name]; step = getattr(owner, name); "
+                "setattr(owner, name, lambda *a, **k: (os.kill(os.getpid(), signal.SIGTERM), step(*a, **k))[1]); "
+                "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("step", ["check", "train"])
+def test_sigterm_as_the_command_starts_stops_it_saying_nothing_was_saved(tmp_path: Path, step: str) -> None:
+    """Before the run's handler: while the command line is checked, or once Hydra has made the run's folder and
+    log. Python's default ended the process there silently, status 143."""
+    run_dir = tmp_path / "run"
+    proc = start(FAST, run_dir, before=["-c", SIGNALLED_AS, step])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == PREEMPTED and "Traceback" not in err, err
+    assert "stopped by SIGTERM before training began: nothing new was saved" in err
+    if step == "check":
+        assert not run_dir.exists()
+    else:
+        assert [path.name for path in run_dir.iterdir()] == ["train.log"]
+        assert "Run the same command again to start" in (run_dir / "train.log").read_text()
+
+
+def test_the_start_up_handler_gives_way_to_the_runs_and_is_not_put_back_after_it(
+        tmp_path: Path, shared_run: Callable[[str, Sequence[str]], Path]) -> None:
+    """The run's own handler is set over Python's default, not over the start-up one: it puts back what it found
+    when it ends, and a SIGTERM after a finished run is not one "before training began"."""
+    run_dir = copy_run(shared_run("fast", FAST), tmp_path / "run")
+    original = signal.getsignal(signal.SIGTERM)
+    signals.stop_while_starting(lambda *_: None)
+    try:
+        proc = run_app([*FAST, f"hydra.run.dir={run_dir}"], cwd=tmp_path)  # finished: answered from its results
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, original)
 
 
 @pytest.mark.process
