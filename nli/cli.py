@@ -238,17 +238,22 @@ def _off_console(level: int, message: str) -> None:
 
 def _preflight(cfg: Config, site: platform.Site) -> None:
     """A Cloud Storage output folder's bucket and credentials, and a model in a bucket (copied to its
-    local cache), checked on rank 0 before torch loads: a wrong one is answered in seconds, not after
-    the import (the run's setup checks all the rest).
+    local cache), checked before torch loads in a run of one process: a wrong one is answered in seconds, not
+    after the import (the run's setup checks all the rest). A run of several processes checks them once its
+    processes have met (nli.recipe), so that one's refusal stops them all: made here, on rank 0 alone, it left
+    the others waiting for it at the rendezvous (hw.rendezvous_timeout_minutes) where no launcher ends them
+    (Slurm's tasks).
     On XLA, the TPU asked of PyTorch/XLA before datasets and transformers import it: on its own it
     falls back to the CPU where it finds none, and the run would train there, slowly, unsaid."""
     if cfg.hw.accelerator == Accelerator.xla:
         os.environ.setdefault("PJRT_DEVICE", "TPU")
+    if int(site.process_env.get("WORLD_SIZE", "1")) > 1:
+        return
     url = cfg.output_dir or site.output_dir
-    if url and "://" in url and int(site.process_env.get("RANK", "0")) == 0:
+    if url and "://" in url:
         Storage(url).check_writable()
     model = cfg.model.name_or_path
-    if model and "://" in model and not cfg.eval.only and int(site.process_env.get("RANK", "0")) == 0:
+    if model and "://" in model and not cfg.eval.only:
         from nli.model.bucket import local_copy
 
         local_copy(model)  # a wrong bucket or path answered now; the run reads the copy (nli.model.build.from_bucket)

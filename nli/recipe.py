@@ -44,7 +44,16 @@ from transformers import PreTrainedTokenizerBase
 from nli import contract
 from nli.config.identity import digest, identity
 from nli.config.keys import key_of
-from nli.config.schema import Accelerator, Config, EvalConfig, LoggerConfig, Precision, TrainConfig, checked
+from nli.config.schema import (
+    Accelerator,
+    Config,
+    EvalConfig,
+    LoggerConfig,
+    ModelConfig,
+    Precision,
+    TrainConfig,
+    checked,
+)
 from nli.data import loaders as data
 from nli.evaluate import evalsets, oom
 from nli.evaluate.evaluation import Evaluation
@@ -177,7 +186,7 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
                     return evaluate_only(Run(cfg, out, compute), stop)
             record_code(out)  # the code of this attempt, beside that of the steps before it
             # A model in a bucket is read from its local copy (nli.model.bucket).
-            this_run = Run(dataclasses.replace(cfg, model=from_bucket(cfg.model)), out, compute)
+            this_run = Run(dataclasses.replace(cfg, model=local_model(cfg.model, world)), out, compute)
             loaded = load_data(this_run)
             stop.check()  # a signal some library swallowed (nli.runtime.signals) stops the run between phases
             model = build(this_run, loaded)
@@ -236,6 +245,18 @@ def setup(train: TrainConfig, logger: Mapping[str, LoggerConfig], context: RunCo
                 storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(recorded_config(context, output_dir)))
                 storage.write_text(contract.OVERRIDES_FILE, OmegaConf.to_yaml(context.command))
     return out
+
+
+def local_model(cfg: ModelConfig, world: World) -> ModelConfig:
+    """``cfg`` with a model in a bucket read from its local copy (nli.model.bucket): made by each machine's first
+    process while its others wait (one download a machine), a wrong path or a failed copy stopping every process."""
+    if cfg.name_or_path is None or "://" not in cfg.name_or_path or not world.distributed:
+        return from_bucket(cfg)
+    copied: Optional[ModelConfig] = None
+    with world.together():
+        if world.local_rank == 0:
+            copied = from_bucket(cfg)
+    return copied or from_bucket(cfg)  # the others: the copy their machine's first process made
 
 
 def prepare(cfg: Config, world: World, sharing: cpu.Sharing, *, started: Optional[Precision] = None
@@ -501,7 +522,7 @@ def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:
     training figures. The model's labels are matched to each set's by name (nli.evaluate.evalsets)."""
     cfg, out, world = run.cfg, run.out, run.world
     trained, where = trained_model(cfg.model)
-    trained = from_bucket(trained)  # a model in a bucket: its local copy (nli.model.bucket)
+    trained = local_model(trained, world)
     weights = integrity.scored(str(trained.name_or_path))  # an export checked whole, before anything loads
     tokenizer = share_tokenizer(build_tokenizer(trained, [], max_seq_length=cfg.data.max_seq_length), world)
     model = load_trained(trained).to(run.compute.device)

@@ -15,6 +15,7 @@ from nli.errors import ConfigError, StorageError
 from nli.io.storage import Storage
 from nli.model import bucket as bucketcopy
 from nli.sweep import report
+from tests.runs.test_distributed import torchrun
 from tests.runs.test_eval_folder import metrics
 from tests.support.runs import FAST, read_results, run_app, shared_folder
 from tests.sweeps.test_report import SWEEP, run_sweep, tables
@@ -59,6 +60,21 @@ def test_a_model_in_a_bucket_is_fine_tuned_from_its_copy_made_once(run_in_bucket
         in again.stdout
     assert "copied to" not in again.stdout and len(copies(model)) == 1
     assert read_results(tmp_path / "again")["objective"] == read_results(tmp_path / "first")["objective"]
+
+
+@pytest.mark.process
+def test_a_model_in_a_bucket_is_copied_by_a_machines_first_process_for_all_of_them(
+        run_in_bucket: str, tmp_path: Path, gcs_emulator: Dict[str, str]) -> None:
+    """Two processes (torchrun) fine-tune one model in a bucket: local rank 0 copies it while the other waits, then
+    reads that copy (each process made its own, at once); one version in the cache, and both trained as one run."""
+    model = f"{run_in_bucket}/model"
+    run_dir = tmp_path / "run"
+    proc = torchrun([*FAST, f"model.name_or_path={model}", "model.scratch=null", "hw=cpu", "train.progress_bar=false",
+                     f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert "x 2 processes" in log and log.count(f"model.name_or_path={model}: copied to") == 1
+    assert len(copies(model)) == 1 and read_results(run_dir)["status"] == "completed"
 
 
 def test_eval_only_of_a_run_folder_in_a_bucket_gives_the_local_folders_metrics(

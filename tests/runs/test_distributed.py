@@ -471,12 +471,42 @@ def test_the_collective_timeout_is_how_long_ranks_wait_for_each_other(tmp_path: 
     assert outputs[1].startswith("gave up:"), outputs
 
 
-def lone_rank(rank: int, port: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """One process of a two-process run whose other process never comes, placed as torchrun places it."""
+def placed_rank(rank: int, port: str, *args: str, cwd: Path) -> subprocess.Popen:
+    """One process of a two-process run, placed as torchrun places it (as submitit places Slurm's tasks: no launcher
+    ends the others when one stops), waiting at most 0.1 minutes for the other to come."""
     placed = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *ARGS, "hw.rendezvous_timeout_minutes=0.1", *args,
-                           f"hydra.run.dir={cwd / 'run'}"], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env=process_env(placed))
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *ARGS, "hw.rendezvous_timeout_minutes=0.1", *args,
+                             f"hydra.run.dir={cwd / 'run'}"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=process_env(placed))
+
+
+def lone_rank(rank: int, port: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """One process of a two-process run whose other process never comes."""
+    proc = placed_rank(rank, port, *args, cwd=cwd)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("setting, refusal, told", [
+    ("output_dir=gs://no-such-bucket/run", "output_dir=gs://no-such-bucket/run: bucket no-such-bucket does not exist",
+     "process 0 of the run stopped it, and with it process 1: "),  # rank 0 alone checks the folder
+    ("model.name_or_path=gs://test-bucket/no-model/model model.scratch=null",
+     # Each machine's first process copies the model: here both (two machines), each with its own refusal.
+     "model.name_or_path=gs://test-bucket/no-model/model holds no files", ""),
+], ids=["output-bucket", "model-in-a-bucket"])
+def test_a_bucket_a_process_cannot_use_stops_every_process_at_once(tmp_path: Path, gcs_emulator: Dict[str, str],
+                                                                   setting: str, refusal: str, told: str) -> None:
+    """The output folder's bucket and a model in a bucket were checked before torch loaded, on rank 0 alone: it
+    stopped there, and the others waited for it at the rendezvous (hw.rendezvous_timeout_minutes, 15) where no
+    launcher ends them (Slurm's tasks, placed here as submitit places them). A run of several processes now checks
+    them once its processes have met, and every process stops in one line."""
+    port = free_port()
+    ranks = [placed_rank(rank, port, *setting.split(), cwd=tmp_path) for rank in (0, 1)]
+    errors = [rank.communicate(timeout=120)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [1, 1] and "Traceback" not in "".join(errors), errors
+    assert errors[0].strip().splitlines()[-1].startswith(f"error: {refusal}")
+    assert errors[1].strip().splitlines()[-1].startswith(f"error: {told}{refusal}")
 
 
 @pytest.mark.process
