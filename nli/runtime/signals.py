@@ -245,6 +245,9 @@ def end_promptly(status: int, *, within: float = WIND_DOWN_SECONDS) -> None:
 
     for s in SIGNALS:
         signal.signal(s, end)
+    torch_log = logging.getLogger("torch")
+    if torch_log.level == logging.NOTSET:  # a signal stopped torch's import before its last line set it
+        torch_log.setLevel(logging.WARNING)  # as that line would: its exit hooks' statistics are not said at INFO
     watchdog = threading.Timer(within, end)
     watchdog.daemon = True  # it never holds the process itself
     watchdog.start()

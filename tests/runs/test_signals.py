@@ -95,6 +95,33 @@ def test_sigterm_as_the_command_starts_stops_it_saying_nothing_was_saved(tmp_pat
         assert "Run the same command again to start" in (run_dir / "train.log").read_text()
 
 
+# train.py with SIGTERM sent to itself in the middle of torch's import, at the first import after FakeTensor's module
+# has registered its exit hook (which logs its cache's statistics at INFO).
+IN_TORCHS_IMPORT = """
+import os, runpy, signal, sys
+class Hook:
+    def find_spec(self, name, path, target=None):
+        if hasattr(sys.modules.get("torch._subclasses.fake_tensor"), "dump_cache_stats"):
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+sys.meta_path.insert(0, Hook())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.process
+def test_a_stop_in_the_middle_of_torchs_import_ends_with_its_message_alone(tmp_path: Path) -> None:
+    """torch sets its loggers' level as its import ends: stopped before, its exit hooks logged their statistics
+    ("FakeTensor cache stats") under the stop's message."""
+    run_dir = tmp_path / "run"
+    proc = start(FAST, run_dir, before=["-c", IN_TORCHS_IMPORT])
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == PREEMPTED and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("stopped by SIGTERM before training began: nothing new was saved")
+    assert "FakeTensor" not in out + err
+
+
 def test_the_start_up_handler_gives_way_to_the_runs_and_is_not_put_back_after_it(
         tmp_path: Path, shared_run: Callable[[str, Sequence[str]], Path]) -> None:
     """The run's own handler is set over Python's default, not over the start-up one: it puts back what it found
