@@ -65,8 +65,9 @@ def test_a_model_in_a_bucket_is_fine_tuned_from_its_copy_made_once(run_in_bucket
 @pytest.mark.process
 def test_a_model_in_a_bucket_is_copied_by_a_machines_first_process_for_all_of_them(
         run_in_bucket: str, tmp_path: Path, gcs_emulator: Dict[str, str]) -> None:
-    """Two processes (torchrun) fine-tune one model in a bucket: local rank 0 copies it while the other waits, then
-    reads that copy (each process made its own, at once); one version in the cache, and both trained as one run."""
+    """Two processes (torchrun) fine-tune one model in a bucket as one run, from one copy in the cache (the path
+    recipe.local_model takes with several processes). It does not tell whether the second process downloaded the
+    model too: two copies of one version end as one; only the emulator's request count would show it."""
     model = f"{run_in_bucket}/model"
     run_dir = tmp_path / "run"
     proc = torchrun([*FAST, f"model.name_or_path={model}", "model.scratch=null", "hw=cpu", "train.progress_bar=false",
