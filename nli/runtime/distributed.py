@@ -22,6 +22,15 @@ from nli.errors import UserError
 
 log = logging.getLogger(__name__)
 
+
+def _told(error: Exception) -> str:
+    """What the other ranks say of ``error``: a refusal's message as it is; a fault named by its type, its traceback
+    being in the failing process's own output."""
+    if isinstance(error, UserError):
+        return str(error)
+    return f"{type(error).__name__}: {error} (its traceback is in that process's output)"
+
+
 @dataclass(frozen=True)
 class World:
     """This process's place among the processes that share the global batch."""
@@ -46,19 +55,20 @@ class World:
 
     @contextmanager
     def together(self) -> Iterator[None]:
-        """A block that some ranks may refuse (rank 0 alone claims the output folder and writes its record): at its
-        end every rank learns whether one refused (a UserError), and each raises, the refusing rank its own error,
-        the others one naming it. Otherwise the others went on to the next collective and waited there for the
-        rank that had stopped: a traceback under gloo ("Connection closed by peer"), under NCCL for
-        hw.collective_timeout_minutes where no launcher ends them (Slurm's tasks, a Vertex AI job's nodes)."""
-        refused: Optional[UserError] = None
+        """A block that some ranks may refuse or fail in (rank 0 alone claims the output folder and writes its
+        record; each machine's first process copies a model from a bucket): at its end every rank learns whether
+        one stopped, and each raises, the stopping rank its own error, the others one naming it. Otherwise the
+        others went on to the next collective and waited there for the rank that had stopped: a traceback under
+        gloo ("Connection closed by peer"), under NCCL for hw.collective_timeout_minutes where no launcher ends
+        them (Slurm's tasks, a Vertex AI job's nodes)."""
+        stopped: Optional[Exception] = None
         try:
             yield
-        except UserError as error:
-            refused = error
-        said = self.gather(None if refused is None else str(refused))
-        if refused is not None:
-            raise refused
+        except Exception as error:  # a refusal (UserError), or a fault such as a storage client's unmapped OSError
+            stopped = error
+        said = self.gather(None if stopped is None else _told(stopped))
+        if stopped is not None:
+            raise stopped  # its own message, and for a fault its traceback
         first = next(((rank, message) for rank, message in enumerate(said) if message is not None), None)
         if first is not None:
             raise UserError(f"process {first[0]} of the run stopped it, and with it process {self.rank}: {first[1]}")

@@ -471,6 +471,38 @@ def test_the_collective_timeout_is_how_long_ranks_wait_for_each_other(tmp_path: 
     assert outputs[1].startswith("gave up:"), outputs
 
 
+FAULT = """
+import sys
+from datetime import timedelta
+from nli.runtime.distributed import setup
+rank, port = int(sys.argv[1]), sys.argv[2]
+world = setup({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port}, timeout=timedelta(seconds=20))
+try:
+    with world.together():
+        if rank == 1:
+            raise PermissionError(13, "Permission denied", "/cache/model")  # a fault, not a refusal
+    print("through")
+except Exception as error:
+    print(type(error).__name__, str(error).splitlines()[0][:300])
+"""
+
+
+@pytest.mark.process
+def test_a_fault_in_one_process_of_a_together_block_stops_the_others_at_once() -> None:
+    """A block that one rank may refuse (World.together) passed refusals alone: a fault in it on one rank (a storage
+    client's OSError) left the others waiting in its gather for the collective timeout (here 20 s; under NCCL
+    hw.collective_timeout_minutes; under gloo, here, a RuntimeError as the failed process ended). Now they stop at
+    once, naming the process and its error."""
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, "-c", FAULT, str(rank), port], cwd=ROOT, env=process_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=120)[0].strip() for rank in ranks]
+    assert outputs == ["UserError process 1 of the run stopped it, and with it process 0: PermissionError: [Errno 13] "
+                       "Permission denied: '/cache/model' (its traceback is in that process's output)",
+                       "PermissionError [Errno 13] Permission denied: '/cache/model'"], outputs
+
+
 def placed_rank(rank: int, port: str, *args: str, cwd: Path) -> subprocess.Popen:
     """One process of a two-process run, placed as torchrun places it (as submitit places Slurm's tasks: no launcher
     ends the others when one stops), waiting at most 0.1 minutes for the other to come."""
