@@ -27,6 +27,7 @@ from nli.config.keys import built
 from nli.config.schema import Accelerator, Config, config_dir
 from nli.contract import CONFIG_FILE, OVERRIDES_FILE, PREEMPTED
 from nli.errors import ConfigError, JobFailed, UserError
+from nli.io.claim import ClaimedError
 from nli.io.storage import Storage
 from nli.runtime import cpu, platform
 from nli.runtime.context import RunContext
@@ -92,7 +93,8 @@ def train(raw: DictConfig) -> float:
     except Interrupted as stop:
         _stop(f"stopped by {stop.signal} {INTERRUPTED[stop.stage]}")
     except UserError as err:
-        _off_console(logging.ERROR, str(err))  # the console gets it once, on stderr, as the exit's message
+        # The console gets it once, on stderr, as the exit's message; a folder another run holds keeps that run's log.
+        _off_console(logging.ERROR, str(err), files=not isinstance(err, ClaimedError))
         if _in_sweep():  # one job's mistake: the sweep goes on, and ends non-zero naming it (nli.sweep.table)
             raise JobFailed(f"error: {err}") from None
         _remove_if_only_attempt(fresh)
@@ -227,12 +229,13 @@ def _remove_if_only_attempt(folder: Optional[Path]) -> None:
                 break
 
 
-def _off_console(level: int, message: str) -> None:
-    """``message`` to every log handler but the console's (train.log, and whoever else listens: the Vertex
-    AI job's callback reports the last error): the console shows it once, on stderr."""
+def _off_console(level: int, message: str, *, files: bool = True) -> None:
+    """``message`` to every log handler but the console's (train.log unless not ``files``, and whoever else
+    listens: the Vertex AI job's callback reports the last error): the console shows it once, on stderr."""
     record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
     for handler in logging.getLogger().handlers:
-        if not isinstance(handler, logging.StreamHandler) or isinstance(handler, logging.FileHandler):
+        in_file = isinstance(handler, logging.FileHandler)
+        if (in_file and files) or not (in_file or isinstance(handler, logging.StreamHandler)):
             handler.handle(record)
 
 

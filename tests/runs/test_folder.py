@@ -205,7 +205,8 @@ def test_with_the_best_checkpoint_and_its_export_lost_the_best_intact_one_is_exp
 @pytest.mark.process
 def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_is_untouched(tmp_path: Path) -> None:
     """A run in another process holds the folder (it would train for minutes); a second run, with other
-    settings, is refused naming it, and changes nothing; the first, stopped, saved its own config."""
+    settings, is refused naming it, and changes nothing: the first, stopped, saved its own config, and its log has
+    no line of the second (the refusal was appended to it, an ERROR amid the first run's steps)."""
     run_dir = tmp_path / "run"
     first_args = [*FAST, "train.max_steps=100000", "data.synthetic_train_size=4800"]
     first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *first_args, f"hydra.run.dir={run_dir}"],
@@ -225,6 +226,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_is_untouched
     assert re.search(rf"{run_dir} is in use by another run: host \S+, pid {first.pid}, started ", second.stderr)
     assert first.wait(timeout=120) == 75, first.communicate()  # stopped by the signal, with a checkpoint
     assert not (run_dir / ".claim.json").exists()  # released as it stopped
+    assert "in use by another run" not in (run_dir / "train.log").read_text()  # the log is the first run's alone
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["optimizer"]["lr"] == 1e-3 and saved["train"]["max_steps"] == 100000  # the first run's own
 
