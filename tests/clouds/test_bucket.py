@@ -5,8 +5,11 @@ user runs it; and ``python -m nli.report gs://...`` reports a Vertex AI sweep's 
 from __future__ import annotations
 
 import json
+import logging
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, Iterator, List, Sequence
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -34,6 +37,22 @@ def run_in_bucket(shared_run: ShareRun, gcs_emulator: Dict[str, str], tmp_path: 
         bucket.write_bytes(name, (trained / name).read_bytes())
     bucket.upload_dir(trained / "model", "model")
     return url
+
+
+@contextmanager
+def served(emulator_log: logging.Logger) -> Iterator[List[str]]:
+    """The request lines the emulator (in this process's threads) logs meanwhile ("GET /download/... HTTP/1.1")."""
+    lines: List[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage().strip('"'))  # type: ignore[method-assign]
+    level = emulator_log.level
+    emulator_log.setLevel(logging.INFO)  # setLevel: its children's cached levels are cleared with it
+    emulator_log.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        emulator_log.removeHandler(handler)
+        emulator_log.setLevel(level)
 
 
 def copies(url: str) -> List[Path]:
@@ -66,16 +85,18 @@ def test_a_model_in_a_bucket_is_fine_tuned_from_its_copy_made_once(run_in_bucket
 def test_a_model_in_a_bucket_is_copied_by_a_machines_first_process_for_all_of_them(
         run_in_bucket: str, tmp_path: Path, gcs_emulator: Dict[str, str]) -> None:
     """Two processes (torchrun) fine-tune one model in a bucket as one run, from one copy in the cache (the path
-    recipe.local_model takes with several processes). It does not tell whether the second process downloaded the
-    model too: two copies of one version end as one; only the emulator's request count would show it."""
+    recipe.local_model takes with several processes), downloaded once: the emulator serves the weights once."""
     model = f"{run_in_bucket}/model"
     run_dir = tmp_path / "run"
-    proc = torchrun([*FAST, f"model.name_or_path={model}", "model.scratch=null", "hw=cpu", "train.progress_bar=false",
-                     f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    with served(logging.getLogger("gcp_storage_emulator")) as requests:
+        proc = torchrun([*FAST, f"model.name_or_path={model}", "model.scratch=null", "hw=cpu",
+                         "train.progress_bar=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = (run_dir / "train.log").read_text()
     assert "x 2 processes" in log and log.count(f"model.name_or_path={model}: copied to") == 1
     assert len(copies(model)) == 1 and read_results(run_dir)["status"] == "completed"
+    weights = quote(f"{tmp_path.name}/run/model/model.safetensors", safe="")
+    assert len([line for line in requests if line.startswith("GET ") and weights in line and "alt=media" in line]) == 1
 
 
 def test_eval_only_of_a_run_folder_in_a_bucket_gives_the_local_folders_metrics(
