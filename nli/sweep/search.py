@@ -16,7 +16,8 @@ works on a study: a second would take the first's running trials for stopped one
 Trials run through the configured launcher, up to ``n_jobs`` at once and the next as soon as one ends
 (nli.sweep.slots); ``hydra/sweeper/pruner`` stops those the study gives up while they train
 (nli.sweep.pruning). A trial whose job failed (a diverged learning rate) is FAIL in the study, and the search
-goes on while the failed share of its ``n_trials`` stays within ``max_failure_rate``.
+goes on while the failed share of its ``n_trials`` stays within ``max_failure_rate``; so is a trial whose run
+ended with a NaN objective (COMPLETED in the sweep's table: it trained to its end), which the study cannot rank.
 ``optimization_results.yaml`` in the sweep directory holds the best trial so far.
 
 Light on purpose (no torch): the sweep's own process runs it, before any job.
@@ -50,7 +51,7 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from nli.config.schema import job_refusal
-from nli.errors import ConfigError
+from nli.errors import ConfigError, JobFailed
 from nli.sweep import table
 from nli.sweep.pruning import Watch, ended_pruned, run_folder
 from nli.sweep.slots import Launched, Slots
@@ -138,14 +139,28 @@ def made(node: Any, key: str) -> Any:
         raise ConfigError(f"hydra.sweeper.{key} ({target}): {cause}") from None
 
 
-def _raise(job: Launched) -> None:
+# Why a run that trained to its end can have no objective: the study cannot rank a NaN.
+UNDEFINED = ("its metric is undefined on its eval set: Pearson's or Spearman's r where the gold scores or the "
+             "predictions are all equal")
+
+
+def _undefined(value: Any) -> bool:
+    """A job's return that is a number but NaN: a run that ended, whose objective is undefined."""
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _raise(job: Launched, max_failure_rate: float) -> None:
     """The failed trial's error, which ends the search (as Hydra's sweepers raise a failed job's)."""
     if job.error is not None:
         raise job.error
     assert job.result is not None
-    job.result.return_value  # noqa: B018 - raises the job's error where it failed
-    raise RuntimeError(f"trial {job.trial.number} (job {job.num}) returned {job.result._return_value!r}, not a "
-                       "number: more trials failed than hydra.sweeper.max_failure_rate allows")
+    value = job.result.return_value  # raises the job's error where it failed
+    too_many = f"more trials failed than hydra.sweeper.max_failure_rate={max_failure_rate} allows"
+    if _undefined(value):  # the job ended as it should: one line, as a job's refusal is
+        raise JobFailed(f"error: trial {job.trial.number} (job {job.num}) ended with objective nan, which the study "
+                        f"cannot rank ({UNDEFINED}), and counts as failed: {too_many}; raise it for the search to go "
+                        "on past such trials")
+    raise RuntimeError(f"trial {job.trial.number} (job {job.num}) returned {value!r}, not a number: {too_many}")
 
 
 class TrialRefused(CompactHydraException):
@@ -288,7 +303,7 @@ class OptunaSearch:
                         if failed / n_trials > self.settings.max_failure_rate and first_failure is None:
                             first_failure = job  # no new trial; those in flight end first
         if first_failure is not None:
-            _raise(first_failure)
+            _raise(first_failure, self.settings.max_failure_rate)
         self._best(study, jobs)
 
     def _sampler(self, space: Space) -> Tuple[optuna.samplers.BaseSampler, int]:
@@ -335,6 +350,10 @@ class OptunaSearch:
             number = math.nan
         if math.isnan(number):
             _told(study, trial, state=TrialState.FAIL)
+            if _undefined(value):
+                log.warning("trial %d (job %d) counts as failed: it ended with objective nan, which the study cannot "
+                            "rank (%s; its results: %s)", trial.number, job.num, UNDEFINED, job.folder)
+                return True
             why = (job.error if job.error is not None or result is None else
                    result._return_value if value is None else f"its task returned {value!r}, not a number")
             log.warning("trial %d failed: %s", trial.number, why)

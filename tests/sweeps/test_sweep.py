@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import multiprocessing
 import os
 import re
@@ -18,7 +19,7 @@ import sys
 import time
 from itertools import product
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import yaml
@@ -367,6 +368,42 @@ def test_a_search_stops_only_once_more_than_its_failure_rate_of_its_trials_faile
     assert [row["state"] for row in rows].count("COMPLETED") == 3, done.stdout + done.stderr
     assert [row["optimizer.lr"] for row in rows if row["state"] == "FAILED"] == ["-1"]
     assert (sweep_dir / "optimization_results.yaml").exists()  # the search ended as a search, with its best
+
+
+STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+
+
+def stsb_with_one_gold_score(glue: Path) -> Path:
+    """GLUE's STS-B files whose dev pairs all have the same gold score: Pearson's r on them is undefined (NaN)."""
+    folder = glue / "STS-B"
+    folder.mkdir(parents=True)
+    words = "a man is playing the guitar while a woman cuts an onion and the dog runs".split()
+
+    def rows(count: int, score: Callable[[int], float]) -> str:
+        return "".join(f"{i}\tmain-captions\tMSRvid\t2012test\t{i:04d}\tnone\tnone\t{' '.join(words[i % 7:][:6])}"
+                       f"\t{' '.join(words[i % 5:][:7])}\t{score(i):.3f}\n" for i in range(count))
+
+    (folder / "train.tsv").write_text(STSB_HEADER + rows(32, lambda i: i % 6))
+    (folder / "dev.tsv").write_text(STSB_HEADER + rows(8, lambda i: 3.0))
+    return glue
+
+
+def test_a_trial_that_ends_with_an_undefined_objective_ends_the_search_in_one_line(tmp_path: Path) -> None:
+    """A run can train to its end with an objective the study cannot rank (NaN: STS-B's Pearson's r where the gold
+    scores or the predictions are all equal). The study counts it failed; with no failure allowed, the search ended
+    with a traceback (a RuntimeError: "returned nan, not a number"). Now one line says why, and its row is COMPLETED
+    (the job trained to its end), with its NaN objective."""
+    sweep_dir, glue = tmp_path / "search", stsb_with_one_gold_score(tmp_path / "glue")
+    done = run_app(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", "optimizer.lr=interval(1e-4,1e-3)",
+                    "task=stsb", f"data.dir={glue}", "model=tiny", "train.max_steps=2", "train.batch_size=8",
+                    "train.progress_bar=false", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in said, said
+    assert ("error: trial 0 (job 0) ended with objective nan, which the study cannot rank (its metric is undefined on "
+            "its eval set: Pearson's or Spearman's r where the gold scores or the predictions are all equal), and "
+            "counts as failed: more trials failed than hydra.sweeper.max_failure_rate=0.0 allows") in done.stderr
+    [row] = sweep.read_rows(sweep_dir)
+    assert row["state"] == "COMPLETED" and math.isnan(row["objective"]), row
 
 
 @pytest.mark.parametrize("typed, said", [
