@@ -83,17 +83,27 @@ def non_finite(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Dict[str, s
 
 
 def one_score(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Dict[str, str]:
-    """A warning for each regression split (by its key) where the model predicts one score for every example: its
-    correlations with the gold scores are undefined (NaN), the split's objective among them."""
+    """A warning for each regression split (by its key) whose correlations with the gold scores are undefined (NaN),
+    the split's objective among them: its gold scores are one (a split of one example, or of pairs scored alike),
+    or the model predicts one score for every example."""
     found: Dict[str, str] = {}
     for evaluator, key, predictions in _splits(evaluated):
-        scores = predictions.values
-        constant = len(scores) > 1 and np.isfinite(scores).all() and (scores == scores[0]).all()
-        if evaluator.task.is_regression and constant:
+        scores, gold = predictions.values, predictions.labels
+        if not evaluator.task.is_regression or not len(gold):
+            continue
+        if (gold == gold[0]).all():
+            found[key] = (f"{key}: its {_examples(len(gold))} the gold score {float(gold[0]):.4g}, so the correlations "
+                          "with it are undefined (NaN) whatever the model predicts: evaluate on pairs whose scores "
+                          "differ (data.max_eval_samples, the split's file)")
+        elif np.isfinite(scores).all() and (scores == scores[0]).all():
             found[key] = (f"{key}: the model predicts the score {float(scores[0]):.4g} for all {len(scores)} examples, "
                           "so its correlations with the gold scores are undefined (NaN). Train longer or at another "
                           "learning rate, or start from a pretrained model")
     return found
+
+
+def _examples(count: int) -> str:
+    return "one example has" if count == 1 else f"{count} examples all have"
 
 
 def warnings_of(evaluated: Sequence[Tuple[Evaluator, Evaluation]], analyses: Sequence[SplitAnalysis]) -> List[str]:

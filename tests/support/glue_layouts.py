@@ -177,3 +177,12 @@ def stsb_dir(root: Path, *, words: Tuple[int, int] = (6, 6), sizes: Tuple[int, i
     for name, n, labelled in zip(("train", "dev", "test"), sizes, (True, True, False)):
         write_tsv(root / "STS-B" / f"{name}.tsv", [STSB_HEAD + (["score"] if labelled else []), *rows(n, labelled)])
     return root
+
+
+def stsb_with_one_gold_score(glue: Path) -> Path:
+    """GLUE's STS-B files whose dev pairs all have the same gold score: Pearson's r on them is undefined (NaN)."""
+    stsb_dir(glue, sizes=(32, 8, 4))
+    dev_file = glue / "STS-B" / "dev.tsv"
+    dev = [line.split("\t") for line in dev_file.read_text().splitlines()]
+    write_tsv(dev_file, [dev[0], *(stsb_row(int(row[0]), row[7], row[8], "3.000") for row in dev[1:])])
+    return glue

@@ -19,13 +19,14 @@ import sys
 import time
 from itertools import product
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import yaml
 
 from nli.io.claim import HOST, Owner
 from nli.sweep import table as sweep
+from tests.support.glue_layouts import stsb_with_one_gold_score
 from tests.support.runs import FAST, ROOT, process_env, read_results, run_app, shared_folder
 from tests.support.wandb_records import records
 
@@ -368,24 +369,6 @@ def test_a_search_stops_only_once_more_than_its_failure_rate_of_its_trials_faile
     assert [row["state"] for row in rows].count("COMPLETED") == 3, done.stdout + done.stderr
     assert [row["optimizer.lr"] for row in rows if row["state"] == "FAILED"] == ["-1"]
     assert (sweep_dir / "optimization_results.yaml").exists()  # the search ended as a search, with its best
-
-
-STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
-
-
-def stsb_with_one_gold_score(glue: Path) -> Path:
-    """GLUE's STS-B files whose dev pairs all have the same gold score: Pearson's r on them is undefined (NaN)."""
-    folder = glue / "STS-B"
-    folder.mkdir(parents=True)
-    words = "a man is playing the guitar while a woman cuts an onion and the dog runs".split()
-
-    def rows(count: int, score: Callable[[int], float]) -> str:
-        return "".join(f"{i}\tmain-captions\tMSRvid\t2012test\t{i:04d}\tnone\tnone\t{' '.join(words[i % 7:][:6])}"
-                       f"\t{' '.join(words[i % 5:][:7])}\t{score(i):.3f}\n" for i in range(count))
-
-    (folder / "train.tsv").write_text(STSB_HEADER + rows(32, lambda i: i % 6))
-    (folder / "dev.tsv").write_text(STSB_HEADER + rows(8, lambda i: 3.0))
-    return glue
 
 
 def test_a_trial_that_ends_with_an_undefined_objective_ends_the_search_in_one_line(tmp_path: Path) -> None:
