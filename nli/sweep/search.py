@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 import re
@@ -49,6 +50,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.storages.journal import JournalFileBackend
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from nli.config.schema import job_refusal
 from nli.errors import ConfigError, JobFailed
@@ -245,6 +247,37 @@ class Settings:
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
 
 
+def open_study(settings: Settings, sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner
+               ) -> optuna.Study:
+    """The search's study, new or continued. Refused by name, before any trial: a storage that holds no study
+    Optuna can read (a damaged file; tables of another Optuna version, whose message says how to upgrade), and a
+    study continued in the other direction (Optuna keeps the stored one: the sampler would seek the opposite of
+    what the search reports as best)."""
+    where = f"hydra.sweeper.storage={settings.storage}"
+    try:
+        storage = settings.study_storage()
+        if isinstance(storage, str):  # opened here, where its errors are the storage's alone
+            storage = optuna.storages.get_storage(storage)
+        study = optuna.create_study(study_name=settings.study_name, storage=storage, sampler=sampler, pruner=pruner,
+                                    load_if_exists=True, direction=StudyDirection[settings.direction.upper()])
+    except (SQLAlchemyError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{where} cannot be read as an Optuna study ({str(error).splitlines()[0]}): move that file "
+                          "aside to start a new study there (the trials' folders stay), or give hydra.sweeper.storage "
+                          "another one") from None
+    except RuntimeError as error:  # RDBStorage's check of its tables' version
+        raise ConfigError(f"{where}: {error}") from None
+    stored = study.direction.name.lower()
+    if stored != settings.direction:
+        raise ConfigError(f"hydra.sweeper.direction={settings.direction}: the study {study.study_name} in {where} "
+                          f"was started to {stored} ({_trials(len(study.trials))}): continue it with "
+                          f"hydra.sweeper.direction={stored}, or start another (hydra.sweeper.study_name)")
+    return study
+
+
+def _trials(count: int) -> str:
+    return "1 trial" if count == 1 else f"{count} trials"
+
+
 class OptunaSearch:
     """Asks the study for trials, runs them through the launcher, up to ``n_jobs`` at a time and the next as soon
     as one ends (nli.sweep.slots), has the pruner judge them as they train (nli.sweep.pruning), and tells the
@@ -274,9 +307,7 @@ class OptunaSearch:
         own = [f"{key!s}={value}" for key, value in (self.settings.params or {}).items()]
         space, fixed = search_space([*own, *arguments])
         sampler, n_trials = self._sampler(space)
-        study = optuna.create_study(study_name=self.settings.study_name, storage=self.settings.study_storage(),
-                                    sampler=sampler, pruner=self.pruner, load_if_exists=True,
-                                    direction=StudyDirection[self.settings.direction.upper()])
+        study = open_study(self.settings, sampler, self.pruner)
         slots = Slots(self.launcher, self.settings.n_jobs, asynchronous=self.settings.asynchronous)
         log.info("study %s in %s: %d trials, %s; %s, %s", study.study_name, self.settings.storage or "memory",
                  n_trials, slots.describe(), type(sampler).__name__, type(self.pruner).__name__)

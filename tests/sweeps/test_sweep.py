@@ -11,6 +11,7 @@ import math
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -21,6 +22,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+import optuna
 import pytest
 import yaml
 
@@ -408,6 +410,50 @@ def test_a_bad_sweeper_key_or_value_ends_the_search_in_one_line_before_any_trial
     assert proc.stderr.strip().splitlines()[-1].startswith(said), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (sweep_dir / "optuna.db").exists()
     assert not [path for path in sweep_dir.glob("*") if path.is_dir()]  # no trial's folder
+
+
+def refused_search(sweep_dir: Path, *typed: str) -> str:
+    """The one line a search of one trial is refused with, where it starts no trial."""
+    proc = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=1", *typed,
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=sweep_dir.parent)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert not [path for path in sweep_dir.glob("*") if path.is_dir()]  # no trial's folder
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_study_file_optuna_cannot_read_is_refused_in_one_line_and_kept(tmp_path: Path) -> None:
+    """A damaged optuna.db (a copy cut short, another program's file) ended the search with SQLAlchemy's traceback."""
+    sweep_dir = tmp_path / "search"
+    sweep_dir.mkdir()
+    (sweep_dir / "optuna.db").write_bytes(b"not a database")
+    said = refused_search(sweep_dir)
+    assert said == (f"error: hydra.sweeper.storage=sqlite:///{sweep_dir}/optuna.db cannot be read as an Optuna study "
+                    "((sqlite3.DatabaseError) file is not a database): move that file aside to start a new study there "
+                    "(the trials' folders stay), or give hydra.sweeper.storage another one")
+    assert (sweep_dir / "optuna.db").read_bytes() == b"not a database"
+
+
+def test_a_study_continued_in_the_other_direction_or_by_another_optuna_is_refused_by_name(tmp_path: Path) -> None:
+    """Optuna continues a stored study in its stored direction whatever hydra.sweeper.direction says: the sampler
+    sought the opposite of what the search reported as best. Tables of another Optuna version: its message, in a
+    line, where it was a traceback."""
+    sweep_dir = tmp_path / "search"
+    first = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=1",
+                     f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    for path in sweep_dir.glob("*"):
+        if path.is_dir():
+            shutil.rmtree(path)  # the first trial's folder: refused_search asserts none is made
+    said = refused_search(sweep_dir, "hydra.sweeper.direction=minimize")
+    assert said == (f"error: hydra.sweeper.direction=minimize: the study quickstart in hydra.sweeper.storage=sqlite:///"
+                    f"{sweep_dir}/optuna.db was started to maximize (1 trial): continue it with "
+                    "hydra.sweeper.direction=maximize, or start another (hydra.sweeper.study_name)")
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM trials").fetchone() == (1,)  # untouched
+        db.execute("UPDATE alembic_version SET version_num = 'v9.0.0.a'")  # tables of an Optuna to come
+    said = refused_search(sweep_dir)
+    assert said.startswith(f"error: hydra.sweeper.storage=sqlite:///{sweep_dir}/optuna.db: The runtime optuna "
+                           f"version {optuna.__version__} is no longer compatible with the table schema"), said
 
 
 def test_a_misspelt_pruner_is_named_with_the_pruners_there_are(tmp_path: Path) -> None:

@@ -29,5 +29,10 @@ class OptunaSweeper(Sweeper):
             raise SystemExit(f"error: {error}") from None
 
     def sweep(self, arguments: List[str]) -> None:
+        from nli.errors import ConfigError
+
         assert self.search is not None, "setup() runs first"
-        self.search.sweep(arguments)
+        try:
+            self.search.sweep(arguments)
+        except ConfigError as error:  # the study's storage or direction, refused before any trial
+            raise SystemExit(f"error: {error}") from None
