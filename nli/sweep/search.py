@@ -244,7 +244,26 @@ class Settings:
             return self.storage
         path = Path(self.storage[len(JOURNAL):])
         path.parent.mkdir(parents=True, exist_ok=True)
+        _check_journal(path, f"hydra.sweeper.storage={self.storage}")
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+
+
+def _check_journal(path: Path, where: str) -> None:
+    """Each line of a journal file, checked before Optuna opens it: its reader passes a last line that is not a
+    whole entry (a write in progress, it assumes) and its next write goes after that line, which leaves the file
+    unreadable from then on."""
+    if not path.is_file():
+        return
+    with open(path, "rb") as journal:
+        for number, line in enumerate(journal, 1):
+            try:
+                json.loads(line)
+                whole = line.endswith(b"\n")
+            except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+                whole = False
+            if not whole:
+                raise ConfigError(f"{where}: line {number} of {path} is not a whole entry of Optuna's journal: remove "
+                                  "it where a write was cut short there, or move the file aside to start a new study")
 
 
 def open_study(settings: Settings, sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner

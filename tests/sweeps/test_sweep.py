@@ -421,16 +421,24 @@ def refused_search(sweep_dir: Path, *typed: str) -> str:
     return proc.stderr.strip().splitlines()[-1]
 
 
-def test_a_study_file_optuna_cannot_read_is_refused_in_one_line_and_kept(tmp_path: Path) -> None:
-    """A damaged optuna.db (a copy cut short, another program's file) ended the search with SQLAlchemy's traceback."""
+@pytest.mark.parametrize("name, storage, why", [
+    ("optuna.db", "sqlite:///{}", " cannot be read as an Optuna study ((sqlite3.DatabaseError) file is not a "
+     "database): move that file aside to start a new study there (the trials' folders stay), or give "
+     "hydra.sweeper.storage another one"),
+    # Optuna's reader passed the line (a last line, a write in progress) and wrote after it; then it failed.
+    ("study.journal", "journal:{}", ": line 1 of {} is not a whole entry of Optuna's journal: remove it where a write "
+     "was cut short there, or move the file aside to start a new study"),
+], ids=["sqlite", "journal"])
+def test_a_study_file_optuna_cannot_read_is_refused_in_one_line_and_kept(tmp_path: Path, name: str, storage: str,
+                                                                         why: str) -> None:
+    """A damaged study file (a copy cut short, another program's file) ended the search with a traceback."""
     sweep_dir = tmp_path / "search"
     sweep_dir.mkdir()
-    (sweep_dir / "optuna.db").write_bytes(b"not a database")
-    said = refused_search(sweep_dir)
-    assert said == (f"error: hydra.sweeper.storage=sqlite:///{sweep_dir}/optuna.db cannot be read as an Optuna study "
-                    "((sqlite3.DatabaseError) file is not a database): move that file aside to start a new study there "
-                    "(the trials' folders stay), or give hydra.sweeper.storage another one")
-    assert (sweep_dir / "optuna.db").read_bytes() == b"not a database"
+    (sweep_dir / name).write_bytes(b"not a study\n")
+    storage = storage.format(sweep_dir / name)
+    said = refused_search(sweep_dir, f"hydra.sweeper.storage={storage}")
+    assert said == f"error: hydra.sweeper.storage={storage}{why.format(sweep_dir / name)}"
+    assert (sweep_dir / name).read_bytes() == b"not a study\n"
 
 
 def test_a_study_continued_in_the_other_direction_or_by_another_optuna_is_refused_by_name(tmp_path: Path) -> None:
