@@ -30,6 +30,7 @@ import copy
 import os
 import re
 import shlex
+import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from nli.errors import ConfigError, UserError
 MULTIRUN = ("-m", "--multirun")
 HYDRA_LAUNCHER = "basic"  # Hydra's own: runs a sweep's jobs here, one after another
 HYDRA_SWEEPER = "basic"  # Hydra's own: runs a list of jobs, every combination of the values typed
+SLURM_LAUNCHER = "submitit_slurm"  # hydra-submitit-launcher's: submits the jobs with sbatch, from a Slurm machine
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,7 @@ def _check_no_op_mappings(cfg: DictConfig, overrides: List[Override], groups: se
 def _check_launcher(cfg: DictConfig, overrides: List[Override]) -> None:
     """Hydra hands a single run to no launcher: it runs here. A launcher chosen without ``-m`` (typed, or by
     an experiment) would have the run train on this machine, where its user meant a cloud's or a cluster's."""
-    launcher = OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hydra/launcher", HYDRA_LAUNCHER)
+    launcher = _launcher(cfg)
     if launcher != HYDRA_LAUNCHER:
         typed = shlex.join(_line(o) for o in overrides)
         raise ConfigError(f"hydra/launcher={launcher} launches a sweep's jobs, and without -m Hydra runs this one "
@@ -349,6 +351,7 @@ def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) 
     except (OmegaConfBaseException, AssertionError):
         return  # each job composes its own, and Hydra names what is wrong
     _check_ranges(base, overrides)
+    _check_slurm(base)
     _check_keys(base, overrides, groups)
     _check_values(config_name, overrides, groups, choices, base)
     _check_jobs(config_name, overrides, groups, base)
@@ -365,6 +368,16 @@ def _check_ranges(base: DictConfig, overrides: List[Override]) -> None:
         raise ConfigError(f"{_line(interval)} is a range for a search to draw from, and this sweep runs a list of "
                           "jobs: search it with Optuna (hydra/sweeper=optuna, or a search of conf/hparams_search/: "
                           f"docs/sweeps.md), or list values ({key}=1e-5,3e-5,1e-4)")
+
+
+def _check_slurm(base: DictConfig) -> None:
+    """Slurm's launcher on a machine without Slurm (a workstation, a laptop): submitit looks for ``srun`` as the
+    sweep starts, and its RuntimeError came as a traceback, after Hydra had made the sweep's folder."""
+    launcher = _launcher(base)
+    if launcher == SLURM_LAUNCHER and shutil.which("srun") is None:
+        raise ConfigError(f"hydra/launcher={launcher} submits the sweep's jobs to Slurm, and this machine has none "
+                          "(no srun on PATH): run the command on the cluster's login node, or try the sweep here with "
+                          "hydra/launcher=submitit_local, which runs its jobs as Slurm would (docs/slurm.md)")
 
 
 def _check_values(config_name: str, overrides: List[Override], groups: set[str], choices: List[str],
@@ -459,6 +472,10 @@ def _refusal(refused: Sequence[Tuple[str, str]], jobs: int) -> str:
 
 def _sweeper(cfg: DictConfig) -> str:
     return str(OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hydra/sweeper", HYDRA_SWEEPER))
+
+
+def _launcher(cfg: DictConfig) -> str:
+    return str(OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hydra/launcher", HYDRA_LAUNCHER))
 
 
 def _compose(config_name: str, overrides: List[str]) -> DictConfig:

@@ -20,6 +20,7 @@ A doc that shows a misspelt key, a group option that is gone or a module that mo
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shlex
 import subprocess
@@ -35,6 +36,7 @@ from nli.config import command
 from nli.config.schema import compose
 from nli.errors import UserError
 from tests.support.runs import CONF, ROOT, run_app
+from tests.sweeps.test_submitit import slurm_commands
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -140,7 +142,10 @@ def first_value(override: Override) -> str:
 
 
 @pytest.mark.parametrize("args,where", shown_runs())
-def test_every_run_shown_composes(args: List[str], where: str, tmp_path: Path) -> None:
+def test_every_run_shown_composes(args: List[str], where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                  ) -> None:
+    if "hydra/launcher=submitit_slurm" in args:  # a command for a Slurm login node, checked as there
+        monkeypatch.setenv("PATH", f"{slurm_commands(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
     job = first_job(args)
     proc = run_app([*job, "--cfg", "job"], cwd=tmp_path)  # Hydra's command line and composition
     assert proc.returncode == 0, f"{where}: python train.py {' '.join(job)} --cfg job\n{proc.stderr}"

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.support.runs import FAST, ROOT, process_env, read_results
+from nli.config import command
+from tests.support.runs import CONF, FAST, ROOT, process_env, read_results, run_app
 
 SHORT = [arg for arg in FAST if not arg.startswith("train.max_steps=")]
 
@@ -69,3 +70,31 @@ def _wait_for_log(sweep: Path, text: str, timeout: float) -> int:
                 return int(log.parent.name)
         time.sleep(0.2)
     raise TimeoutError(f"no job logged {text!r} within {timeout} s")
+
+
+def test_slurms_launcher_on_a_machine_without_slurm_is_refused_before_any_folder(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch
+                                                                                  ) -> None:
+    """submitit looks for srun as the sweep starts: on a workstation its RuntimeError came as a traceback, after
+    Hydra had made the sweep's folder. Now one line, nothing made; on a machine with srun the check lets it by."""
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no srun there; the run needs nothing else from PATH
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/launcher=submitit_slurm", *FAST, "seed=1,2", f"hydra.sweep.dir={sweep}"]
+    proc = run_app(args, cwd=tmp_path)
+    assert proc.returncode == 1 and not sweep.exists(), proc.stdout + proc.stderr
+    assert proc.stderr == ("error: hydra/launcher=submitit_slurm submits the sweep's jobs to Slurm, and this machine "
+                           "has none (no srun on PATH): run the command on the cluster's login node, or try the sweep "
+                           "here with hydra/launcher=submitit_local, which runs its jobs as Slurm would "
+                           "(docs/slurm.md)\n")
+    slurm_commands(tmp_path / "bin")
+    assert command.check(args, CONF, "train").extra == []  # the check lets it by: submitit submits from here
+
+
+def slurm_commands(folder: Path) -> Path:
+    """``folder`` with an ``srun`` in it, for PATH: what the check looks for on a Slurm login node (it runs
+    nothing)."""
+    srun = folder / "srun"
+    srun.parent.mkdir(parents=True, exist_ok=True)
+    srun.write_text("#!/bin/sh\nexit 1\n")
+    srun.chmod(0o755)
+    return folder
