@@ -234,8 +234,9 @@ def _off_console(level: int, message: str, *, files: bool = True) -> None:
     listens: the Vertex AI job's callback reports the last error): the console shows it once, on stderr."""
     record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
     for handler in logging.getLogger().handlers:
-        in_file = isinstance(handler, logging.FileHandler)
-        if (in_file and files) or not (in_file or isinstance(handler, logging.StreamHandler)):
+        in_file = isinstance(handler, logging.FileHandler)  # a FileHandler is a StreamHandler too
+        console = isinstance(handler, logging.StreamHandler) and not in_file
+        if not console and (files or not in_file):
             handler.handle(record)
 
 

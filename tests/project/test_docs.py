@@ -35,8 +35,7 @@ from hydra.core.override_parser.types import Override
 from nli.config import command
 from nli.config.schema import compose
 from nli.errors import UserError
-from tests.support.runs import CONF, ROOT, run_app
-from tests.sweeps.test_submitit import slurm_commands
+from tests.support.runs import CONF, ROOT, run_app, slurm_commands
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 

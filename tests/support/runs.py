@@ -230,3 +230,13 @@ def _argv(argv: List[str]) -> Iterator[None]:
         yield
     finally:
         sys.argv = saved
+
+
+def slurm_commands(folder: Path) -> Path:
+    """``folder`` with an ``srun`` in it, for PATH: what the check looks for on a Slurm login node (it runs
+    nothing)."""
+    srun = folder / "srun"
+    srun.parent.mkdir(parents=True, exist_ok=True)
+    srun.write_text("#!/bin/sh\nexit 1\n")
+    srun.chmod(0o755)
+    return folder

@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nli.config import command
-from tests.support.runs import CONF, FAST, ROOT, process_env, read_results, run_app
+from tests.support.runs import CONF, FAST, ROOT, process_env, read_results, run_app, slurm_commands
 
 SHORT = [arg for arg in FAST if not arg.startswith("train.max_steps=")]
 
@@ -89,12 +89,3 @@ def test_slurms_launcher_on_a_machine_without_slurm_is_refused_before_any_folder
     slurm_commands(tmp_path / "bin")
     assert command.check(args, CONF, "train").extra == []  # the check lets it by: submitit submits from here
 
-
-def slurm_commands(folder: Path) -> Path:
-    """``folder`` with an ``srun`` in it, for PATH: what the check looks for on a Slurm login node (it runs
-    nothing)."""
-    srun = folder / "srun"
-    srun.parent.mkdir(parents=True, exist_ok=True)
-    srun.write_text("#!/bin/sh\nexit 1\n")
-    srun.chmod(0o755)
-    return folder
