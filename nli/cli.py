@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from types import FrameType
@@ -40,6 +41,7 @@ from nli.runtime.signals import (
     interruption,
     started,
     stop_while_starting,
+    take_held,
 )
 from nli.sweep import table as sweep
 
@@ -112,11 +114,14 @@ def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
         try:
             with command.known_mode(checked):
                 main()
+            if take_held() is not None:  # a sweep's Ctrl-C held past its last job's start (nli.sweep.table.hold)
+                raise KeyboardInterrupt
         except KeyboardInterrupt:  # Ctrl-C outside a run (a run takes it itself: exit 75), e.g. between a sweep's jobs
             print("interrupted (Ctrl-C)", file=sys.stderr)
             raise SystemExit(130) from None
         finally:  # a sweep whose job failed: Hydra raised before the sweep's end, its table comes now
             sweep.finish_open()
+            take_held()  # none is left over for a later command in this process
 
 
 def process(main: Callable[[], object], conf_dir: Path) -> None:
@@ -134,10 +139,11 @@ def process(main: Callable[[], object], conf_dir: Path) -> None:
 
 
 def _stopped_starting(signum: int, frame: Optional[FrameType]) -> None:
-    """SIGTERM while the command starts, before its run or sweep handles it (nli.runtime.signals.stop_while_starting):
-    the process ends here, saying so, with the status that says "run me again". It exits rather than raising, as a
-    sweep's handler does (nli.sweep.table): raised into Hydra's set-up, an exception can be caught and dropped."""
-    message = f"stopped by SIGTERM {INTERRUPTED['starting']}"
+    """SIGTERM or Ctrl-C while the command starts, before its run or sweep handles it
+    (nli.runtime.signals.stop_while_starting): the process ends here, saying so, with the status that says "run me
+    again". It exits rather than raising, as a sweep's handler does (nli.sweep.table): raised into Hydra's set-up, an
+    exception can be caught and dropped, or become another."""
+    message = f"stopped by {signal.Signals(signum).name} {INTERRUPTED['starting']}"
     _off_console(logging.WARNING, message)
     print(message, file=sys.stderr)
     for handler in logging.getLogger().handlers:

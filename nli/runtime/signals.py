@@ -17,6 +17,10 @@ limit or a preemption) names it (nli.runtime.platform); that signal stops the ru
 the run has stopped `hand_over()` passes it on to the platform's own handler, so the requeued job
 continues from the last checkpoint.
 
+Where nothing can stop at once without harm (a sweep's own process between the jobs it runs itself: Hydra composes
+the next job's config, Optuna writes its study), a Ctrl-C is held (:func:`hold_ctrl_c`): noted, and acted on where
+the process can stop cleanly: the next job's start, a run's StopRequest, the command's end.
+
 Only a process's main thread receives signals. Where the run is in another thread (PyTorch/XLA runs
 each device's run in a thread of its process: nli.runtime.xla), :func:`relay_to_threads` has the main thread
 note the signal for the run's StopRequest, which stops at the next step boundary or phase check; a
@@ -98,6 +102,7 @@ class StopRequest:
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
             signals = (*SIGNALS, self._requeue) if self._requeue else SIGNALS
             self._previous = {s: signal.signal(s, self._handle) for s in signals}
+            self.signal = take_held()  # a Ctrl-C held for the run to act on: it stops at its first check
         else:  # the main thread's relay, if installed, notes signals for it: one that came before, too
             self.signal = self.signal or _relayed
             _IN_THREADS.append(self)
@@ -146,24 +151,60 @@ class StopRequest:
 
 
 Handler = Callable[[int, Optional[FrameType]], Any]
-_STARTING: List[Handler] = []  # the command's SIGTERM handler while it starts (stop_while_starting)
+_STARTING: List[Handler] = []  # the command's handler of SIGTERM and SIGINT while it starts (stop_while_starting)
+PYTHON_DEFAULT: Dict[int, Any] = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
 
 
 def stop_while_starting(handler: Handler) -> None:
-    """For a command's ``__main__``, as it starts: SIGTERM goes to ``handler`` until the run, or a sweep, takes it
-    over (:func:`started`). Python's default ended the process silently (status 143) while it imported, checked
-    its command line and Hydra composed and set up its run; nothing is half-way there that a run could keep."""
+    """For a command's ``__main__``, as it starts: SIGTERM and SIGINT go to ``handler`` until the run, or a sweep,
+    takes them over (:func:`started`). Nothing is half-way there that a run could keep, and Python's defaults did
+    harm: SIGTERM ended the process silently (status 143) while it imported, checked its command line and Hydra
+    composed and set up its run; Ctrl-C's KeyboardInterrupt, raised inside Hydra's reading of a config file,
+    became another error there (its ``finally`` closes a file not yet open) and a traceback."""
     if threading.current_thread() is threading.main_thread():
         _STARTING[:] = [handler]
-        signal.signal(signal.SIGTERM, handler)
+        for each in SIGNALS:
+            signal.signal(each, handler)
 
 
 def started() -> None:
-    """A run, or a sweep, is about to set its own SIGTERM handler: the start-up one gives way to Python's default,
+    """A run, or a sweep, is about to set its own handlers: the start-up one gives way to Python's defaults,
     which is what those put back when they end (a signal after a finished run is not one before it began)."""
-    if threading.current_thread() is threading.main_thread() and _STARTING and \
-            signal.getsignal(signal.SIGTERM) is _STARTING[0]:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if threading.current_thread() is threading.main_thread() and _STARTING:
+        for each in SIGNALS:
+            if signal.getsignal(each) is _STARTING[0]:
+                signal.signal(each, PYTHON_DEFAULT[each])
+
+
+_HELD: List[str] = []  # a Ctrl-C noted by hold_ctrl_c's handler and not yet acted on
+
+
+def hold_ctrl_c(second: Callable[[], Any]) -> Any:
+    """From now until SIGINT's handler is set back to what this returns: a Ctrl-C is held, not raised where it
+    lands. Python raises KeyboardInterrupt at whatever line runs, and a library there can turn it into another error
+    (Hydra's reading of a config file: a traceback) or drop it (a ``__del__`` or a weakref callback that it
+    interrupts: "Exception ignored"; a Hydra callback's error is a warning), and the command then goes on. Held, it
+    is acted on where the process can stop cleanly: :func:`take_held` says whether one came; a run's StopRequest
+    takes it as its first signal. A second Ctrl-C calls ``second`` (which ends the process) at once. For the main
+    thread (None elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    _HELD.clear()
+
+    def held(signum: int, frame: Optional[FrameType]) -> None:
+        if _HELD:
+            second()
+            return
+        _HELD.append(signal.Signals(signum).name)
+        log.warning("Ctrl-C: stopping where nothing is left half-done, before the next job "
+                    "(Ctrl-C again stops at once)")
+
+    return signal.signal(signal.SIGINT, held)
+
+
+def take_held() -> Optional[str]:
+    """The Ctrl-C :func:`hold_ctrl_c` held (SIGINT), now in the caller's hands; None if none came."""
+    return _HELD.pop() if _HELD else None
 
 
 WORKER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)  # what a data worker leaves to the run

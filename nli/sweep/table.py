@@ -56,7 +56,7 @@ from nli.contract import PREEMPTED, RESULTS_FILE
 from nli.errors import StorageError, UserError
 from nli.io.claim import Claim, Use
 from nli.io.storage import Storage
-from nli.runtime.signals import started
+from nli.runtime.signals import hold_ctrl_c, started, take_held
 from nli.sweep import cost, differences
 from nli.sweep import local_gpus as gpus
 
@@ -344,7 +344,7 @@ class SweepResults(Callback):
         if (refused := gpus.refusal(config)) is not None:  # hydra/launcher=local-gpus that cannot run as asked
             raise SystemExit(f"error: {refused}")
         # Before the sweeper, which writes multirun.yaml (and an Optuna study's file) into the directory.
-        self.sweep_id = hold(sweep_dir)
+        self.sweep_id = hold(sweep_dir, jobs_here=_jobs_run_here(config))
         self.sweep_dir, self.started = sweep_dir, _HELD[self.sweep_id].started
         self.wandb = OmegaConf.select(config, "logger.wandb")
         # Hydra's sweepers raise the first failed job's error once its batch has run, and on_multirun_end
@@ -358,6 +358,8 @@ class SweepResults(Callback):
         hydra/launcher=local-gpus, the job's GPUs (nli.sweep.local_gpus)."""
         if config.hydra.mode != RunMode.MULTIRUN:
             return
+        if take_held() is not None:  # a Ctrl-C held since the last job (hold): the sweep stops before this one
+            raise KeyboardInterrupt
         self.job = {"started": time.time()}
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if (held := gpus.lease(sweep_dir, OmegaConf.select(config, "hw.gpus_per_node", default=0),
@@ -467,12 +469,13 @@ def finish_open() -> None:
 
 @dataclass
 class _Held:
-    """A sweep directory this process holds: its claim, and what SIGTERM did before the sweep."""
+    """A sweep directory this process holds: its claim, and what SIGTERM and SIGINT did before the sweep."""
 
     directory: Path
     started: float
     claim: Claim
     sigterm: Any = None  # the handler the sweep replaced; None: it replaced none
+    sigint: Any = None  # likewise, where the sweep holds Ctrl-C (its jobs run in this process)
 
 
 _HELD: Dict[str, _Held] = {}  # sweep id -> the directory this process holds for it
@@ -482,16 +485,21 @@ _TAKING: List[bool] = []
 _DEFERRED: List[int] = []
 
 
-def hold(sweep_dir: Path) -> str:
+def hold(sweep_dir: Path, *, jobs_here: bool = False) -> str:
     """Claims ``sweep_dir`` for a new sweep of this process (nli.io.claim); its id. A directory a live
     sweep holds ends this one here, before any job, with one line: whose it is and what to do. Until
     :func:`release`, SIGTERM (where nothing else handles it) ends the sweep as an exit, which lets the
-    directory go, rather than killing the process outright."""
-    # The handler first: from the moment the claim exists, SIGTERM lets it go.
+    directory go, rather than killing the process outright. Where the sweep's jobs run in this process
+    (``jobs_here``: Hydra's basic launcher), a Ctrl-C between them is held (nli.runtime.signals.hold_ctrl_c)
+    until the next job starts, which raises it, or its run, which stops as it starts; elsewhere it is the
+    launcher's KeyboardInterrupt, with which each cancels its jobs."""
+    # The handlers first: from the moment the claim exists, SIGTERM lets it go.
     started()  # the command's start-up handler gives way (nli.runtime.signals)
-    sigterm = None
+    sigterm = sigint = None
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        sigterm = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+        sigterm = signal.signal(signal.SIGTERM, _stop_at_once)
+    if jobs_here and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        sigint = hold_ctrl_c(lambda: _stop_at_once(signal.SIGINT, None))
     now = time.time()
     sweep_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(3)}"
     try:
@@ -502,16 +510,15 @@ def hold(sweep_dir: Path) -> str:
         _TAKING.append(True)
         try:  # known to _HELD as it is made: a Ctrl-C from here on finds it (finish_open)
             _HELD[sweep_id] = _Held(sweep_dir.absolute(), now, Claim.take(Storage(str(sweep_dir),
-                                    key="hydra.sweep.dir"), use=CLAIM), sigterm)
+                                    key="hydra.sweep.dir"), use=CLAIM), sigterm, sigint)
         finally:
             _TAKING.clear()
     except UserError as refused:  # claimed by a live sweep, or not a directory this sweep can write
         _DEFERRED.clear()  # the refusal ends the sweep as it is
-        if sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
+        _give_back(sigterm, sigint)
         raise SystemExit(f"error: {refused}") from None
     if _DEFERRED:
-        _stop_on_sigterm(_DEFERRED.pop(), None)
+        _stop_at_once(_DEFERRED.pop(), None)
     return sweep_id
 
 
@@ -521,8 +528,29 @@ def release(sweep_id: Optional[str]) -> None:
     if held is None:
         return
     held.claim.release()
-    if held.sigterm is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, held.sigterm)
+    _give_back(held.sigterm, held.sigint)
+
+
+def _give_back(sigterm: Any, sigint: Any) -> None:
+    """SIGTERM's and SIGINT's handlers as they were before the sweep set its own (None: it set none)."""
+    if threading.current_thread() is threading.main_thread():
+        for each, handler in ((signal.SIGTERM, sigterm), (signal.SIGINT, sigint)):
+            if handler is not None:
+                signal.signal(each, handler)
+
+
+def _jobs_run_here(config: DictConfig) -> bool:
+    """Whether the sweep's launcher runs its jobs in this process, one after another (Hydra's basic launcher)."""
+    from hydra.utils import get_class
+
+    from nli.sweep.slots import BASIC
+
+    target = OmegaConf.select(config, "hydra.launcher._target_")
+    try:
+        launcher = get_class(str(target))
+    except Exception:  # Hydra names a launcher it cannot import as it instantiates it: not this check's to say
+        return False
+    return BASIC in {f"{each.__module__}.{each.__qualname__}" for each in launcher.__mro__}
 
 
 def running_sweep(sweep_dir: Path) -> Dict[str, Any]:
@@ -534,16 +562,18 @@ def running_sweep(sweep_dir: Path) -> Dict[str, Any]:
     return {}
 
 
-def _stop_on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
+def _stop_at_once(signum: int, frame: Optional[FrameType]) -> None:
     """SIGTERM where no job of this process handles it (between jobs, or while a launcher waits for
-    jobs elsewhere): the sweep ends at once, its directory let go. It exits here rather than raising:
-    an exception raised wherever the signal lands can be caught and dropped there (a library's import
-    wraps it in a RuntimeError), and the sweep would go on."""
+    jobs elsewhere), or a second Ctrl-C while the first is held (hold): the sweep ends at once, its
+    directory let go. It exits here rather than raising: an exception raised wherever the signal lands
+    can be caught and dropped there (a library's import wraps it in a RuntimeError), and the sweep would
+    go on."""
     if _TAKING:
         _DEFERRED.append(signum)
         return
-    message = (f"the sweep was stopped by SIGTERM: the jobs that ended have their rows in {RESULTS_JSONL}; jobs a "
-               "launcher started elsewhere (Slurm, Vertex AI) may still run. Run the same command again to continue")
+    message = (f"the sweep was stopped by {signal.Signals(signum).name}: the jobs that ended have their rows in "
+               f"{RESULTS_JSONL}; jobs a launcher started elsewhere (Slurm, Vertex AI) may still run. Run the same "
+               "command again to continue")
     log.warning("%s", message)
     print(message, file=sys.stderr)
     for sweep_id in list(_HELD):

@@ -69,25 +69,28 @@ def test_before_training_a_signal_stops_the_run_at_once_and_says_nothing_was_sav
     assert "Run the same command again to start" in (run_dir / "train.log").read_text()
 
 
-# train.py with SIGTERM sent to itself as one of the command's steps begins: nli.config.command.check (the command
-# line's check, before Hydra) or nli.cli.train (Hydra's task function, its run folder and log made, before the run's
-# own handler). The signal is handled before the step's first line.
-SIGNALLED_AS = ("import os, runpy, signal, sys, nli.cli, nli.config.command; name = sys.argv[1]; "
+# train.py with a signal (SIGTERM, SIGINT) sent to itself as one of the command's steps begins: nli.config.command.check
+# (the command line's check, before Hydra) or nli.cli.train (Hydra's task function, its run folder and log made, before
+# the run's own handler). The signal is handled before the step's first line.
+SIGNALLED_AS = ("import os, runpy, signal, sys, nli.cli, nli.config.command; name, sent = sys.argv[1:3]; "
                 "owner = {'check': nli.config.command, 'train': nli.cli}[name]; step = getattr(owner, name); "
-                "setattr(owner, name, lambda *a, **k: (os.kill(os.getpid(), signal.SIGTERM), step(*a, **k))[1]); "
-                "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+                "setattr(owner, name, lambda *a, **k: (os.kill(os.getpid(), signal.Signals[sent]), step(*a, **k))[1]); "
+                "sys.argv = sys.argv[3:]; runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
 @pytest.mark.process
+@pytest.mark.parametrize("sent", ["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("step", ["check", "train"])
-def test_sigterm_as_the_command_starts_stops_it_saying_nothing_was_saved(tmp_path: Path, step: str) -> None:
+def test_a_signal_as_the_command_starts_stops_it_saying_nothing_was_saved(tmp_path: Path, step: str,
+                                                                          sent: str) -> None:
     """Before the run's handler: while the command line is checked, or once Hydra has made the run's folder and
-    log. Python's default ended the process there silently, status 143."""
+    log. Python's defaults ended the process there silently (SIGTERM: status 143), or with a traceback (Ctrl-C's
+    KeyboardInterrupt in the check) or another status and message than a run's (130, "interrupted")."""
     run_dir = tmp_path / "run"
-    proc = start(FAST, run_dir, before=["-c", SIGNALLED_AS, step])
+    proc = start(FAST, run_dir, before=["-c", SIGNALLED_AS, step, sent])
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED and "Traceback" not in err, err
-    assert "stopped by SIGTERM before training began: nothing new was saved" in err
+    assert f"stopped by {sent} before training began: nothing new was saved" in err
     if step == "check":
         assert not run_dir.exists()
     else:

@@ -246,6 +246,67 @@ def test_ctrl_c_as_a_sweep_starts_is_one_line_and_lets_its_directory_go(tmp_path
     assert not (sweep_dir / SWEEP_CLAIM).exists()
 
 
+# train.py -m with Ctrl-C sent to itself at one point of a sweep whose jobs run in its own process (Hydra's basic
+# launcher), where Python's KeyboardInterrupt was lost or became another error: inside Hydra's reading of a config
+# file as it composes job 0 (its `finally` closes a file not yet opened: UnboundLocalError, exit 1, a traceback); in
+# a __del__ the signal interrupts once the sweep holds its directory ("Exception ignored": the sweep ran on, exit 0);
+# as job 0's run starts, before its own handler; after job 0, before job 1.
+CTRL_C_AT = """
+import os, pathlib, runpy, signal, sys
+import nli.runtime.platform, nli.sweep.table as table
+point, sys.argv = sys.argv[1], sys.argv[2:]
+def ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+    sum(range(3))  # the handler runs at the next call: here
+def after(owner, name, send):
+    step = getattr(owner, name)
+    def wrapped(*args, **kwargs):
+        result = step(*args, **kwargs)
+        send()
+        return result
+    setattr(owner, name, wrapped)
+class Dropped:
+    def __del__(self):
+        ctrl_c()
+if point == "hydra-reads-a-config":
+    opened = pathlib.Path.open
+    def open_(self, *args, **kwargs):
+        if table._HELD and sys._getframe(1).f_code.co_name == "_read_config":
+            pathlib.Path.open = opened
+            ctrl_c()
+        return opened(self, *args, **kwargs)
+    pathlib.Path.open = open_
+elif point == "a-__del__":
+    after(table, "hold", lambda: Dropped())
+elif point == "as-the-run-starts":
+    after(nli.runtime.platform, "detect", ctrl_c)
+elif point == "between-jobs":
+    after(table.SweepResults, "on_job_end", ctrl_c)
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("point", ["hydra-reads-a-config", "a-__del__", "as-the-run-starts", "between-jobs"])
+def test_ctrl_c_anywhere_in_a_sweep_stops_it_in_one_line(tmp_path: Path, point: str) -> None:
+    """Between the jobs of a sweep that runs them itself, Ctrl-C is held, not raised where it lands, and acted on
+    where the sweep can stop cleanly: the next job's start (130), or the run that has begun (its own stop, 75)."""
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_AT, point, str(ROOT / "train.py"), "-m", *FAST,
+                           "optimizer.lr=1e-3,5e-4", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, env=process_env(),
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    output = proc.stdout
+    assert "Traceback" not in output and "Exception ignored" not in output, output
+    if point == "as-the-run-starts":
+        assert proc.returncode == 75, output
+        assert output.strip().splitlines()[-1].startswith("stopped by SIGINT before training began")
+    else:
+        assert proc.returncode == 130 and "interrupted (Ctrl-C)" in output.splitlines(), output
+    finished = [job for job in ("0", "1") if (sweep_dir / job / "results.json").exists()]
+    assert finished == (["0"] if point == "between-jobs" else []), output  # no job began after the Ctrl-C
+    assert not (sweep_dir / SWEEP_CLAIM).exists()
+
+
 RERUN = (["-m", *FAST, "optimizer.lr=1e-3,3e-3"], ["-m", *FAST, "optimizer.lr=1e-3,5e-4"])
 
 

@@ -114,3 +114,28 @@ def test_a_signal_that_reaches_a_worker_before_its_init_leaves_it_serving(monkey
     monkeypatch.setattr(signal_handling, "_set_worker_signal_handlers", then_signalled)
     loader = Loader(_Pids(), batch_size=4, num_workers=2, worker_init_fn=worker_init(2))
     assert len({pid for batch in loader for pid in batch.tolist()}) == 2  # both workers served every batch
+
+
+def test_a_held_ctrl_c_is_noted_not_raised_and_a_run_that_starts_takes_it() -> None:
+    """hold_ctrl_c: the first Ctrl-C is noted where Python would raise it (wherever the process is); take_held hands
+    it over once, and a StopRequest that starts takes it as its first signal; a second Ctrl-C calls ``second``."""
+    from nli.runtime.signals import Interrupted, StopRequest, hold_ctrl_c, take_held
+
+    seconds: list = []
+    previous = hold_ctrl_c(lambda: seconds.append(True))
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # held: no KeyboardInterrupt here
+        assert take_held() == "SIGINT" and take_held() is None and not seconds
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert seconds == [True]
+        with StopRequest() as stop:  # the held one, taken by the run: it stops at its first check
+            assert stop.signal == "SIGINT"
+            with pytest.raises(Interrupted):
+                stop.check()
+        assert take_held() is None
+        with StopRequest() as stop:  # none held: the run goes on
+            stop.check()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
