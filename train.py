@@ -5,6 +5,11 @@
     python train.py -m task=rte,mrpc optimizer.lr=1e-5,2e-5 seed=1,2,3
 """
 
+if __name__ == "__main__":  # first: a signal during the half second of imports below stops it in one line
+    from nli.runtime.signals import stop_while_starting
+
+    stop_while_starting()
+
 from pathlib import Path
 
 import hydra

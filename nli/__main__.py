@@ -3,6 +3,11 @@
 An installed wheel or sdist carries the config inside the package (``nli/conf``); a source checkout
 keeps it at the top (``conf/``)."""
 
+if __name__ == "__main__":  # first: a signal during the half second of imports below stops it in one line
+    from nli.runtime.signals import stop_while_starting
+
+    stop_while_starting()
+
 import hydra
 from omegaconf import DictConfig
 

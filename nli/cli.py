@@ -33,6 +33,7 @@ from nli.io.storage import Storage
 from nli.runtime import cpu, platform
 from nli.runtime.context import RunContext
 from nli.runtime.signals import (
+    INTERRUPTED,
     Interrupted,
     Preempted,
     StopRequest,
@@ -41,24 +42,12 @@ from nli.runtime.signals import (
     interruption,
     started,
     stop_while_starting,
+    stopped_starting,
     take_held,
 )
 from nli.sweep import table as sweep
 
 log = logging.getLogger(__name__)
-
-# What a run stopped at once had saved, by how far it had come (nli.runtime.signals.Interrupted.stage).
-INTERRUPTED = {
-    "starting": "before training began: nothing new was saved (checkpoints already in the output folder are as "
-                "they were). Run the same command again to start",
-    "training": "at once (a second signal), in the middle of a step: that step was not saved. Run the same command "
-                "again to continue from the last checkpoint",
-    "evaluating": "during an evaluation-only run: it writes nothing until its results, so nothing was lost. Run the "
-                  "same command again to evaluate",
-    "finishing": "after training, before its results were written: training is complete and checkpointed. Run the "
-                 "same command again to export the best model and write the results",
-}
-
 
 def train(raw: DictConfig) -> float:
     """Hydra's task function: run, and return the objective for sweepers to maximise. The config's
@@ -139,18 +128,12 @@ def process(main: Callable[[], object], conf_dir: Path) -> None:
 
 
 def _stopped_starting(signum: int, frame: Optional[FrameType]) -> None:
-    """SIGTERM or Ctrl-C while the command starts, before its run or sweep handles it
-    (nli.runtime.signals.stop_while_starting): the process ends here, saying so, with the status that says "run me
-    again". It exits rather than raising, as a sweep's handler does (nli.sweep.table): raised into Hydra's set-up, an
-    exception can be caught and dropped, or become another."""
-    message = f"stopped by {signal.Signals(signum).name} {INTERRUPTED['starting']}"
-    _off_console(logging.WARNING, message)
-    print(message, file=sys.stderr)
+    """SIGTERM or Ctrl-C while the command starts, before its run or sweep handles it: the start-up handler's line
+    and exit (nli.runtime.signals.stopped_starting), the line in the run's log too once Hydra has made it."""
+    _off_console(logging.WARNING, f"stopped by {signal.Signals(signum).name} {INTERRUPTED['starting']}")
     for handler in logging.getLogger().handlers:
         handler.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(PREEMPTED)
+    stopped_starting(signum, frame)
 
 
 def run_context(cfg: Config, raw: DictConfig, site: platform.Site) -> RunContext:

@@ -43,9 +43,23 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional
 
+from nli.contract import PREEMPTED
+
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+# What a run stopped at once had saved, by how far it had come (Interrupted.stage).
+INTERRUPTED = {
+    "starting": "before training began: nothing new was saved (checkpoints already in the output folder are as "
+                "they were). Run the same command again to start",
+    "training": "at once (a second signal), in the middle of a step: that step was not saved. Run the same command "
+                "again to continue from the last checkpoint",
+    "evaluating": "during an evaluation-only run: it writes nothing until its results, so nothing was lost. Run the "
+                  "same command again to evaluate",
+    "finishing": "after training, before its results were written: training is complete and checkpointed. Run the "
+                 "same command again to export the best model and write the results",
+}
 
 
 ECHO_SECONDS = 1.0  # the same signal again within this is the first one's copy, not a second signal
@@ -155,7 +169,20 @@ _STARTING: List[Handler] = []  # the command's handler of SIGTERM and SIGINT whi
 PYTHON_DEFAULT: Dict[int, Any] = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
 
 
-def stop_while_starting(handler: Handler) -> None:
+def stopped_starting(signum: int, frame: Optional[FrameType]) -> NoReturn:
+    """The start-up handler (:func:`stop_while_starting`'s own): the line that says so on stderr, and the status that
+    says "run me again". It exits rather than raising: raised into an import or Hydra's set-up, an exception can be
+    caught and dropped there, or become another."""
+    print(f"stopped by {signal.Signals(signum).name} {INTERRUPTED['starting']}", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to say on it
+            pass
+    os._exit(PREEMPTED)
+
+
+def stop_while_starting(handler: Handler = stopped_starting) -> None:
     """For a command's ``__main__``, as it starts: SIGTERM and SIGINT go to ``handler`` until the run, or a sweep,
     takes them over (:func:`started`). Nothing is half-way there that a run could keep, and Python's defaults did
     harm: SIGTERM ended the process silently (status 143) while it imported, checked its command line and Hydra

@@ -98,6 +98,41 @@ def test_a_signal_as_the_command_starts_stops_it_saying_nothing_was_saved(tmp_pa
         assert "Run the same command again to start" in (run_dir / "train.log").read_text()
 
 
+# train.py, or python -m nli, with a signal sent to itself as it first imports Hydra: the command's first imports.
+AS_HYDRA_IMPORTS = """
+import os, runpy, signal, sys
+sent, command = signal.Signals[sys.argv[1]], sys.argv[2]
+class Hook:
+    def find_spec(self, name, path, target=None):
+        if name == "hydra":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), sent)
+sys.meta_path.insert(0, Hook())
+sys.argv = sys.argv[2:]
+if command == "-m":
+    sys.argv = sys.argv[1:]
+    runpy.run_module("nli", run_name="__main__", alter_sys=True)
+else:
+    runpy.run_path(command, run_name="__main__")
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("sent", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("command", ["train.py", "python -m nli"])
+def test_a_signal_in_the_commands_first_imports_stops_it_in_one_line(tmp_path: Path, sent: str, command: str) -> None:
+    """The start-up handler comes before the half second of imports (Hydra, the command line's check): Python's
+    defaults ended the process there silently (SIGTERM: 143) or with KeyboardInterrupt's traceback."""
+    entry = ["-m"] if command == "python -m nli" else [str(ROOT / "train.py")]
+    proc = subprocess.run([sys.executable, "-c", AS_HYDRA_IMPORTS, sent, *entry, *FAST,
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=process_env(), text=True,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == PREEMPTED and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == f"stopped by {sent} before training began: nothing new was saved (checkpoints " \
+        "already in the output folder are as they were). Run the same command again to start"
+    assert not (tmp_path / "run").exists()
+
+
 # train.py with SIGTERM sent to itself in the middle of torch's import, at the first import after FakeTensor's module
 # has registered its exit hook (which logs its cache's statistics at INFO).
 IN_TORCHS_IMPORT = """
