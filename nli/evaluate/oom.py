@@ -199,6 +199,9 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
     fused = all(group.get("fused") for group in optimizer.param_groups)
     if first and fused:
         optimizer.state.clear()  # as it was before the step: none
+        for name in ("grad_scale", "found_inf"):  # the scaler's word to a fused step, left by the failed one:
+            if hasattr(optimizer, name):  # the retry would multiply its scale by that one (2^32 for fp16's 2^16)
+                delattr(optimizer, name)
         free(compute)
         log.warning("out of GPU memory allocating the optimizer's state in its first step: trying once more with "
                     "the freed memory")

@@ -289,3 +289,23 @@ def test_an_optimizer_that_does_not_fit_stops_in_one_line(tmp_path: Path) -> Non
     assert ("out of GPU memory in the optimizer's step: its state" in proc.stderr and
             "The run stopped, its checkpoints kept" in proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_an_fp16_first_step_tried_again_unscales_its_gradients_once() -> None:
+    """A fused optimizer's step is told the loss scale by GradScaler (``optimizer.grad_scale``), which only a step
+    that ends deletes: the retry after an out-of-memory error found the failed step's and multiplied it in, so the
+    first update saw gradients 2^16 times too small. The retried step is the step that would have been."""
+
+    def stepped(failures: int) -> torch.Tensor:
+        torch.manual_seed(0)
+        weight = torch.nn.Parameter(torch.randn(64))
+        optimizer = torch.optim.AdamW([weight], lr=0.1, fused=True)
+        memory = OptimizerMemory(failures=failures)
+        optimizer.register_step_pre_hook(memory.check)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        scaler.scale((weight * torch.linspace(-1e-3, 1e-3, 64)).sum()).backward()
+        oom.optimizer_step(optimizer, scaler, Compute(torch.device("cpu"), torch.float16))
+        assert memory.steps == failures + 1 and not hasattr(optimizer, "grad_scale")
+        return weight.detach()
+
+    assert torch.equal(stepped(failures=1), stepped(failures=0))
