@@ -7,7 +7,7 @@ from nli._face import face
 __all__, __getattr__, __dir__ = face(__name__, {
     "context": ["RunContext", "console_log", "local"],
     "device": ["Compute", "PeakMemory", "cpu_kernels", "cpu_native_bf16"],
-    "distributed": ["World", "no_sync", "shard"],
+    "distributed": ["World", "keeps_gradients", "no_sync", "shard"],
     "signals": ["Interrupted", "Preempted", "StopRequest", "end_done", "end_promptly", "interruption",
                 "relay_to_threads", "shelter_worker", "end_workers_at_exit", "workers_forking", "started",
                 "stop_while_starting", "stopped_starting", "hold_ctrl_c", "take_held", "INTERRUPTED"],

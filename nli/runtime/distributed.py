@@ -193,8 +193,21 @@ def wrap(model: torch.nn.Module, world: World, device: torch.device) -> torch.nn
         return model
     ids = [device.index] if device.type == "cuda" else None
     # The gradients are views into DDP's all-reduce buckets rather than copies of them: one gradient's worth of
-    # memory less (1.4 GB for roberta-large), and no copy out of the buckets after each all-reduce.
+    # memory less (1.4 GB for roberta-large), and no copy out of the buckets after each all-reduce. DDP makes a
+    # gradient such a view where the parameter has one as DDP is built, and after a synchronised backward pass; a
+    # gradient that is None in the micro-batches that only accumulate (no_sync) comes back as a tensor of its own
+    # beside the buckets, a whole gradient more at the step's peak. So each starts as zeros, and the steps zero
+    # them in place rather than dropping them (keeps_gradients).
+    for param in model.parameters():
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param)
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+
+def keeps_gradients(trained: torch.nn.Module) -> bool:
+    """Whether the steps zero ``trained``'s gradients in place rather than set them to None: DDP's bucket views
+    (:func:`wrap`), compiled or not."""
+    return isinstance(getattr(trained, "_orig_mod", trained), torch.nn.parallel.DistributedDataParallel)
 
 
 def no_sync(model: torch.nn.Module, *, sync: bool) -> ContextManager:

@@ -27,7 +27,7 @@ from nli.evaluate import oom
 from nli.evaluate.evaluation import Evaluation
 from nli.runtime import xla
 from nli.runtime.device import Compute, PeakMemory
-from nli.runtime.distributed import World, no_sync
+from nli.runtime.distributed import World, keeps_gradients, no_sync
 from nli.runtime.signals import Preempted, StopRequest
 from nli.train.checkpoint import BestEvaluation, Checkpointer, Progress, rng_kept
 from nli.train.hooks import Hook
@@ -158,6 +158,7 @@ class Loop:
         self._nonfinite = torch.zeros((), dtype=torch.int64, device=opt.compute.device) if opt.skips_on_device else None
         self._signals: Optional[Callable[[], float]] = None  # the ranks' signals at the last step, to read at this one
         self.memory = PeakMemory(opt.compute.device)
+        self._set_to_none = not keeps_gradients(opt.trained)  # DDP's bucket views stay (wrap)
 
     def run(self, progress: Progress, best: BestEvaluation, stop: StopRequest) -> TrainResult:
         self.opt.trained.train()
@@ -290,7 +291,7 @@ class Loop:
             step = progress.step + 1
             self._skip_nonfinite(float(step_loss), progress, step=step, when=f"at step {step}")
         opt.scheduler.step()  # the schedule keeps time with the steps, skipped or not
-        opt.optimizer.zero_grad(set_to_none=True)
+        opt.optimizer.zero_grad(set_to_none=self._set_to_none)
 
     def _gradient_norm(self, *, logs: bool) -> Optional[torch.Tensor]:
         """The gradients' total norm before clipping (a tensor on the device, read when the step is logged),

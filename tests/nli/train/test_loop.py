@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import pytest
 import torch
@@ -24,7 +24,7 @@ from nli.evaluate.evaluation import Evaluation
 from nli.io.storage import Storage
 from nli.model.build import train_bpe_tokenizer
 from nli.runtime.device import Compute
-from nli.runtime.distributed import World
+from nli.runtime.distributed import World, wrap
 from nli.runtime.signals import Preempted, StopRequest
 from nli.train.checkpoint import BestEvaluation, Checkpointer, Checkpoints, Progress, RandomState, TrainingState
 from nli.train.hooks import EarlyStopping, Hook, Pruning
@@ -75,6 +75,7 @@ class Trial:
     # Non-finite steps skipped by the scaler on the device, as on a GPU (nli.train.loop.grad_scaler).
     on_device: bool = False
     adam: bool = False  # fused AdamW, the default optimizer, instead of SGD
+    ddp: bool = False  # the model in DDP as the run wraps it (nli.runtime.distributed.wrap): a process group needed
     model: Classifier = field(init=False)
     progress: Progress = field(default_factory=Progress)
     best: BestEvaluation = field(default_factory=BestEvaluation)
@@ -101,7 +102,8 @@ class Trial:
                          accumulation=math.ceil(self.train.batch_size / self.micro_batch))
         scaler = (torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=2**30) if self.on_device else
                   torch.amp.GradScaler("cpu", enabled=self.scaled))  # the scalers nli.train.loop.grad_scaler makes
-        opt = Optimization(self.model, self.model, self.optimizer, self.scheduler, scaler, compute, world,
+        trained = wrap(self.model, World(world_size=2), compute.device) if self.ddp else self.model
+        opt = Optimization(self.model, trained, self.optimizer, self.scheduler, scaler, compute, world,
                            skips_on_device=self.on_device)
         checkpointer = Checkpointer(self.checkpoints, self.state, self.tokenizer, world)  # type: ignore[arg-type]
         return Loop(opt, TrainBatches(loader, sampler), plan, evaluate=self.evaluate, checkpointer=checkpointer,
@@ -174,6 +176,42 @@ def test_micro_batches_add_up_to_the_global_batch_and_the_last_short_one_counts_
     for name, tensor in trial.model.state_dict().items():
         torch.testing.assert_close(tensor, expected[name], rtol=1e-6, atol=1e-7, msg=name)
     assert trial.progress.epoch == 2 and trial.progress.examples_in_epoch == 32
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Iterator[None]:
+    """A gloo process group of this process alone: DDP's reducer and its hooks run as with more."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_ddp_accumulated_gradients_stay_in_its_buckets_from_the_first_step(
+        process_group: None, tmp_path: Path, tokenizer: object) -> None:
+    """DDP's gradients are views into its all-reduce buckets (gradient_as_bucket_view): a gradient that was None
+    as DDP was built, or set to None between steps, came back in each micro-batch that only accumulates (no_sync)
+    as a tensor of its own beside the buckets: a whole gradient more at the step's peak. The loop trains as
+    without DDP, bit for bit."""
+    seen: List[int] = []  # at each micro-batch's forward pass, the storages the gradients so far are in
+
+    def storages(module: torch.nn.Module, args: object) -> None:
+        grads = [param.grad for param in module.parameters() if param.grad is not None]
+        seen.append(len({grad.untyped_storage().data_ptr() for grad in grads}))
+
+    data = examples(64)
+    in_ddp = Trial(data, config(max_steps=3, eval_every=100), tmp_path / "ddp", tokenizer, micro_batch=8, adam=True,
+                   ddp=True)
+    in_ddp.model.register_forward_pre_hook(storages)
+    in_ddp.run()
+    assert len(seen) >= 12 and set(seen) == {1}, seen  # 4 micro-batches a step, the last evaluation; one bucket
+    alone = Trial(data, config(max_steps=3, eval_every=100), tmp_path / "alone", tokenizer, micro_batch=8, adam=True)
+    alone.run()
+    for name, tensor in alone.model.state_dict().items():
+        assert torch.equal(tensor, in_ddp.model.state_dict()[name]), name
 
 
 @pytest.mark.parametrize("scaled", [False, True], ids=["", "loss-scaled"])
