@@ -398,9 +398,8 @@ def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: 
     """Train to the end of the plan, or until a hook or a signal stops it (then the run ends with
     :class:`Preempted`, its checkpoint written)."""
     out, world = run.out, run.world
-    if run.cfg.train.compile and run.compute.device.type == "cpu":  # dynamo guards on torch's thread count
-        sharing.hold("train.compile=true compiles the CPU's kernels for a thread count, and a new one compiles "
-                     "them again")
+    if run.cfg.train.compile:  # dynamo guards on torch's thread count, on a GPU too (a global state, not a kernel's)
+        sharing.hold("train.compile=true compiles the model for a thread count, and a new one compiles it again")
     loggers.start(training.trackers, out.context, out.storage, resume_step=training.progress.step)
     hooks: list[Hook] = [ProgressBar(total=training.plan.total_steps, initial=training.progress.step,
                                      enabled=run.cfg.train.progress_bar and world.is_main),

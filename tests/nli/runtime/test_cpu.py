@@ -234,7 +234,7 @@ def test_the_processes_a_platform_places_here_share_the_cores(tmp_path: Path, cl
 
 
 def test_a_held_count_is_not_looked_at_again(tmp_path: Path, clock: List[float]) -> None:
-    """train.compile=true on a CPU holds the count: dynamo guards on torch's thread count, so each new one
+    """train.compile=true holds the count: dynamo guards on torch's thread count, on any device, so each new one
     compiles the model again (a minute for the quickstart's model on 2 cores)."""
     proc = FakeProc(tmp_path / "proc")
     chosen: List[int] = []
@@ -251,8 +251,9 @@ def test_a_held_count_is_not_looked_at_again(tmp_path: Path, clock: List[float])
 
 
 def test_a_compiled_run_on_the_cpu_holds_its_thread_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The recipe holds the count where it compiles on the CPU (torch.compile itself stood in for by the plain
-    module: what is under test is the thread policy, not inductor's minute of compiling)."""
+    """The recipe holds the count where it compiles, on the CPU as on a GPU, whose compiled graphs guard on the
+    count too (torch.compile itself stood in for by the plain module: what is under test is the thread policy, not
+    inductor's minute of compiling)."""
     import torch
 
     from tests.support.runs import run_app
@@ -265,5 +266,28 @@ def test_a_compiled_run_on_the_cpu_holds_its_thread_count(tmp_path: Path, monkey
     finally:
         torch.set_num_threads(threads)
     assert proc.returncode == 0, proc.stderr
-    assert "from here on: train.compile=true compiles the CPU's kernels for a thread count" in \
+    assert "from here on: train.compile=true compiles the model for a thread count" in \
         (tmp_path / "train.log").read_text()
+
+
+def test_a_compiled_model_is_compiled_again_at_a_new_thread_count_whatever_its_device() -> None:
+    """Why a compiled run holds its count on a GPU too: dynamo's guard on torch's thread count is global state, not a
+    CPU kernel's choice; with no kernel of its own (the eager backend) the module is still compiled again."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    threads = torch.get_num_threads()
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend="eager")
+    inputs = torch.randn(2, 4)
+    try:
+        compiled(inputs)
+        compiled(inputs)
+        assert counters["stats"]["unique_graphs"] == 1
+        torch.set_num_threads(threads + 1)
+        compiled(inputs)
+        assert counters["stats"]["unique_graphs"] == 2
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
