@@ -164,7 +164,8 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
     """setup -> data -> model -> optimization -> fit -> export -> report; ``Interrupted.stage`` says how
     far a run stopped by a signal had come."""
     world = xla.setup() if cfg.hw.accelerator == Accelerator.xla else distributed.setup(
-        context.process_env, timeout=timedelta(minutes=cfg.hw.collective_timeout_minutes),
+        context.process_env, cuda=device.uses_cuda(cfg.hw),
+        timeout=timedelta(minutes=cfg.hw.collective_timeout_minutes),
         rendezvous=timedelta(minutes=cfg.hw.rendezvous_timeout_minutes))
     stage = "starting"
     try:

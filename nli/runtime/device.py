@@ -20,12 +20,15 @@ log = logging.getLogger(__name__)
 DTYPES = {Precision.fp32: torch.float32, Precision.fp16: torch.float16, Precision.bf16: torch.bfloat16}
 
 
+def uses_cuda(hw: HardwareConfig) -> bool:
+    """Whether the run computes on a CUDA GPU: ``hw`` asks for one, or leaves it to the machine, which has one."""
+    return hw.accelerator in (Accelerator.auto, Accelerator.cuda) and torch.cuda.is_available()
+
+
 def resolve_device(hw: HardwareConfig) -> torch.device:
-    if hw.accelerator == Accelerator.cpu:
-        return torch.device("cpu")
     if hw.accelerator == Accelerator.xla:
         return xla.device()
-    if torch.cuda.is_available():
+    if uses_cuda(hw):
         return torch.device("cuda", torch.cuda.current_device())
     if hw.accelerator == Accelerator.cuda:
         raise ConfigError(f"hw asks for a CUDA GPU ({hw.gpu}), but torch sees none here; "

@@ -133,10 +133,12 @@ def shard(size: int, *, rank: int, world_size: int) -> Tuple[int, int]:
     return size * rank // world_size, size * (rank + 1) // world_size
 
 
-def setup(process_env: Mapping[str, str], *, timeout: timedelta = timedelta(minutes=60),
+def setup(process_env: Mapping[str, str], *, cuda: bool, timeout: timedelta = timedelta(minutes=60),
           rendezvous: timedelta = timedelta(minutes=15)) -> World:
     """Join the process group ``process_env`` describes (the platform's answer, nli.runtime.platform), if it
-    describes more than one process. torch's env:// rendezvous reads the variables from os.environ.
+    describes more than one process: NCCL where the run computes on CUDA GPUs (``cuda``: what ``hw`` asks, not
+    whether the machine has one: ``hw=cpu`` on a GPU machine is gloo's), else gloo. torch's env:// rendezvous reads
+    the variables from os.environ.
     ``timeout`` (hw.collective_timeout_minutes): how long a rank waits in a collective for the others. NCCL's
     own default, 10 minutes, is less than rank 0 can take to write and upload a roberta-large checkpoint
     (4-5 GB with Adam's moments) while the others wait at the barrier after it. ``rendezvous``
@@ -147,7 +149,6 @@ def setup(process_env: Mapping[str, str], *, timeout: timedelta = timedelta(minu
     world = World(rank=int(process_env["RANK"]), world_size=int(process_env["WORLD_SIZE"]),
                   local_rank=int(process_env.get("LOCAL_RANK", 0)))
     if not dist.is_initialized():
-        cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(world.local_rank)  # before NCCL starts: one GPU per process
         store = _rendezvous(world, rendezvous)

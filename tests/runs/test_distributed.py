@@ -449,7 +449,7 @@ from datetime import timedelta
 from nli.runtime.distributed import setup
 rank, port = int(sys.argv[1]), sys.argv[2]
 world = setup({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port}, timeout=timedelta(seconds=3))
+               "MASTER_PORT": port}, cuda=False, timeout=timedelta(seconds=3))
 if rank == 0:
     time.sleep(12)  # rank 0 writing a checkpoint for longer than the others may wait
 try:
@@ -477,7 +477,7 @@ from datetime import timedelta
 from nli.runtime.distributed import setup
 rank, port = int(sys.argv[1]), sys.argv[2]
 world = setup({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port}, timeout=timedelta(seconds=20))
+               "MASTER_PORT": port}, cuda=False, timeout=timedelta(seconds=20))
 try:
     with world.together():
         if rank == 1:

@@ -177,3 +177,18 @@ def test_on_the_cpu_fp16_is_refused_with_what_runs() -> None:
 
     with pytest.raises(ConfigError, match=r"precision=fp16 cannot run on the CPU .*use precision=auto"):
         resolve_precision(PrecisionConfig(dtype=Precision.fp16), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("hw, computes_on_cuda", [
+    ({"accelerator": Accelerator.auto}, True), ({"accelerator": Accelerator.cuda, "gpus_per_node": 1}, True),
+    ({"accelerator": Accelerator.cpu}, False), ({"accelerator": Accelerator.xla, "tpu_devices": 8}, False)])
+def test_on_a_gpu_machine_hw_says_whether_the_run_is_cudas(monkeypatch: pytest.MonkeyPatch, hw: Dict[str, object],
+                                                          computes_on_cuda: bool) -> None:
+    """``torchrun ... hw=cpu`` on a machine with GPUs: gloo and the CPU, where the process group's backend was picked
+    from the machine alone (NCCL, whose collectives then met a model and tensors on the CPU)."""
+    from nli.runtime.device import uses_cuda
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert uses_cuda(HardwareConfig(**hw)) is computes_on_cuda  # type: ignore[arg-type]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert uses_cuda(HardwareConfig(**hw)) is False  # type: ignore[arg-type]
