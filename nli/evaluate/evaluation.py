@@ -100,6 +100,9 @@ def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, comput
         outputs.append(logits.float())  # exact: argmax of these is that of the autocast dtype's logits
         compute.sync()  # XLA: one graph per batch shape, not one for the whole split
     model.train(was_training)
+    if not outputs:  # this rank's slice of a split smaller than the ranks: its part of the whole is empty
+        outputs = [torch.empty(0, getattr(model.config, "num_labels", task.num_labels))]
+        labels = [torch.empty(0, dtype=torch.float32 if task.is_regression else torch.int64)]
     logits = torch.cat(outputs).cpu()
     values = logits.squeeze(-1) if task.is_regression else logits.argmax(-1)
     log_probs = None if task.is_regression else torch.log_softmax(logits, dim=-1).numpy()

@@ -130,6 +130,31 @@ def test_a_model_predicts_the_same_in_length_groups_as_in_the_splits_order(tmp_p
     np.testing.assert_allclose(scores[True].values[:, 0], scores[False].values[:, 0], rtol=0, atol=1e-5)
 
 
+def test_a_rank_whose_slice_of_a_split_is_empty_predicts_nothing_and_the_gather_is_the_split() -> None:
+    """A split smaller than the ranks (data.max_eval_samples=1 under torchrun of two, a tiny eval.extra set): rank 0's
+    slice is empty, and its prediction crashed (torch.cat of no batch) while the others waited in the gather."""
+    from nli.model.build import build_model, train_bpe_tokenizer
+    from nli.runtime.device import Compute
+
+    cfg = build_config(["experiment=quickstart"])
+    tokenizer = train_bpe_tokenizer(["a man plays", "a dog runs"], vocab_size=300, max_seq_length=16)
+    model = build_model(cfg.model, cfg.task, tokenizer)
+    collator, compute = DataCollatorWithPadding(tokenizer), Compute(torch.device("cpu"), torch.float32)
+    regression = dataclasses.replace(cfg.task, label_names=[])
+    for task, label in ((cfg.task, 2), (regression, 2.5)):  # a class id; a score (nli.data.loaders encodes floats)
+        ds = datasets.Dataset.from_dict({"labels": [label], **tokenizer(["a man plays"], ["a dog runs"])})
+        parts = [predict(model, data.eval_loader(ds, collator, batch_size=16, world=World(rank, 2)), task, compute)
+                 for rank in (0, 1)]
+        assert [len(part.values) for part in parts] == [0, 1]
+        whole = predict(model, data.eval_loader(ds, collator, batch_size=16, world=World()), task, compute)
+        for name in ("values", "labels", "log_probs"):  # what gather joins, in rank order
+            if getattr(whole, name) is None:
+                assert all(getattr(part, name) is None for part in parts)
+                continue
+            joined = np.concatenate([getattr(part, name) for part in parts])
+            assert joined.dtype == getattr(whole, name).dtype and joined.tolist() == getattr(whole, name).tolist()
+
+
 # ------------------------------------------------------------------------------ whole runs
 
 
