@@ -10,6 +10,6 @@ __all__, __getattr__, __dir__ = face(__name__, {
     "distributed": ["World", "keeps_gradients", "no_sync", "shard"],
     "signals": ["Interrupted", "Preempted", "StopRequest", "end_done", "end_promptly", "interruption",
                 "relay_to_threads", "shelter_worker", "end_workers_at_exit", "workers_forking", "started",
-                "stop_while_starting", "stopped_starting", "hold_ctrl_c", "take_held", "INTERRUPTED"],
+                "stop_while_starting", "stopped_starting", "hold_ctrl_c", "take_held", "INTERRUPTED", "exit_now"],
     "xla": ["NO_DEVICE", "runtime"],
 }, ["cpu", "device", "distributed", "platform", "provenance", "xla"])

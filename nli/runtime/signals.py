@@ -166,7 +166,7 @@ class StopRequest:
 
 Handler = Callable[[int, Optional[FrameType]], Any]
 _STARTING: List[Handler] = []  # the command's handler of SIGTERM and SIGINT while it starts (stop_while_starting)
-PYTHON_DEFAULT: Dict[int, Any] = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+_PYTHON_DEFAULT: Dict[int, Any] = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
 
 
 def stopped_starting(signum: int, frame: Optional[FrameType]) -> NoReturn:
@@ -174,12 +174,7 @@ def stopped_starting(signum: int, frame: Optional[FrameType]) -> NoReturn:
     says "run me again". It exits rather than raising: raised into an import or Hydra's set-up, an exception can be
     caught and dropped there, or become another."""
     print(f"stopped by {signal.Signals(signum).name} {INTERRUPTED['starting']}", file=sys.stderr)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing more to say on it
-            pass
-    os._exit(PREEMPTED)
+    exit_now(PREEMPTED)
 
 
 def stop_while_starting(handler: Handler = stopped_starting) -> None:
@@ -200,7 +195,7 @@ def started() -> None:
     if threading.current_thread() is threading.main_thread() and _STARTING:
         for each in SIGNALS:
             if signal.getsignal(each) is _STARTING[0]:
-                signal.signal(each, PYTHON_DEFAULT[each])
+                signal.signal(each, _PYTHON_DEFAULT[each])
 
 
 _HELD: List[str] = []  # a Ctrl-C noted by hold_ctrl_c's handler and not yet acted on
@@ -304,12 +299,7 @@ def end_promptly(status: int, *, within: float = WIND_DOWN_SECONDS) -> None:
     status other than the one the message gave. For the process's own ``__main__`` alone: it ends the process."""
 
     def end(*_: object) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a closed pipe or stream: nothing more to say on it
-                pass
-        os._exit(status)
+        exit_now(status)
 
     for s in SIGNALS:
         signal.signal(s, end)
@@ -329,12 +319,17 @@ def end_done() -> NoReturn:
     system does not free at exit. For the process's own ``__main__`` alone: it ends the process."""
     _join_threads()
     atexit._run_exitfuncs()
+    exit_now(0)
+
+
+def exit_now(status: int) -> NoReturn:
+    """The process ends with ``status`` at once, what it wrote to stdout and stderr flushed first."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe or stream: nothing more to say on it
             pass
-    os._exit(0)
+    os._exit(status)
 
 
 def _join_threads() -> None:

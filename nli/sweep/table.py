@@ -56,7 +56,7 @@ from nli.contract import PREEMPTED, RESULTS_FILE
 from nli.errors import StorageError, UserError
 from nli.io.claim import Claim, Use
 from nli.io.storage import Storage
-from nli.runtime.signals import hold_ctrl_c, started, take_held
+from nli.runtime.signals import exit_now, hold_ctrl_c, started, take_held
 from nli.sweep import cost, differences
 from nli.sweep import local_gpus as gpus
 
@@ -580,9 +580,7 @@ def _stop_at_once(signum: int, frame: Optional[FrameType]) -> None:
         release(sweep_id)
     for handler in logging.getLogger().handlers:
         handler.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(PREEMPTED)
+    exit_now(PREEMPTED)
 
 
 def to_wandb(logger: DictConfig, sweep_dir: Path, rows: Sequence[Mapping[str, Any]],
