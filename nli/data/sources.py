@@ -80,11 +80,17 @@ def load(task: TaskConfig, data: DataConfig, splits: List[str], *,
 
 
 def label_lookup(task: TaskConfig) -> Dict[str, int]:
-    """Every way a file may write each label: its name, GLUE's own value, and its id."""
-    lookup: Dict[str, int] = {}
+    """Every way a file may write each label: its name, GLUE's own value, and its id, except where the names are
+    numbers that are other labels' ids (a task's star ratings ``1``-``5``, ids 0-4): there a file's ``1`` could be
+    either, and is read as the name. Where ids came after the names, id 1 overwrote the name ``1`` (label 0), and the
+    labels shifted unsaid."""
+    named: Dict[str, int] = {}
     for i, (name, value) in enumerate(zip(task.label_names, task.file_labels)):
-        lookup.update({name: i, value: i, str(i): i})
-    return lookup
+        named.update({name: i, value: i})
+    ids = {str(i): i for i in range(len(task.label_names))}
+    if any(named.get(text, i) != i for text, i in ids.items()):
+        return named
+    return {**ids, **named}
 
 
 def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str) -> float | int:
@@ -106,8 +112,10 @@ def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str
         return lookup[str(whole)]
     known = ", ".join(dict.fromkeys([*task.label_names, *task.file_labels]))
     no_gold = f", and {task.no_gold_label!r} for no gold label" if task.no_gold_label is not None else ""
-    raise DataError(f"{where}: {_unknown(value)} for task {task.name}; known labels: {known} "
-                    f"(or their ids 0-{task.num_labels - 1}){no_gold}")
+    by_id = all(lookup.get(str(i)) == i for i in range(task.num_labels))
+    ids = (f" (or their ids 0-{task.num_labels - 1})" if by_id else
+           " (by name alone: the names are numbers that are other labels' ids)")
+    raise DataError(f"{where}: {_unknown(value)} for task {task.name}; known labels: {known}{ids}{no_gold}")
 
 
 def _whole_number(value: Any) -> Optional[int]:

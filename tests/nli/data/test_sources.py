@@ -4,6 +4,7 @@ real GLUE text: the same label ids, the same tokens, clear errors for bad input.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import logging
 import os
 import re
@@ -594,6 +595,31 @@ def test_labels_written_as_whole_decimals_are_their_ids(tmp_path: Path, datasets
             load(["task=rte", *own, f"+data.files.train={files['train']}",
                   f"+data.files.validation={tmp_path / 'bad.csv'}"])
         assert str(err.value).startswith(f"{tmp_path / 'bad.csv'}, {said}"), str(err.value)
+
+
+def test_labels_named_by_numbers_are_read_by_name_where_they_are_other_labels_ids(tmp_path: Path,
+                                                                                  datasets_cache: Path) -> None:
+    """A task of star ratings, label_names 1-5 (ids 0-4): a file's 1 is the label named 1. Its id 1 was looked up
+    after the names and overwrote it, so every rating but 5 read as the next one up, and 4 and 5 as one; a file
+    that writes such a task's ids is refused by name, where it would be read shifted. Names that are their own ids
+    (0 and 1) keep both ways."""
+    from nli.data.sources import label_lookup, load as load_source
+
+    stars = dataclasses.replace(build_config(["task=sst2"]).task, label_names=["1", "2", "3", "4", "5"], glue=None)
+    assert label_lookup(stars) == {"1": 0, "2": 1, "3": 2, "4": 3, "5": 4}
+    ratings = ["5", "1", "3", "2", "4", "1"]
+    pd.DataFrame({"sentence": [f"review {i}" for i in range(6)], "label": ratings}).to_csv(tmp_path / "r.csv",
+                                                                                          index=False)
+    files = [f"+data.files.{split}={tmp_path / 'r.csv'}" for split in ("train", "validation")]
+    read = load_source(stars, build_config(["task=sst2", *files]).data, ["validation"])["validation"]
+    assert [stars.label_names[label] for label in read["label"]] == ratings
+    pd.DataFrame({"sentence": ["a review"], "label": [0]}).to_csv(tmp_path / "ids.csv", index=False)
+    with pytest.raises(DataError, match=r"row 1: unknown label '0' for task sst2; known labels: 1, 2, 3, 4, 5 \(by "
+                                        r"name alone: the names are numbers that are other labels' ids\)"):
+        load_source(stars, build_config(["task=sst2", *(f"+data.files.{split}={tmp_path / 'ids.csv'}"
+                                                        for split in ("train", "validation"))]).data, ["validation"])
+    binary = dataclasses.replace(stars, label_names=["0", "1"])
+    assert label_lookup(binary) == {"0": 0, "1": 1}
 
 
 @pytest.mark.parametrize("asked,device,workers", [(None, "cuda", 2), (None, "cpu", 0), (None, "xla", 0),
