@@ -603,7 +603,8 @@ def test_labels_named_by_numbers_are_read_by_name_where_they_are_other_labels_id
     after the names and overwrote it, so every rating but 5 read as the next one up, and 4 and 5 as one; a file
     that writes such a task's ids is refused by name, where it would be read shifted. Names that are their own ids
     (0 and 1) keep both ways."""
-    from nli.data.sources import label_lookup, load as load_source
+    from nli.data.sources import label_lookup
+    from nli.data.sources import load as load_source
 
     stars = dataclasses.replace(build_config(["task=sst2"]).task, label_names=["1", "2", "3", "4", "5"], glue=None)
     assert label_lookup(stars) == {"1": 0, "2": 1, "3": 2, "4": 3, "5": 4}
