@@ -139,7 +139,7 @@ class Training:
     early_stopping: Optional[EarlyStopping]
     trackers: Trackers
     micro_batches: Optional[oom.MicroBatches] = None  # the size that fits, kept in checkpoints (nli.evaluate.oom)
-    pruning: Optional[Pruning] = None  # a search's judgement of the run, through its folder (fit makes it)
+    pruning: Optional[Pruning] = None  # a search's judgement of the run, through its folder
     export_best: Optional[export.ExportBest] = None  # what this process exported as the best (fit makes it)
 
 
@@ -368,6 +368,7 @@ def optimization(run: Run, model: torch.nn.Module, loaded: Data) -> Training:
     progress, best, trackers = Progress(), BestEvaluation(), Trackers(cfg.logger, enabled=world.is_main)
     early = (EarlyStopping(patience=stopping.patience, min_delta=stopping.min_delta, metric=cfg.task.main_metric)
              if stopping.patience is not None else None)
+    pruning = Pruning(out.storage, world)
     state = TrainingState()
     # What a checkpoint holds of the model: every weight; under LoRA only what trains, the adapters and the
     # head, the rest built again from model.name_or_path on resume (nli.model.lora).
@@ -381,6 +382,7 @@ def optimization(run: Run, model: torch.nn.Module, loaded: Data) -> Training:
     state.register("compute", compute, optional=True)  # the precision, kept on resume (nli.runtime.device)
     if early is not None:
         state.register("early_stopping", early, optional=True)
+    state.register("pruning", pruning, optional=True)  # a pruned run ends where it was pruned, resumed or not
     micro_batches = oom.MicroBatches(micro_batch_size, compute, world)
     state.register("micro_batches", micro_batches, optional=True)  # checkpoints from before it was kept lack it
     state.register("rng", RandomState(world, progress))  # last: nothing restored after it draws from it
@@ -392,7 +394,8 @@ def optimization(run: Run, model: torch.nn.Module, loaded: Data) -> Training:
     if train.compile:  # for training steps; evaluation runs the plain model
         trained = cast(torch.nn.Module, torch.compile(trained))  # an OptimizedModule, typed as any callable
     opt = Optimization(model, trained, optimizer, scheduler, scaler, compute, world, skips_on_device=skips_on_device)
-    return Training(opt, plan, state, weights, progress, best, early, trackers, micro_batches=micro_batches)
+    return Training(opt, plan, state, weights, progress, best, early, trackers, micro_batches=micro_batches,
+                    pruning=pruning)
 
 
 def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: cpu.Sharing) -> TrainResult:
@@ -408,8 +411,8 @@ def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: 
                          Revisit(sharing.revisit)]
     if training.early_stopping is not None:
         hooks.append(training.early_stopping)
-    training.pruning = Pruning(out.storage, world)
-    hooks.append(training.pruning)
+    if training.pruning is not None:
+        hooks.append(training.pruning)
     training.export_best = export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main,
                                              card=Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator))
     hooks.append(training.export_best)

@@ -200,6 +200,18 @@ class Pruning(Hook):
 
     def on_start(self, progress: Progress, best: BestEvaluation) -> None:
         self.history = list(best.history or [])  # a resumed run's evaluations up to its checkpoint
+        if self.pruned_at is not None:  # pruned before it stopped: it ends there again, unless the word was taken back
+            told = self.storage.read_json(PRUNE_FILE) if self.world.is_main else None
+            if self.world.gather(told)[0] is None:
+                log.info("pruned at step %d, and %s is gone: training goes on", self.pruned_at,
+                         self.storage.describe(PRUNE_FILE))
+                self.pruned_at = None
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"pruned_at": self.pruned_at}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.pruned_at = state["pruned_at"]
 
     def on_evaluation(self, evaluation: Evaluation, *, improved: bool) -> None:
         self.history.append((evaluation.step, evaluation.objective))

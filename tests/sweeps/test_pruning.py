@@ -74,6 +74,29 @@ def _study_trial(pruner: optuna.pruners.BasePruner) -> optuna.Trial:
     return study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
 
 
+def test_a_pruned_run_run_again_ends_where_it_was_pruned_until_its_word_is_taken_back(tmp_path: Path) -> None:
+    """A pruned run stopped after training (a signal in its final evaluation or export), or whose results.json was
+    removed, resumes from its newest checkpoint: that it had been pruned was in no checkpoint, so it trained on to
+    the next evaluation and ended pruned there, another run than the one the search gave up. prune.json deleted,
+    as its log line says, it trains on."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "prune.json").write_text(json.dumps({"why": "below the median"}))
+    args = [*FAST, f"hydra.run.dir={run_dir}"]  # evaluations at steps 6 and 12
+    for attempt in range(2):
+        proc = run_app(args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        results = read_results(run_dir)
+        assert (results["pruned_at"], results["train_steps"], results["status"]) == (6, 6, "pruned"), attempt
+        (run_dir / "results.json").unlink()  # as a run stopped in its final phase leaves its folder
+    (run_dir / "prune.json").unlink()
+    proc = run_app(args, cwd=tmp_path)
+    assert proc.returncode == 0 and "pruned at step 6, and" in proc.stdout and "is gone: training goes on" in \
+        proc.stdout, proc.stdout + proc.stderr
+    results = read_results(run_dir)
+    assert results["train_steps"] == 12 and results["status"] == "completed" and "pruned_at" not in results
+
+
 def test_the_watch_reports_each_new_evaluation_once_and_skips_a_line_being_written(tmp_path: Path) -> None:
     trial = _study_trial(optuna.pruners.NopPruner())
     (tmp_path / "evaluations.jsonl").write_text('{"step": 10, "objective": 0.5}\n{"step": 20, "obj')
