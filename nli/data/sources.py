@@ -45,18 +45,21 @@ GLUE_HUB = "nyu-mll/glue"  # the GLUE tasks' Hub dataset
 # the run's seed is.
 SYNTHETIC_SEEDS = {"train": 0, "validation": 1}
 
+# The columns a test file (data.files) may keep its own ids in, the first found taken: its predictions keep them.
+ID_COLUMNS = ("idx", "index", "id")
+# A CSV's ids are the text it holds: pandas' guess of a type made 0007 the id 7.0, 1.1 and 1.10 one id, and a
+# 20-digit id an overflow.
+_IDS_AS_TEXT = {"converters": {column: str for column in ID_COLUMNS}}
 # `datasets` builders for the formats data.files accepts, and their reading options.
 FILE_FORMATS: Dict[str, tuple[str, Dict[str, Any]]] = {
-    ".csv": ("csv", {"keep_default_na": False}),  # "NA" and "null" are text, not missing values
+    ".csv": ("csv", {"keep_default_na": False, **_IDS_AS_TEXT}),  # "NA" and "null" are text, not missing values
     # A quote is text, as in every GLUE file: with quoting on, a field that opens a quote swallowed the rows up to
     # the next one (100 rows read as 98, three merged into one example).
-    ".tsv": ("csv", {"sep": "\t", "keep_default_na": False, "quoting": csv.QUOTE_NONE}),
+    ".tsv": ("csv", {"sep": "\t", "keep_default_na": False, "quoting": csv.QUOTE_NONE, **_IDS_AS_TEXT}),
     ".jsonl": ("json", {}),
     ".json": ("json", {}),
     ".parquet": ("parquet", {}),
 }
-# The columns a test file (data.files) may keep its own ids in, the first found taken: its predictions keep them.
-ID_COLUMNS = ("idx", "index", "id")
 # How the messages name each format.
 FORMAT_NAMES = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON Lines", ".json": "JSON", ".parquet": "Parquet"}
 

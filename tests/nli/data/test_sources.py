@@ -232,6 +232,22 @@ def test_test_files_without_labels_keep_their_index(tmp_path: Path, datasets_cac
     assert test["idx"] == [7, 8] and test["label"] == [-1, -1]
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+@pytest.mark.parametrize("ids", [["0007", "0010", "1000"], ["1.1", "1.10", "2"], ["12345678901234567890123", "1"]],
+                         ids=["leading-zeros", "decimals", "long"])
+def test_a_csv_test_files_ids_are_the_text_it_holds(tmp_path: Path, datasets_cache: Path, suffix: str,
+                                                    ids: List[str]) -> None:
+    """pandas guessed the id column's type: 0007 became the id 7 in the submission, 1.1 and 1.10 one id (refused
+    as repeated), and a 23-digit id an OverflowError naming no file."""
+    frame = pd.DataFrame({"idx": ids, "text_a": ["a man"] * len(ids), "text_b": ["a person"] * len(ids)})
+    frame.to_csv(tmp_path / f"test{suffix}", index=False, sep="," if suffix == ".csv" else "\t")
+    files = custom_files(tmp_path, ".csv")
+    own = [f"+data.files.{split}={path}" for split, path in files.items()]
+    test = load(["task=rte", *own, f"+data.files.test={tmp_path / f'test{suffix}'}", "+data.columns.sentence1=text_a",
+                 "+data.columns.sentence2=text_b", "+data.columns.label=gold"], predict=True).test["test"]
+    assert test["idx"] == ids
+
+
 def test_a_glue_test_file_whose_ids_repeat_is_refused(tmp_path: Path, datasets_cache: Path) -> None:
     """Every index 7: the submission had one id on all its rows (the same fault in your own file was refused)."""
     shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
@@ -551,7 +567,7 @@ def test_a_test_file_without_ids_is_numbered_by_row_and_says_so_once(tmp_path: P
 
 @pytest.mark.parametrize("column, ids, said", [
     ("id", ["a", "b", "c", "b", "e", "f", "g", "h", "i"], "the id 'b' (column 'id') is on rows 2 and 4"),
-    ("idx", [5, 6, 7, 8, 9, 10, 11, 5, 12], "the id 5 (column 'idx') is on rows 1 and 8"),
+    ("idx", [5, 6, 7, 8, 9, 10, 11, 5, 12], "the id '5' (column 'idx') is on rows 1 and 8"),  # a CSV's: text
     ("id", ["a", "b", "", "c", "d", "e", "f", "g", "h"], "row 3: no id in its 'id' column"),
 ], ids=["text", "numbers", "empty"])
 def test_duplicate_or_missing_ids_are_refused_before_training(tmp_path: Path, column: str, ids: List[Any],
