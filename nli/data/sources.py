@@ -98,7 +98,8 @@ def label_lookup(task: TaskConfig) -> Dict[str, int]:
 
 def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str) -> float | int:
     """The label id (the score, for regression) that ``value`` stands for, or NO_LABEL where it says
-    the example has no gold label (task.no_gold_label); ``where`` names the file and row for the error."""
+    the example has no gold label (task.no_gold_label, or the Hub's own -1 where no label is named so: a split
+    saved from the Hub to a file, its test split's every row); ``where`` names the file and row for the error."""
     if task.no_gold_label is not None and isinstance(value, str) and value.strip() == task.no_gold_label:
         return NO_LABEL
     if task.is_regression:
@@ -113,6 +114,8 @@ def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str
     whole = _whole_number(value)  # 1.0: a column of ids read as decimals (a CSV with 1.0, or an empty cell)
     if whole is not None and str(whole) in lookup:
         return lookup[str(whole)]
+    if whole == NO_LABEL:
+        return NO_LABEL
     known = ", ".join(dict.fromkeys([*task.label_names, *task.file_labels]))
     no_gold = f", and {task.no_gold_label!r} for no gold label" if task.no_gold_label is not None else ""
     by_id = all(lookup.get(str(i)) == i for i in range(task.num_labels))

@@ -248,6 +248,25 @@ def test_a_csv_test_files_ids_are_the_text_it_holds(tmp_path: Path, datasets_cac
     assert test["idx"] == ids
 
 
+def test_the_hubs_no_label_in_a_file_is_no_label(tmp_path: Path, datasets_cache: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A split saved from the Hub writes -1 where there is no gold label: every row of a test split, SNLI's pairs
+    without a consensus. Such a test file was refused (unknown label '-1'); such rows of a split to learn or score
+    are left out, as the Hub's are."""
+    files = custom_files(tmp_path, ".csv")
+    frame = pd.read_csv(files["validation"])
+    frame.assign(gold=-1).to_csv(tmp_path / "test.csv", index=False)
+    frame.loc[[3, 5], "gold"] = "-1"
+    frame.to_csv(tmp_path / "dev.csv", index=False)
+    own = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold",
+           f"+data.files.train={files['train']}", f"+data.files.validation={tmp_path / 'dev.csv'}"]
+    with caplog.at_level(logging.INFO):
+        splits = load(["task=rte", *own, f"+data.files.test={tmp_path / 'test.csv'}"], predict=True)
+    assert splits.test["test"]["label"] == [-1] * len(frame)
+    assert len(splits.eval["validation"]) == len(frame) - 2
+    assert f"rte validation: 2 of {len(frame)} examples have no gold label (label -1) and are left out" in caplog.text
+
+
 def test_a_glue_test_file_whose_ids_repeat_is_refused(tmp_path: Path, datasets_cache: Path) -> None:
     """Every index 7: the submission had one id on all its rows (the same fault in your own file was refused)."""
     shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
