@@ -414,6 +414,10 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
     as_text = ids is not None and not _integers(ds.features[ids])
 
     def convert(row: Dict[str, Any], i: int) -> Dict[str, Any]:
+        for field in task.text_fields:  # a JSON null, a number: the tokenizer's TypeError named no file or row
+            if not isinstance(row[wanted[field]], str):
+                raise DataError(f"{path}, row {i + 1}: '{wanted[field]}' (for {field}) is {row[wanted[field]]!r}, not "
+                                "text: give every row its text")
         label = parse_label(row[wanted["label"]], task, lookup, f"{path}, row {i + 1}") if has_labels \
             else NO_LABEL
         idx = i if ids is None else str(row[ids]) if as_text else int(row[ids])

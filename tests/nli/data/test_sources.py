@@ -267,6 +267,22 @@ def test_the_hubs_no_label_in_a_file_is_no_label(tmp_path: Path, datasets_cache:
     assert f"rte validation: 2 of {len(frame)} examples have no gold label (label -1) and are left out" in caplog.text
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_text_field_that_is_not_text_names_the_file_and_row(tmp_path: Path, datasets_cache: Path,
+                                                              suffix: str) -> None:
+    """pandas writes a missing text as null: the tokenizer's TypeError ('NoneType' object is not iterable) named
+    neither the file nor the row. The GLUE layout's JSON Lines reader said it already."""
+    files = custom_files(tmp_path, suffix)
+    frame = pd.read_json(files["train"], lines=True) if suffix == ".jsonl" else pd.read_parquet(files["train"])
+    frame.loc[39, "text_b"] = None
+    bad = tmp_path / f"bad{suffix}"
+    frame.to_json(bad, orient="records", lines=True) if suffix == ".jsonl" else frame.to_parquet(bad)
+    with pytest.raises(DataError, match=rf"{re.escape(str(bad))}, row 40: 'text_b' \(for sentence2\) is None, not "
+                                        "text: give every row its text"):
+        load(["task=rte", "+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b",
+              "+data.columns.label=gold", f"+data.files.train={bad}", f"+data.files.validation={files['validation']}"])
+
+
 def test_a_glue_test_file_whose_ids_repeat_is_refused(tmp_path: Path, datasets_cache: Path) -> None:
     """Every index 7: the submission had one id on all its rows (the same fault in your own file was refused)."""
     shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
