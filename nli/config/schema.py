@@ -138,6 +138,8 @@ class ModelConfig:
 
 # What nli.evaluate.metrics computes; a task may report any of these.
 METRIC_NAMES = ("accuracy", "f1", "matthews_correlation", "pearson", "spearmanr")
+SCORE_METRICS = ("pearson", "spearmanr")  # a regression's; the others compare label ids
+BINARY_METRICS = ("f1",)  # the F1 of label 1, as GLUE's MRPC and QQP report it: two labels alone
 # The mean of a task's metrics where it has more than one, as GLUE's leaderboard scores a task.
 COMBINED = "combined_score"
 
@@ -200,6 +202,7 @@ class TaskConfig:
                  f"columns, got {self.text_fields}")
         unknown = sorted(set(self.metrics) - set(METRIC_NAMES))
         _require(not unknown, f"task.metrics has unknown {unknown}; known: {list(METRIC_NAMES)}")
+        self._check_metrics_fit()
         reported = self.metrics + ([COMBINED] if len(self.metrics) > 1 else [])
         _require(self.main_metric in reported, f"task.main_metric={self.main_metric} must be one of "
                  f"{reported}")
@@ -208,6 +211,22 @@ class TaskConfig:
                  f"group, and task={self.name} is a regression: set task.groups=[]")
         if self.glue is not None:
             self._check_glue(self.glue)
+
+    def _check_metrics_fit(self) -> None:
+        """Each metric fits the task's labels: scored after training otherwise, they failed at its first evaluation
+        (scikit-learn's "Target is multiclass but average='binary'", or a correlation of label ids)."""
+        if self.is_regression:
+            wrong = [name for name in self.metrics if name not in SCORE_METRICS]
+            _require(not wrong, f"task.metrics={self.metrics}: {wrong} compare labels, and task={self.name} is a "
+                     f"regression (no label_names): its metrics are {list(SCORE_METRICS)}")
+            return
+        wrong = [name for name in self.metrics if name in SCORE_METRICS]
+        _require(not wrong, f"task.metrics={self.metrics}: {wrong} correlate scores, and task={self.name} has labels "
+                 f"{self.label_names}: use accuracy, matthews_correlation or (two labels) f1")
+        if len(self.label_names) != 2:
+            wrong = [name for name in self.metrics if name in BINARY_METRICS]
+            _require(not wrong, f"task.metrics={self.metrics}: {wrong} is the F1 of label 1 against the other, and "
+                     f"task={self.name} has {len(self.label_names)} labels: use accuracy or matthews_correlation")
 
     def _check_glue(self, glue: GlueFilesConfig) -> None:
         needed = set(self.text_fields) | {"label"} | set(self.groups)

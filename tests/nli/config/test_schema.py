@@ -228,6 +228,13 @@ def test_warmup_ratio_or_steps() -> None:
     ("model=tiny model.scratch.dropout=1.5", "model.scratch.dropout=1.5 must be in [0, 1)"),
     ("model=tiny model.dropout=0.2", "model.dropout=0.2 sets a pretrained checkpoint's dropout, and this model is "
                                      "built from scratch (model.scratch): set model.scratch.dropout=0.2 instead"),
+    # Metrics that do not fit the task's labels: they failed at the first evaluation, after training had run.
+    ("task=mnli task.metrics=[accuracy,f1]", "task.metrics=['accuracy', 'f1']: ['f1'] is the F1 of label 1 against "
+                                             "the other, and task=mnli has 3 labels: use accuracy or"),
+    ("task=rte task.metrics=[pearson] task.main_metric=pearson",
+     "['pearson'] correlate scores, and task=rte has labels"),
+    ("task=stsb task.metrics=[accuracy] task.main_metric=accuracy", "['accuracy'] compare labels, and task=stsb is a "
+                                                                    "regression (no label_names)"),
 ])
 def test_impossible_values_name_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:

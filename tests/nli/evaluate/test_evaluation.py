@@ -119,7 +119,8 @@ def test_a_model_predicts_the_same_in_length_groups_as_in_the_splits_order(tmp_p
         made[grouped] = gather(predict(model, loader, cfg.task, compute), World())
     assert made[True].labels.tolist() == made[False].labels.tolist() == ds["labels"]
     assert made[True].values.tolist() == made[False].values.tolist()
-    regression = dataclasses.replace(cfg.task, label_names=[])  # predict() keeps the raw scores
+    regression = dataclasses.replace(cfg.task, label_names=[], metrics=["pearson"],
+                                     main_metric="pearson")  # predict() keeps the raw scores
     assert regression.is_regression
     scores = {grouped: predict(model, data.eval_loader(ds, collator, batch_size=16, world=World(), grouped=grouped),
                                regression, compute)
@@ -140,7 +141,7 @@ def test_a_rank_whose_slice_of_a_split_is_empty_predicts_nothing_and_the_gather_
     tokenizer = train_bpe_tokenizer(["a man plays", "a dog runs"], vocab_size=300, max_seq_length=16)
     model = build_model(cfg.model, cfg.task, tokenizer)
     collator, compute = DataCollatorWithPadding(tokenizer), Compute(torch.device("cpu"), torch.float32)
-    regression = dataclasses.replace(cfg.task, label_names=[])
+    regression = dataclasses.replace(cfg.task, label_names=[], metrics=["pearson"], main_metric="pearson")
     for task, label in ((cfg.task, 2), (regression, 2.5)):  # a class id; a score (nli.data.loaders encodes floats)
         ds = datasets.Dataset.from_dict({"labels": [label], **tokenizer(["a man plays"], ["a dog runs"])})
         parts = [predict(model, data.eval_loader(ds, collator, batch_size=16, world=World(rank, 2)), task, compute)
