@@ -410,6 +410,10 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
                         f"Map them with data.columns, e.g. +data.columns.{missing[0]}=<column>")
     lookup = label_lookup(task)
     has_labels = wanted["label"] in ds.column_names
+    # A file that keeps its labels' names beside their ids (a Parquet file saved by `datasets`, its ClassLabel):
+    # each id is read as its name, whose id the task gives. Taken as the task's ids, they were shifted unsaid where
+    # the file's order was another (class_encode_column sorts the names).
+    names = _class_names(ds.features[wanted["label"]]) if has_labels else None
     ids = None if labelled else _id_column(ds, path)
     as_text = ids is not None and not _integers(ds.features[ids])
 
@@ -418,14 +422,40 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
             if not isinstance(row[wanted[field]], str):
                 raise DataError(f"{path}, row {i + 1}: '{wanted[field]}' (for {field}) is {row[wanted[field]]!r}, not "
                                 "text: give every row its text")
-        label = parse_label(row[wanted["label"]], task, lookup, f"{path}, row {i + 1}") if has_labels \
-            else NO_LABEL
+        value = row[wanted["label"]]
+        if names is not None and isinstance(value, int) and 0 <= value < len(names):
+            value = names[value]
+        label = parse_label(value, task, lookup, f"{path}, row {i + 1}") if has_labels else NO_LABEL
         idx = i if ids is None else str(row[ids]) if as_text else int(row[ids])
         return {**{field: row[wanted[field]] for field in [*task.text_fields, *task.groups]}, "label": label,
                 "idx": idx}
 
     return ds.map(convert, with_indices=True, remove_columns=ds.column_names,
                   features=_features(task, text_ids=as_text), desc=f"read {path.name}")
+
+
+def _class_names(feature: Any) -> Optional[List[str]]:
+    """The label names a column of class ids carries (``datasets``' ClassLabel), in id order; None for any other."""
+    return list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
+
+
+def _aligned_labels(ds: datasets.Dataset, task: TaskConfig, source: str) -> datasets.Dataset:
+    """A Hub split's class ids as the task's: its ClassLabel's names in another order are mapped to the task's ids
+    (-1, no label, stays); names the task does not have are refused, naming both."""
+    names = _class_names(ds.features["label"])
+    if names is None or names == list(task.label_names):
+        return ds
+    ours = {name.lower(): i for i, name in enumerate(task.label_names)}
+    if sorted(name.lower() for name in names) != sorted(ours):
+        raise DataError(f"{source} names its labels {names}, and task={task.name} has label_names "
+                        f"{list(task.label_names)}: set task.label_names to the dataset's names, in the order of the "
+                        "ids the model should give them")
+    log.info("%s names its labels %s: mapped to task=%s's ids, %s", source, names, task.name, list(task.label_names))
+    to_ours = [ours[name.lower()] for name in names]
+    features = ds.features.copy()
+    features["label"] = datasets.ClassLabel(names=list(task.label_names))
+    return ds.map(lambda labels: {"label": [to_ours[label] if label >= 0 else label for label in labels]},
+                  input_columns="label", batched=True, features=features, desc=f"{task.name}: the task's label ids")
 
 
 def _integers(feature: Any) -> bool:
@@ -556,7 +586,9 @@ def _from_hub(task: TaskConfig, splits: List[str]) -> Dict[str, datasets.Dataset
     if absent:
         raise DataError(f"dataset '{task.hub_dataset}' ({task.hub_config}) has no column {absent}; it has "
                         f"{raw[splits[0]].column_names}: check task.hub_dataset, hub_revision and hub_data_dir")
-    return {split: _with_idx(raw[split]).select_columns([*columns, "idx"]) for split in splits}
+    source = f"dataset '{task.hub_dataset}' ({task.hub_config})"
+    return {split: _aligned_labels(_with_idx(raw[split]).select_columns([*columns, "idx"]), task, source)
+            for split in splits}
 
 
 def _with_idx(ds: datasets.Dataset) -> datasets.Dataset:

