@@ -75,6 +75,8 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
     if finished is None and newest is None:
         return None  # a new run
     saved = _saved_identity(storage, checkpoints, newest)
+    if newest is None and finished is not None and finished.get("identity") == digest(ident):
+        saved = dict(ident)  # results.json's own record says these settings (whatever config.yaml has become)
     changes = differences(saved, ident) if saved is not None else {}
     if saved is None and finished is not None and finished.get("identity") != digest(ident):
         changes = {"(settings)": "not recorded by the earlier run -> these"}
@@ -234,6 +236,16 @@ def _saved_identity(storage: Storage, checkpoints: Checkpoints, newest: Optional
         saved = checkpoints.identity_of(newest)
         if saved is not None:
             return saved
-    if storage.exists(contract.CONFIG_FILE):
-        return identity(yaml.safe_load(storage.read_bytes(contract.CONFIG_FILE)))
+    if not storage.exists(contract.CONFIG_FILE):
+        return None
+    try:
+        recorded = yaml.safe_load(storage.read_bytes(contract.CONFIG_FILE))
+    except yaml.YAMLError as err:
+        recorded, why = None, f"not YAML: {str(err).splitlines()[0]}"
+    else:
+        why = "empty" if recorded is None else "not a run's config"
+    if isinstance(recorded, dict):
+        return identity(recorded)
+    log.warning("%s is %s: the run's settings are known from results.json alone", storage.describe(
+        contract.CONFIG_FILE), why)
     return None

@@ -82,6 +82,27 @@ def test_a_finished_run_asked_again_with_the_same_settings_reports_its_results(f
     assert "this run already finished" in output and files(run_dir) == before
 
 
+@pytest.mark.parametrize("damage", ["not yaml", "empty", "cut short"])
+def test_a_finished_run_without_checkpoints_whose_config_yaml_is_damaged_is_known_by_its_results(
+        finished: Path, tmp_path: Path, damage: str) -> None:
+    """A folder with no checkpoint to read the run's settings from (an evaluation-only run's, or one whose
+    checkpoints were deleted to save room) and a damaged config.yaml: the same command ended in Hydra's traceback of
+    a YAML ParserError (not yaml), refused the run with every key (empty) or as another run (cut short). results.json
+    records the settings' digest: the same settings are answered from it; others are refused in one line."""
+    run_dir = copy_of(finished, tmp_path)
+    shutil.rmtree(run_dir / "checkpoints")
+    config = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text({"not yaml": "optimizer: {lr: [0.001\n", "empty": "",
+                                          "cut short": config[:len(config) // 3].rsplit("\n", 1)[0] + "\n"}[damage])
+    before = files(run_dir)
+    output = train(run_dir, *FAST)
+    assert "this run already finished" in output and files(run_dir) == before
+    proc = run_app([*FAST, "optimizer.lr=2e-3", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Nothing was changed" in proc.stderr, \
+        proc.stderr
+    assert files(run_dir) == before
+
+
 def test_a_run_given_an_output_dir_keeps_its_log_there_attempt_after_attempt(tmp_path: Path) -> None:
     """train.log is with the run's other files in a local output_dir (Hydra's run directory moves there), each
     attempt's after the last; not in a folder of Hydra's own, outputs/<task>/<time>/, one for each attempt. A
