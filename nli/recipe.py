@@ -175,7 +175,8 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             if out.finished is not None:  # its model checked, and exported again if it was lost (nli.output.export)
                 export.check_finished(out.finished, cfg.model, cfg.task, out, seed=cfg.seed,
                                       card=Card(context.resolved, out.finished.get("provenance") or {},
-                                                recorded=out.finished.get("warnings") or []))
+                                                recorded=out.finished.get("warnings") or [],
+                                                continued=out.finished.get("continued") or []))
                 log.info("results: %s", results.summary(out.finished))
                 return out.finished
             started = device.started_precision(out.snapshot.state if out.snapshot else None)  # kept on resume
@@ -414,7 +415,8 @@ def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: 
     if training.pruning is not None:
         hooks.append(training.pruning)
     training.export_best = export.ExportBest(out.storage, training.opt.model, loaded.tokenizer, main=world.is_main,
-                                             card=Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator))
+                                             card=Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator,
+                                                       continued=out.checkpoints.continued))
     hooks.append(training.export_best)
     checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world, out.claim)
     loop = Loop(training.opt, loaded.train, training.plan, evaluate=loaded.evaluate,
@@ -446,7 +448,7 @@ def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: 
         return lora.merged(cast(Any, model)) if isinstance(training.weights, lora.Adapters) else model
     if out.claim is not None:
         out.claim.check()
-    card = Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator)
+    card = Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator, continued=out.checkpoints.continued)
     with out.storage.staged_dir(contract.MODEL_DIR) as folder:  # read back before it is swapped in: no download
         export.fill(folder, model, loaded.tokenizer, result.best, card)
         exported = load_export(folder).to(run.compute.device)

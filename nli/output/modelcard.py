@@ -42,6 +42,8 @@ class Card:
     # results.json's warnings, for a card written again after the run finished: the evaluation then comes
     # from a checkpoint, which keeps no predictions, and the card gives those of the task's eval splits.
     recorded: Sequence[str] = ()
+    # Where the run went on from a checkpoint with new values (train.accept_changes): results.json's `continued`.
+    continued: Sequence[Mapping[str, Any]] = ()
 
     def render(self, evaluation: Evaluation) -> str:
         """The card of the weights that scored ``evaluation``, as ``README.md`` holds it."""
@@ -102,6 +104,13 @@ class Card:
         if len(self.provenance.get("code_history") or []) > 1:
             note += (" Its steps ran under more than one version of the code (results.json's "
                      "provenance.code_history): this is its last attempt's.")
+        if self.continued:
+            went_on = "; ".join(f"at step {each.get('step')}, " + ", ".join(
+                f"{key}: {change}" for key, change in (each.get("changes") or {}).items()) for each in self.continued)
+            note += (f" The run went on from a checkpoint with new values (train.accept_changes; results.json's "
+                     f"`continued`): {went_on}. The command is its last attempt's, which continued it: started "
+                     "afresh with it, a run trains under the new values from its first step, another model. "
+                     "Reproduced, it is the earlier values' run to that step, then this command.")
         code = f"the code of commit `{commit}`" if commit else "the installed nli-glue " + str(
             (self.provenance.get("versions") or {}).get("nli-glue") or "")
         return (f"## Reproduce\n\nWith {code}:{note}\n\n```bash\n" + "\n".join(lines) + "\n```")

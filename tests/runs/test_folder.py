@@ -164,6 +164,10 @@ def test_a_finished_run_trains_on_with_accepted_changes(finished: Path, tmp_path
             "(train.accept_changes): train.max_steps: 12 -> 18") in output
     assert "resuming from checkpoint" in output and read_results(run_dir)["train_steps"] == 18
     assert read_results(run_dir)["continued"] == [{"step": 12, "changes": {"train.max_steps": "12 -> 18"}}]
+    # Its model card's command continued the run: started afresh with it, a run trains another model.
+    card = (run_dir / "model" / "README.md").read_text()
+    assert ("The run went on from a checkpoint with new values (train.accept_changes; results.json's `continued`): "
+            "at step 12, train.max_steps: 12 -> 18. The command is its last attempt's") in card
     # The command that first made the folder is now the one with other settings; the advice names the folder's.
     original = run_app([*FAST, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert original.returncode == 1 and "train.max_steps: 18 -> 12\n" in original.stderr
