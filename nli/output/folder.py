@@ -74,9 +74,11 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
     finished = _results(storage, newest)
     if finished is None and newest is None:
         return None  # a new run
-    saved = _saved_identity(storage, checkpoints, newest)
-    if newest is None and finished is not None and finished.get("identity") == digest(ident):
-        saved = dict(ident)  # results.json's own record says these settings (whatever config.yaml has become)
+    recorded = checkpoints.newest_recorded_step()  # a damaged newest manifest recorded nothing of the run
+    if finished is not None and _these_results(finished, ident, checkpoints, recorded):
+        log.info("this run already finished; its results are in %s", storage.describe(contract.RESULTS_FILE))
+        return finished
+    saved = _saved_identity(storage, checkpoints, recorded)
     changes = differences(saved, ident) if saved is not None else {}
     if saved is None and finished is not None and finished.get("identity") != digest(ident):
         changes = {"(settings)": "not recorded by the earlier run -> these"}
@@ -89,8 +91,8 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
                               f"{checkpoints.where()}): train.accept_changes goes on from the run's newest checkpoint. "
                               "Nothing was changed. Start the run with these settings in another output_dir; to "
                               "score its model on other sets, run eval.only=true with model.name_or_path=<its model/>")
-    if newest is not None:
-        checkpoints.continued = checkpoints.continued_of(newest)
+    if recorded is not None:
+        checkpoints.continued = checkpoints.continued_of(recorded)
     if changes:
         assert newest is not None
         checkpoints.continued.append({"step": newest, "changes": changes})  # said once checked (check_continuation)
@@ -228,6 +230,15 @@ def _results(storage: Storage, newest: Optional[int]) -> Optional[Dict[str, Any]
              "results" if newest is not None else "runs it again: the folder holds no checkpoint to finish it from")
     raise CheckpointError(f"{storage.describe(contract.RESULTS_FILE)} is not a run's results ({why}). Nothing was "
                           f"changed. Restore it, or delete it: the same command then {again}")
+
+
+def _these_results(finished: Mapping[str, Any], ident: Mapping[str, Any], checkpoints: Checkpoints,
+                   recorded: Optional[int]) -> bool:
+    """Whether results.json is this very run's, finished: it records these settings (its digest of them), and no
+    continuation it does not know of (a run continued since, and stopped before its new end, has more in its
+    checkpoints). Where the checkpoints' record or config.yaml is damaged or gone, results.json still says it."""
+    went_on = checkpoints.continued_of(recorded) if recorded is not None else []
+    return finished.get("identity") == digest(ident) and len(finished.get("continued") or []) >= len(went_on)
 
 
 def _saved_identity(storage: Storage, checkpoints: Checkpoints, newest: Optional[int]) -> Optional[Dict[str, Any]]:

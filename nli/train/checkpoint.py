@@ -254,6 +254,17 @@ class Checkpoints:
         complete = self._complete()
         return _step(complete[-1]) if complete else None
 
+    def newest_recorded_step(self) -> Optional[int]:
+        """The newest checkpoint whose manifest reads: what the run recorded of itself last (its identity, its
+        continuations). A damaged newer one is skipped, as :meth:`latest` skips it to resume."""
+        for name in reversed(self._complete()):
+            try:
+                self._manifest(name)
+            except _Damaged:
+                continue
+            return _step(name)
+        return None
+
     def latest(self) -> Optional[Snapshot]:
         """The newest checkpoint that reads back intact, or None if there is none at all.
         A damaged one is reported and skipped; if every one is damaged, that is an error."""

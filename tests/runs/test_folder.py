@@ -176,6 +176,22 @@ def test_a_finished_run_trains_on_with_accepted_changes(finished: Path, tmp_path
     assert "this run already finished" in again
 
 
+def test_a_continued_run_whose_newest_manifest_is_damaged_keeps_its_record_and_its_results(
+        finished: Path, tmp_path: Path) -> None:
+    """The newest checkpoint's manifest cut short: the run's record was read from it alone, so the continuation was
+    lost, the finished run was said to hold results 'before it went on', and it trained again from the checkpoint
+    before, its results.json rewritten without `continued`. The record is the newest manifest that reads."""
+    run_dir = copy_of(finished, tmp_path)
+    accept = [*FAST, "train.max_steps=18", "train.accept_changes=[train.max_steps]"]
+    train(run_dir, *accept)
+    results = read_results(run_dir)
+    manifest = run_dir / "checkpoints" / "step-000018" / "checkpoint.json"
+    manifest.write_text(manifest.read_text()[:40])
+    output = train(run_dir, *accept)
+    assert "this run already finished" in output and "before it went on" not in output
+    assert read_results(run_dir) == results
+
+
 @pytest.mark.parametrize("keys", [["optimizer.lr"], ["train.max_steps", "seed"]])
 def test_only_keys_where_continuing_makes_sense_can_be_accepted(keys: List[str]) -> None:
     from nli.errors import ConfigError
