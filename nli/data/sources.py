@@ -422,16 +422,21 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
             if not isinstance(row[wanted[field]], str):
                 raise DataError(f"{path}, row {i + 1}: '{wanted[field]}' (for {field}) is {row[wanted[field]]!r}, not "
                                 "text: give every row its text")
-        value = row[wanted["label"]]
-        if names is not None and isinstance(value, int) and 0 <= value < len(names):
-            value = names[value]
-        label = parse_label(value, task, lookup, f"{path}, row {i + 1}") if has_labels else NO_LABEL
+        label = parse_label(_named(row[wanted["label"]], names), task, lookup, f"{path}, row {i + 1}") \
+            if has_labels else NO_LABEL
         idx = i if ids is None else str(row[ids]) if as_text else int(row[ids])
         return {**{field: row[wanted[field]] for field in [*task.text_fields, *task.groups]}, "label": label,
                 "idx": idx}
 
     return ds.map(convert, with_indices=True, remove_columns=ds.column_names,
                   features=_features(task, text_ids=as_text), desc=f"read {path.name}")
+
+
+def _named(value: Any, names: Optional[List[str]]) -> Any:
+    """A class id as its name, where the file keeps its labels' ``names``; any other value as it is."""
+    if names is not None and isinstance(value, int) and 0 <= value < len(names):
+        return names[value]
+    return value
 
 
 def _class_names(feature: Any) -> Optional[List[str]]:
