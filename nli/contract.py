@@ -4,7 +4,8 @@ A run writes into its output directory (the Hydra run directory, ``output_dir=``
 platform gives it: on Vertex AI, ``AIP_MODEL_DIR``):
 
 - ``config.yaml``: the resolved config, and ``overrides.yaml``: the command's overrides, as typed (both
-  written once the run is accepted into the folder, so that a refused command changes neither);
+  written once the run is accepted into the folder and has loaded what it needs, so that a command refused,
+  or failing as it loads, changes neither);
 - ``results.json``: one JSON object, the final metrics with ``objective`` and ``status`` (flat but for
   ``provenance``, an object, and ``warnings``, a list),
   written last, so that its presence means the run finished;
@@ -36,6 +37,7 @@ from typing import Dict, FrozenSet, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+CLAIM_FILE = ".claim.json"  # a run's hold on its folder while it runs (nli.io.claim)
 CONFIG_FILE = "config.yaml"
 OVERRIDES_FILE = "overrides.yaml"  # the overrides the run was started with, as typed
 RESULTS_FILE = "results.json"

@@ -37,7 +37,6 @@ from typing import Any, Dict, List, Mapping, Optional, cast
 import datasets
 import torch
 import transformers
-from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
@@ -74,7 +73,7 @@ from nli.model.build import (
     unwrap,
 )
 from nli.output import export, results
-from nli.output.folder import Outputs, check_continuation, earlier_run, record_code, recorded_config
+from nli.output.folder import Outputs, check_continuation, earlier_run, record_code, record_run
 from nli.output.modelcard import Card
 from nli.output.submission import write_predictions
 from nli.runtime import cpu, device, distributed, provenance, xla
@@ -193,6 +192,7 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             stop.check()  # a signal some library swallowed (nli.runtime.signals) stops the run between phases
             model = build(this_run, loaded)
             training = optimization(this_run, model, loaded)
+            record_run(out)  # the attempt has all it needs: the folder's record says it is the run there now
             stop.check()
             stage = "training"
             result = fit(this_run, training, loaded, stop, sharing)
@@ -241,11 +241,7 @@ def setup(train: TrainConfig, logger: Mapping[str, LoggerConfig], context: RunCo
     if out.finished is None:
         Trackers(logger, enabled=world.is_main).check()  # e.g. W&B online without a key: before anything loads
         out.snapshot = export.resume_point(checkpoints, storage) if train.resume and not evaluation_only else None
-        check_continuation(train, ident, storage, checkpoints, out.snapshot)  # before config.yaml is replaced
-        with world.together():
-            if world.is_main:  # the folder's record of its run: the resolved directories, as the run uses them
-                storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(recorded_config(context, output_dir)))
-                storage.write_text(contract.OVERRIDES_FILE, OmegaConf.to_yaml(context.command))
+        check_continuation(train, ident, storage, checkpoints, out.snapshot)
     return out
 
 
@@ -391,12 +387,25 @@ def optimization(run: Run, model: torch.nn.Module, loaded: Data) -> Training:
         state.load_state_dict(out.snapshot.state)
         log.info("resuming from checkpoint %s: step %d of %d", out.checkpoints.where(out.snapshot.name),
                  progress.step, plan.total_steps)
+        if progress.eval_every and progress.eval_every != plan.eval_every:
+            out.warn(_new_cadence(progress, plan, early_stopping=early is not None))
     trained = distributed.wrap(model, world, compute.device)  # after the restore: DDP starts from rank 0's weights
     if train.compile:  # for training steps; evaluation runs the plain model
         trained = cast(torch.nn.Module, torch.compile(trained))  # an OptimizedModule, typed as any callable
     opt = Optimization(model, trained, optimizer, scheduler, scaler, compute, world, skips_on_device=skips_on_device)
     return Training(opt, plan, state, weights, progress, best, early, trackers, micro_batches=micro_batches,
                     pruning=pruning)
+
+
+def _new_cadence(progress: Progress, plan: Plan, *, early_stopping: bool) -> str:
+    """What a resume at another train.eval_every changes: it is outside the run's identity (it leaves the training
+    as it is), but the evaluations it makes are the ones that pick the best checkpoint and that early stopping and
+    a search's pruning count."""
+    counted = "early stopping's patience, " if early_stopping else ""
+    return (f"this run evaluated every {progress.eval_every} steps up to step {progress.step} and goes on evaluating "
+            f"every {plan.eval_every} (train.eval_every): {counted}a search's pruning and the choice of the best "
+            "checkpoint count the evaluations of both, so its model and results can differ from those of a run "
+            f"evaluated at either cadence throughout. To go on as it began, set train.eval_every={progress.eval_every}")
 
 
 def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: cpu.Sharing) -> TrainResult:
@@ -542,6 +551,7 @@ def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:
         out.warn(note)
     extras = evalsets.extras(cfg.eval, cfg.data, scoring)
     stop.check()  # a signal some library swallowed while the sets loaded (nli.runtime.signals)
+    record_run(out)
     trackers = Trackers(cfg.logger, enabled=world.is_main)
     loggers.start(trackers, out.context, out.storage)
     final = own.evaluate(model, 0)

@@ -50,7 +50,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nli.config import runfolder
 from nli.config.keys import as_typed, built, check_known, check_override_key, key_of
-from nli.contract import CONFIG_FILE, MULTIRUN_RECORD, RESULTS_FILE
+from nli.contract import CHECKPOINTS_DIR, CLAIM_FILE, CONFIG_FILE, MULTIRUN_RECORD, RESULTS_FILE
 from nli.errors import ConfigError, UserError
 
 MULTIRUN = ("-m", "--multirun")
@@ -564,7 +564,9 @@ def _check_folder(key: str, folder: str) -> None:
     if key in ("hydra.run.dir", "output_dir") and (path / MULTIRUN_RECORD).exists():
         raise ConfigError(f"{key}={folder} is a sweep's folder (it holds {MULTIRUN_RECORD}): a run there would mix "
                           "its files into the sweep's. Give the run a folder of its own")
-    if key == "hydra.sweep.dir" and any((path / name).exists() for name in (CONFIG_FILE, RESULTS_FILE, ".hydra")):
+    # A run's record or what it left, or the claim of one that has yet to write its record (nli.output.folder).
+    if key == "hydra.sweep.dir" and any((path / name).exists()
+                                        for name in (CONFIG_FILE, RESULTS_FILE, CHECKPOINTS_DIR, CLAIM_FILE, ".hydra")):
         raise ConfigError(f"{key}={folder} is a run's folder: a sweep there would mix its jobs into that run's files. "
                           "Give the sweep a folder of its own")
     _check_writable(key, folder)

@@ -3,7 +3,8 @@
 The identity is the resolved config, flattened to dotted keys, less the keys that cannot change what
 the run computes: where it writes, how it logs and how often, how many workers load the data, and
 the hardware (a run continues on other machines: the global batch, ``train.batch_size``, stays).
-Evaluation frequency is left out too: it changes which steps are looked at, not the training.
+Evaluation frequency is left out too: it changes which steps are looked at, not the training (a run resumed at
+another cadence says so: its evaluations pick the best checkpoint and are what early stopping counts).
 
 Every checkpoint's manifest holds the identity, and results.json its digest. A run started again in
 a folder whose run has another identity is refused before anything loads, each differing key listed

@@ -41,12 +41,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Optional, Protocol, Set, Type
 
+from nli.contract import CLAIM_FILE
 from nli.errors import StorageError
 from nli.io.storage import TIMEOUT, Storage
 
 log = logging.getLogger(__name__)
 
-CLAIM_FILE = ".claim.json"
 HOST = socket.gethostname()
 _ATTEMPTS = 5  # rounds of create / read / take over: each lost round means another run moved meanwhile
 _HELD: Set[str] = set()  # the tokens of the claims this process holds

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 import yaml
+from omegaconf import OmegaConf
 
 from nli import contract
 from nli.config.identity import differences, digest, identity, refuse
@@ -56,10 +57,23 @@ class Outputs:
         self.warnings.append(message)
 
 
-def recorded_config(context: RunContext, output_dir: str) -> Dict[str, Any]:
+def _recorded_config(context: RunContext, output_dir: str) -> Dict[str, Any]:
     """The resolved config with the directories the run writes to, as the folder's config.yaml records it."""
     train = {**context.resolved["train"], "checkpoint_dir": context.checkpoint_dir}
     return {**context.resolved, "output_dir": output_dir, "train": train}
+
+
+def record_run(out: Outputs) -> None:
+    """The folder's record of its run: config.yaml, the resolved config with the directories the run writes to, and
+    overrides.yaml, the command's overrides as typed. Written once this attempt has loaded what it needs and restored
+    its checkpoint, just before it trains (or evaluates): a command refused, failed or stopped before then (a
+    continuation's eval.extra file missing, a resume on other hardware killed as it loads) leaves the record of the
+    run the folder holds as it was."""
+    with out.world.together():
+        if out.world.is_main:
+            resolved = _recorded_config(out.context, out.context.output_dir)  # rank 0's: the folder the run claimed
+            out.storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(resolved))
+            out.storage.write_text(contract.OVERRIDES_FILE, OmegaConf.to_yaml(out.context.command))
 
 
 def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
@@ -192,12 +206,15 @@ def _stopped_early(train: TrainConfig, changes: Mapping[str, str], snapshot: Sna
 
 def _planned_steps(train: TrainConfig, progress: Mapping[str, Any]) -> Optional[int]:
     """The steps the run now plans, as nli.train.loop.Plan counts them; None where train.epochs decides it and the
-    checkpoint cannot tell an epoch's size (it is in the first epoch: the loop then checks, once the data is in)."""
+    checkpoint cannot tell an epoch's size (one from before the checkpoints kept it, written in the first epoch: the
+    loop then checks, once the data is in)."""
     if train.max_steps:
         return train.max_steps
-    if progress["epoch"] < 1:
+    examples_per_epoch = progress.get("examples_per_epoch", 0)
+    if not examples_per_epoch and progress["epoch"] >= 1:
+        examples_per_epoch = (progress["examples"] - progress["examples_in_epoch"]) // progress["epoch"]
+    if not examples_per_epoch:
         return None
-    examples_per_epoch = (progress["examples"] - progress["examples_in_epoch"]) // progress["epoch"]
     return math.ceil(train.epochs * math.ceil(examples_per_epoch / train.batch_size))
 
 

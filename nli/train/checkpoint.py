@@ -97,6 +97,12 @@ class Progress:
     # logs its next mean over the same steps, with the same value, as an unbroken run (nli.train.loop).
     window_loss: float = 0.0
     window_steps: int = 0
+    # The training set's size, so that a continuation's new train.epochs is checked before its data loads, in the
+    # first epoch too (nli.output.folder); 0: a checkpoint from before it was kept.
+    examples_per_epoch: int = 0
+    # Steps between evaluations: early stopping, a search's pruning and the best checkpoint count the evaluations
+    # made, so a resume at another cadence is said (nli.recipe); 0: a checkpoint from before it was kept.
+    eval_every: int = 0
 
     def state_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -107,7 +113,8 @@ class Progress:
             setattr(self, item.name, state.get(item.name, item.default) if item.name in _ADDED else state[item.name])
 
 
-_ADDED = {"window_loss", "window_steps"}  # Progress fields that older checkpoints lack
+# Progress fields that older checkpoints lack
+_ADDED = {"window_loss", "window_steps", "examples_per_epoch", "eval_every"}
 
 
 class BestEvaluation:

@@ -167,6 +167,7 @@ class Loop:
             raise ConfigError(f"this run already trained {progress.step} steps, more than the {self.plan.total_steps} "
                               "that train.max_steps or train.epochs now plan: a run cannot be shortened. Start it "
                               "afresh in another output_dir (or hydra.run.dir)")
+        progress.examples_per_epoch, progress.eval_every = self.plan.examples_per_epoch, self.plan.eval_every
         # A resumed run logs the loss over the same steps as an unbroken one: the checkpoint kept the partial window.
         self.window.resume(progress.window_loss, progress.window_steps)
         self._call("on_start", progress, best)

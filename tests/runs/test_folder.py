@@ -176,6 +176,23 @@ def test_a_finished_run_trains_on_with_accepted_changes(finished: Path, tmp_path
     assert "this run already finished" in again
 
 
+@pytest.mark.parametrize("cadence", ["train.eval_every=6", "train.eval_every=3"])
+def test_a_run_that_goes_on_evaluating_at_another_cadence_says_so(finished: Path, tmp_path: Path,
+                                                                  cadence: str) -> None:
+    """train.eval_every is outside the identity (it leaves the training as it is), but the best checkpoint, early
+    stopping and pruning count its evaluations: a resume at another one is said in the log and results.json."""
+    run_dir = copy_of(finished, tmp_path)
+    output = train(run_dir, *FAST, cadence, "train.max_steps=18", "train.accept_changes=[train.max_steps]")
+    said = ("this run evaluated every 6 steps up to step 12 and goes on evaluating every 3 (train.eval_every): a "
+            "search's pruning and the choice of the best checkpoint count the evaluations of both")
+    warnings = read_results(run_dir).get("warnings", [])
+    if cadence.endswith("=6"):
+        assert "goes on evaluating" not in output and not any("goes on evaluating" in each for each in warnings)
+    else:
+        assert said in output and any(each.startswith(said) for each in warnings)
+        assert "To go on as it began, set train.eval_every=6" in output
+
+
 def test_a_continued_run_whose_newest_manifest_is_damaged_keeps_its_record_and_its_results(
         finished: Path, tmp_path: Path) -> None:
     """The newest checkpoint's manifest cut short: the run's record was read from it alone, so the continuation was
@@ -355,6 +372,25 @@ def test_new_values_that_a_finished_run_cannot_carry_out_are_refused_with_the_re
     assert "continuing it" not in proc.stdout and files(run_dir) == before
 
 
+@pytest.mark.parametrize("epochs,message", [
+    ("0.5", "train.epochs=0.5 plans 10 steps, and the run already trained 12: it cannot be shortened"),
+    ("0.6", "it would train no further and write nothing new: it has trained all the 12 steps train.epochs=0.6"),
+])
+def test_new_epochs_inside_the_first_epoch_are_checked_before_anything_loads(
+        shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path, epochs: str, message: str) -> None:
+    """Twelve steps of a 20-step epoch: the checkpoint keeps the epoch's size, so a new train.epochs is judged as
+    the command starts, as a new train.max_steps is, and the refusal changes nothing in the folder (its config.yaml
+    and overrides.yaml were rewritten, and the data loaded, before the loop refused it)."""
+    long_epoch = [*FAST, "data.synthetic_train_size=640"]
+    run_dir = copy_of(shared_run("fast-long-epoch", long_epoch), tmp_path)
+    before = files(run_dir)
+    proc = run_app([*long_epoch, "train.max_steps=null", f"train.epochs={epochs}",
+                    "train.accept_changes=[train.max_steps,train.epochs]", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert message in proc.stderr and "Nothing was changed" in proc.stderr
+    assert "continuing it" not in proc.stdout and files(run_dir) == before
+
+
 def test_a_finished_run_given_extra_sets_scores_them_and_trains_no_further(finished: Path, tmp_path: Path) -> None:
     from tests.support.nli_layouts import write_sets
 
@@ -368,6 +404,28 @@ def test_a_finished_run_given_extra_sets_scores_them_and_trains_no_further(finis
     assert "hans/accuracy" in results and results["train_steps"] == 12 and results["best_step"] == earlier["best_step"]
     assert results["accuracy"] == earlier["accuracy"]
     assert [each["step"] for each in results["continued"]] == [12]
+
+
+def test_a_continuation_that_fails_as_it_loads_leaves_the_folders_record_as_it_was(finished: Path,
+                                                                                   tmp_path: Path) -> None:
+    """Accepted, then stopped by a set it cannot read: config.yaml and overrides.yaml still record the run the
+    folder holds (they named the new eval.extra and the failed command), and the same command, mended, goes on."""
+    from tests.support.nli_layouts import write_sets
+
+    run_dir = copy_of(finished, tmp_path)
+    sets = write_sets(tmp_path / "sets")
+    hans = sets / "hans" / "heuristics_evaluation_set.txt"
+    good = hans.read_bytes()
+    hans.write_text("nothing\tuseful\n")
+    before = files(run_dir)
+    extra = [*FAST, "eval.extra=[hans]", f"eval.dir={sets}", "train.accept_changes=[eval.extra,eval.dir]"]
+    proc = run_app([*extra, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 1 and f"error: {hans}: no column 'sentence1'" in proc.stderr, proc.stdout + proc.stderr
+    assert files(run_dir) == before
+    hans.write_bytes(good)
+    train(run_dir, *extra)
+    assert yaml.safe_load((run_dir / "overrides.yaml").read_text()) == extra
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["eval"]["extra"] == ["hans"]
 
 
 def test_the_folders_values_are_offered_only_where_they_can_be_typed() -> None:

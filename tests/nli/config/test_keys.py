@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from nli.config.command import check
 from nli.config.keys import check_known, fields_of
 from nli.config.schema import compose
+from nli.contract import CLAIM_FILE
 from nli.errors import ConfigError
 from tests.conftest import compose_config
 from tests.support.runs import CONF, FAST, run_app
@@ -326,6 +327,12 @@ def test_a_sweep_into_a_runs_folder_and_a_run_into_a_sweeps_are_refused(
     shutil.copy(run / "config.yaml", started / "config.yaml")
     proc = run_app(["-m", *FAST, "seed=1,2", f"hydra.sweep.dir={started}"], cwd=tmp_path)
     assert proc.returncode == 1 and f"error: hydra.sweep.dir={started} is a run's folder" in proc.stderr, proc.stderr
+    loading = tmp_path / "loading"  # a run loading its data: its claim and log, its record not yet written
+    loading.mkdir()
+    shutil.copy(run / "train.log", loading / "train.log")
+    (loading / CLAIM_FILE).write_text("{}")
+    proc = run_app(["-m", *FAST, "seed=1,2", f"hydra.sweep.dir={loading}"], cwd=tmp_path)
+    assert proc.returncode == 1 and f"error: hydra.sweep.dir={loading} is a run's folder" in proc.stderr, proc.stderr
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     (sweep / "multirun.yaml").write_text("hydra: {}\n")  # what Hydra writes first into a sweep's folder
