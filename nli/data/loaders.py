@@ -264,6 +264,16 @@ class Loader(DataLoader):
             return super().__iter__()
 
 
+def release_workers(loader: DataLoader) -> None:
+    """Ends the workers ``loader`` keeps between passes (persistent_workers), for a loader read no more (one
+    replaced by smaller batches after an out-of-memory error): torch ends them only with the loader, and a run's
+    data holds its first loaders to its end, each worker an idle process with its own memory until then."""
+    iterator = getattr(loader, "_iterator", None)  # torch's: where a loader keeps its workers between passes
+    if iterator is not None:
+        iterator._shutdown_workers()
+        loader._iterator = None
+
+
 class TrainBatches(NamedTuple):
     """This rank's micro-batches of each global batch, and the sampler that sets each epoch's order."""
 

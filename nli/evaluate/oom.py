@@ -44,7 +44,7 @@ from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 import torch
 from torch.utils.data import DataLoader
 
-from nli.data.loaders import LengthGroups, Loader
+from nli.data.loaders import LengthGroups, Loader, release_workers
 from nli.errors import OutOfMemory
 from nli.evaluate.evaluation import Evaluation, Evaluator
 from nli.runtime.device import Compute
@@ -252,16 +252,16 @@ def batch_size(loader: DataLoader) -> int:
 
 def rebatched(loader: DataLoader, batch_size: int) -> DataLoader:
     """The same data in the same order (the same sampler, or the same length groups) in batches of
-    ``batch_size``."""
+    ``batch_size``, loaded as ``loader`` loads them. It replaces ``loader``: the workers that one kept end."""
     groups = loader.batch_sampler
-    if isinstance(groups, LengthGroups):
-        return Loader(loader.dataset, batch_sampler=groups.rebatched(batch_size), collate_fn=loader.collate_fn,
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory,
-                      worker_init_fn=loader.worker_init_fn)
-    return Loader(loader.dataset, batch_size=batch_size, sampler=loader.sampler, collate_fn=loader.collate_fn,
-                  num_workers=loader.num_workers, pin_memory=loader.pin_memory, generator=loader.generator,
-                  persistent_workers=loader.persistent_workers, worker_init_fn=loader.worker_init_fn,
-                  prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
+    batches = (dict(batch_sampler=groups.rebatched(batch_size)) if isinstance(groups, LengthGroups) else
+               dict(batch_size=batch_size, sampler=loader.sampler, generator=loader.generator))
+    smaller = Loader(loader.dataset, **batches, collate_fn=loader.collate_fn, num_workers=loader.num_workers,
+                     pin_memory=loader.pin_memory, persistent_workers=loader.persistent_workers,
+                     worker_init_fn=loader.worker_init_fn,
+                     prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
+    release_workers(loader)
+    return smaller
 
 
 def _half(size: int, per_device: int) -> Optional[int]:

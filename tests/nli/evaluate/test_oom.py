@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import multiprocessing
 import re
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
@@ -19,6 +20,7 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from nli import recipe
+from nli.data.loaders import LengthGroups, Loader, release_workers
 from nli.errors import OutOfMemory
 from nli.evaluate import oom
 from nli.evaluate.oom import MicroBatches
@@ -228,6 +230,33 @@ def test_under_data_parallelism_a_rank_out_of_memory_stops_with_the_size_to_set(
                                                     "examples") + ".*Set hw.per_device_batch_size=8 and start it "
                                                                   "again: it resumes from its newest checkpoint"):
         sizes.back_off(loader, torch.nn.Linear(1, 1), global_batch=64)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["training", "evaluation"])
+def test_a_loader_replaced_by_smaller_batches_ends_the_workers_it_kept(grouped: bool) -> None:
+    """On a GPU, loaders keep their workers between passes (persistent_workers). One replaced after an out-of-memory
+    error is read no more, but the run's data holds it to the end: its workers end as it is replaced, and the
+    smaller batches keep workers of their own (an evaluation's length groups too, which forked them again at each
+    evaluation). The data is the same, in the same order."""
+    data = list(range(64))
+    batching = (dict(batch_sampler=LengthGroups([n % 7 for n in data], 16)) if grouped else dict(batch_size=16))
+    loader = Loader(data, **batching, num_workers=1, persistent_workers=True)  # type: ignore[arg-type]
+    before = set(multiprocessing.active_children())
+    first = [batch.tolist() for batch in loader]
+    kept = set(multiprocessing.active_children()) - before
+    assert len(kept) == 1 and all(worker.is_alive() for worker in kept)
+    if grouped:
+        smaller = oom.rebatched(loader, 8)
+    else:
+        sizes = MicroBatches(16, Compute(device=torch.device("cpu"), dtype=torch.float32), World())
+        smaller = sizes.back_off(loader, torch.nn.Linear(1, 1), global_batch=64)
+    for worker in kept:
+        worker.join(10)
+    assert not any(worker.is_alive() for worker in kept)
+    assert smaller.persistent_workers and smaller.num_workers == 1
+    halves = [batch.tolist() for batch in smaller]
+    assert [len(batch) for batch in halves] == [8] * 8 and sum(halves, []) == sum(first, [])
+    release_workers(smaller)
 
 
 @pytest.mark.parametrize("size, per_device, smaller", [(16, 32, 8), (12, 24, 6), (7, 28, 2), (9, 36, 4), (3, 24, 1),
