@@ -17,7 +17,9 @@ Metric = Callable[[np.ndarray, np.ndarray], float]
 def _correlation(correlate: Callable[[np.ndarray, np.ndarray], Any], pred: np.ndarray, ref: np.ndarray) -> float:
     """A correlation of the predictions with the references; NaN where the predictions are one score (a model
     early in training), without SciPy's warning at every evaluation: the run's end says it once for the split
-    (nli.evaluate.per_class.one_score)."""
+    (nli.evaluate.per_class.one_score). A single pair (data.max_eval_samples=1) has none either, where SciPy raises."""
+    if len(pred) < 2:
+        return float("nan")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConstantInputWarning)
         return float(correlate(pred, ref)[0])

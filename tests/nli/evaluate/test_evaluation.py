@@ -237,17 +237,21 @@ def test_a_regressor_that_gives_every_pair_one_score_has_undefined_correlations_
     assert "ConstantInputWarning" not in proc.stdout + proc.stderr
 
 
-def test_a_split_whose_gold_scores_are_one_has_undefined_correlations_said_once(tmp_path: Path) -> None:
-    """Pairs all scored alike (or one pair: data.max_eval_samples=1) leave Pearson's and Spearman's r undefined
-    whatever the model predicts: the run's end says so, where its objective was NaN without a word."""
+@pytest.mark.parametrize("pairs", [8, 1])
+def test_a_split_whose_gold_scores_are_one_has_undefined_correlations_said_once(tmp_path: Path, pairs: int) -> None:
+    """Pairs all scored alike (or one pair: data.max_eval_samples=1, where SciPy raises) leave Pearson's and
+    Spearman's r undefined whatever the model predicts: the run's end says so, where its objective was NaN without
+    a word."""
     glue = stsb_with_one_gold_score(tmp_path / "glue_data")
     model = random_stsb_model(tmp_path / "model", glue)
     proc = run_app([*EVAL, "task=stsb", f"model.name_or_path={model}", f"data.dir={glue}", "data.max_seq_length=64",
-                    "hw=cpu", "precision=fp32", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
+                    f"data.max_eval_samples={pairs}", "hw=cpu", "precision=fp32", f"hydra.run.dir={tmp_path / 'eval'}"],
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = read_results(tmp_path / "eval")
-    assert np.isnan(results["objective"]) and np.isnan(results["pearson"])
-    assert results["warnings"] == ["validation: its 8 examples all have the gold score 3, so the correlations with it "
+    assert np.isnan(results["objective"]) and np.isnan(results["pearson"]) and np.isnan(results["spearmanr"])
+    examples = "one example has" if pairs == 1 else "8 examples all have"
+    assert results["warnings"] == [f"validation: its {examples} the gold score 3, so the correlations with it "
                                    "are undefined (NaN) whatever the model predicts: evaluate on pairs whose scores "
                                    "differ (data.max_eval_samples, the split's file)"]
 
