@@ -13,7 +13,7 @@ bucket, ``reports/<sweep name>`` in the current directory), or to ``--out``:
 
 - ``report.md``: every job (state, the overrides that vary, objective and metrics, speed, error),
   and when seeds were swept the mean ± sample standard deviation over them;
-- ``sweep_differences.csv`` (and its table in report.md), when seeds were swept: every two settings that
+- ``report_differences.csv`` (and its table in report.md), when seeds were swept: every two settings that
   differ in one swept value, the difference of their objectives' means with a 95% bootstrap interval and
   a permutation test, told apart or not (nli.sweep.differences);
 - ``objective_vs_<key>.png``: the objective against each swept setting other than the seed;
@@ -64,6 +64,9 @@ from nli.sweep import calibration_plot, cost, differences, plots
 from nli.sweep import table as sweep
 
 REPORT = "report.md"
+# The report's own differences: a sweep's sweep_differences.csv, beside which the report may be written, is that
+# sweep's alone (nli.sweep.table), and a report may be of several sweeps and runs.
+DIFFERENCES_CSV = "report_differences.csv"
 COMPARE = "compare"  # python -m nli.report compare RUN_A RUN_B (nli.sweep.compare)
 METRICS_CSV = "metrics.csv"
 LEARNING_CURVES = "learning_curves.png"
@@ -136,6 +139,8 @@ def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
         named = str(row.get("output_dir") or "")
         if named and not _exists(named) and (sweep_dir / _tail(named, 1)).is_dir():
             row["output_dir"] = str(sweep_dir / _tail(named, 1))
+        if row.get("output_dir") and _exists(str(row["output_dir"])):  # named as a run folder's row names them
+            row.update(_resolved_names(Path(str(row["output_dir"]))))
     return rows
 
 
@@ -339,7 +344,7 @@ def class_table(rows: Sequence[Row], keys: Sequence[str]) -> Optional[str]:
             groups.setdefault(tuple(row.get(key) for key in others), []).append(row)
     lines: List[List[Any]] = []
     for setting, members in groups.items():
-        tables = [row[PER_CLASS] for row in members]
+        tables = [row[PER_CLASS] for row in sweep.one_per_seed(members)]  # a seed given twice counts once
         for split in dict.fromkeys(split for table in tables for split in table):
             found: Dict[str, List[Mapping[str, Any]]] = {}
             for table in tables:
@@ -497,6 +502,7 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
     out = out or _default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
     keys, metrics = sweep.varying(rows), model_metrics(rows)
+    notes += sweep.repeated_seeds(rows) if sweep.SEED in keys else []
     done = completed(rows)
     sections = [f"# Sweep report\n\n{len(rows)} {'job' if len(rows) == 1 else 'jobs'}, {len(done)} completed, "
                 "from " + ", ".join(f"`{path}`" for path in paths) + "." +
@@ -516,7 +522,7 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
     sections += _objective_section(rows, keys, out, written) + _curves_section(rows, keys, out, written)
     sections += calibration_plot.section(done, keys, out, written)  # reliability diagrams
     report = out / REPORT
-    report.write_text("\n\n".join(sections) + "\n")
+    sweep.replace(report, "\n\n".join(sections) + "\n")  # a reader, or a report made at once, sees one whole
     return [report, *written]
 
 
@@ -536,12 +542,12 @@ def warnings_section(rows: Sequence[Row], keys: Sequence[str]) -> List[str]:
 
 def _differences_section(rows: Sequence[Row], out: Path, written: List[Path]) -> List[str]:
     """Every two settings that differ in one swept value, told apart or not (nli.sweep.differences), in
-    report.md and sweep_differences.csv; nothing where seeds were not swept."""
+    report.md and report_differences.csv; nothing where seeds were not swept."""
     pairs = sweep.setting_pairs(rows)
+    path = out / DIFFERENCES_CSV
+    sweep.replace_or_remove(path, differences.records(pairs))  # an earlier report's, of pairs there are no more
     if not pairs:
         return []
-    path = out / sweep.DIFFERENCES_CSV
-    path.write_text(sweep.to_csv(differences.records(pairs)))
     written.append(path)
     lines = [differences.cells(pair) for pair in pairs]
     return [f"## Differences between settings\n\n{differences.EXPLAINED}.\n\n"

@@ -83,10 +83,12 @@ _SHOWN = ("objective", "train_examples_per_second", "train_seconds")
 
 
 def override_columns(overrides: Sequence[str]) -> Dict[str, str]:
-    """``optimizer.lr=1e-3`` -> ``{"optimizer.lr": "1e-3"}``: the key as Hydra parses it, the value as typed."""
+    """``optimizer.lr=1e-3`` -> ``{"optimizer.lr": "0.001"}``: the key and the value as Hydra parses them, the value
+    written as Hydra writes a sweep's jobs' (``1e-3`` as ``0.001``, ``false`` as ``False``), so that a run folder's
+    overrides, kept as typed, and a sweep job's of the same value are one setting."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    return {override.key_or_group: (override.input_line or "").partition("=")[2]
+    return {override.key_or_group: override.get_value_element_as_str()
             for override in OverridesParser.create().parse_overrides(list(overrides))}
 
 
@@ -134,8 +136,8 @@ def record(sweep_dir: Path, row: Dict[str, Any]) -> None:
             rows[same[0]] = row
         else:
             rows.append(row)
-        _replace(sweep_dir / RESULTS_JSONL, "".join(json.dumps(each) + "\n" for each in rows))
-        _replace(sweep_dir / RESULTS_CSV, to_csv(of_sweep(rows, row.get(SWEEP_ID))))
+        replace(sweep_dir / RESULTS_JSONL, "".join(json.dumps(each) + "\n" for each in rows))
+        replace(sweep_dir / RESULTS_CSV, to_csv(of_sweep(rows, row.get(SWEEP_ID))))
 
 
 def read_rows(sweep_dir: Path, notes: Optional[List[str]] = None) -> List[Dict[str, Any]]:
@@ -204,14 +206,15 @@ def _csv_cell(key: str, value: Any) -> Any:
     return json.dumps(value) if isinstance(value, (dict, list)) else value
 
 
-def _replace_or_remove(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+def replace_or_remove(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """``rows`` as CSV at ``path`` (:func:`replace`); no file where there are none, so that none is left stale."""
     if rows:
-        _replace(path, to_csv(rows))
+        replace(path, to_csv(rows))
     else:
         path.unlink(missing_ok=True)
 
 
-def _replace(path: Path, text: str) -> None:
+def replace(path: Path, text: str) -> None:
     """Readers never see half a file: write beside it, then rename over it."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_text(text)
@@ -227,15 +230,41 @@ def seed_groups(rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     when no job sets a seed."""
     if not any(SEED in swept(row) for row in rows):
         return []
-    groups: Dict[Tuple[Tuple[str, str], ...], List[Mapping[str, Any]]] = {}
+    keys = [key for key in dict.fromkeys(key for row in rows for key in swept(row)) if key != SEED]
+    groups: Dict[differences.Setting, List[Mapping[str, Any]]] = {}
+    for row in rows:  # by the values the rows show: a run folder's task and model as it resolved them
+        groups.setdefault(_setting(row, keys), []).append(row)
+    return [_group_row({key: value for key, value in setting if value != "None"}, members)
+            for setting, members in groups.items()]
+
+
+def _setting(row: Mapping[str, Any], keys: Sequence[str]) -> differences.Setting:
+    """The row's values of ``keys``, as (key, value) in their order: which setting of a sweep over seeds it is."""
+    return tuple((key, str(row.get(key))) for key in keys)
+
+
+def one_per_seed(members: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+    """A setting's completed jobs, one per seed: of two runs of a seed (a sweep run again, or given to a report with
+    a folder of one of its jobs), the last given, in the means and in the differences alike."""
+    last = {str(row.get(SEED)): row for row in members if row["state"] == COMPLETED}
+    return [row for row in members if last.get(str(row.get(SEED))) is row]
+
+
+def repeated_seeds(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """A line for each setting that has a seed in more than one completed job: which one counts."""
+    keys = [key for key in varying(rows) if key != SEED]
+    runs: Dict[Tuple[differences.Setting, str], List[Mapping[str, Any]]] = {}
     for row in rows:
-        others = {key: value for key, value in swept(row).items() if key != SEED}
-        groups.setdefault(tuple(others.items()), []).append(row)
-    return [_group_row(dict(key), members) for key, members in groups.items()]
+        if row["state"] == COMPLETED and SEED in swept(row):
+            runs.setdefault((_setting(row, keys), str(row.get(SEED))), []).append(row)
+    return [f"{' '.join(f'{key}={value}' for key, value in setting) or 'the setting'} has seed {seed} in "
+            f"{len(found)} completed jobs ({', '.join(str(row.get('output_dir')) for row in found)}): the means and "
+            f"differences count it once, from the last, {found[-1].get('output_dir')}"
+            for (setting, seed), found in runs.items() if len(found) > 1]
 
 
 def _group_row(overrides: Dict[str, str], members: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    done = [row for row in members if row["state"] == COMPLETED]
+    done = one_per_seed(members)
     group: Dict[str, Any] = {**overrides, "n": len(done), "seeds": " ".join(str(row.get(SEED, "")) for row in done),
                              "failed": len(failed(members))}
     if any(row["state"] == PRUNED for row in members):  # stopped part-way: in no mean
@@ -261,10 +290,11 @@ def _seeded(rows: Sequence[Mapping[str, Any]]) -> Dict[differences.Setting, List
     keys = [key for key in varying(rows) if key != SEED]
     found: Dict[differences.Setting, List[Mapping[str, Any]]] = {}
     for row in rows:
-        values, objective = swept(row), row.get("objective")
-        if row["state"] == COMPLETED and SEED in values and is_number(objective) and not math.isnan(objective):
-            found.setdefault(tuple((key, str(row.get(key))) for key in keys), []).append(row)
-    return found
+        if row["state"] == COMPLETED and SEED in swept(row):
+            found.setdefault(_setting(row, keys), []).append(row)
+    scored = {setting: [row for row in one_per_seed(members) if is_number(row.get("objective"))
+                        and not math.isnan(row["objective"])] for setting, members in found.items()}
+    return {setting: members for setting, members in scored.items() if members}
 
 
 # Swept values whose settings are scored on other examples, or by another metric: another task, other data, another
@@ -417,12 +447,12 @@ class SweepResults(Callback):
         rows = of_sweep(read_rows(sweep_dir), self.sweep_id)
         if not rows:
             return []
-        _replace(sweep_dir / RESULTS_CSV, to_csv(rows))
+        replace(sweep_dir / RESULTS_CSV, to_csv(rows))
         groups = seed_groups(rows)
         pairs = setting_pairs(rows)
         # An earlier sweep's summary or differences would pass for this one's: each is this sweep's, or none.
-        _replace_or_remove(sweep_dir / SUMMARY_CSV, groups)
-        _replace_or_remove(sweep_dir / DIFFERENCES_CSV, differences.records(pairs))
+        replace_or_remove(sweep_dir / SUMMARY_CSV, groups)
+        replace_or_remove(sweep_dir / DIFFERENCES_CSV, differences.records(pairs))
         log.info("Sweep results (%s):\n%s", sweep_dir / RESULTS_CSV, format_rows(rows))
         if (used := cost.summary(rows)) is not None:
             log.info("%s", used)

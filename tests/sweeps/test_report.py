@@ -84,7 +84,7 @@ def test_a_sweep_report_has_the_rows_the_seeds_means_and_the_plots(shared_sweep:
     assert report.main([str(sweep_dir)]) == 0
     markdown_file = sweep_dir / report.REPORT
     printed = capsys.readouterr().out.split()
-    assert printed == [str(markdown_file), str(sweep_dir / sweep.DIFFERENCES_CSV), str(sweep_dir / OBJECTIVE_PNG),
+    assert printed == [str(markdown_file), str(sweep_dir / report.DIFFERENCES_CSV), str(sweep_dir / OBJECTIVE_PNG),
                        str(sweep_dir / report.LEARNING_CURVES), str(sweep_dir / RELIABILITY)]
     markdown = markdown_file.read_text()
     rows = {row["job"]: row for row in sweep.read_rows(sweep_dir)}
@@ -136,7 +136,8 @@ def test_the_per_class_table_is_each_settings_mean_over_seeds(sweep_dir: Path, t
 def test_the_differences_between_settings_are_their_seeds_paired(shared_sweep: Path, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     """Two learning rates on the same two seeds: one pair, its difference the mean of the seeds' differences,
-    in report.md, in sweep_differences.csv (unrounded) and in the table printed at the sweep's end."""
+    in report.md, in report_differences.csv and the sweep's sweep_differences.csv (unrounded) and in the table
+    printed at the sweep's end."""
     rows = sweep.read_rows(shared_sweep)
     objective = {(row["optimizer.lr"], row["seed"]): row["objective"] for row in rows}
     expected = statistics.mean(objective[("0.003", seed)] - objective[("0.001", seed)] for seed in ("1", "2"))
@@ -145,7 +146,7 @@ def test_the_differences_between_settings_are_their_seeds_paired(shared_sweep: P
     (line,) = tables(markdown)["Differences between settings"]
     assert (line["setting"], line["A"], line["B"], line["n"]) == ("optimizer.lr", "0.001", "0.003", "2 pairs")
     assert line["B - A"] == f"{expected:+.4f}" and line["others alike"] == ""
-    with open(tmp_path / sweep.DIFFERENCES_CSV) as stream:
+    with open(tmp_path / report.DIFFERENCES_CSV) as stream:
         (written,) = csv.DictReader(stream)
     assert float(written["difference"]) == pytest.approx(expected) and written["paired"] == "True"
     low, high = float(written["interval_low"]), float(written["interval_high"])
@@ -163,7 +164,7 @@ def test_the_differences_between_settings_are_their_seeds_paired(shared_sweep: P
     printed = caplog.text
     assert f"Differences between settings ({copy / sweep.DIFFERENCES_CSV})" in printed
     assert "optimizer.lr  0.001  0.003" in printed and line["95% interval"] in printed
-    assert (copy / sweep.DIFFERENCES_CSV).read_text() == (tmp_path / sweep.DIFFERENCES_CSV).read_text()
+    assert (copy / sweep.DIFFERENCES_CSV).read_text() == (tmp_path / report.DIFFERENCES_CSV).read_text()
 
 
 def test_the_learning_curves_are_each_runs_metrics_csv(sweep_dir: Path) -> None:
@@ -299,7 +300,7 @@ def test_python_m_nli_report(sweep_dir: Path, tmp_path: Path) -> None:
     assert [line["job"] for line in jobs] == ["0", "1", "2", "3", "4"]
     assert jobs[0]["folder"] == jobs[4]["folder"] == f"{sweep_dir.name}/0"
     assert jobs[4]["objective"] == jobs[0]["objective"]
-    assert proc.stdout.splitlines()[1] == str(tmp_path / sweep.DIFFERENCES_CSV)
+    assert proc.stdout.splitlines()[1] == str(tmp_path / report.DIFFERENCES_CSV)
     for name in proc.stdout.splitlines()[2:]:
         assert Path(name).read_bytes()[:8] == PNG_MAGIC
 
@@ -406,3 +407,50 @@ def test_the_x_axis_of_an_objective_plot() -> None:
     assert report.x_axis(["1e-5", "1e-3"]) == ({"1e-5": 1e-5, "1e-3": 1e-3}, "log")  # more than a factor of 10
     assert report.x_axis(["1e-3", "3e-3"])[1] == "linear"
     assert report.x_axis(["linear", "cosine"]) == ({"linear": 0.0, "cosine": 1.0}, "category")
+
+
+def test_a_run_folder_typed_otherwise_pools_with_its_sweeps_setting(sweep_dir: Path, tmp_path: Path) -> None:
+    """A run of one more seed, its command typed as a user types it (1e-3, false, model=tiny), beside the sweep
+    whose jobs Hydra wrote back as 0.001 and False: one setting, three seeds, the model column alike. They were two
+    settings, and a false train.progress_bar 'setting' and model difference (tiny against the model it resolved)."""
+    more = copy_run(sweep_dir / "0", tmp_path / "seed-3")
+    typed = [each.replace("optimizer.lr=0.001", "optimizer.lr=1e-3").replace("seed=1", "seed=3")
+             for each in SWEEP[1:-2]] + ["optimizer.lr=1e-3", "seed=3", "model=tiny"]
+    (more / "overrides.yaml").write_text("".join(f"- {each}\n" for each in typed))
+    report.write_report([sweep_dir, more], tmp_path / "report")
+    parsed = tables((tmp_path / "report" / report.REPORT).read_text())
+    groups = {line["optimizer.lr"]: line for line in parsed["Over seeds"]}
+    assert sorted(groups) == list(LRS) and groups["0.001"]["n"] == "3"
+    rows = report.load_rows([sweep_dir, more])
+    assert {group["optimizer.lr"]: group["seeds"] for group in sweep.seed_groups(rows)} == {"0.001": "1 2 3",
+                                                                                             "0.003": "1 2"}
+    assert "model" not in parsed["Jobs"][0] and "train.progress_bar" not in parsed["Jobs"][0]  # nothing differs
+
+
+def test_a_seed_given_twice_counts_once_in_the_means_and_the_differences(sweep_dir: Path, tmp_path: Path) -> None:
+    """The sweep and a folder of one of its jobs: the means took both runs of seed 1 (n=3) while the differences
+    took one; both now take the last given, and the report says so."""
+    report.write_report([sweep_dir, sweep_dir / "0"], tmp_path)
+    markdown = (tmp_path / report.REPORT).read_text()
+    parsed = tables(markdown)
+    groups = {line["optimizer.lr"]: line for line in parsed["Over seeds"]}
+    assert groups["0.001"]["n"] == "2"
+    seeds = {group["optimizer.lr"]: group["seeds"] for group in sweep.seed_groups(report.load_rows([sweep_dir,
+                                                                                                    sweep_dir / "0"]))}
+    assert sorted(seeds["0.001"].split()) == ["1", "2"]
+    (pair,) = parsed["Differences between settings"]
+    assert pair["n"] == "2 pairs"
+    assert (f"optimizer.lr=0.001 has seed 1 in 2 completed jobs ({sweep_dir / '0'}, {sweep_dir / '0'}): the means "
+            f"and differences count it once, from the last, {sweep_dir / '0'}") in markdown
+
+
+def test_a_report_leaves_the_sweeps_own_differences_alone_and_no_stale_file_of_its_own(
+        sweep_dir: Path, tmp_path: Path) -> None:
+    """Written into a sweep's folder, a report of more than that sweep overwrote the sweep's sweep_differences.csv
+    with its own pairs; a later report into one folder, of pairs there are none of, left the earlier one's file."""
+    copy = copy_run(sweep_dir, tmp_path / "sweep")
+    own = (copy / sweep.DIFFERENCES_CSV).read_text()
+    report.write_report([copy, copy / "0"], copy)
+    assert (copy / sweep.DIFFERENCES_CSV).read_text() == own and (copy / report.DIFFERENCES_CSV).is_file()
+    report.write_report([copy / "0"], copy)  # one run: no seeds to pair
+    assert not (copy / report.DIFFERENCES_CSV).exists() and (copy / sweep.DIFFERENCES_CSV).read_text() == own

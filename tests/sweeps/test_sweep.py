@@ -639,7 +639,7 @@ def test_seed_groups_are_the_rows_own_mean_and_sd() -> None:
     rows = [_row(0, "a", 0.5, seed=1), _row(1, "b", 0.7, seed=2), _row(2, "c", 0.9, seed=3),
             _row(3, "d", None, seed=4, state="FAILED")]
     (group,) = sweep.seed_groups(rows)
-    assert group["optimizer.lr"] == "1e-3" and group["n"] == 3 and group["failed"] == 1 and group["seeds"] == "1 2 3"
+    assert group["optimizer.lr"] == "0.001" and group["n"] == 3 and group["failed"] == 1 and group["seeds"] == "1 2 3"
     assert group["objective_mean"] == pytest.approx(0.7) and group["objective_sd"] == pytest.approx(0.2)
     assert "train_steps_mean" not in group  # a counter, not a metric
     assert sweep.seed_groups([{**row, "overrides": ["optimizer.lr=1e-3"]} for row in rows]) == []  # no seeds swept
@@ -654,7 +654,7 @@ def test_the_seeds_table_shows_the_metrics_whichever_group_comes_first(failed_fi
     groups = sweep.seed_groups([*failed, *rows] if failed_first else [*rows, *failed])
     table = sweep.format_groups(groups).splitlines()
     assert table[0].split() == ["optimizer.lr", "n", "failed", "objective"]
-    assert {line.split()[0]: line.split()[1:] for line in table[1:]} == {"1e-3": ["2", "0", "0.6000", "±", "0.1414"],
+    assert {line.split()[0]: line.split()[1:] for line in table[1:]} == {"0.001": ["2", "0", "0.6000", "±", "0.1414"],
                                                                           "-1": ["0", "2"]}
 
 
@@ -703,7 +703,7 @@ def test_a_jobs_row_that_cannot_be_written_is_said_with_the_row_and_the_sweep_en
     """The disk is full for a moment as the first job's row is written. Hydra turned the callback's error into a
     warning: the job ran, the table lacked it, and the sweep ended 0. Now the log gives the row to add back, the
     table has the other job, and the sweep ends with 1 naming the job."""
-    sweep_dir, replace, calls = tmp_path / "sweep", sweep._replace, []
+    sweep_dir, replace, calls = tmp_path / "sweep", sweep.replace, []
 
     def full_once(path: Path, text: str) -> None:
         calls.append(path.name)
@@ -711,7 +711,7 @@ def test_a_jobs_row_that_cannot_be_written_is_said_with_the_row_and_the_sweep_en
             raise OSError(28, "No space left on device")
         replace(path, text)
 
-    monkeypatch.setattr(sweep, "_replace", full_once)
+    monkeypatch.setattr(sweep, "replace", full_once)
     proc = run_app(["-m", *FAST, "optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
     assert calls[0] == sweep.RESULTS_JSONL
     assert proc.returncode == 1, proc.stdout + proc.stderr
