@@ -197,8 +197,12 @@ def metric_difference(name: str, a: Split, b: Split, resamples: int = RESAMPLES)
 
         data, statistic, vectorized = (np.arange(len(a.idx)),), each, False
     low, high = differences.interval(data, statistic, paired=True, vectorized=vectorized, resamples=resamples)
+    # A correlation of one predicted score is NaN (nli.evaluate.metrics): on a run, or on some resamples of a few
+    # examples. The percentiles of the others would be an interval of another statistic.
+    undefined = "for a run" if math.isnan(score_a) or math.isnan(score_b) else "on some resamples of the examples"
     difference = differences.Difference(score_b - score_a, low, high, math.nan, paired=True, n_a=len(a.idx),
-                                        n_b=len(b.idx))
+                                        n_b=len(b.idx), no_interval=f"no interval: {name} is undefined (NaN) "
+                                                                    f"{undefined}")
     return MetricDifference(name, score_a, score_b, difference)
 
 
@@ -226,7 +230,8 @@ MCNEMAR_HEADER = ["split", "both right", "A only", "B only", "neither", "McNemar
 
 def tables(comparisons: Sequence[Comparison]) -> Tuple[List[List[Any]], List[List[Any]]]:
     metrics = [[c.split, c.examples, m.metric, f"{m.a:.4f}", f"{m.b:.4f}", f"{m.difference.mean:+.4f}",
-                f"[{m.difference.low:+.4f}, {m.difference.high:+.4f}]", differences.verdict(m.difference)]
+                "" if math.isnan(m.difference.low) else f"[{m.difference.low:+.4f}, {m.difference.high:+.4f}]",
+                differences.verdict(m.difference)]
                for c in comparisons for m in c.metrics]
     tests = [[c.split, c.mcnemar.both, c.mcnemar.only_a, c.mcnemar.only_b, c.mcnemar.neither,
               f"{c.mcnemar.p_value:.3g}"] for c in comparisons if c.mcnemar is not None]

@@ -23,6 +23,7 @@ The resamples are drawn from a fixed seed, so the same table gives the same figu
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
@@ -50,6 +51,7 @@ class Difference:
     paired: bool  # resampled as pairs (both sides ran the same seeds), else each side apart
     n_a: int  # values on each side
     n_b: int
+    no_interval: str = "one seed: no interval"  # the verdict where there is no interval, and why
 
     @property
     def told_apart(self) -> Optional[bool]:
@@ -85,9 +87,11 @@ def interval(data: Tuple[np.ndarray, ...], statistic: Callable[..., Any], *, pai
     resample gives the same (the same run twice: [0, 0])."""
     from scipy import stats
 
-    found = stats.bootstrap(data, statistic, paired=paired, vectorized=vectorized, method="percentile",
-                            confidence_level=CONFIDENCE, n_resamples=resamples, batch=BATCH,
-                            rng=np.random.default_rng(RANDOM_SEED))
+    with warnings.catch_warnings():  # a statistic NaN on some resamples: no interval (NaN), said by the caller
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        found = stats.bootstrap(data, statistic, paired=paired, vectorized=vectorized, method="percentile",
+                                confidence_level=CONFIDENCE, n_resamples=resamples, batch=BATCH,
+                                rng=np.random.default_rng(RANDOM_SEED))
     return float(found.confidence_interval.low), float(found.confidence_interval.high)
 
 
@@ -128,7 +132,7 @@ def verdict(difference: Difference) -> str:
     interval can leave 0 out (every seed's difference of one sign) while no permutation test can say so
     (its p is at least 0.25), and the verdict says that too."""
     if difference.told_apart is None:
-        return "one seed: no interval"
+        return difference.no_interval
     if not difference.told_apart:
         return "not told apart"
     # No test (NaN: a difference over examples, nli.sweep.compare): the interval decides alone.

@@ -160,3 +160,21 @@ def test_a_run_in_a_bucket_is_read_there(job: Path, gcs_emulator: Dict[str, str]
     (found,) = compare.compare_runs(str(job), url)
     assert found.split == "validation" and found.mcnemar is not None and found.mcnemar.only_a == 0
     assert (found.metrics[0].difference.low, found.metrics[0].difference.high) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["some-resamples", "a-run"])
+def test_a_correlation_undefined_on_some_resamples_or_a_run_has_no_interval_and_says_why(
+        flat: bool, recwarn: pytest.WarningsRecorder) -> None:
+    """Four STS-B pairs: a resample that draws one pair four times has no Pearson's r (NaN), so the percentile
+    interval is NaN; the verdict said 'one seed: no interval' (compare has no seeds), after a SciPy warning per
+    batch of resamples. So where a run predicts one score (its r is NaN)."""
+    labels = np.array([0.5, 1.5, 3.0, 4.5])
+    a = Split(np.arange(4), labels, np.array([2.5, 2.5, 2.5, 2.5]) if flat else np.array([0.7, 1.0, 3.2, 4.0]))
+    b = Split(np.arange(4), labels, np.array([0.4, 1.9, 2.6, 4.4]))
+    found = compare.metric_difference("pearson", a, b, resamples=300)
+    assert np.isnan(found.difference.low) and np.isnan(found.difference.high)
+    where = "for a run" if flat else "on some resamples of the examples"
+    assert verdict(found.difference) == f"no interval: pearson is undefined (NaN) {where}"
+    (line,), _ = compare.tables([compare.Comparison("validation", 4, [found], None)])
+    assert line[6] == "" and line[7] == verdict(found.difference)
+    assert not [w for w in recwarn if "Degenerate" in type(w.message).__name__]
