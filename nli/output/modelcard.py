@@ -139,9 +139,16 @@ def eval_results(config: Mapping[str, Any], evaluation: Evaluation) -> List[Eval
             if key in evaluation.metrics:
                 found.append(EvalResult(task_type=TASK_TYPE, task_name=str(task.get("name")), dataset_type=dataset,
                                         dataset_name=_dataset_title(task), dataset_config=task.get("hub_config"),
-                                        dataset_split=str(split), metric_type=metric, metric_name=key,
+                                        dataset_split=_split(config, str(split)), metric_type=metric, metric_name=key,
                                         metric_value=float(evaluation.metrics[key])))
     return found
+
+
+def _split(config: Mapping[str, Any], split: str) -> str:
+    """The split as scored: a part of it where data.max_eval_samples cut it (the Hub shows a model-index's figures
+    as the split's, and a few examples' figures are not)."""
+    most = (config.get("data") or {}).get("max_eval_samples")
+    return f"{split} (at most its first {most} examples: data.max_eval_samples)" if most else split
 
 
 def _metric_names(task: Mapping[str, Any]) -> List[str]:

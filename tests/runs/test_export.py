@@ -182,6 +182,8 @@ def test_the_model_card_gives_the_hub_the_best_checkpoints_metrics_and_the_comma
 
 
 def test_a_glue_tasks_card_names_glue_on_the_hub_with_the_tasks_config(tmp_path: Path) -> None:
+    """GLUE's Hub id and the task's config; the split as scored: 32 examples of RTE's 277 are not its validation
+    split, which the Hub's model-index named."""
     out = tmp_path / "run"
     proc = run_app(["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "data.max_seq_length=64", "train.batch_size=16",
                     "data.max_train_samples=64", "data.max_eval_samples=32", "train.max_steps=2",
@@ -191,7 +193,7 @@ def test_a_glue_tasks_card_names_glue_on_the_hub_with_the_tasks_config(tmp_path:
     assert card.data.datasets == ["nyu-mll/glue"] and card.data.model_name == "scratch-rte"
     (result,) = card.data.eval_results
     assert (result.dataset_type, result.dataset_config, result.dataset_split, result.dataset_name) == (
-        "nyu-mll/glue", "rte", "validation", "GLUE RTE")
+        "nyu-mll/glue", "rte", "validation (at most its first 32 examples: data.max_eval_samples)", "GLUE RTE")
     assert card_metrics(card) == {"accuracy": read_results(out)["accuracy"]}
 
 
