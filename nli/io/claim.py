@@ -264,12 +264,22 @@ def _contend(storage: Storage, backend: _Backend, owner: Owner, stale_after: flo
 def live_holder(storage: Storage, *, stale_after: float = 300.0, use: Use = RUN) -> Optional[str]:
     """Who holds ``storage``'s claim, described, where that holder may still be alive (a run still writing
     there); None where the folder has no claim, or its holder is gone."""
+    seen = _live(storage, stale_after, use)
+    return None if seen is None else seen.describe(time.time())
+
+
+def held_since(storage: Storage, *, stale_after: float = 300.0, use: Use = RUN) -> Optional[float]:
+    """When the live holder of ``storage``'s claim took it (its ``started``: a sweep's start, nli.sweep.table);
+    None where no live holder says."""
+    seen = _live(storage, stale_after, use)
+    return None if seen is None or seen.owner is None else seen.owner.started
+
+
+def _live(storage: Storage, stale_after: float, use: Use) -> Optional[_Seen]:
     if not (storage.local or storage.cloud):
         return None
     seen = _quietly_read(_backend(storage, use.file))
-    if seen is None or _abandoned(seen, stale_after) is not None:
-        return None
-    return seen.describe(time.time())
+    return None if seen is None or _abandoned(seen, stale_after) is not None else seen
 
 
 def _abandoned(seen: _Seen, stale_after: float) -> Optional[str]:

@@ -58,7 +58,7 @@ from nli.contract import (
     vertex_dirs,
 )
 from nli.errors import UserError
-from nli.io.claim import live_holder
+from nli.io.claim import held_since, live_holder
 from nli.io.storage import Storage
 from nli.sweep import calibration_plot, cost, differences, plots
 from nli.sweep import table as sweep
@@ -127,8 +127,13 @@ def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
     one sweep's result off as the other's."""
     every = sweep.read_rows(sweep_dir, notes)
     rows = _newest(str(sweep_dir), every, notes)
-    holder = live_holder(Storage(str(sweep_dir), key="DIR"), use=sweep.CLAIM)
-    if holder is not None:  # a sweep still running: its table so far, said as such
+    storage = Storage(str(sweep_dir), key="DIR")
+    holder = live_holder(storage, use=sweep.CLAIM)
+    since = held_since(storage, use=sweep.CLAIM) if holder is not None else None
+    if holder is not None and since is not None and all(row.get(sweep.SWEEP_STARTED) != since for row in rows):
+        notes.append(f"{sweep_dir}: a sweep is running there ({holder}) and none of its jobs has ended yet; the "
+                     f"report is of the sweep before it ({_sweep_name(rows[0])})")
+    elif holder is not None:  # a sweep still running: its table so far, said as such
         planned = _planned_jobs(sweep_dir)
         of = f"of its {planned} jobs " if planned else ""
         notes.append(f"{sweep_dir}: the sweep is still running ({holder}); {len(rows)} job(s) {of}have ended, and "

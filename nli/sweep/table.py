@@ -539,8 +539,9 @@ def hold(sweep_dir: Path, *, jobs_here: bool = False) -> str:
             raise StorageError(f"hydra.sweep.dir={sweep_dir} cannot be made: {err.strerror or err}") from None
         _TAKING.append(True)
         try:  # known to _HELD as it is made: a Ctrl-C from here on finds it (finish_open)
-            _HELD[sweep_id] = _Held(sweep_dir.absolute(), now, Claim.take(Storage(str(sweep_dir),
-                                    key="hydra.sweep.dir"), use=CLAIM), sigterm, sigint)
+            claim = Claim.take(Storage(str(sweep_dir), key="hydra.sweep.dir"), use=CLAIM)
+            # The sweep started as its claim did: a report made while it runs knows its rows by that (nli.sweep.report).
+            _HELD[sweep_id] = _Held(sweep_dir.absolute(), claim.owner.started, claim, sigterm, sigint)
         finally:
             _TAKING.clear()
     except UserError as refused:  # claimed by a live sweep, or not a directory this sweep can write

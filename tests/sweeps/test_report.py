@@ -310,9 +310,9 @@ def test_a_sweep_still_running_is_reported_as_such_with_its_jobs_so_far(sweep_di
     running = copy_run(sweep_dir, tmp_path / "running")
     lines = (running / sweep.RESULTS_JSONL).read_text().splitlines()
     (running / sweep.RESULTS_JSONL).write_text("\n".join(lines[:3]) + "\n")  # the fourth job not ended yet
-    now = time.time()  # the sweep's claim, held by a process that runs (pytest's parent), as a sweep holds it
-    (running / sweep.CLAIM.file).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(),
-                                                        "started": now, "token": "sweeping", "heartbeat": now}))
+    # The sweep's claim, held by a process that runs (pytest's parent), as a sweep holds it: taken as it started.
+    started = json.loads(lines[0])[sweep.SWEEP_STARTED]
+    claim(running, started)
     notes: List[str] = []
     report.write_report([running], tmp_path / "report", notes)
     said = f"{running}: the sweep is still running (host {socket.gethostname()}, pid {os.getppid()}"
@@ -323,6 +323,21 @@ def test_a_sweep_still_running_is_reported_as_such_with_its_jobs_so_far(sweep_di
     notes.clear()
     report.write_report([running], tmp_path / "ended", notes)
     assert not any("still running" in note for note in notes)
+    # Another sweep started there since, none of its jobs ended: the rows are the sweep's before it.
+    claim(running, started + 60)
+    notes.clear()
+    report.write_report([running], tmp_path / "next", notes)
+    (note,) = notes
+    assert note.startswith(f"{running}: a sweep is running there (host {socket.gethostname()}, pid {os.getppid()}")
+    assert note.endswith(f"and none of its jobs has ended yet; the report is of the sweep before it (sweep "
+                         f"{json.loads(lines[0])[sweep.SWEEP_ID]})")
+
+
+def claim(folder: Path, started: float) -> None:
+    """A sweep's claim of ``folder``, taken at ``started`` by a process that runs (pytest's parent)."""
+    now = time.time()
+    (folder / sweep.CLAIM.file).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(),
+                                                       "started": started, "token": "sweeping", "heartbeat": now}))
 
 
 def test_a_table_whose_last_line_was_cut_short_is_reported_without_that_line_and_says_so(
