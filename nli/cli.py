@@ -122,7 +122,8 @@ def process(main: Callable[[], object], conf_dir: Path) -> None:
         entry(main, conf_dir, sys.argv[1:])
     except SystemExit as stop:
         if stop.code == PREEMPTED:
-            end_promptly(PREEMPTED)
+            end_promptly(PREEMPTED)  # a further signal, or a thread that holds the process, ends it with 75
+            end_done(PREEMPTED)
         raise
     end_done()  # without Python's teardown of torch and the rest: seconds of every run's wall time
 

@@ -311,15 +311,17 @@ def end_promptly(status: int, *, within: float = WIND_DOWN_SECONDS) -> None:
     watchdog.start()
 
 
-def end_done() -> NoReturn:
-    """A process whose work is done ends with status 0 as Python would end it, without its teardown: threading's
-    exit hooks run and the threads that are not daemons joined, every ``atexit`` handler run (logging's flush,
-    the loggers' and temporary folders' clean-up), the streams flushed, then ``os._exit``. Python's teardown of
-    the modules a run loads (torch, transformers, datasets) takes 1.5-2 s on two cores and frees nothing the
-    system does not free at exit. For the process's own ``__main__`` alone: it ends the process."""
+def end_done(status: int = 0) -> NoReturn:
+    """A process whose work is done (or, with ``status``, stopped: after :func:`end_promptly`) ends as Python would
+    end it, without its teardown: threading's exit hooks run and the threads that are not daemons joined, every
+    ``atexit`` handler run (logging's flush, the loggers' and temporary folders' clean-up), the streams flushed,
+    then ``os._exit``. Python's teardown of the modules a run loads (torch, transformers, datasets) takes 1.5-2 s
+    on two cores and frees nothing the system does not free at exit; and Python puts the signals' default
+    handlers back as it begins, so that a further SIGTERM then ended a stopped run with 143, not its status. For
+    the process's own ``__main__`` alone: it ends the process."""
     _join_threads()
     atexit._run_exitfuncs()
-    exit_now(0)
+    exit_now(status)
 
 
 def exit_now(status: int) -> NoReturn:

@@ -269,6 +269,26 @@ def test_a_stopped_run_ends_its_process_within_seconds_whatever_thread_is_left(t
         assert time.monotonic() - stopped_at < signals.WIND_DOWN_SECONDS
 
 
+@pytest.mark.process
+def test_a_further_sigterm_as_a_stopped_run_ends_keeps_its_status(tmp_path: Path) -> None:
+    """A scheduler's second SIGTERM just after "preempted, resumable": Python's teardown (1.5-2 s of torch and the
+    rest) began by putting the default handlers back, so the process died of the signal, 143, which a requeue on
+    75 reads as a failure."""
+    run_dir = tmp_path / "run"
+    proc = start([*FAST, "train.max_steps=400", "data.synthetic_train_size=12800"], run_dir)
+    try:
+        wait_for(proc, logged(run_dir, "step 3: loss"))
+        proc.send_signal(signal.SIGTERM)
+        wait_for(proc, logged(run_dir, "preempted, resumable"))
+        time.sleep(0.3)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == PREEMPTED and "preempted, resumable: SIGTERM at step" in err, (proc.returncode, err)
+
+
 def test_a_signal_whose_exception_a_library_swallowed_stops_the_run_at_the_next_check() -> None:
     # datasets' fingerprinting hashes a transform inside a bare `except:`: the handler's Interrupted,
     # raised there, is swallowed, and before StopRequest.check the run went on as if no signal had come.
