@@ -491,7 +491,7 @@ def report(run: Run, training: Training, loaded: Data, result: TrainResult,
     if extra:
         log.info("the best checkpoint on eval.extra's sets: %s", ", ".join(f"{k}={v:.4f}" for k, v in extra.items()))
         if out.world.is_main:
-            training.trackers.log({f"eval/{name}": value for name, value in extra.items()}, step=result.steps)
+            training.trackers.log_final({f"eval/{name}": value for name, value in extra.items()}, step=result.steps)
     classes = results.analyse([(loaded.evaluate, final), *zip(loaded.extras, extra_evaluations)], training.trackers,
                               out, step=result.steps, save_predictions=run.cfg.eval.save_predictions)
     if best_model is not None:
@@ -561,7 +561,7 @@ def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:
     log.info("evaluation of %s: %s", where,
              ", ".join(f"{k}={v:.4f}" for k, v in {**final.metrics, **extra}.items()))
     if world.is_main:
-        trackers.log({f"eval/{name}": value for name, value in {**final.metrics, **extra}.items()}, step=0)
+        trackers.log_final({f"eval/{name}": value for name, value in {**final.metrics, **extra}.items()}, step=0)
     classes = results.analyse([(own.evaluate, final), *zip(extras, extra_evaluations)], trackers, out, step=0,
                               save_predictions=cfg.eval.save_predictions)
     write_predictions(cfg.task, own.test, model, own.evaluate, out.storage, world)

@@ -281,15 +281,29 @@ class CsvTracker:
             return
         log.info("%s: dropped the %d row(s) logged after step %d, which this run logs again", self._path,
                  len(rows) - len(kept), step)
+        self._rewrite(kept)
+
+    def _rewrite(self, rows: Sequence[Sequence[str]]) -> None:
         partial = self._path.with_name(f"{self._path.name}.{os.getpid()}.tmp")
         with open(partial, "w", newline="") as stream:
-            csv.writer(stream).writerows(kept)
+            csv.writer(stream).writerows(rows)
         os.replace(partial, self._path)
 
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
         when = (round(time.time(), 3),) if self._timed else ()
         with open(self._path, "a", newline="") as stream:
             csv.writer(stream).writerows((step, key, value, *when) for key, value in metrics.items())
+
+    def log_final(self, metrics: Mapping[str, float], *, step: int) -> None:
+        """``metrics`` at ``step`` in place of the rows of theirs an earlier attempt logged there: a run's figures
+        of its end, which an attempt that finishes a stopped run (its training whole, resumed at that very step;
+        an evaluation-only run) logs again."""
+        with open(self._path, newline="") as stream:
+            rows = list(csv.reader(stream))
+        kept = [row for row in rows if not (len(row) > 1 and row[0] == str(step) and row[1] in metrics)]
+        if len(kept) < len(rows):
+            self._rewrite(kept)
+        self.log(metrics, step=step)
 
     def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
         """``per_class.csv`` (split, label, precision, recall, f1, support) and ``confusion.csv`` (split, gold,
@@ -346,6 +360,12 @@ class Trackers:
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
         for tracker in self._started.values():
             tracker.log(metrics, step=step)
+
+    def log_final(self, metrics: Mapping[str, float], *, step: int) -> None:
+        """The figures of a run's end: where a logger keeps rows an earlier attempt logged (``log_final``: the CSV
+        logger), in their place; the others log them as any."""
+        for tracker in self._started.values():
+            getattr(tracker, "log_final", tracker.log)(metrics, step=step)
 
     def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
         """The final evaluation's per-class figures and confusion matrices (nli.evaluate.per_class), to each logger that

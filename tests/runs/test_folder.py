@@ -404,6 +404,14 @@ def test_a_finished_run_given_extra_sets_scores_them_and_trains_no_further(finis
     assert "hans/accuracy" in results and results["train_steps"] == 12 and results["best_step"] == earlier["best_step"]
     assert results["accuracy"] == earlier["accuracy"]
     assert [each["step"] for each in results["continued"]] == [12]
+    # Stopped in its final phase after the sets' scores were logged (at step 12, its last checkpoint's), then run
+    # again: it resumes at step 12 and logs them once more, in place of the stopped attempt's rows.
+    logged = (run_dir / "metrics.csv").read_text()
+    assert logged.count("12,eval/hans/accuracy,") == 1
+    (run_dir / "results.json").unlink()
+    train(run_dir, *FAST, "eval.extra=[hans]", f"eval.dir={sets}", "train.accept_changes=[eval.extra,eval.dir]")
+    rows = [",".join(line.split(",")[:3]) for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    assert rows == [",".join(line.split(",")[:3]) for line in logged.splitlines()]
 
 
 def test_a_continuation_that_fails_as_it_loads_leaves_the_folders_record_as_it_was(finished: Path,

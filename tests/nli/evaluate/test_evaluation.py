@@ -265,6 +265,27 @@ def test_an_evaluation_only_run_uses_the_fast_paths(shared_run: ShareRun, tmp_pa
     assert results["eval_examples_per_second"] > 0
 
 
+def metric_rows(folder: Path) -> List[tuple]:
+    """metrics.csv's (step, metric) of each row."""
+    with open(folder / "metrics.csv", newline="") as stream:
+        return [(row["step"], row["metric"]) for row in csv.DictReader(stream)]
+
+
+def test_an_evaluation_only_run_stopped_before_its_results_logs_its_figures_once_again(
+        shared_run: ShareRun, tmp_path: Path) -> None:
+    """An attempt stopped after its figures were logged, before results.json (writing the test predictions), leaves
+    them in metrics.csv; the same command again logged each a second time."""
+    trained, out = shared_run("fast", FAST), tmp_path / "eval"
+    command = [*EVAL, f"model.name_or_path={trained}", f"hydra.run.dir={out}"]
+    assert run_app(command, cwd=tmp_path).returncode == 0
+    once = metric_rows(out)
+    assert ("0", "eval/accuracy") in once and len(set(once)) == len(once)
+    (out / "results.json").unlink()  # as the stopped attempt left it
+    proc = run_app(command, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert metric_rows(out) == once
+
+
 def test_the_best_checkpoints_evaluation_is_the_runs_final_one(shared_run: ShareRun, tmp_path: Path) -> None:
     """Not evaluated again at the end; its figures are those of the exported model evaluated afresh."""
     trained = shared_run("fast", FAST)
