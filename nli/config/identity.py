@@ -75,9 +75,25 @@ def check_accepted(keys: Sequence[str]) -> None:
 
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, str]:
     """Each key whose value differs -> ``old -> new`` (``(none)`` where a side lacks the key). A key
-    added to the config after ``old`` was written stands there at the value that behaves as before."""
-    changed = [key for key in sorted(set(old) | set(new)) if _value(old, key) != new.get(key, _NONE)]
+    added to the config after ``old`` was written stands there at the value that behaves as before. A node one
+    side holds as a value and the other as keys (``model.peft: null`` against LoRA's ``model.peft.r``, ...) is
+    one change, of the node."""
+    old, new = _folded(old, new), _folded(new, old)
+    changed = [key for key in sorted(set(old) | set(new)) if _value(old, key) != _value(new, key)]
     return {key: f"{_show(old, key)} -> {_show(new, key)}" for key in changed}
+
+
+def _folded(config: Mapping[str, Any], other: Mapping[str, Any]) -> Dict[str, Any]:
+    """``config`` with its keys under each node that ``other`` (or an older run: :data:`ADDED`) holds as one value
+    gathered into that node, as a mapping."""
+    folded = dict(config)
+    for node in dict.fromkeys([*other, *ADDED]):
+        inner = {key: value for key, value in config.items() if key.startswith(f"{node}.")}
+        if inner and node not in config:
+            for key in inner:
+                del folded[key]
+            folded[node] = {key[len(node) + 1:]: value for key, value in inner.items()}
+    return folded
 
 
 def refuse(where: str, what: str, changes: Mapping[str, str], held: Mapping[str, Any], *,
@@ -99,6 +115,7 @@ def refuse(where: str, what: str, changes: Mapping[str, str], held: Mapping[str,
 def _its_values(changes: Mapping[str, str], held: Mapping[str, Any]) -> str:
     """What to type to go on with the folder's run: its values of the keys that differ, where they can be typed
     (the command that first made the folder is not it once the run went on with new values: train.accept_changes)."""
+    held = _folded(held, changes)  # a node that differs as a whole (model.peft) is given, or not, as a whole
     typed = {key: None if _value(held, key) is _NONE else _typed(_value(held, key)) for key in changes}
     if len(typed) > 6 or None in typed.values():
         return "run the command it last ran with again (its overrides.yaml lists that command's overrides)"

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from nli.config.identity import CONTINUABLE, digest, identity, refuse
+from nli.config.identity import CONTINUABLE, differences, digest, identity, refuse
 from tests.conftest import build_config, compose_config
 from tests.support.runs import FAST, MEASURED, ROOT, copy_run, process_env, read_results, run_app
 
@@ -446,6 +446,25 @@ def test_the_folders_values_are_offered_only_where_they_can_be_typed() -> None:
                        checkpointed=True)
     assert "run the command it last ran with again (its overrides.yaml lists that command's overrides)" in \
         str(untypable)
+
+
+def test_lora_against_full_fine_tuning_is_one_change_and_the_advice_composes() -> None:
+    """A LoRA run's folder asked again without model/peft=lora listed each adapter key as '8 -> (none)' and advised
+    typing them (model.peft.alpha=8 ..., which the config refuses: no model.peft to set them in); the other way
+    round it listed 'model.peft: null -> null'. Now one change, of model.peft, and advice that composes."""
+    def ident(*extra: str) -> Dict[str, object]:
+        resolved = OmegaConf.to_container(compose_config(["experiment=quickstart", *extra]), resolve=True)
+        assert isinstance(resolved, dict)
+        return identity(resolved)
+
+    lora, full = ident("model/peft=lora"), ident()
+    assert list(differences(lora, full)) == list(differences(full, lora)) == ["model.peft"]
+    assert differences(full, lora)["model.peft"].startswith("null -> {")
+    to_lora = str(refuse("out", "a finished run", differences(lora, full), lora, checkpointed=True))
+    assert "run the command it last ran with again (its overrides.yaml lists" in to_lora
+    to_full = str(refuse("out", "a finished run", differences(full, lora), full, checkpointed=True))
+    assert "give the values it holds: model.peft=null;" in to_full
+    assert ident("model/peft=lora", "model.peft=null") == full  # the advice, typed after the LoRA command's
 
 
 def test_an_mnli_run_from_before_the_diagnostic_set_has_the_identity_it_had() -> None:
