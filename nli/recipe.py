@@ -325,7 +325,7 @@ def build(run: Run, loaded: Data) -> torch.nn.Module:
             log.info("fast paths: off, as train.gradient_checkpointing recomputes the stock layers")
             fast = False
     if model_cfg.peft is not None:
-        trained: torch.nn.Module = lora.apply(model, model_cfg.peft)
+        trained: torch.nn.Module = lora.apply(model, model_cfg.peft, revision=model_cfg.revision)
     else:
         log.info("model: %s parameters, all of them train", f"{sum(p.numel() for p in model.parameters()):,}")
         trained = model

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import logging
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 ADAPTER_DIR = "adapter"  # in model/: the adapter as peft's save_pretrained writes it
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # in model/adapter/: what Adapters.state_dict() holds
+ADAPTER_CONFIG = "adapter_config.json"  # in model/adapter/: peft's LoraConfig
 # Each family's default targets: the attention's query and value projections, the W_q and W_v the LoRA
 # paper adapts (its RoBERTa and DeBERTa results). Model types as transformers names them.
 DEFAULT_TARGETS: Dict[str, List[str]] = {
@@ -51,16 +53,18 @@ DEFAULT_TARGETS: Dict[str, List[str]] = {
 }
 
 
-def apply(model: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
+def apply(model: PreTrainedModel, cfg: LoraConfig, *, revision: Optional[str] = None) -> PeftModel:
     """``model`` with LoRA adapters on its target modules (:func:`target_modules`) and its head
     trained in full (peft's ``modules_to_save``: a trainable copy beside the frozen original); every
-    other weight frozen. The adapters are put into ``model`` itself: the result wraps it."""
+    other weight frozen. The adapters are put into ``model`` itself: the result wraps it. ``revision``: the base
+    model's (model.revision), which the adapter's config records, so that peft loads it onto the base it trained on."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import TaskType, get_peft_model
 
     targets, head = target_modules(model, cfg), head_modules(model)
     config = PeftLoraConfig(task_type=TaskType.SEQ_CLS, r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                            target_modules=targets, modules_to_save=list(head))  # a copy: peft extends it
+                            target_modules=targets, modules_to_save=list(head),  # a copy: peft extends it
+                            revision=revision)
     with warnings.catch_warnings():  # peft asks transformers by a name transformers 5 deprecates: not the user's doing
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         wrapped = get_peft_model(model, config)
@@ -166,6 +170,13 @@ def save_merged(model: PeftModel, directory: Path) -> None:
     plain = merged(model)
     plain.save_pretrained(directory, state_dict=host_state(plain))
     model.save_pretrained(str(directory / ADAPTER_DIR), save_embedding_layers=False)
+    # peft keeps the target modules as a set and writes them in its order, which Python's hash seed decides: the
+    # same run's export would differ from one process to the next (and so its digest in export.json).
+    written = directory / ADAPTER_DIR / ADAPTER_CONFIG
+    config = json.loads(written.read_text())
+    if isinstance(config.get("target_modules"), list):
+        written.write_text(json.dumps({**config, "target_modules": sorted(config["target_modules"])}, indent=2,
+                                      sort_keys=True) + "\n")
 
 
 def exported_adapters(storage: Storage) -> Dict[str, torch.Tensor]:

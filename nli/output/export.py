@@ -237,7 +237,7 @@ def _rebuilt(model_cfg: ModelConfig, task: TaskConfig, *, seed: int,
     if model_cfg.peft is None:
         model.load_state_dict(snapshot.state["model"])
         return model, tokenizer
-    model = lora.apply(cast(Any, model), model_cfg.peft)
+    model = lora.apply(cast(Any, model), model_cfg.peft, revision=model_cfg.revision)
     lora.FrozenWeights(model, frozen_source(model_cfg)).load_state_dict(snapshot.state["frozen"])
     lora.Adapters(cast(Any, model)).load_state_dict(snapshot.state["model"])
     return model, tokenizer

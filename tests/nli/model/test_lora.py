@@ -429,3 +429,13 @@ def test_a_run_without_lora_never_imports_peft(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[]"
     assert (tmp_path / "run" / "results.json").is_file()
+
+
+def test_the_adapters_config_is_the_same_in_every_process_and_names_the_base_revision(tmp_path: Path) -> None:
+    """peft writes its target modules from a set, in the order Python's hash seed gives strings: the same run's
+    adapter_config.json (and its digest in export.json) differed from one process to the next. And it recorded no
+    revision of the base model: peft's AutoPeftModel would load the base's default branch, not model.revision."""
+    model = lora.apply(small_model("roberta"), LoraConfig(target_modules=["value", "query", "key"]), revision="v1.0")
+    lora.save_merged(model, tmp_path)
+    config = json.loads((tmp_path / lora.ADAPTER_DIR / lora.ADAPTER_CONFIG).read_text())
+    assert config["target_modules"] == ["key", "query", "value"] and config["revision"] == "v1.0"
