@@ -55,8 +55,8 @@ INTERRUPTED = {
                 "they were). Run the same command again to start",
     "training": "at once (a second signal), in the middle of a step: that step was not saved. Run the same command "
                 "again to continue from the last checkpoint",
-    "evaluating": "during an evaluation-only run: it writes nothing until its results, so nothing was lost. Run the "
-                  "same command again to evaluate",
+    "evaluating": "during an evaluation-only run, before its results: nothing was lost (what it wrote so far, the "
+                  "same command writes again in its place). Run the same command again to evaluate",
     "finishing": "after training, before its results were written: training is complete and checkpointed. Run the "
                  "same command again to export the best model and write the results",
 }

@@ -186,7 +186,7 @@ def test_a_signal_during_an_evaluation_only_run_stops_it_and_the_same_command_ev
     proc = start(evaluate, run_dir)
     wait_for(proc, logged(run_dir, "no training set; eval validation=12000"))
     err = stopped(proc, signal.SIGTERM)
-    assert "stopped by SIGTERM during an evaluation-only run: it writes nothing until its results" in err
+    assert "stopped by SIGTERM during an evaluation-only run, before its results: nothing was lost" in err
     assert not {"checkpoints", "results.json", "predictions"} & {p.name for p in run_dir.iterdir()}
     proc = run_app([*evaluate, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
