@@ -144,9 +144,24 @@ def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
         named = str(row.get("output_dir") or "")
         if named and not _exists(named) and (sweep_dir / _tail(named, 1)).is_dir():
             row["output_dir"] = str(sweep_dir / _tail(named, 1))
-        if row.get("output_dir") and _exists(str(row["output_dir"])):  # named as a run folder's row names them
-            row.update(_resolved_names(Path(str(row["output_dir"]))))
+    _name_as_resolved(rows)
     return rows
+
+
+def _name_as_resolved(rows: List[Row]) -> None:
+    """Each job's task and model as its folder's config.yaml resolved them, as a run folder's row names them; a job
+    that failed before it wrote one (as it loaded), as the sweep's other jobs of the same typed value resolved it."""
+    found: Dict[Tuple[str, str], str] = {}  # (key, value typed) -> the name resolved
+    unresolved = []
+    for row in rows:
+        names = _resolved_names(Path(str(row["output_dir"]))) if _exists(str(row.get("output_dir") or "")) else {}
+        found.update({(key, str(row[key])): name for key, name in names.items() if key in row})
+        if names:
+            row.update(names)
+        else:
+            unresolved.append(row)
+    for row in unresolved:
+        row.update({key: found[(key, str(row[key]))] for key in ("task", "model") if (key, str(row.get(key))) in found})
 
 
 def _planned_jobs(sweep_dir: Path) -> Optional[int]:

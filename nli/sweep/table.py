@@ -88,8 +88,16 @@ def override_columns(overrides: Sequence[str]) -> Dict[str, str]:
     overrides, kept as typed, and a sweep job's of the same value are one setting."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    return {override.key_or_group: override.get_value_element_as_str()
+    return {override.key_or_group: _written(override)
             for override in OverridesParser.create().parse_overrides(list(overrides))}
+
+
+def _written(override: Any) -> str:
+    """An override's value as Hydra writes a sweep's job's; a sweep's own (``1,2``, ``range(3)``: in a file edited
+    by hand) as typed, which Hydra writes no single value of."""
+    if override.is_sweep_override():
+        return (override.input_line or "").partition("=")[2]
+    return str(override.get_value_element_as_str())
 
 
 def job_row(*, num: int, state: str, overrides: Sequence[str], results: Optional[Mapping[str, Any]],

@@ -469,3 +469,24 @@ def test_a_report_leaves_the_sweeps_own_differences_alone_and_no_stale_file_of_i
     assert (copy / sweep.DIFFERENCES_CSV).read_text() == own and (copy / report.DIFFERENCES_CSV).is_file()
     report.write_report([copy / "0"], copy)  # one run: no seeds to pair
     assert not (copy / report.DIFFERENCES_CSV).exists() and (copy / sweep.DIFFERENCES_CSV).read_text() == own
+
+
+def test_a_job_that_failed_as_it_loaded_is_named_as_its_sweeps_other_jobs(sweep_dir: Path, tmp_path: Path) -> None:
+    """The sweep's jobs as if typed with model=tiny, and a fifth that failed before it wrote its config.yaml: the
+    others are named by the model they resolved, and so is it, as theirs of the same typed value; it stays in its
+    setting's group, where it made a group of its own ('tiny') beside 'roberta from scratch, ...'."""
+    copy = copy_run(sweep_dir, tmp_path / "sweep")
+    rows = sweep.read_rows(copy)
+    (copy / sweep.RESULTS_JSONL).unlink()
+    for row in rows:
+        sweep.record(copy, {**row, "overrides": [*row["overrides"], "model=tiny"], "model": "tiny",
+                            "output_dir": str(copy / str(row["job"]))})
+    same = [override for override in rows[0]["overrides"] if not override.startswith(("optimizer.lr=", "seed="))]
+    sweep.record(copy, sweep.job_row(num=4, state=sweep.FAILED, results=None, output_dir=str(copy / "4"),
+                                     overrides=[*same, "optimizer.lr=0.001", "seed=3", "model=tiny"],
+                                     error="error: it broke", sweep=rows[0]["sweep"],
+                                     sweep_started=rows[0]["sweep_started"]))
+    loaded = report.load_rows([copy])
+    assert {row["model"] for row in loaded} == {"roberta from scratch, 2 layers of 128"}
+    groups = {group["optimizer.lr"]: (group["n"], group["failed"]) for group in sweep.seed_groups(loaded)}
+    assert groups == {"0.001": (2, 1), "0.003": (2, 0)}

@@ -739,3 +739,13 @@ def test_columns_of_every_row_are_in_the_csv(tmp_path: Path) -> None:
         sweep.record(tmp_path, row)
     header = (tmp_path / sweep.RESULTS_CSV).read_text().splitlines()[0].split(",")
     assert header[-1] == "vertex_job" and "objective" in header and "error" in header
+
+
+def test_override_columns_write_values_as_hydra_writes_a_sweeps_jobs() -> None:
+    """A run folder's overrides are kept as typed and a sweep job's as Hydra writes them back: read alike, they are
+    one setting. A sweep of values in a hand-edited overrides.yaml has no single value: it stays as typed, where
+    Hydra raised "Cannot convert sweep to str" and the report ended in its traceback."""
+    typed = sweep.override_columns(["optimizer.lr=1e-3", "train.progress_bar=false", "model=tiny", "seed=1,2"])
+    assert typed == {"optimizer.lr": "0.001", "train.progress_bar": "False", "model": "tiny", "seed": "1,2"}
+    assert sweep.override_columns(["optimizer.lr=0.001", "train.progress_bar=False"]) == {
+        "optimizer.lr": "0.001", "train.progress_bar": "False"}
