@@ -21,7 +21,8 @@ sweeper) by the schema's rules on each of its jobs, as the job would check itsel
 as it goes, check themselves (a job that fails does so alone, nli.cli).
 ``--cfg`` (and Hydra's other flags that show the config) gets the same check of its keys and types, not the
 schema's rules: it shows the config as composed. An argument Hydra's grammar cannot read is named with how to type
-it (a path with a space, a ``~``). Anything else this check cannot judge (``--config-dir``, ``--info``) is Hydra's.
+it (a path with a space, a ``~``), and ``--shell-completion`` without its subcommand what to type. Anything else
+this check cannot judge (``--config-dir``, ``--info``) is Hydra's.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Checked:
 def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> Checked:
     """Stop with ``error: ...`` (exit 1) where ``argv`` cannot run as typed; else what Hydra's main is to be
     given (:class:`Checked`)."""
+    _check_completion(argv)
     split = _flags(argv)
     if split is None:
         return Checked()  # Hydra's flags that change what composes (--config-dir, ...) or answer alone: Hydra's
@@ -98,6 +100,20 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> Checked:
         raise SystemExit(f"error: {err}") from None
     except yaml.YAMLError as err:  # a config file edited by hand (a user's conf/local/): the file, the line
         raise SystemExit(f"error: a config file is not valid YAML: {_yaml_problem(err)}") from None
+
+
+COMPLETION = ("--shell-completion", "-sc")
+COMPLETION_COMMANDS = ("install", "uninstall", "query")
+
+
+def _check_completion(argv: Sequence[str]) -> None:
+    """Hydra's ``--shell-completion`` without one of its subcommands ends in a ValueError's traceback: say what to
+    type instead."""
+    if not any(arg in COMPLETION for arg in argv):
+        return
+    if not any(arg.split("=", 1)[0] in COMPLETION_COMMANDS for arg in argv):
+        raise SystemExit("error: --shell-completion needs one of install=SHELL, uninstall=SHELL or query=SHELL: "
+                         'to complete this command in bash, eval "$(python train.py -sc install=bash)"')
 
 
 def _one_job(typed: Sequence[str]) -> str:

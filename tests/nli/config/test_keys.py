@@ -425,3 +425,14 @@ def test_a_sweep_asked_for_its_config_is_told_how_to_see_one_jobs(tmp_path: Path
                            "'data.dir=/a b')\n")
     shown = run_app(["--cfg", "job", "experiment=quickstart", "seed=1", "data.dir=/a b"], cwd=tmp_path)
     assert shown.returncode == 0 and "seed: 1\n" in shown.stdout, shown.stderr  # the command given works
+
+
+def test_shell_completion_without_its_subcommand_says_what_to_type(tmp_path: Path) -> None:
+    """``--shell-completion`` alone was Hydra's ValueError with its traceback; it is one line, and the command it
+    gives prints bash's completion script."""
+    proc = run_app(["--shell-completion"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
+    assert proc.stderr == ("error: --shell-completion needs one of install=SHELL, uninstall=SHELL or query=SHELL: to "
+                           'complete this command in bash, eval "$(python train.py -sc install=bash)"\n')
+    script = run_app(["-sc", "install=bash"], cwd=tmp_path)
+    assert script.returncode == 0 and "hydra_bash_completion()" in script.stdout, script.stderr
