@@ -697,13 +697,19 @@ class Config:
 
     def check_batch(self, world_size: int) -> None:
         """The global batch must split evenly into micro-batches across ``world_size`` devices."""
-        per_step = self.micro_batch_size(world_size) * world_size
+        batch, micro = self.train.batch_size, self.micro_batch_size(world_size)
+        _require(batch >= world_size,
+                 f"train.batch_size={batch} is smaller than the {world_size} devices the run is on (each device "
+                 f"takes at least one example a step): set train.batch_size to a multiple of {world_size}, or "
+                 "choose hw with fewer devices")
+        per_device = self.hw.per_device_batch_size
+        # The micro-batch is the preset's per-device batch, or the batch's share of each device where that is less.
+        told = (f"hw.per_device_batch_size={micro}" if per_device in (None, micro) else
+                f"{micro} example(s) per device (the batch's share; hw.per_device_batch_size={per_device} is the most)")
         _require(
-            self.train.batch_size % per_step == 0,
-            f"train.batch_size={self.train.batch_size} must be a multiple of "
-            f"hw.per_device_batch_size={self.micro_batch_size(world_size)} x {world_size} "
-            f"device(s) = {per_step}, so that gradient accumulation adds up to exactly the global "
-            "batch; change one of them",
+            batch % (micro * world_size) == 0,
+            f"train.batch_size={batch} must be a multiple of {told} x {world_size} device(s) = {micro * world_size}, "
+            "so that gradient accumulation adds up to exactly the global batch; change one of them",
         )
 
     def _check_precision(self) -> None:

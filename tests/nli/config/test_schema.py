@@ -191,6 +191,12 @@ def test_warmup_ratio_or_steps() -> None:
     ("optimizer.lr=-1", "optimizer.lr=-1.0 must be positive"),
     ("train.batch_size=0", "train.batch_size=0 must be positive"),
     ("hw=v100 train.batch_size=24", "train.batch_size=24 must be a multiple of hw.per_device_batch_size=16"),
+    # The preset's per-device batch was named as the batch's share of each device, and a batch smaller than the
+    # devices was told to change a value that could not fix it.
+    ("hw=2xv100 train.batch_size=1", "train.batch_size=1 is smaller than the 2 devices the run is on (each device "
+                                     "takes at least one example a step): set train.batch_size to a multiple of 2"),
+    ("hw=4x8xh100 train.batch_size=48", "train.batch_size=48 must be a multiple of 1 example(s) per device (the "
+                                        "batch's share; hw.per_device_batch_size=32 is the most) x 32 device(s)"),
     ("hw=2x8xa100 hw.nodes=0", "hw.nodes=0 must be at least 1"),
     ("hw.cpu_threads=0", "hw.cpu_threads=0 must be at least 1, or null for this run's share of the cores"),
     ("hw.cpu_mmap_threshold=-1", "hw.cpu_mmap_threshold=-1 must be in [0, 33554432] bytes"),
