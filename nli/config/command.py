@@ -28,6 +28,7 @@ this check cannot judge (``--config-dir``, ``--info``) is Hydra's.
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 import re
 import shlex
@@ -44,7 +45,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
-from hydra.errors import HydraException
+from hydra.errors import HydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -497,12 +498,29 @@ def _launcher(cfg: DictConfig) -> str:
 def _compose(config_name: str, overrides: List[str]) -> DictConfig:
     try:
         return compose(config_name, overrides=overrides, return_hydra_config=True)
+    except MissingConfigException as err:
+        raise ConfigError(_missing_option(err)) from None
     except HydraException as err:  # an unknown option, a value of the wrong type: Hydra's words, once
         merged = re.match(r"Error merging override (.+)", str(err))
         if merged and isinstance(err.__cause__, OmegaConfBaseException):
             raise ConfigError(f"{merged[1]}: {_refused_value(merged[1], err.__cause__)}") from None
         cause = f"\n{err.__cause__}" if err.__cause__ is not None else ""
         raise ConfigError(f"{err}{cause}".split("\nConfig search path:")[0].strip()) from None
+
+
+def _missing_option(err: MissingConfigException) -> str:
+    """Hydra's words for an option no group has, with the group's options where Hydra gave none: for an option in a
+    list (``logger=[csv,tensorbord]``) it says only that it could not load it, as of a broken file."""
+    words = str(err).split("\nConfig search path:")[0].strip()
+    group, _, name = (err.missing_cfg_file or "").rpartition("/")
+    if err.options is not None or not group:
+        return words
+    options = GlobalHydra.instance().config_loader().get_group_options(group)
+    if not options or name in options:
+        return words  # the option is there, and its file is what failed to load
+    near = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    meant = f" (did you mean {near[0]}?)" if near else ""
+    return f"{group} has no option {name}{meant}: its options are {', '.join(options)}"
 
 
 def _refused_value(typed: str, err: OmegaConfBaseException) -> str:

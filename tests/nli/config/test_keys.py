@@ -436,3 +436,13 @@ def test_shell_completion_without_its_subcommand_says_what_to_type(tmp_path: Pat
                            'complete this command in bash, eval "$(python train.py -sc install=bash)"\n')
     script = run_app(["-sc", "install=bash"], cwd=tmp_path)
     assert script.returncode == 0 and "hydra_bash_completion()" in script.stdout, script.stderr
+
+
+@pytest.mark.parametrize("argv", [["logger=[csv,tensorbord]"], ["logger=[csv,tensorbord]", "--cfg", "job"],
+                                  ["-m", "logger=[csv,tensorbord]", "seed=1,2"]])
+def test_a_misspelt_option_in_a_list_of_a_group_is_named_with_the_groups_options(argv: List[str]) -> None:
+    """Hydra says only "Could not load 'logger/tensorbord'" of an option in a list, as of a broken file, where it
+    lists the group's options for one given alone."""
+    with pytest.raises(SystemExit, match=r"^error: logger has no option tensorbord \(did you mean tensorboard\?\): "
+                                         r"its options are csv, none, tensorboard, wandb$"):
+        check(["experiment=quickstart", *argv], CONF, "train")
