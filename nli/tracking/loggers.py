@@ -77,9 +77,10 @@ class WandbTracker:
         # config, to filter and group the sweep's runs by what was swept.
         swept = [f"{key}={value}"[:64] for key, value in run.overrides.items()]
         config = {**run.config, "overrides": run.overrides} if run.overrides else run.config
+        run_id = run.resume_id or _earlier_run(run.log_dir)
         self._run = wandb.init(**wandb_choices(mode, project, entity), group=group or run.group,
                                tags=list(dict.fromkeys([*tags, *swept])), name=run.name, config=config,
-                               dir=str(run.log_dir), id=run.resume_id, resume="allow" if run.resume_id else None)
+                               dir=str(run.log_dir), id=run_id, resume="allow" if run_id else None)
         self.run_id: Optional[str] = self._run.id
         self.where = self._run.url or self._run.dir  # offline: the run's folder, for `wandb sync`
 
@@ -149,6 +150,17 @@ class WandbTracker:
         self._run.log_artifact(artifact, aliases=["best"])
 
 
+def _earlier_run(log_dir: Path) -> Optional[str]:
+    """The W&B run an earlier attempt in this folder started, from W&B's own record there (``wandb/latest-run``,
+    a link to ``[offline-]run-<time>-<id>``): an attempt stopped before its first checkpoint, or an evaluation,
+    which writes none, continues that run rather than leaving it beside a new one."""
+    latest = log_dir / "wandb" / "latest-run"
+    if not latest.is_symlink():
+        return None
+    name = Path(os.readlink(latest)).name
+    return name.rsplit("-", 1)[1] if name.count("-") >= 2 else None
+
+
 _WAYS_ON = ("Log in once with `wandb login`, or set WANDB_API_KEY, or log offline with logger.wandb.mode=offline "
             "(or WANDB_MODE=offline) and upload the run later with `wandb sync`.")
 
@@ -200,8 +212,9 @@ class TensorBoardTracker:
     def __init__(self, *, run: RunInfo, subdir: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        # purge_step: TensorBoard drops the earlier attempt's events from that step on as it reads them.
-        purge = run.resume_step + 1 if run.resume_step is not None else None
+        # purge_step: TensorBoard drops the earlier attempt's events from that step on as it reads them; an
+        # evaluation (no resume_step) logs everything again, at step 0.
+        purge = run.resume_step + 1 if run.resume_step is not None else 0
         self._writer = SummaryWriter(log_dir=str(run.log_dir / subdir), purge_step=purge)
         self.where = run.log_dir / subdir
         self._hparams = hparams(run)

@@ -194,6 +194,38 @@ def test_a_signal_during_an_evaluation_only_run_stops_it_and_the_same_command_ev
 
 
 @pytest.mark.process
+def test_an_evaluation_stopped_after_logging_its_scores_logs_them_once_to_one_wandb_run(
+        tmp_path: Path, shared_run: Callable[[str, Sequence[str]], Path]) -> None:
+    """Stopped after its scores went to the loggers, the same command logs them again: TensorBoard held each score
+    twice at step 0 and W&B had a second run beside the first, whose scores `wandb sync` would upload alone."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.support.wandb_records import records
+
+    trained = shared_run("fast", FAST)
+    run_dir = tmp_path / "evaluation"
+    evaluate = ["eval.only=true", f"model.name_or_path={trained}", "task=synthetic", "data.max_seq_length=64",
+                "train.progress_bar=false", "data.synthetic_eval_size=12000", "logger=[tensorboard,wandb]",
+                "logger.wandb.mode=offline"]  # 12,000 predictions written after the scores are logged: time to stop
+    proc = start(evaluate, run_dir)
+    wait_for(proc, logged(run_dir, "evaluation of "))
+    stopped(proc, signal.SIGTERM)
+
+    def accuracies() -> List[int]:
+        events = EventAccumulator(str(run_dir / "tensorboard"))
+        events.Reload()
+        return [event.step for event in events.Scalars("eval/accuracy")]
+
+    assert accuracies() == [0]  # the first attempt logged its scores before it stopped
+    proc = run_app([*evaluate, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env={"WANDB_SILENT": "true"})
+    assert proc.returncode == 0, proc.stderr
+    assert accuracies() == [0]
+    files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    ids = {record.run.run_id for f in files for record in records(f) if record.WhichOneof("record_type") == "run"}
+    assert len(files) == 2 and len(ids) == 1, (files, ids)
+
+
+@pytest.mark.process
 def test_a_second_signal_during_training_stops_at_once(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = start([*FAST, "train.max_steps=400", "data.synthetic_train_size=12800"], run_dir)
