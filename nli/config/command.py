@@ -373,7 +373,9 @@ def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) 
     _check_values(config_name, overrides, groups, choices, base)
     _check_jobs(config_name, overrides, groups, base)
     plain = [_line(o) for o in overrides if o.key_or_group.startswith("hydra.") and not o.is_sweep_override()]
-    _check_folder("hydra.sweep.dir", str(_compose(config_name, [*choices, *plain]).hydra.sweep.dir))
+    launched = _compose(config_name, [*choices, *plain])
+    _check_slurm_gpus(launched)
+    _check_folder("hydra.sweep.dir", str(launched.hydra.sweep.dir))
 
 
 def _check_ranges(base: DictConfig, overrides: List[Override]) -> None:
@@ -395,6 +397,25 @@ def _check_slurm(base: DictConfig) -> None:
         raise ConfigError(f"hydra/launcher={launcher} submits the sweep's jobs to Slurm, and this machine has none "
                           "(no srun on PATH): run the command on the cluster's login node, or try the sweep here with "
                           "hydra/launcher=submitit_local, which runs its jobs as Slurm would (docs/slurm.md)")
+
+
+# submitit's keys that ask Slurm for GPUs: with none of them set, sbatch asks for none.
+SLURM_GPU_KEYS = ("gpus_per_node", "gpus_per_task", "gres")
+
+
+def _check_slurm_gpus(cfg: DictConfig) -> None:
+    """A Slurm sweep whose ``hw`` trains on GPUs and whose launcher asks Slurm for none: each job waited in the
+    queue for a machine, then stopped there, refusing a GPU preset on a machine without one."""
+    gpus = OmegaConf.select(cfg, "hw.gpus_per_node", default=0) or 0
+    launcher = cfg.hydra.launcher
+    asked = [key for key in SLURM_GPU_KEYS if OmegaConf.select(launcher, key, default=None) is not None]
+    asked += [key for key in (OmegaConf.select(launcher, "additional_parameters", default=None) or {})
+              if key.startswith(("gres", "gpus"))]
+    if _launcher(cfg) == SLURM_LAUNCHER and gpus and not asked:
+        hw = OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hw", "?")
+        raise ConfigError(f"hw={hw} trains on {gpus} GPU(s) per machine, and the launcher asks Slurm for none "
+                          f"(hydra.launcher.gpus_per_node is unset): each job would wait for a machine only to stop "
+                          f"there. Add hydra.launcher.gpus_per_node={gpus} (docs/slurm.md)")
 
 
 def _check_values(config_name: str, overrides: List[Override], groups: set[str], choices: List[str],

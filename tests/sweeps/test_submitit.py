@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List
 
 import pytest
 from omegaconf import OmegaConf
@@ -89,3 +90,21 @@ def test_slurms_launcher_on_a_machine_without_slurm_is_refused_before_any_folder
     slurm_commands(tmp_path / "bin")
     assert command.check(args, CONF, "train").extra == []  # the check lets it by: submitit submits from here
 
+
+
+@pytest.mark.parametrize("asked", [["hydra.launcher.gpus_per_node=2"], ["hydra.launcher.gres=gpu:v100:2"],
+                                   ["+hydra.launcher.additional_parameters.gpus=2"]])
+def test_a_slurm_sweep_on_gpus_that_asks_slurm_for_none_is_refused_before_any_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked: List[str]) -> None:
+    """sbatch asks for no GPU unless the launcher says: each job of ``hw=2xv100`` waited in the queue for a machine,
+    then stopped there, refusing a GPU preset on a machine without one."""
+    monkeypatch.setenv("PATH", f"{slurm_commands(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/launcher=submitit_slurm", "model=tiny", "task=synthetic", "hw=2xv100", "seed=1,2",
+            f"hydra.sweep.dir={sweep}"]
+    with pytest.raises(SystemExit, match=r"^error: hw=2xv100 trains on 2 GPU\(s\) per machine, and the launcher "
+                                         r"asks Slurm for none \(hydra.launcher.gpus_per_node is unset\): .* Add "
+                                         r"hydra.launcher.gpus_per_node=2 \(docs/slurm.md\)$"):
+        command.check(args, CONF, "train")
+    assert not sweep.exists()
+    assert command.check([*args, *asked], CONF, "train").extra == []
