@@ -207,6 +207,34 @@ def test_a_job_that_dies_before_reporting_shows_its_last_lines_from_cloud_loggin
 
 
 @pytest.mark.process
+def test_a_job_that_read_gs_and_failed_reports_its_own_error(fake: FakeVertex, tmp_path: Path) -> None:
+    """The job reads gs:// (gcsfs caches a filesystem, whose session Python closes at exit) and ends with
+    SystemExit: the callback reports at exit, after that close, and its report must still arrive."""
+    proc = sweep_cli([*launcher(fake), "task=rte", "model=tiny", "data.dir=gs://test-bucket/glue_nope",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, output
+    [row] = read_rows(tmp_path / "sweep")
+    assert "; the job reported " in row["error"] and "glue_nope" in row["error"], row["error"]
+    assert "does not exist" in row["error"]
+    assert "Session is closed" not in output and "atexit" not in output, output
+    [job] = [job for job in fake.jobs.values() if job.job.name in row["vertex_job"]]
+    assert job.log.splitlines()[-1].startswith("error: data.dir=gs://test-bucket/glue_nope"), job.log  # its last
+
+
+def test_a_report_that_cannot_be_written_is_one_line(gcs_emulator: Dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from hydra_plugins.vertex_launcher._callback import _report
+    from nli.contract import VERTEX_MODEL_DIR
+
+    monkeypatch.setenv(VERTEX_MODEL_DIR, "gs://no-such-bucket/sweep/0/model/")
+    _report({"status": "FAILED", "error": "the job's own"})
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not write gs://no-such-bucket/sweep/0/model/job_return.json") and \
+        err.count("\n") == 1, err
+
+
+@pytest.mark.process
 def test_logs_that_cannot_be_read_are_one_line_with_the_role(fake: FakeVertex, tmp_path: Path) -> None:
     fake.fail_next("entries", status=403, reason="PERMISSION_DENIED",
                    message=f"Permission 'logging.logEntries.list' denied on resource 'projects/{PROJECT}'.")

@@ -12,14 +12,15 @@ import atexit
 import json
 import logging
 import os
+import sys
 from typing import Any
 
-import fsspec
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from nli.contract import VERTEX_MODEL_DIR
+from nli.io.storage import Storage
 
 from ._spec import JOB_RETURN_FILE, SECRETS_VARIABLE
 
@@ -71,9 +72,20 @@ class _LastError(logging.Handler):
 
 def _report(record: dict[str, Any]) -> None:
     output = os.environ.get(VERTEX_MODEL_DIR)
-    if output:  # unset when the image runs by hand, outside Vertex AI: nobody to report to
-        with fsspec.open(f"{output.rstrip('/')}/{JOB_RETURN_FILE}", "w") as stream:
-            json.dump(record, stream)
+    if not output:  # unset when the image runs by hand, outside Vertex AI: nobody to report to
+        return
+    storage = Storage(output, key=VERTEX_MODEL_DIR)
+    try:
+        if storage.cloud:
+            # Not through gcsfs: at exit its cached filesystem's session is closed already (its finalizer runs
+            # before this callback's report when the job read gs:// after it started), and a new one would be
+            # left open, a traceback of aiohttp's in the job's last lines. google-cloud-storage keeps none.
+            storage.blob(JOB_RETURN_FILE).upload_from_string(json.dumps(record), content_type="application/json")
+        else:
+            storage.write_text(JOB_RETURN_FILE, json.dumps(record))
+    except Exception as error:  # the job's own error, logged before, must stay its last words: one line
+        print(f"error: could not write {storage.describe(JOB_RETURN_FILE)} (the launcher will not see what this "
+              f"job returned): {type(error).__name__}: {error}", file=sys.stderr)
 
 
 def read_secrets(references: dict[str, str]) -> dict[str, str]:
