@@ -58,6 +58,7 @@ VERTEX_MODEL_DIR = "AIP_MODEL_DIR"
 VERTEX_CHECKPOINT_DIR = "AIP_CHECKPOINT_DIR"
 VERTEX_TENSORBOARD_DIR = "AIP_TENSORBOARD_LOG_DIR"
 VERTEX_CLUSTER_SPEC = "CLUSTER_SPEC"
+VERTEX_JOB_ID = "CLOUD_ML_JOB_ID"  # the CustomJob's ID, the last part of its resource name
 # What the launcher's jobs and the launcher write into a sweep's folders in the bucket: each job's
 # return value or error (in its model directory), and the record of the sweep's jobs (nli.sweep.vertex).
 VERTEX_JOB_RETURN_FILE = "job_return.json"

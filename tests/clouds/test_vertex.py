@@ -222,6 +222,22 @@ def test_a_job_that_read_gs_and_failed_reports_its_own_error(fake: FakeVertex, t
     assert job.log.splitlines()[-1].startswith("error: data.dir=gs://test-bucket/glue_nope"), job.log  # its last
 
 
+@pytest.mark.process
+def test_a_job_that_dies_unreported_is_not_given_an_earlier_jobs_report(fake: FakeVertex, tmp_path: Path) -> None:
+    """A sweep run again under its name: its job's folder in the bucket still holds the first attempt's report."""
+    again = [f"hydra.launcher.sweep_name=again-{tmp_path.name}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    first = sweep_cli([*launcher(fake), "task=rte", "model=tiny", "data.dir=gs://test-bucket/glue_nope", *again],
+                      cwd=tmp_path)
+    output, _ = first.communicate(timeout=300)
+    assert "; the job reported data.dir=gs://test-bucket/glue_nope" in output, output
+    second = sweep_cli([*launcher(fake, CRASH_IMAGE), *again], cwd=tmp_path)
+    output, _ = second.communicate(timeout=120)
+    assert second.returncode == 1, output
+    row = read_rows(tmp_path / "sweep")[-1]
+    assert "exited with a non-zero status of 1" in row["error"] and "reported" not in row["error"], row["error"]
+    assert "glue_nope" not in output.split("Killed: out of memory")[-1], output  # nor in the sweep's last words
+
+
 def test_a_report_that_cannot_be_written_is_one_line(gcs_emulator: Dict[str, str], monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from hydra_plugins.vertex_launcher._callback import _report

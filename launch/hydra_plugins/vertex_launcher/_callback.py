@@ -19,10 +19,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from nli.contract import VERTEX_MODEL_DIR
+from nli.contract import VERTEX_JOB_ID, VERTEX_MODEL_DIR
 from nli.io.storage import Storage
 
-from ._spec import JOB_RETURN_FILE, SECRETS_VARIABLE
+from ._spec import JOB_RETURN_FILE, REPORTED_BY, SECRETS_VARIABLE
 
 # Where Secret Manager is reached from an emulator, as STORAGE_EMULATOR_HOST does for Cloud Storage.
 EMULATOR_VARIABLE = "SECRET_MANAGER_EMULATOR_HOST"
@@ -75,6 +75,9 @@ def _report(record: dict[str, Any]) -> None:
     if not output:  # unset when the image runs by hand, outside Vertex AI: nobody to report to
         return
     storage = Storage(output, key=VERTEX_MODEL_DIR)
+    # Stamped with the job's ID: an earlier job of the same sweep and number wrote to this folder too, and its
+    # report is not this job's (the launcher reads one only of the job it follows: _core.ended).
+    record = {**record, REPORTED_BY: os.environ.get(VERTEX_JOB_ID)}
     try:
         if storage.cloud:
             # Not through gcsfs: at exit its cached filesystem's session is closed already (its finalizer runs

@@ -283,7 +283,7 @@ def ended(job: Job, stamp: Dict[str, Any]) -> Tuple[Dict[str, Any], Any, Optiona
     output directory; its return value; and, where it did not succeed, its error. The launcher that waits
     and ``python -m nli.cloud attach`` both fill the table with it."""
     model_dir = vertex_dirs(job.remote_dir)[VERTEX_MODEL_DIR]  # where the job wrote, as Vertex AI told it
-    reported = sweep.read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}
+    reported = _own_report(sweep.read_json(f"{model_dir}/{_spec.JOB_RETURN_FILE}") or {}, job.name)
     row = functools.partial(sweep.job_row, num=job.num, overrides=job.overrides, output_dir=model_dir,
                             vertex_job=job.name, vertex_state=job.state.name, **stamp,
                             **_cost.row_columns(job.quote, job.gpus, job.started, job.finished))
@@ -295,6 +295,13 @@ def ended(job: Job, stamp: Dict[str, Any]) -> Tuple[Dict[str, Any], Any, Optiona
     error = JobFailed(f"Vertex AI job {job.label} ({job.name}) ended {job.state.name}: {job.error}{reason}")
     # No results: a job refused its folder (another run's) must not be shown with that run's results.
     return row(state=JobStatus.FAILED.name, results=None, error=str(error)), None, error
+
+
+def _own_report(reported: Dict[str, Any], name: str) -> Dict[str, Any]:
+    """The job's report, or {} where the folder holds another job's: one that ran earlier under the same sweep
+    name and number, and died or was stopped before it could report (a report of no ID: an older image's)."""
+    by = reported.get(_spec.REPORTED_BY)
+    return reported if by is None or by == name.rsplit("/", 1)[-1] else {}
 
 
 class Watcher:

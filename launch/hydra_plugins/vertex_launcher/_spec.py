@@ -21,6 +21,7 @@ from .config import VertexLauncherConf
 CALLBACK = "hydra_plugins.vertex_launcher._callback.VertexJobCallback"
 SECRETS_VARIABLE = "VERTEX_LAUNCHER_SECRETS"  # NAME -> secret version, as JSON; read by the callback
 JOB_RETURN_FILE = VERTEX_JOB_RETURN_FILE  # written by the callback into the job's output directory
+REPORTED_BY = "job_id"  # its key naming the CustomJob (its ID) that wrote it
 MAX_LABELS = 64
 _LABEL_CHARS = re.compile(r"[^a-z0-9_-]")
 # Hydra settings of the sweep that mean nothing inside a single remote run.
