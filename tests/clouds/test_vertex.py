@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import fsspec
 import pytest
@@ -30,7 +30,7 @@ from hydra_plugins.vertex_launcher._client import Vertex
 from hydra_plugins.vertex_launcher._core import JobFailed
 from hydra_plugins.vertex_launcher._spec import labels, quote
 from hydra_plugins.vertex_launcher.config import VertexLauncherConf
-from tests.clouds.fake_vertex import FakeVertex
+from tests.clouds.fake_vertex import ApiError, FakeVertex
 from tests.support.runs import FAST, ROOT, process_env
 
 PROJECT = "test-project"
@@ -614,12 +614,40 @@ def small_job(name: str) -> Dict[str, Any]:
         "container_spec": {"image_uri": IMAGE, "command": command}}]}}
 
 
+def sweep_job(name: str, num: int = 0) -> Dict[str, Any]:
+    """A job as the launcher submits it: labelled with its sweep's id and its number, which find it again."""
+    return {**small_job(name), "labels": {"hydra_sweep_id": name, "hydra_job": str(num)}}
+
+
 def test_transient_errors_are_retried(fake: FakeVertex) -> None:
     fake.fail_next("create", status=503, reason="UNAVAILABLE", message="The service is currently unavailable.", times=2)
     fake.fail_next("get", status=429, reason="RESOURCE_EXHAUSTED", message="Too many requests, slow down.")
     vertex = client(fake)
-    job = vertex.create(small_job("retried"))
+    job = vertex.create(sweep_job("retried"))
     assert vertex.get(job.name).display_name == "retried"
+
+
+class CreatedThenFailed:
+    """The service made the job, then its reply was lost: a 5xx or a timeout on the way back. Once."""
+
+    def __init__(self, fake: FakeVertex, status: int, reason: str) -> None:
+        self.fake, self.status, self.reason, self.armed = fake, status, reason, True
+
+    def __call__(self, method: str, path: str, body: bytes) -> Optional[Tuple[int, dict]]:
+        if not (self.armed and method == "POST" and path.split("?")[0].endswith("/customJobs")):
+            return None
+        self.armed = False
+        assert self.fake.handle(method, path, body)[0] == 200
+        return ApiError(self.status, self.reason, "The service had a problem; the outcome is unknown.").reply()
+
+
+@pytest.mark.parametrize("status, reason", [(500, "INTERNAL"), (504, "DEADLINE_EXCEEDED")])
+def test_a_create_whose_reply_is_lost_adopts_the_job_it_made(fake: FakeVertex, status: int, reason: str) -> None:
+    fake.mount(CreatedThenFailed(fake, status, reason))
+    sweep_id = f"lost-{status}"
+    job = client(fake).create(sweep_job(sweep_id, num=3))
+    made = [name for name, each in fake.jobs.items() if each.job.labels.get("hydra_sweep_id") == sweep_id]
+    assert made == [job.name]  # one job, not two, and the one the sweep follows (and Ctrl-C cancels)
 
 
 def test_quota_and_invalid_requests_are_not_retried(fake: FakeVertex) -> None:

@@ -3,7 +3,8 @@ one message that says what the API said and, where it is known, how to fix it.""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, TypeVar
+import time
+from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from google.api_core import exceptions as gexc
 from google.api_core import retry as gretry
@@ -13,6 +14,7 @@ from google.auth.exceptions import DefaultCredentialsError
 from google.cloud.aiplatform_v1 import CustomJob, JobServiceClient
 
 from ._checks import LaunchError
+from ._record import SWEEP_LABEL
 from .config import VertexLauncherConf
 
 T = TypeVar("T")
@@ -23,10 +25,19 @@ def _transient(error: Exception) -> bool:
     transient (it stays until the quota grows); a 429 about request rate is."""
     if isinstance(error, (gexc.TooManyRequests, gexc.ResourceExhausted)):
         return "quota" not in str(error).lower()
-    return isinstance(error, (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError))
+    # DeadlineExceeded is a GatewayTimeout: a 504 over REST comes as the latter.
+    return isinstance(error, (gexc.ServiceUnavailable, gexc.GatewayTimeout, gexc.BadGateway,
+                              gexc.InternalServerError))
+
+
+def _rate_limited(error: Exception) -> bool:
+    """Refused for the rate of calls, before the service did anything: a retry cannot make a job twice."""
+    return isinstance(error, (gexc.TooManyRequests, gexc.ResourceExhausted))
 
 
 RETRY = gretry.Retry(predicate=_transient, initial=0.5, maximum=30.0, multiplier=2.0, timeout=600.0)
+# The labels that tell one submission of a sweep's job from any other (a sweep run again under its name included).
+IDENTITY = (SWEEP_LABEL, "hydra_job")
 
 
 class Vertex:
@@ -48,18 +59,46 @@ class Vertex:
                               "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service account key") from None
 
     def create(self, job: Dict[str, Any]) -> CustomJob:
-        # proto-plus takes a dict for any message argument; the client's annotations name only the message class.
-        return self._call(lambda: self.client.create_custom_job(
-            parent=self.parent, custom_job=job, retry=RETRY))  # type: ignore[arg-type]
+        """Create is not idempotent: a call that failed after the service made the job (a 5xx, a timeout on the
+        way back) would, simply retried, make it twice, one running unfollowed. After such a failure the job
+        is looked for by its labels (IDENTITY) and adopted if it exists, else created again."""
+        waits = gretry.exponential_sleep_generator(initial=0.5, maximum=30.0, multiplier=2.0)
+        deadline = time.monotonic() + 600.0
+        while True:
+            try:
+                # proto-plus takes a dict for any message argument; the annotations name only the message class.
+                return self.client.create_custom_job(parent=self.parent, custom_job=job,  # type: ignore[arg-type]
+                                                     retry=None)
+            except gexc.GoogleAPICallError as error:
+                if not _transient(error):
+                    raise LaunchError(explain(error, self.settings)) from None
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"Vertex AI kept failing for 10 minutes: {error}") from None
+                made = None if _rate_limited(error) else self._made_anyway(job, error)
+                if made is not None:
+                    return made
+                time.sleep(next(waits))
+
+    def _made_anyway(self, job: Dict[str, Any], error: gexc.GoogleAPICallError) -> Optional[CustomJob]:
+        """The job a create that failed with ``error`` made all the same, if any."""
+        identity = {key: job.get("labels", {}).get(key) for key in IDENTITY}
+        if None in identity.values():
+            raise LaunchError(f"{explain(error, self.settings)}\nThe job may have been made all the same, and has no "
+                              f"labels to find it by: gcloud ai custom-jobs list --region={self.settings.region}")
+        made = self._labelled(identity)
+        return made[0] if made else None
+
+    def _labelled(self, labels: Dict[str, Any]) -> List[CustomJob]:
+        query = " AND ".join(f'labels.{key}="{value}"' for key, value in labels.items())
+        return self._call(lambda: list(self.client.list_custom_jobs(
+            request={"parent": self.parent, "filter": query}, retry=RETRY)))
 
     def get(self, name: str) -> CustomJob:
         return self._call(lambda: self.client.get_custom_job(name=name, retry=RETRY))
 
     def named(self, labels: Dict[str, str]) -> List[str]:
         """The resource names of the jobs in this region that carry every one of ``labels``."""
-        query = " AND ".join(f'labels.{key}="{value}"' for key, value in labels.items())
-        return self._call(lambda: [job.name for job in self.client.list_custom_jobs(
-            request={"parent": self.parent, "filter": query}, retry=RETRY)])
+        return [job.name for job in self._labelled(labels)]
 
     def cancel(self, name: str) -> None:
         self._call(lambda: self.client.cancel_custom_job(name=name, retry=RETRY))
