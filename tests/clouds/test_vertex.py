@@ -498,6 +498,19 @@ def test_a_secret_in_env_is_refused_before_hydra_saves_the_config(fake: FakeVert
 
 
 @pytest.mark.process
+def test_a_staging_bucket_that_does_not_exist_stops_the_sweep_before_any_job(fake: FakeVertex, tmp_path: Path) -> None:
+    before = len(fake.requests)
+    proc = sweep_cli([*launcher(fake), "hydra.launcher.staging_bucket=gs://no-such-bucket/sweeps", "seed=1,2",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output
+    assert created_jobs(fake, before) == []
+    assert "error: hydra.launcher.staging_bucket=gs://no-such-bucket/sweeps: bucket no-such-bucket does not exist " \
+           "(create it: gcloud storage buckets create gs://no-such-bucket)" in output.splitlines(), output
+    assert "could not be written" not in output and "Traceback" not in output, output
+
+
+@pytest.mark.process
 def test_permission_denied_stops_the_sweep_with_the_fix(fake: FakeVertex, tmp_path: Path) -> None:
     fake.fail_next("create", status=403, reason="PERMISSION_DENIED",
                    message=f"Permission 'aiplatform.customJobs.create' denied on resource '//aiplatform.googleapis.com/"
@@ -789,6 +802,8 @@ def test_discovery_stays_light() -> None:
     ({"project": None}, "hydra.launcher.project is not set"),
     ({"staging_bucket": None}, "hydra.launcher.staging_bucket is not set"),
     ({"staging_bucket": "my-bucket"}, "is not a gs:// path"),
+    ({"staging_bucket": "gs://"}, "names no bucket"),
+    ({"staging_bucket": "gs:///sweeps"}, "names no bucket"),
     ({"image_uri": None}, "hydra.launcher.image_uri is not set"),
     ({"secrets": {"WANDB_API_KEY": "wandb-api-key"}}, "is not a Secret Manager version"),
     ({"env": {"WANDB_API_KEY": "abc"}}, "hydra.launcher.env.WANDB_API_KEY would put a secret"),

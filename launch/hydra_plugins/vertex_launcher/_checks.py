@@ -14,7 +14,8 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
 
 from nli.contract import HW_GROUP, job_needs
-from nli.errors import UserError
+from nli.errors import StorageError, UserError
+from nli.io.storage import Storage
 
 from ._spec import Machine, machine
 from .config import VertexLauncherConf
@@ -50,6 +51,9 @@ def check_settings(settings: VertexLauncherConf) -> None:
              f"hydra.launcher.staging_bucket=gs://MY_BUCKET{_YOURS}")
     if not str(settings.staging_bucket).startswith("gs://"):
         raise LaunchError(f"hydra.launcher.staging_bucket={settings.staging_bucket} is not a gs:// path")
+    if not str(settings.staging_bucket)[len("gs://"):].partition("/")[0]:
+        raise LaunchError(f"hydra.launcher.staging_bucket={settings.staging_bucket} names no bucket: "
+                          "write gs://MY_BUCKET[/PREFIX]")
     if settings.build:
         _check_build(settings)
     elif not settings.python_package():
@@ -68,6 +72,20 @@ def check_settings(settings: VertexLauncherConf) -> None:
     if settings.tensorboard:
         _check_tensorboard(settings)
     check_prices(settings)
+
+
+def check_bucket(settings: VertexLauncherConf) -> None:
+    """The staging bucket exists: else the launcher's record of the sweep cannot be written, and each job fails
+    on its machine, started only for that. One probe object, written and removed (nli.io.storage)."""
+    from google.api_core.exceptions import NotFound
+
+    try:
+        Storage(str(settings.staging_bucket), key="hydra.launcher.staging_bucket").check_writable()
+    except StorageError as error:
+        # Only a missing bucket stops the sweep: your credentials may be refused where the jobs' service account
+        # may write, and the launcher's own writes say so, one warning each.
+        if isinstance(error.__cause__, NotFound):
+            raise LaunchError(str(error)) from None
 
 
 def check_prices(settings: VertexLauncherConf) -> None:

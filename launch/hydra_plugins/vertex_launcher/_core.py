@@ -34,7 +34,7 @@ from nli.sweep import table as sweep
 
 from . import _cost, _record, _spec
 from ._build import Image, check_image, image_of_source
-from ._checks import LaunchError, check_machines, check_secrets
+from ._checks import LaunchError, check_bucket, check_machines, check_secrets
 from ._client import Vertex
 from ._git import GitState, git_state
 from ._images import executor_image
@@ -95,6 +95,7 @@ class Sweep:
         self._vertex: Optional[Vertex] = None
         self._package_uri: Optional[str] = None
         self._image: Optional[Image] = None
+        self._bucket_checked = False  # once per sweep, not per launch (the Optuna sweeper's trials)
         self.logs = JobLogs(settings)
         self.source = Path(str(config.hydra.runtime.cwd), settings.source_dir).resolve()
         self.git: Optional[GitState] = git_state(self.source)
@@ -150,6 +151,9 @@ class Sweep:
         check_machines(self.settings, [job.config for job in jobs],
                        self.hydra_context.config_loader.get_group_options(HW_GROUP))
         check_secrets(self.settings, [job.config for job in jobs])
+        if not (self.settings.dry_run or self._bucket_checked):  # before the sdist, the image's context or a job
+            check_bucket(self.settings)
+            self._bucket_checked = True
         if self.settings.python_package():  # the image the sdist's pins can run on, before anything is built
             self.settings = replace(self.settings, executor_image_uri=executor_image(
                 self.settings, Path(str(self.config.hydra.runtime.cwd), self.settings.source_dir).resolve()))
