@@ -824,6 +824,21 @@ def test_settings_are_checked_with_the_fix(change: Dict[str, Any], message: str)
 
 
 @pytest.mark.process
+def test_a_sweep_dir_outside_the_working_dir_is_sent_as_a_folder_the_job_can_make(fake: FakeVertex,
+                                                                                 tmp_path: Path) -> None:
+    """The image runs as an unprivileged user who can make folders only under its WORKDIR: an absolute
+    hydra.run.dir there (this machine's path) would fail before the job's callback could report anything."""
+    (tmp_path / "work").mkdir()
+    proc = sweep_cli([*launcher(fake), "hydra.launcher.dry_run=true", f"hydra.sweep.dir={tmp_path / 'elsewhere'}"],
+                     cwd=tmp_path / "work")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    request = json.loads((tmp_path / "elsewhere" / "custom_jobs" / "0.json").read_text())
+    args = request["customJob"]["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"]
+    assert "hydra.run.dir='elsewhere/0'" in args, args  # the sweep's folder name and the job's subfolder
+
+
+@pytest.mark.process
 def test_dry_run_of_two_nodes_with_reduction_server(fake: FakeVertex, tmp_path: Path) -> None:
     """hw=2x8xa100 and four Reduction Server replicas: the three worker pools of Google's sample."""
     proc = sweep_cli([*launcher(fake, hw=None), "hydra.launcher.dry_run=true", "hw=2x8xa100",

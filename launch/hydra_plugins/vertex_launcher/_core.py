@@ -185,10 +185,13 @@ class Sweep:
         return Job(num, overrides, config, output_dir, self._remote_dir(num))
 
     def _request(self, job: Job, package_uri: Optional[str], image: Image) -> Dict[str, Any]:
-        # Relative to where the sweep started, as the image's WORKDIR stands in for it; absolute if outside.
-        run_dir = os.path.relpath(job.output_dir.absolute(), str(job.config.hydra.runtime.cwd))
+        # Relative to where the sweep started, as the image's WORKDIR stands in for it. A sweep folder outside it
+        # goes by its own name there: the image's user can make folders under its WORKDIR only, and the job writes
+        # nothing there but Hydra's files and its log (its results go to its model directory in the bucket).
+        output = job.output_dir.absolute()
+        run_dir = os.path.relpath(output, str(job.config.hydra.runtime.cwd))
         if run_dir.startswith(".."):
-            run_dir = str(job.output_dir.absolute())
+            run_dir = os.path.relpath(output, self.dir.absolute().parent)
         sweep_id = sweep.running_sweep(self.dir).get(sweep.SWEEP_ID)
         own = {_record.SWEEP_LABEL: str(sweep_id)} if sweep_id else {}  # attach finds a job the record lacks by it
         job_labels = {**own, **_provenance_labels(image, self.git), **self.settings.labels}
