@@ -198,7 +198,7 @@ def _resume_stopped(study: optuna.Study) -> None:
 class Settings:
     """conf/hydra/sweeper/optuna.yaml's keys, but the sampler and the pruner (made by Hydra from their groups)."""
 
-    direction: str = "minimize"
+    direction: str = "maximize"  # every objective of the project (accuracy, F1, MCC, r) is higher-is-better
     study_name: Optional[str] = None
     storage: Optional[str] = None
     n_trials: int = 20

@@ -401,6 +401,19 @@ def test_a_grid_search_runs_every_point_of_its_grid_and_ends_with_its_best(tmp_p
     assert best["best_value"] == max(row["objective"] for row in rows)
 
 
+def test_a_search_that_names_no_direction_seeks_the_highest_objective(tmp_path: Path) -> None:
+    """Every objective of the project (accuracy, F1, MCC, r) is higher-is-better; the sweeper's default was
+    minimize, so `hydra/sweeper=optuna` with a typed space named the worse trial its best, silently."""
+    sweep_dir = tmp_path / "search"
+    done = run_app(["-m", *FAST, "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2",
+                    "optimizer.lr=choice(1e-5,3e-3)", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    objectives = [row["objective"] for row in sweep.read_rows(sweep_dir)]
+    assert len(set(objectives)) == 2, objectives  # the two learning rates end apart: the pick means something
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_value"] == max(objectives)
+
+
 def test_a_trial_its_rules_refuse_fails_without_a_launch_and_the_search_goes_on(tmp_path: Path) -> None:
     """A search draws its trials as it goes, past the command line's check: a trial drawn with a value the schema's
     rules refuse was launched only to fail as it started (under Slurm, after its wait in the queue; on Vertex AI,
