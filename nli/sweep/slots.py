@@ -8,8 +8,10 @@ the sweep's process, for the launchers whose jobs run outside this process and w
 time do not disturb (:data:`APART`): joblib's (``hydra/launcher=local-gpus``), submitit's (local and Slurm)
 and the project's Vertex AI launcher. Hydra's basic launcher runs each job in this process (it changes the
 working directory, and a run sets its signal handlers, which only the main thread may), so it runs one trial
-at a time, the sampler seeing each result before it draws again; any other launcher gets batches, as Hydra's
-own sweepers give it.
+at a time, the sampler seeing each result before it draws again, and so does joblib's with ``n_jobs=1`` (its
+sequential backend runs the job in the calling thread: ``local-gpus`` on a machine with no GPU, or one). No
+more trials run at once than joblib's ``n_jobs``. Any other launcher gets batches, as Hydra's own sweepers give
+it.
 
 Ctrl-C reaches the main thread alone: it is passed on to every launch in flight, so that each ends as it
 would in the main thread (joblib stops its workers, the Vertex launcher cancels its jobs), and the trials
@@ -25,7 +27,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Set
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -41,14 +43,33 @@ APART = frozenset({
     "hydra_plugins.vertex_launcher.vertex_launcher.VertexLauncher",
 })
 BASIC = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
 _LOOK = 0.5  # seconds between the main thread's looks for an ended trial (it must stay free to take Ctrl-C)
 
 
+def _names(launcher: Launcher) -> Set[str]:
+    return {f"{each.__module__}.{each.__qualname__}" for each in type(launcher).__mro__}
+
+
+def joblib_width(launcher: Launcher) -> Optional[int]:
+    """The jobs a joblib launcher runs at once, its ``n_jobs`` as joblib reads it (-1: every core); None for
+    another launcher, or one not yet given its settings."""
+    settings = getattr(launcher, "joblib", None)
+    if JOBLIB not in _names(launcher) or not isinstance(settings, Mapping) or "n_jobs" not in settings:
+        return None
+    import joblib  # type: ignore[import-untyped]  # the joblib launcher's dependency (no types), there with it
+
+    n_jobs = settings["n_jobs"]
+    return int(joblib.effective_n_jobs(None if n_jobs is None else int(n_jobs)))
+
+
 def kind(launcher: Launcher) -> str:
-    """``apart`` (a trial per launch, several at once), ``basic`` (one at a time) or ``batched``."""
-    names = {f"{each.__module__}.{each.__qualname__}" for each in type(launcher).__mro__}
+    """``apart`` (a trial per launch, several at once), ``basic`` (one at a time) or ``batched``. Joblib with
+    one job at a time runs it in the calling thread (its sequential backend, as on a machine without GPUs under
+    ``local-gpus``), where several launches at once would run side by side in this process, as basic's would."""
+    names = _names(launcher)
     if names & APART:
-        return "apart"
+        return "basic" if joblib_width(launcher) == 1 else "apart"
     return "basic" if BASIC in names else "batched"
 
 
@@ -71,19 +92,24 @@ class Slots:
 
     def __init__(self, launcher: Launcher, width: int, *, asynchronous: bool = True) -> None:
         self.launcher, self.kind = launcher, kind(launcher) if asynchronous else "batched"
-        self.width = 1 if self.kind == "basic" else width
+        self.asked, self.cap = width, joblib_width(launcher)
+        # More trials at once than joblib runs would only queue in its workers (under local-gpus, past the slots).
+        self.width = 1 if self.kind == "basic" else min(width, self.cap or width)
         self.waiting: List[Launched] = []  # batched: the batch to launch at the next wait()
         self.running: Dict[int, threading.Thread] = {}  # apart: trial's job number -> the thread that launched it
         self.ended: "queue.Queue[Launched]" = queue.Queue()
 
     def describe(self) -> str:
-        if self.kind == "apart":
-            return f"up to {self.width} at a time, the next as soon as one ends"
+        """How the trials run, said once as the search starts; why fewer at once than hydra.sweeper.n_jobs."""
         if self.kind == "basic":
-            return "one at a time (Hydra's basic launcher runs each in this process)"
+            runner = ("hydra.launcher.n_jobs=1: joblib" if self.cap == 1 else "Hydra's basic launcher")
+            return f"one at a time ({runner} runs each in this process)"
+        capped = f" (hydra.launcher.n_jobs={self.cap})" if self.width < self.asked else ""
+        if self.kind == "apart":
+            return f"up to {self.width} at a time{capped}, the next as soon as one ends"
         why = ("hydra.sweeper.asynchronous=false" if kind(self.launcher) != "batched" else
                f"{type(self.launcher).__name__} may not take several launches at once")
-        return f"in batches of {self.width} ({why}: each batch waits for its slowest trial)"
+        return f"in batches of {self.width}{capped} ({why}: each batch waits for its slowest trial)"
 
     @property
     def busy(self) -> int:

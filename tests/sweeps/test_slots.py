@@ -11,13 +11,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 
-from nli.sweep.slots import kind
+from nli.sweep.slots import Slots, kind
 from tests.support.runs import ROOT, process_env
 from tests.sweeps.test_local_gpus import alive
 
@@ -27,12 +27,17 @@ APP = Path(__file__).with_name("timed_app.py")
 def timed_search(tmp_path: Path, *args: str) -> Dict[int, Dict[str, Any]]:
     """The timed app's search (4 trials, 2 at once: job 0 runs until the 3 others have ended, 120 s at most; the
     others 0.2 s each): each job's start and end."""
+    return timed_search_said(tmp_path, *args)[0]
+
+
+def timed_search_said(tmp_path: Path, *args: str) -> Tuple[Dict[int, Dict[str, Any]], str]:
+    """:func:`timed_search`, and what the sweep wrote (its log)."""
     log = tmp_path / "jobs.jsonl"
     proc = subprocess.run([sys.executable, str(APP), "-m", f"log={log}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
                            f"hydra.searchpath=[file://{ROOT / 'conf'}]", *args], cwd=tmp_path, env=process_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return jobs_of(log)
+    return jobs_of(log), proc.stdout + proc.stderr
 
 
 def jobs_of(log: Path) -> Dict[int, Dict[str, Any]]:
@@ -76,6 +81,33 @@ def test_under_the_basic_launcher_trials_run_one_at_a_time(tmp_path: Path) -> No
 def test_each_launcher_is_known_by_how_it_runs_trials(launcher: str, expected: str) -> None:
     found = {f"{each.__module__}.{each.__qualname__}": each for each in Plugins.instance().discover(Launcher)}
     assert kind(object.__new__(found[launcher])) == expected
+
+
+@pytest.mark.process
+def test_under_joblib_with_one_job_at_a_time_trials_run_one_at_a_time(tmp_path: Path) -> None:
+    """Joblib with n_jobs=1 (local-gpus on a machine with no GPU, or one) runs the job in the calling thread: two
+    trials launched at once from two threads trained side by side in the sweep's own process, one train.log
+    holding both trials' lines, and one trial now and then failing on the other's Hydra state."""
+    jobs, said = timed_search_said(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=1", "others=0",
+                                   "long=0.5", "short=0.5")
+    order: List[Dict[str, float]] = sorted(jobs.values(), key=lambda job: job["started"])
+    assert [job["job"] for job in order] == [0, 1, 2, 3]
+    assert all(later["started"] >= earlier["ended"] for earlier, later in zip(order, order[1:])), order
+    assert said.count("one at a time (hydra.launcher.n_jobs=1: joblib runs each in this process)") == 1, said
+
+
+@pytest.mark.parametrize("n_jobs, expected, width", [(1, "basic", 1), (-1, "apart", 2), (2, "apart", 2),
+                                                      (8, "apart", 4)])
+def test_joblib_runs_no_more_trials_at_once_than_its_n_jobs(n_jobs: int, expected: str, width: int,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """hydra.sweeper.n_jobs=4 under joblib's n_jobs: past it, trials only queue in joblib's workers."""
+    from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)  # -1: every core, as joblib counts them
+    launcher = JoblibLauncher(n_jobs=n_jobs, backend=None, prefer="processes")
+    slots = Slots(launcher, 4)
+    assert (kind(launcher), slots.width) == (expected, width)
+    assert slots.describe().startswith("one at a time" if width == 1 else f"up to {width} at a time")
 
 
 def test_a_launcher_it_does_not_know_gets_batches() -> None:
