@@ -40,7 +40,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobStatus
-from hydra.errors import CompactHydraException, InstantiationException
+from hydra.errors import CompactHydraException, ConfigCompositionException, InstantiationException
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from hydra.utils import instantiate
@@ -297,6 +297,43 @@ def _trials(count: int) -> str:
     return "1 trial" if count == 1 else f"{count} trials"
 
 
+def syntax(drawn: BaseDistribution) -> str:
+    """A distribution as Hydra's sweep syntax writes it (:func:`distribution`'s inverse), for a message."""
+    if isinstance(drawn, CategoricalDistribution):
+        return f"choice({', '.join(str(each) for each in drawn.choices)})"
+    assert isinstance(drawn, (FloatDistribution, IntDistribution))
+    if drawn.step is not None:  # range() leaves its end out: one step past the last value
+        return f"range({_number(drawn.low)}, {_number(drawn.high + drawn.step)}, {_number(drawn.step)})"
+    interval = f"interval({_number(drawn.low)}, {_number(drawn.high)})"
+    return f"tag(log, {interval})" if drawn.log else interval
+
+
+def _number(value: float) -> str:
+    return str(round(value, 12))  # 0.30000000000000004 (0.2 + 0.1) as the 0.3 typed
+
+
+def check_space(study: optuna.Study, space: Space, where: str) -> None:
+    """Refuse, before any trial, a continued study's key drawn from a distribution Optuna cannot put beside the
+    stored one (a choice() of other values, another kind, a log scale added or dropped): Optuna raises it only at
+    the trial's ask, in a traceback, after the trial is made."""
+    stored: Dict[str, Tuple[BaseDistribution, int]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        for key, drawn in trial.distributions.items():
+            first, count = stored.get(key, (drawn, 0))
+            stored[key] = (first, count + 1)
+    for key, new in space.items():
+        if key not in stored:
+            continue
+        old, count = stored[key]
+        try:
+            optuna.distributions.check_distribution_compatibility(old, new)  # the rule Optuna's storage applies
+        except ValueError as error:
+            raise ConfigError(f"{key}={syntax(new)}: the study {study.study_name} in {where} drew {key} from "
+                              f"{syntax(old)} ({_trials(count)}), and Optuna cannot continue it with another "
+                              f"({str(error).rstrip('.')}): give {key}='{syntax(old)}' to continue the study, or "
+                              "start another (another hydra.sweeper.study_name or hydra.sweeper.storage)") from None
+
+
 class OptunaSearch:
     """Asks the study for trials, runs them through the launcher, up to ``n_jobs`` at a time and the next as soon
     as one ends (nli.sweep.slots), has the pruner judge them as they train (nli.sweep.pruning), and tells the
@@ -327,6 +364,7 @@ class OptunaSearch:
         space, fixed = search_space([*own, *arguments])
         sampler, n_trials = self._sampler(space)
         study = open_study(self.settings, sampler, self.pruner)
+        check_space(study, space, f"hydra.sweeper.storage={self.settings.storage}")
         slots = Slots(self.launcher, self.settings.n_jobs, asynchronous=self.settings.asynchronous)
         log.info("study %s in %s: %d trials, %s; %s, %s", study.study_name, self.settings.storage or "memory",
                  n_trials, slots.describe(), type(sampler).__name__, type(self.pruner).__name__)
@@ -337,7 +375,7 @@ class OptunaSearch:
             while (len(jobs) < n_trials and first_failure is None) or slots.busy:
                 refused: List[Launched] = []
                 while len(jobs) < n_trials and first_failure is None and slots.free():
-                    job = self._job(study.ask(space), fixed, len(jobs))
+                    job = self._asked(study, space, fixed, jobs)
                     jobs[job.trial.number] = job.num
                     if job.error is not None:  # never launched: told now, before the next is asked for
                         refused.append(job)
@@ -364,12 +402,29 @@ class OptunaSearch:
             return self.sampler(search_space=points), min(self.settings.n_trials, size)
         return self.sampler, self.settings.n_trials
 
+    def _asked(self, study: optuna.Study, space: Space, fixed: Dict[str, str], jobs: Dict[int, int]) -> Launched:
+        """The next trial's job. A trial asked for that gets no job (its values not drawn, its config not
+        composed) is FAIL at once: left RUNNING, the next command would take it for a stopped trial and resume a
+        folder that never existed. (Ctrl-C leaves it RUNNING, as it leaves the trials in flight.)"""
+        try:
+            return self._job(study.ask(space), fixed, len(jobs))
+        except Exception:
+            for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                if trial.number not in jobs:  # this command's trials in flight are in jobs; earlier ones were told
+                    _told(study, trial.number, state=TrialState.FAIL)
+            raise
+
     def _job(self, trial: optuna.Trial, fixed: Dict[str, str], num: int) -> Launched:
         """The trial's job: its overrides, and the folder it writes (where the pruner reads its evaluations)."""
         assert self.config is not None and self.hydra_context is not None
         overrides = [*(f"{key}={value}" for key, value in trial.params.items()),
                      *(f"{key}={value}" for key, value in fixed.items())]
-        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        try:
+            config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        except ConfigCompositionException as error:  # a drawn value its key's type refuses (interval() of an int)
+            what = ": ".join(str(each).splitlines()[0] for each in (error, error.__cause__) if each is not None)
+            raise ConfigError(f"trial {trial.number}: {what}: give that key a range of values its type takes (an "
+                              "integer key: choice() or range())") from None
         own = getattr(self.launcher, "run_folder", None)  # the Vertex launcher's: the job's folder in the bucket
         folder = own(overrides, num) if own else run_folder(self.config, config, num)
         log.info("trial %d is job %d: %s", trial.number, num, " ".join(overrides))

@@ -538,6 +538,50 @@ def test_a_study_continued_in_the_other_direction_or_by_another_optuna_is_refuse
                            f"version {optuna.__version__} is no longer compatible with the table schema"), said
 
 
+@pytest.mark.parametrize("typed, said", [
+    ("train.batch_size=choice(8,16)", "train.batch_size=choice(8, 16): the study quickstart in {storage} drew "
+     "train.batch_size from choice(16, 32, 64) (1 trial), and Optuna cannot continue it with another "
+     "(CategoricalDistribution does not support dynamic value space): give "
+     "train.batch_size='choice(16, 32, 64)' to continue the study, or start another (another "
+     "hydra.sweeper.study_name or hydra.sweeper.storage)"),
+    ("schedule.warmup_ratio=tag(log,interval(0.01,0.2))", "schedule.warmup_ratio=tag(log, interval(0.01, 0.2)): the "
+     "study quickstart in {storage} drew schedule.warmup_ratio from interval(0.0, 0.2) (1 trial), and Optuna cannot "
+     "continue it with another (Cannot set different log configuration to the same parameter name): give "
+     "schedule.warmup_ratio='interval(0.0, 0.2)' to continue the study, or start another"),
+], ids=["choice", "log"])
+def test_a_study_continued_with_a_space_optuna_cannot_take_is_refused_by_key_before_any_trial(
+        tmp_path: Path, typed: str, said: str) -> None:
+    """Optuna takes a continued study's key only from a distribution like the stored one: another choice() ended
+    the search in a traceback at the first ask, and left that trial RUNNING, which the next command "resumed"."""
+    sweep_dir = tmp_path / "search"
+    first = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=1",
+                     f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    for path in sweep_dir.glob("*"):
+        if path.is_dir():
+            shutil.rmtree(path)  # the first trial's folder: refused_search asserts none is made
+    refused = refused_search(sweep_dir, typed)
+    assert refused.startswith("error: " + said.format(storage=f"hydra.sweeper.storage=sqlite:///{sweep_dir}/optuna.db"))
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:
+        assert db.execute("SELECT state FROM trials").fetchall() == [("COMPLETE",)]  # no trial asked
+
+
+def test_a_trial_asked_for_that_never_gets_a_job_is_failed_not_left_running(tmp_path: Path) -> None:
+    """An interval() for an int key draws a value the config refuses once the trial is asked for: the search ended
+    in Hydra's message of six lines, and the trial was left RUNNING, which the next command took for a stopped trial
+    to resume. Now one line, and the trial is FAIL."""
+    sweep_dir = tmp_path / "search"
+    done = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=1",
+                    "train.batch_size=interval(8,16)", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    said = done.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: trial 0: Error merging override train.batch_size=[\d.]+: Value '[\d.]+' of type "
+                        r"'float' could not be converted to Integer: give that key a range of values its type takes "
+                        r"\(an integer key: choice\(\) or range\(\)\)", said), done.stderr
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:
+        assert db.execute("SELECT state FROM trials").fetchall() == [("FAIL",)]
+
+
 def test_a_misspelt_pruner_is_named_with_the_pruners_there_are(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "search"
     proc = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra/sweeper/pruner=medain",
