@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import math
@@ -334,6 +335,12 @@ def check_space(study: optuna.Study, space: Space, where: str) -> None:
                               "start another (another hydra.sweeper.study_name or hydra.sweeper.storage)") from None
 
 
+def job_number(trial: optuna.Trial) -> int:
+    """A trial's job number, and so its folder (``${hydra.job.num}``): its number in the study, unique across the
+    commands that continue it, or that of the stopped trial it resumes, whose folder it takes up again."""
+    return int(trial.user_attrs.get("resumes", trial.number))
+
+
 class OptunaSearch:
     """Asks the study for trials, runs them through the launcher, up to ``n_jobs`` at a time and the next as soon
     as one ends (nli.sweep.slots), has the pruner judge them as they train (nli.sweep.pruning), and tells the
@@ -365,6 +372,8 @@ class OptunaSearch:
         sampler, n_trials = self._sampler(space)
         study = open_study(self.settings, sampler, self.pruner)
         check_space(study, space, f"hydra.sweeper.storage={self.settings.storage}")
+        if isinstance(sampler, optuna.samplers.GridSampler):
+            n_trials = self._untried(study, space, n_trials)
         slots = Slots(self.launcher, self.settings.n_jobs, asynchronous=self.settings.asynchronous)
         log.info("study %s in %s: %d trials, %s; %s, %s", study.study_name, self.settings.storage or "memory",
                  n_trials, slots.describe(), type(sampler).__name__, type(self.pruner).__name__)
@@ -407,12 +416,27 @@ class OptunaSearch:
         composed) is FAIL at once: left RUNNING, the next command would take it for a stopped trial and resume a
         folder that never existed. (Ctrl-C leaves it RUNNING, as it leaves the trials in flight.)"""
         try:
-            return self._job(study.ask(space), fixed, len(jobs))
+            trial = study.ask(space)
+            return self._job(trial, fixed, job_number(trial))
         except Exception:
-            for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                if trial.number not in jobs:  # this command's trials in flight are in jobs; earlier ones were told
-                    _told(study, trial.number, state=TrialState.FAIL)
+            for running in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                if running.number not in jobs:  # this command's trials in flight are in jobs; earlier ones were told
+                    _told(study, running.number, state=TrialState.FAIL)
             raise
+
+    @staticmethod
+    def _untried(study: optuna.Study, space: Space, n_trials: int) -> int:
+        """The trials a grid search runs: its points no finished trial of the study has tried (past them, Optuna's
+        grid sampler draws tried points again); a stopped trial's point is untried (it runs again first)."""
+        finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+        points = grid(space)
+        tried = {tuple(trial.params.get(key) for key in points) for trial in finished}
+        untried = [point for point in itertools.product(*points.values()) if point not in tried]
+        if len(untried) < n_trials:
+            log.info("the grid's points: %d, %d untried in study %s: this command runs %d trial(s)",
+                     math.prod(len(values) for values in points.values()), len(untried), study.study_name,
+                     len(untried))
+        return min(n_trials, len(untried))
 
     def _job(self, trial: optuna.Trial, fixed: Dict[str, str], num: int) -> Launched:
         """The trial's job: its overrides, and the folder it writes (where the pruner reads its evaluations)."""

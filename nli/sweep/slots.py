@@ -86,6 +86,17 @@ class Launched:
     error: Optional[BaseException] = field(default=None, repr=False)  # launch() itself raised
 
 
+def _consecutive(batch: List[Launched]) -> List[List[Launched]]:
+    """A batch in runs of consecutive job numbers (a trial resuming a stopped one takes that one's number)."""
+    runs: List[List[Launched]] = []
+    for job in batch:
+        if runs and runs[-1][-1].num + 1 == job.num:
+            runs[-1].append(job)
+        else:
+            runs.append([job])
+    return runs
+
+
 class Slots:
     """Starts trials' jobs through ``launcher``, at most ``width`` at once, and hands each back as it ends;
     not ``asynchronous``: in batches of ``width``, each launched whole, as Hydra's own sweepers do."""
@@ -130,9 +141,10 @@ class Slots:
         """The jobs that have ended: at least one (a batch's whole batch), blocking until then."""
         if self.waiting:
             batch, self.waiting = self.waiting, []
-            returns = self.launcher.launch([job.overrides for job in batch], initial_job_idx=batch[0].num)
-            for job, result in zip(batch, returns):
-                job.result = result
+            for run in _consecutive(batch):  # Hydra numbers a launch's jobs on from its first
+                returns = self.launcher.launch([job.overrides for job in run], initial_job_idx=run[0].num)
+                for job, result in zip(run, returns):
+                    job.result = result
             return batch
         try:
             ended = [self._next()]

@@ -375,14 +375,51 @@ def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path
     assert all(1e-4 <= lr <= 1e-2 for lr in lrs)
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert best["best_value"] == max(row["objective"] for row in rows)
-    # The best printed is a row of the table printed (the continued command's one job), and the study's best
-    # is said apart where the first command ran it (ties go to the earlier trial).
+    # The best printed is a row of the table printed (the continued command's one job, numbered as its trial),
+    # and the study's best is said apart where the first command ran it (ties go to the earlier trial).
     said = again.stdout + again.stderr
-    assert "best of this command's trials: job 0 of the sweep's table, " in said
+    assert "best of this command's trials: job 2 of the sweep's table, " in said
     assert ("of an earlier command" in said) == (max(row["objective"] for row in rows[:2]) >= rows[2]["objective"])
-    for row in rows:  # each trial in a folder of its own, named by its values
+    for row in rows:  # each trial in a folder of its own, named by its number in the study
         assert read_results(Path(row["output_dir"]))["objective"] == row["objective"]
-        assert Path(row["output_dir"]).name.startswith(f"lr={float(row['optimizer.lr'])},bs=")
+        assert Path(row["output_dir"]).name == f"trial={row['job']}"
+    assert [row["job"] for row in rows] == [0, 1, 2]
+
+
+def test_trials_that_share_their_named_values_each_run_in_a_folder_and_a_row_of_their_own(tmp_path: Path) -> None:
+    """A trial's folder was named by four keys and the seed: trials apart only in another searched key shared a
+    folder, the second failing on the first's run ("holds a finished run with other settings") and its row
+    replacing the first's. The same grid command again drew tried points again (duplicate trials)."""
+    sweep_dir = tmp_path / "search"
+    args = ["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={sweep_dir}",
+            "optimizer.lr=1e-3", "train.batch_size=32", "schedule.warmup_ratio=0.1", "optimizer.weight_decay=0.01",
+            "train.max_steps=choice(4,8)", "hydra/sweeper/sampler=grid", "~hydra.sweeper.sampler.n_startup_trials"]
+    for _ in range(2):  # the second: every point tried, nothing to run
+        done = run_app(args, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+    rows = sweep.read_rows(sweep_dir)
+    assert [(row["job"], row["state"]) for row in rows] == [(0, "COMPLETED"), (1, "COMPLETED")], rows
+    assert sorted(str(row["train.max_steps"]) for row in rows) == ["4", "8"]
+    for row in rows:  # each folder holds its own trial's run
+        overrides = read_results(Path(row["output_dir"]))["provenance"]["overrides"]
+        assert overrides.count(f"train.max_steps={row['train.max_steps']}") == 1, overrides
+    assert "2 untried" not in done.stdout + done.stderr and "0 untried in study quickstart" in done.stdout
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM trials").fetchone() == (2,)
+
+
+def test_trials_the_sampler_gives_the_same_values_each_have_a_row(tmp_path: Path) -> None:
+    """The random sampler drew a choice() value twice: the second trial answered from the first's folder and
+    replaced its row (4 trials, 2 rows)."""
+    sweep_dir = tmp_path / "search"
+    done = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=2", "optimizer.lr=1e-3",
+                    "train.batch_size=32", "schedule.warmup_ratio=0.1", "optimizer.weight_decay=0.01",
+                    "train.max_steps=choice(4)", "hydra/sweeper/sampler=random",
+                    "~hydra.sweeper.sampler.n_startup_trials", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = sweep.read_rows(sweep_dir)
+    assert [(row["job"], row["state"]) for row in rows] == [(0, "COMPLETED"), (1, "COMPLETED")], rows
+    assert len({row["output_dir"] for row in rows}) == 2
 
 
 def test_a_grid_search_runs_every_point_of_its_grid_and_ends_with_its_best(tmp_path: Path) -> None:
