@@ -370,11 +370,12 @@ def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) 
     _check_ranges(base, overrides)
     _check_slurm(base)
     _check_keys(base, overrides, groups)
-    _check_values(config_name, overrides, groups, choices, base)
-    _check_jobs(config_name, overrides, groups, base)
+    # The sweep's own settings (its launcher's, its folder), once: a value they refuse is no job's fault.
     plain = [_line(o) for o in overrides if o.key_or_group.startswith("hydra.") and not o.is_sweep_override()]
     launched = _compose(config_name, [*choices, *plain])
     _check_slurm_gpus(launched)
+    _check_values(config_name, overrides, groups, choices, base)
+    _check_jobs(config_name, overrides, groups, base)
     _check_folder("hydra.sweep.dir", str(launched.hydra.sweep.dir))
 
 

@@ -446,3 +446,12 @@ def test_a_misspelt_option_in_a_list_of_a_group_is_named_with_the_groups_options
     with pytest.raises(SystemExit, match=r"^error: logger has no option tensorbord \(did you mean tensorboard\?\): "
                                          r"its options are csv, none, tensorboard, wandb$"):
         check(["experiment=quickstart", *argv], CONF, "train")
+
+
+def test_a_value_the_launcher_refuses_is_named_as_the_sweeps_not_as_every_jobs() -> None:
+    """A launcher's setting is the sweep's: its refusal said "every job of the sweep would stop as it starts ...
+    drop it from the sweep", where nothing was swept."""
+    with pytest.raises(SystemExit, match=r"^error: hydra.launcher.strategy=spot: Invalid value 'spot', expected one "
+                                         r"of \[STANDARD, SPOT, FLEX_START\]$"):
+        check(["-m", "hydra/launcher=vertex", "experiment=quickstart", "hydra.launcher.strategy=spot", "seed=1,2"],
+              CONF, "train")
