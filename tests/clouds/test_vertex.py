@@ -506,7 +506,8 @@ def test_a_staging_bucket_that_does_not_exist_stops_the_sweep_before_any_job(fak
     assert proc.returncode == 1, output
     assert created_jobs(fake, before) == []
     assert "error: hydra.launcher.staging_bucket=gs://no-such-bucket/sweeps: bucket no-such-bucket does not exist " \
-           "(create it: gcloud storage buckets create gs://no-such-bucket)" in output.splitlines(), output
+           "(create it: gcloud storage buckets create gs://no-such-bucket); nothing was built or submitted" \
+           in output.splitlines(), output
     assert "could not be written" not in output and "Traceback" not in output, output
 
 
@@ -808,6 +809,7 @@ def test_discovery_stays_light() -> None:
     ({"secrets": {"WANDB_API_KEY": "wandb-api-key"}}, "is not a Secret Manager version"),
     ({"env": {"WANDB_API_KEY": "abc"}}, "hydra.launcher.env.WANDB_API_KEY would put a secret"),
     ({"failed_log_lines": -1}, "failed_log_lines >= 0"),
+    ({"timeout": -5}, r"hydra.launcher.timeout=-5 must be a positive number of seconds, or null"),
     ({"tensorboard": "my-tensorboard"}, "is not a TensorBoard's resource name"),
     ({"tensorboard": f"projects/{PROJECT}/locations/europe-west4/tensorboards/1", "service_account": "a@b"},
      "is in europe-west4 and the jobs run in us-central1"),

@@ -64,6 +64,9 @@ def check_settings(settings: VertexLauncherConf) -> None:
     if settings.max_concurrent_jobs < 1 or settings.poll_interval <= 0 or settings.failed_log_lines < 0:
         raise LaunchError("hydra.launcher.max_concurrent_jobs must be >= 1, poll_interval > 0 and "
                           "failed_log_lines >= 0")
+    if settings.timeout is not None and settings.timeout <= 0:  # Vertex AI would take "-5s" as its request's
+        raise LaunchError(f"hydra.launcher.timeout={settings.timeout} must be a positive number of seconds, or null "
+                          "for Vertex AI's default (7 days)")
     for name, version in settings.secrets.items():
         if not _SECRET_VERSION.match(version):
             raise LaunchError(f"hydra.launcher.secrets.{name}={version} is not a Secret Manager version: "
@@ -85,7 +88,7 @@ def check_bucket(settings: VertexLauncherConf) -> None:
         # Only a missing bucket stops the sweep: your credentials may be refused where the jobs' service account
         # may write, and the launcher's own writes say so, one warning each.
         if isinstance(error.__cause__, NotFound):
-            raise LaunchError(str(error)) from None
+            raise LaunchError(f"{error}; nothing was built or submitted") from None
 
 
 def check_prices(settings: VertexLauncherConf) -> None:
