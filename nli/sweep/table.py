@@ -476,10 +476,20 @@ class SweepResults(Callback):
             lines = "\n".join(f"  #{row['job']} {' '.join(row['overrides'])}: {row.get('error') or row['state']}"
                               for row in ended_badly)
             log.error("%d of the sweep's jobs failed (the others ran):\n%s", len(ended_badly), lines)
-        log.info("The sweep's files:\n  table    %s\n  jobs     %s/<job>/ (results.json, model/, train.log)\n"
+        log.info("The sweep's files:\n  table    %s\n  jobs     %s\n"
                  "  report   python -m nli.report %s   (report.md and the learning curves)",
-                 sweep_dir / RESULTS_CSV, sweep_dir, sweep_dir)
+                 sweep_dir / RESULTS_CSV, _job_folders(rows), sweep_dir)
         return ended_badly
+
+
+def _job_folders(rows: Sequence[Dict[str, Any]]) -> str:
+    """Where the jobs wrote, as the table's output_dir column has it (a search's trial=<n>, a Vertex AI job's
+    folder in the bucket): the first, for its form."""
+    first = str(rows[0].get("output_dir") or "")
+    if not first:
+        return "the table's output_dir column"
+    files = "" if "://" in first else " (results.json, model/, train.log)"
+    return f"{first}{files}, and each job's in the table's output_dir column" if len(rows) > 1 else f"{first}{files}"
 
 
 def report(sweep_dir: Path, sweep_id: Optional[str]) -> List[Dict[str, Any]]:

@@ -76,6 +76,9 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
     assert f"train.checkpoint_dir={BLOCKED}: error: {BLOCKED_ERROR}" in failed[1]
     assert "Traceback" not in output
     assert (sweep_dir / "sweep_results.csv").read_text().count("\n") == 3  # header and two rows
+    # Where the jobs wrote, as the table has it (a search's trial=<n>, a Vertex AI job's bucket folder), not a form.
+    assert (f"  jobs     {sweep_dir / '0'} (results.json, model/, train.log), and each job's in the table's "
+            "output_dir column\n") in proc.stdout
 
     first = rows
 
