@@ -495,7 +495,7 @@ def report(run: Run, training: Training, loaded: Data, result: TrainResult,
     classes = results.analyse([(loaded.evaluate, final), *zip(loaded.extras, extra_evaluations)], training.trackers,
                               out, step=result.steps, save_predictions=run.cfg.eval.save_predictions)
     if best_model is not None:
-        write_predictions(task, loaded.test, best_model, loaded.evaluate, out.storage, out.world)
+        out.predicted += write_predictions(task, loaded.test, best_model, loaded.evaluate, out.storage, out.world)
     early, pruned = training.early_stopping, training.pruning.pruned_at if training.pruning else None
     figures = {"objective": final.objective, **final.metrics, **extra, "task": task.name,
                "train_examples_per_second": result.examples_per_second,
@@ -564,7 +564,7 @@ def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:
         trackers.log_final({f"eval/{name}": value for name, value in {**final.metrics, **extra}.items()}, step=0)
     classes = results.analyse([(own.evaluate, final), *zip(extras, extra_evaluations)], trackers, out, step=0,
                               save_predictions=cfg.eval.save_predictions)
-    write_predictions(cfg.task, own.test, model, own.evaluate, out.storage, world)
+    out.predicted += write_predictions(cfg.task, own.test, model, own.evaluate, out.storage, world)
     figures = {"objective": final.objective, **final.metrics, **extra, "task": cfg.task.name, "evaluated_model": where,
                **({"evaluated_weights": weights} if weights else {}),
                "eval_examples_per_second": own.evaluate.examples_per_second(),

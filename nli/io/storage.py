@@ -200,6 +200,14 @@ class Storage:
             return []
         return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.path(name), detail=False))
 
+    def files_under(self, name: str) -> List[str]:
+        """Paths (relative to the root) of every file under ``name``, at any depth (none if it does not exist)."""
+        if not self.fs.isdir(self.path(name)):
+            return []
+        prefix = self.path(name).rstrip("/") + "/"
+        return sorted(posixpath.join(name, found[len(prefix):]) for found in self.fs.find(self.path(name))
+                      if found.startswith(prefix))
+
     def remove(self, name: str) -> None:
         if self.fs.exists(self.path(name)):
             self.fs.rm(self.path(name), recursive=True)

@@ -51,6 +51,9 @@ class Outputs:
     warnings: List[str] = field(default_factory=list)  # settings that cannot take effect: logged, in results.json
     # The code, libraries, device, command (nli.runtime.provenance).
     provenance: Dict[str, Any] = field(default_factory=dict)
+    # The prediction files this attempt wrote (predictions/, eval_predictions/): the final phase removes the others,
+    # an earlier attempt's that no longer describe the run's model (nli.output.results.finish).
+    predicted: List[str] = field(default_factory=list)
 
     def warn(self, message: str) -> None:
         log.warning("%s", message)

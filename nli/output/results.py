@@ -34,6 +34,7 @@ def analyse(evaluated: List[Tuple[Evaluations, Evaluation]], trackers: Trackers,
                 out.claim.check()
             for name, text in per_class.files(scored):
                 out.storage.write_text(name, text)
+                out.predicted.append(name)
     if save_predictions:
         log.info("each eval example's prediction written to %s", out.storage.describe(per_class.FOLDER))
     return {**per_class.results(analyses), **reliability.results(scored)}  # calibration beside per_class
@@ -48,6 +49,7 @@ def finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[st
     if out.world.is_main:
         if out.claim is not None:
             out.claim.check()
+        _remove_stale(out)
         out.storage.write_text(contract.RESULTS_FILE, json.dumps(results, indent=2) + "\n")
     trackers.finish(results)
     log.info("results: %s", summary(results))
@@ -55,6 +57,22 @@ def finish(results: Dict[str, Any], trackers: Trackers, out: Outputs) -> Dict[st
         log.info("%s", _files(out, trackers, exported="evaluated_model" not in results))
     out.world.barrier()  # no rank returns before the run's outputs are written
     return results
+
+
+def _remove_stale(out: Outputs) -> None:
+    """The prediction files an earlier attempt of the run left and this one did not write (train.predict or
+    eval.save_predictions since turned off, an eval.extra set dropped): they describe another model, and the report
+    tools would read them as this one's. Removed after this attempt wrote its own and before results.json, so an
+    attempt stopped in between leaves them to the next, which writes its files again and removes the same."""
+    written = set(out.predicted)
+    for folder in (contract.PREDICTIONS_DIR, per_class.FOLDER):
+        stale = [name for name in out.storage.files_under(folder) if name not in written]
+        for name in stale:
+            out.storage.remove(name)
+        if stale:
+            log.info("removed %s: an earlier attempt's, not written by this one", ", ".join(stale))
+        if not out.storage.files_under(folder):
+            out.storage.remove(folder)  # no empty folder left for the file list to name
 
 
 # Figures of results.json that describe how the run went, not how well its model does.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch.utils.data import DataLoader
@@ -30,10 +30,11 @@ log = logging.getLogger(__name__)
 
 
 def write_predictions(task: TaskConfig, loaders: Dict[str, DataLoader], model: torch.nn.Module,
-                      evaluations: oom.Evaluations, storage: Storage, world: World) -> None:
+                      evaluations: oom.Evaluations, storage: Storage, world: World) -> List[str]:
     """Each test split's predictions in GLUE's submission format, under predictions/: in the batches the
-    evaluations found to fit (or smaller, where these do not), with their labels' map."""
+    evaluations found to fit (or smaller, where these do not), with their labels' map. The files' paths."""
     evaluator, size = evaluations.evaluator, evaluations.batch_size()
+    written: List[str] = []
     for split, loader in loaders.items():
         predicted, size = oom.fitting(lambda each: relabel(gather(predict(model, each, task, evaluator.compute),
                                                                   world), evaluator.label_map),
@@ -41,7 +42,9 @@ def write_predictions(task: TaskConfig, loaders: Dict[str, DataLoader], model: t
         name, text = submission(task, split, predicted)
         if world.is_main:
             storage.write_text(f"{contract.PREDICTIONS_DIR}/{name}", text)
+        written.append(f"{contract.PREDICTIONS_DIR}/{name}")
         log.info("test predictions for %s written to %s", split, storage.describe(contract.PREDICTIONS_DIR, name))
+    return written
 
 
 def submission(task: TaskConfig, split: str, predictions: Predictions) -> Tuple[str, str]:

@@ -476,3 +476,34 @@ def test_an_mnli_run_from_before_the_diagnostic_set_has_the_identity_it_had() ->
     assert isinstance(resolved, dict) and resolved["task"]["diagnostic"]["submission"] == "AX"
     before = {**resolved, "task": {k: v for k, v in resolved["task"].items() if k != "diagnostic"}}
     assert identity(resolved) == identity(before) and digest(identity(resolved)) == digest(identity(before))
+
+
+def test_a_continuation_keeps_only_the_predictions_its_own_model_made(tmp_path: Path) -> None:
+    """Continued with train.predict off and an eval.extra set dropped, the earlier attempt's test predictions and
+    that set's eval predictions described the step-2 model: they stayed, the run's file list named them and the
+    report tools read them as the continued model's. The final phase removes what it did not write, keeps what it
+    wrote, and a repeat of that phase (results.json lost) ends the same."""
+    from tests.support.nli_layouts import write_sets
+    from tests.support.runs import GLUE_DATA
+
+    run_dir, sets = tmp_path / "run", write_sets(tmp_path / "sets")
+    rte = ["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "data.max_seq_length=64", "train.batch_size=16",
+           "train.eval_every=2", "train.progress_bar=false", "hw=cpu"]
+    train(run_dir, *rte, "train.max_steps=2", "train.predict=true", "eval.extra=[hans]", f"eval.dir={sets}")
+    assert (run_dir / "predictions" / "RTE.tsv").is_file() and (run_dir / "eval_predictions" / "hans").is_dir()
+    went_on = [*rte, "train.max_steps=4", "train.predict=false", "eval.extra=[]",
+               "train.accept_changes=[train.max_steps,train.predict,eval.extra,eval.dir]"]
+    output = train(run_dir, *went_on)
+    kept = sorted(str(p.relative_to(run_dir)) for p in (run_dir / "eval_predictions").rglob("*") if p.is_file())
+    assert not (run_dir / "predictions").exists() and not re.search(r"^\s+predictions\s", output, re.M)
+    assert kept == ["eval_predictions/validation.jsonl"]
+    assert read_results(run_dir)["train_steps"] == 4
+    written = files(run_dir)
+    (run_dir / "results.json").unlink()  # as if stopped in its final phase: the same command ends it again
+    train(run_dir, *went_on)
+    assert {name for name in files(run_dir) if "predictions" in name} == \
+        {name for name in written if "predictions" in name}
+    # Continued with eval.save_predictions=false: the folder holds no eval predictions of an earlier model.
+    train(run_dir, *went_on[:-1], "train.max_steps=6", "eval.save_predictions=false",
+          "train.accept_changes=[train.max_steps]")
+    assert not (run_dir / "eval_predictions").exists() and read_results(run_dir)["train_steps"] == 6

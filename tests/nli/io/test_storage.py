@@ -623,3 +623,14 @@ def test_what_writers_killed_mid_write_left_is_removed_and_nothing_else(tmp_path
     assert sorted(os.listdir(tmp_path / "run")) == sorted([*mine, "results.json"])
     assert storage.read_bytes("results.json") == b"{}"
     assert storage.remove_staging() == []
+
+
+def test_the_files_under_a_folder_are_named_at_every_depth_from_the_root(folder: Storage) -> None:
+    """What a run's final phase lists to remove an earlier attempt's prediction files (nli.output.results)."""
+    for name in ("eval_predictions/validation.jsonl", "eval_predictions/hans/validation.jsonl", "results.json"):
+        folder.write_text(name, "{}\n")
+    assert folder.files_under("eval_predictions") == ["eval_predictions/hans/validation.jsonl",
+                                                      "eval_predictions/validation.jsonl"]
+    folder.remove("eval_predictions/hans/validation.jsonl")
+    assert folder.files_under("eval_predictions") == ["eval_predictions/validation.jsonl"]
+    assert folder.files_under("predictions") == []
