@@ -103,10 +103,7 @@ def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str
     if task.no_gold_label is not None and isinstance(value, str) and value.strip() == task.no_gold_label:
         return NO_LABEL
     if task.is_regression:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise DataError(f"{where}: the score {value!r} is not a number") from None
+        return _score(value, where)
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if isinstance(value, str) and value.strip() in lookup:
@@ -124,6 +121,26 @@ def parse_label(value: Any, task: TaskConfig, lookup: Dict[str, int], where: str
     raise DataError(f"{where}: {_unknown(value)} for task {task.name}; known labels: {known}{ids}{no_gold}")
 
 
+def _score(value: Any, where: str) -> float:
+    """A regression's gold score: a finite number. NaN or infinity (written so, or an empty cell read as NaN) made
+    training stop on a loss of NaN that blamed the learning rate, and a dev set score NaN without a word."""
+    if _empty(value):
+        raise DataError(f"{where}: no score (the label column is empty there): give each labelled example its score")
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: the score {value!r} is not a number") from None
+    if not math.isfinite(score):  # as written: a CSV's column of numbers gives the float, a column of text the text
+        raise DataError(f"{where}: the score {str(value)!r} is not a finite number: give each labelled example a "
+                        "finite score")
+    return score
+
+
+def _empty(value: Any) -> bool:
+    """A label cell with nothing in it, as a file's reader gives it (None, NaN, blank text)."""
+    return value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == ""
+
+
 def _whole_number(value: Any) -> Optional[int]:
     """The whole number a label written as a decimal stands for (1.0, "1.0"); None for any other value."""
     if isinstance(value, str):
@@ -138,8 +155,7 @@ def _whole_number(value: Any) -> Optional[int]:
 
 def _unknown(value: Any) -> str:
     """What is wrong with a label that names none of the task's, said for what it is."""
-    empty = value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == ""
-    if empty:
+    if _empty(value):
         return "no label (the label column is empty there)"
     if isinstance(value, float) and not value.is_integer():
         return (f"unknown label {value!r} (the label column was read as decimal numbers: a label id is a whole "

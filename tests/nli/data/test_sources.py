@@ -785,3 +785,34 @@ def test_mnlis_diagnostic_set_in_a_bucket_is_read_as_the_local_one(tmp_path: Pat
         "AX.tsv, the predictions on GLUE's diagnostic set that a GLUE submission takes from the mnli model, will not "
         f"be written: {bucket}/without/diagnostic/diagnostic.tsv does not exist: put GLUE's diagnostic.tsv there, as "
         "its download does"]
+
+
+@pytest.mark.parametrize("case", ["nan in a glue dev file", "inf in your own train file", "empty cell in your own dev"])
+def test_a_score_that_is_not_finite_names_the_file_and_row(case: str, tmp_path: Path, datasets_cache: Path) -> None:
+    """STS-B scores written nan or inf were gold labels: training stopped on a loss of NaN that blamed the learning
+    rate, and a dev set scored NaN with exit status 0. They are refused as a score written 'abc' is."""
+    from tests.support.glue_layouts import stsb_dir, stsb_row
+
+    glue = stsb_dir(tmp_path / "glue_data", sizes=(16, 8, 4))
+    if case.startswith("nan"):
+        dev = glue / "STS-B" / "dev.tsv"
+        lines = [line.split("\t") for line in dev.read_text().splitlines()]
+        lines[5] = stsb_row(4, lines[5][7], lines[5][8], "nan")
+        write_tsv(dev, lines)
+        message = load_error(["task=stsb", f"data.dir={glue}"])
+        expected = f"{dev}, line 6: the score 'nan' is not a finite number: give each labelled example a finite score"
+    else:
+        files = {}
+        for split, name in [("train", "train"), ("validation", "dev")]:
+            frame = pd.DataFrame(read_glue_tsv(glue / "STS-B" / f"{name}.tsv"))[["sentence1", "sentence2", "score"]]
+            if (split == "train") == case.startswith("inf"):
+                frame.loc[2, "score"] = "inf" if case.startswith("inf") else ""
+            files[split] = tmp_path / f"{split}.csv"
+            frame.rename(columns={"score": "label"}).to_csv(files[split], index=False)
+        message = load_error(["task=stsb", *(f"+data.files.{split}={path}" for split, path in files.items())])
+        where = files["train" if case.startswith("inf") else "validation"]
+        said = ("the score 'inf' is not a finite number: give each labelled example a finite score"
+                if case.startswith("inf") else
+                "no score (the label column is empty there): give each labelled example its score")
+        expected = f"{where}, row 3: {said}"
+    assert message.startswith(expected), message
