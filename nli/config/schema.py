@@ -735,6 +735,7 @@ class Config:
                  f"task={task.name} has no Hub dataset (task.hub_dataset); set data.files")
         _require(not data.columns or bool(data.files), "data.columns maps the columns of data.files; "
                  "set data.files too (a GLUE directory's columns are known)")
+        self._check_columns()
         _require(not self.train.predict or bool(task.test_splits),
                  f"train.predict=true needs a test split, and task={task.name} has none "
                  "(task.test_splits)")
@@ -744,6 +745,19 @@ class Config:
             missing = [split for split in needed if split not in data.files]
             _require(not missing, f"data.files must name a file for the split(s) {missing} of "
                      f"task={task.name}: add +data.files.{missing[0] if missing else ''}=path/to/file.csv")
+
+    def _check_columns(self) -> None:
+        """Each key of data.columns is a column the task reads: a misspelt one (lable) was never read, and the run
+        trained on the file's column of the task's own name, or stopped on one it lacked, with no word of the key."""
+        import difflib
+
+        task = self.task
+        known = [*task.text_fields, *task.groups, "label"]
+        for key in self.data.columns:
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            meant = f"did you mean data.columns.{near[0]}? " if near else ""
+            _require(key in known, f"data.columns.{key} names no column task={task.name} reads, so nothing would read "
+                     f"it: {meant}data.columns maps {', '.join(known)} to the files' columns")
 
     def _check_loggers(self) -> None:
         for name, logger in self.logger.items():

@@ -23,7 +23,7 @@ from nli.config.schema import AdamConfig, Config, CsvConfig, SGDConfig, TensorBo
 from nli.contract import job_needs
 from nli.errors import ConfigError
 from tests.conftest import build_config, compose_config
-from tests.support.runs import CONF, ROOT, run_app, run_process
+from tests.support.runs import CONF, GLUE_DATA, ROOT, run_app, run_process
 
 # Every option of every group of the run's config, nested ones (model/peft) included; not Hydra's own
 # (hydra/launcher's presets, typed by their launchers: tests/clouds/test_vertex_day_one.py, test_local_gpus.py).
@@ -271,6 +271,11 @@ def imported(stderr: str) -> Set[str]:
     return {line.split("|")[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
 
+# RTE's real files, as files of your own.
+OWN_RTE = ["task=rte", "model=tiny", "train.max_steps=2", f"+data.files.train={GLUE_DATA}/RTE/train.tsv",
+           f"+data.files.validation={GLUE_DATA}/RTE/dev.tsv"]
+
+
 @pytest.mark.parametrize("args,expected", [
     (["model=robert-base"], ["Could not find 'model/robert-base'", "roberta-base", "roberta-large"]),
     (["train.epocs=3"], ["error: train.epocs is not a key of this config: did you mean train.epochs?"]),
@@ -285,6 +290,11 @@ def imported(stderr: str) -> Set[str]:
     (["experiment=quickstart", "model.scratch.dropout=1.5"], ["error: model.scratch.dropout=1.5 must be in [0, 1)"]),
     (["experiment=quickstart", "model.dropout=0.2"], ["error: model.dropout=0.2 sets a pretrained checkpoint's "
                                                       "dropout", "set model.scratch.dropout=0.2 instead"]),
+    # A data.columns key that names no column of the task was never read: the run trained on the file's `label`.
+    ([*OWN_RTE, "+data.columns.lable=gold"], ["error: data.columns.lable names no column task=rte reads, so nothing "
+                                              "would read it: did you mean data.columns.label? data.columns maps "
+                                              "sentence1, sentence2, label to the files' columns"]),
+    ([*OWN_RTE, "+data.columns.premise=text_a"], ["error: data.columns.premise names no column task=rte reads"]),
 ])
 def test_bad_input_on_the_command_line(tmp_path: Path, args: list[str], expected: list[str]) -> None:
     """What a user sees: a non-zero exit and the key, and nothing written."""
