@@ -2,18 +2,18 @@
 
 Written with every export (nli.output.export), by huggingface_hub's own model card API, so that the Hub and
 ``ModelCard.load`` read it: the metadata block names the base model, the data set (GLUE's Hub id
-``nyu-mll/glue`` with the task's config, or the task's own), and the best checkpoint's metrics as the
-Hub's ``model-index``; the text gives the hyperparameters, the framework versions and the command
-that trains the same model again (with the commit of the code, nli.runtime.provenance). Where the
-predictions of the evaluation it describes call for a warning (one class for every example, NaN outputs:
-nli.evaluate.per_class), the card gives it too, as results.json does.
+``nyu-mll/glue`` with the task's config, or the task's own; files of your own by their names, GLUE unnamed), and the
+best checkpoint's metrics as the Hub's ``model-index``; the text gives the hyperparameters, the framework
+versions and the command that trains the same model again (with the commit of the code,
+nli.runtime.provenance). Where the predictions of the evaluation it describes call for a warning (one class
+for every example, NaN outputs: nli.evaluate.per_class), the card gives it too, as results.json does.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -60,9 +60,9 @@ class Card:
                   f"`{model.get('name_or_path')}`" if model.get("name_or_path") else "A model built from scratch "
                   "(`model.scratch`)")
         steps = f"step {evaluation.step}"
-        return (f"# {model_name(self.config)}\n\n{source} fine-tuned on {_dataset_title(task)}, the checkpoint "
-                f"of {steps} (the best by {task.get('main_metric')}: {evaluation.objective:.4f}), exported by "
-                f"nli-glue.")
+        return (f"# {model_name(self.config)}\n\n{source} fine-tuned on {_dataset_title(self.config)}, the "
+                f"checkpoint of {steps} (the best by {task.get('main_metric')}: {evaluation.objective:.4f}), "
+                "exported by nli-glue.")
 
     def _warnings(self, evaluation: Evaluation) -> str:
         """What the evaluation's predictions show that its figures do not, as results.json says it."""
@@ -130,15 +130,18 @@ def card_data(config: Mapping[str, Any], evaluation: Evaluation) -> ModelCardDat
 def eval_results(config: Mapping[str, Any], evaluation: Evaluation) -> List[EvalResult]:
     """One EvalResult per metric of each eval split (accuracy on validation_matched, accuracy_mm on
     validation_mismatched), as the run names them; other figures stay in the text's table."""
-    task = _task(config)
-    dataset = dataset_id(config) or str(task.get("name"))
+    task, files = _task(config), _own_files(config)
+    # Files of your own are no Hub data set: named by the format the Hub's loader reads them with, and no config of
+    # the task's Hub data set (GLUE's `rte`), whose figures these are not.
+    dataset = dataset_id(config) or (_file_format(files) if files else str(task.get("name")))
+    hub_config = None if files else task.get("hub_config")
     found = []
     for split, suffix in (task.get("eval_splits") or {}).items():
         for metric in _metric_names(task):
             key = f"{metric}{suffix}"
             if key in evaluation.metrics:
                 found.append(EvalResult(task_type=TASK_TYPE, task_name=str(task.get("name")), dataset_type=dataset,
-                                        dataset_name=_dataset_title(task), dataset_config=task.get("hub_config"),
+                                        dataset_name=_dataset_title(config), dataset_config=hub_config,
                                         dataset_split=_split(config, str(split)), metric_type=metric, metric_name=key,
                                         metric_value=float(evaluation.metrics[key])))
     return found
@@ -197,11 +200,28 @@ def _base_model(config: Mapping[str, Any]) -> Optional[str]:
     return str(name)
 
 
-def _dataset_title(task: Mapping[str, Any]) -> str:
+def _dataset_title(config: Mapping[str, Any]) -> str:
+    """What the model was trained and scored on, for a reader: GLUE's task, or the files of your own (data.files) by
+    their names, which GLUE's title would have passed off as GLUE's (their figures are not GLUE's)."""
+    task, files = _task(config), _own_files(config)
     name = str(task.get("name"))
+    if files:
+        named = ", ".join(f"{split}: {PurePosixPath(str(path)).name}" for split, path in files.items())
+        return f"your own data for task {name} ({named})"
     if task.get("hub_dataset") == "nyu-mll/glue":
         return f"GLUE {name.upper()}"
     return name
+
+
+def _own_files(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """data.files: split -> the file of your own the run read it from (none where it read the task's data set)."""
+    return (config.get("data") or {}).get("files") or {}
+
+
+def _file_format(files: Mapping[str, Any]) -> str:
+    """The Hub's loader of the files (``csv``, ``json``, ``parquet``), as ``datasets.load_dataset`` names it."""
+    suffix = PurePosixPath(str(next(iter(files.values())))).suffix.lstrip(".")
+    return {"tsv": "csv", "jsonl": "json"}.get(suffix, suffix)
 
 
 def _task(config: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -286,3 +286,27 @@ def test_the_same_command_removes_the_half_export_of_a_killed_run(finished: Path
     output = again(run_dir)
     assert f"removed what a run stopped mid-write left in {run_dir}: {left.name}" in output
     assert not left.exists() and model_files(run_dir) == model_files(finished)
+
+
+def test_a_card_of_a_model_trained_on_your_own_files_names_them_and_not_glue(tmp_path: Path) -> None:
+    """task=rte on files of your own: the card said "fine-tuned on GLUE RTE", and its model-index gave figures
+    measured on the user's dev file as GLUE RTE's (config rte). It names the files, and GLUE nowhere."""
+    import pandas as pd
+
+    files = {}
+    for split, name in [("train", "train"), ("validation", "dev")]:
+        files[split] = tmp_path / f"{name}.csv"
+        pd.read_csv(GLUE_DATA / "RTE" / f"{name}.tsv", sep="\t", quoting=3).to_csv(files[split], index=False)
+    out = tmp_path / "run"
+    proc = run_app(["task=rte", *(f"+data.files.{split}={path}" for split, path in files.items()), "model=tiny",
+                    "data.max_seq_length=64", "train.batch_size=16", "data.max_train_samples=64", "train.max_steps=2",
+                    "train.progress_bar=false", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    card = ModelCard.load(out / "model" / "README.md")
+    assert "GLUE" not in card.content and not card.data.datasets
+    title = "your own data for task rte (train: train.csv, validation: dev.csv)"
+    assert f"fine-tuned on {title}, the checkpoint of step" in card.text
+    (result,) = card.data.eval_results
+    assert (result.dataset_type, result.dataset_config, result.dataset_split, result.dataset_name) == (
+        "csv", None, "validation", title)
+    assert card_metrics(card) == {"accuracy": read_results(out)["accuracy"]}
