@@ -236,6 +236,8 @@ def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tup
                     skipped.append(line)
                     continue
                 examples += 1
+                if not labelled:
+                    _check_glue_id(row, task, f"{path}, line {line}")
                 example = _glue_example(row, n, task, lookup, f"{path}, line {line}" if has_labels else None)
                 if not labelled and ids.setdefault(example["idx"], line) != line:
                     raise DataError(f"{path}: the id {example['idx']} (column '{task.glue.index_column}') is on lines "
@@ -254,6 +256,17 @@ def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tup
                f"each of its {len(skipped)} row(s) has missing fields" if skipped else
                "it has a header row and nothing else")
         raise DataError(_no_examples(Path(path), why))
+
+
+def _check_glue_id(row: Dict[str, Any], task: TaskConfig, where: str) -> None:
+    """A GLUE test file's id is a whole number, as GLUE's are; any other was replaced by the row's number unsaid, and
+    the predictions named examples the file does not. A file of your own keeps ids of text (data.files)."""
+    assert task.glue is not None
+    column = task.glue.index_column
+    if column in row and not str(row[column]).isdigit():
+        raise DataError(f"{where}: the id {row[column]!r} (column '{column}') is not a whole number, as GLUE's test "
+                        "files' ids are, and its predictions keep them: restore the file from GLUE's download, or give "
+                        "it as a file of your own (+data.files.<split>=...), whose ids may be text")
 
 
 def _glue_example(row: Dict[str, Any], n: int, task: TaskConfig, lookup: Dict[str, int],
@@ -493,6 +506,8 @@ def _id_column(ds: datasets.Dataset, path: Path) -> Optional[str]:
         log.info("%s has no %s column: its predictions number its rows 0 to %d", path,
                  ", ".join(ID_COLUMNS[:-1]) + f" or {ID_COLUMNS[-1]}", len(ds) - 1)
         return None
+    if isinstance(ds.features[column], datasets.Value) and ds.features[column].dtype.startswith("float"):
+        raise _decimal_ids(ds[column], column, path)
     seen: Dict[str, int] = {}
     for row, value in enumerate(ds[column], start=1):
         if value is None or (isinstance(value, str) and not value.strip()):
@@ -504,6 +519,17 @@ def _id_column(ds: datasets.Dataset, path: Path) -> Optional[str]:
                             "column to number the rows 0 to n-1")
         seen[str(value)] = row
     return column
+
+
+def _decimal_ids(values: List[Any], column: str, path: Path) -> DataError:
+    """Ids read as decimal numbers (a JSON or Parquet file's): one JSON id over 2**63 - 1 turns the whole column to
+    floats, and the predictions named every example so (5.0), that one with digits lost (1.2345678901234567e+19).
+    The row to blame: the first id that is no whole number of 64 bits, else the first."""
+    row = next((i for i, value in enumerate(values, start=1)
+                if value is not None and not (float(value).is_integer() and abs(value) < 2**63)), 1)
+    return DataError(f"{path}, row {row}: the id {values[row - 1]!r} (column '{column}') was read as a decimal number, "
+                     "and with it every id of the column: a test file's ids name its predictions. Write them as text "
+                     '("12345678901234567890") or as whole numbers below 2**63')
 
 
 def _read_file(path: Path) -> datasets.Dataset:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -816,3 +817,30 @@ def test_a_score_that_is_not_finite_names_the_file_and_row(case: str, tmp_path: 
                 "no score (the label column is empty there): give each labelled example its score")
         expected = f"{where}, row 3: {said}"
     assert message.startswith(expected), message
+
+
+@pytest.mark.parametrize("case", ["glue test file with ids of text", "jsonl test file with an id over int64"])
+def test_test_ids_that_the_predictions_cannot_keep_are_refused_naming_the_row(case: str, tmp_path: Path,
+                                                                            datasets_cache: Path) -> None:
+    """A GLUE test file's ids id0, id2, ... were renumbered 0, 1, ... in its predictions; a JSONL test file with one
+    id over 2**63 - 1 had every id written as a decimal (5.0, that one 1.2345678901234567e+19, digits lost)."""
+    if case.startswith("glue"):
+        root = rte_copy(tmp_path)
+        test = root / "RTE" / "test.tsv"
+        lines = test.read_text(encoding="utf-8").splitlines()
+        test.write_text("\n".join([lines[0], *(f"id{line}" for line in lines[1:])]) + "\n", encoding="utf-8")
+        message = str(pytest.raises(DataError, load, ["task=rte", f"data.dir={root}"], predict=True).value)
+        assert message.startswith(f"{test}, line 2: the id 'id0' (column 'index') is not a whole number, as GLUE's "
+                                  "test files' ids are"), message
+        return
+    files = custom_files(tmp_path, ".csv")
+    test = tmp_path / "test.jsonl"
+    frame = pd.DataFrame(read_glue_tsv(GLUE_DATA / "RTE" / "test.tsv"))[:4]
+    ids = [5, 12345678901234567890, 7, 8]
+    test.write_text("".join(f'{{"id": {i}, "text_a": {json.dumps(a)}, "text_b": {json.dumps(b)}}}\n'
+                            for i, a, b in zip(ids, frame["sentence1"], frame["sentence2"])), encoding="utf-8")
+    own = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold",
+           *(f"+data.files.{split}={path}" for split, path in {**files, "test": test}.items())]
+    message = str(pytest.raises(DataError, load, ["task=rte", *own], predict=True).value)
+    assert message.startswith(f"{test}, row 2: the id 1.2345678901234567e+19 (column 'id') was read as a decimal "
+                              "number"), message
