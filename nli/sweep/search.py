@@ -34,7 +34,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union, cast
 
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -48,10 +48,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.exceptions import StorageInternalError
 from optuna.storages.journal import JournalFileBackend
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from nli.config.schema import job_refusal
 from nli.errors import ConfigError, JobFailed
@@ -64,6 +66,7 @@ log = logging.getLogger(__name__)
 RESULTS_FILE = "optimization_results.yaml"
 JOURNAL = "journal:"  # hydra.sweeper.storage=journal:<file>: Optuna's journal file storage
 Space = Dict[str, BaseDistribution]
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------------ the space
@@ -171,14 +174,47 @@ class TrialRefused(CompactHydraException):
     all there is."""
 
 
+class StudyLocked(ConfigError):
+    """Another process held the study's SQLite file locked past :data:`LOCK_TRIES` tries."""
+
+
+LOCKED = ("another process holds the study's database locked (a second command on the study, or a program "
+          "reading optuna.db)")
+LOCK_TRIES = 3  # SQLite waits 5 s for a lock before it gives up: a lock held for ~15 s is waited out
+
+
+def _locked(error: BaseException) -> bool:
+    """A lock another process holds on the study's SQLite file; Optuna wraps it where a write fails."""
+    cause = error.__cause__ if isinstance(error, StorageInternalError) else error
+    return isinstance(cause, OperationalError) and "database is locked" in str(cause)
+
+
+def _patient(call: Callable[[], T], what: str) -> T:
+    """``call()``, tried again while another process holds the study locked: a brief lock (a reader of the study)
+    is waited out; one held on is :class:`StudyLocked`, saying ``what`` could not be done."""
+    for attempt in range(1, LOCK_TRIES + 1):
+        try:
+            return call()
+        except (SQLAlchemyError, StorageInternalError) as error:
+            if not _locked(error):
+                raise
+            log.warning("%s, %s: try %d of %d", what, LOCKED, attempt, LOCK_TRIES)
+    raise StudyLocked(f"{LOCKED}, and {what} failed after {LOCK_TRIES} tries: wait for that process to end, then "
+                      "run the same command again")
+
+
 def _told(study: optuna.Study, trial: Union[optuna.Trial, int], value: Optional[float] = None, *,
-         state: Optional[TrialState] = None) -> None:
+          state: Optional[TrialState] = None) -> None:
     """``study.tell``, with the grid sampler's end taken as it means it. Once a trial of the grid's last untried
     point is told, the sampler calls ``study.stop()``, which Optuna refuses outside its own optimize loop with a
     RuntimeError (documented for ask-and-tell, as this sweeper runs): raised after the trial is stored. The search
-    needs no stop: it runs at most the grid's points (:meth:`OptunaSearch._sampler`)."""
+    needs no stop: it runs at most the grid's points (:meth:`OptunaSearch._sampler`). A lock on the study is waited
+    out (:func:`_patient`); one held on leaves the trial RUNNING, for the next command to run again first, its
+    folder answering with its finished run."""
+    number = trial if isinstance(trial, int) else trial.number
     try:
-        study.tell(trial, value, state=state)
+        _patient(lambda: study.tell(trial, value, state=state),
+                 f"storing how trial {number} ended ({state.name if state else value})")
     except RuntimeError as err:
         if not isinstance(study.sampler, optuna.samplers.GridSampler) or "Study.stop" not in str(err):
             raise
@@ -274,16 +310,20 @@ def open_study(settings: Settings, sampler: optuna.samplers.BaseSampler, pruner:
     study continued in the other direction (Optuna keeps the stored one: the sampler would seek the opposite of
     what the search reports as best)."""
     where = f"hydra.sweeper.storage={settings.storage}"
-    try:
+
+    def opened() -> optuna.Study:
         storage = settings.study_storage()
         if isinstance(storage, str):  # opened here, where its errors are the storage's alone
             storage = optuna.storages.get_storage(storage)
-        study = optuna.create_study(study_name=settings.study_name, storage=storage, sampler=sampler, pruner=pruner,
-                                    load_if_exists=True, direction=StudyDirection[settings.direction.upper()])
-    except (SQLAlchemyError, json.JSONDecodeError) as error:
-        raise ConfigError(f"{where} cannot be read as an Optuna study ({str(error).splitlines()[0]}): move that file "
-                          "aside to start a new study there (the trials' folders stay), or give hydra.sweeper.storage "
-                          "another one") from None
+        return optuna.create_study(study_name=settings.study_name, storage=storage, sampler=sampler, pruner=pruner,
+                                   load_if_exists=True, direction=StudyDirection[settings.direction.upper()])
+
+    try:
+        study = _patient(opened, "opening the study")
+    except StudyLocked as error:
+        raise ConfigError(f"{where}: {error}") from None
+    except (SQLAlchemyError, ImportError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{where}{unopened(str(settings.storage), error)}") from None
     except RuntimeError as error:  # RDBStorage's check of its tables' version
         raise ConfigError(f"{where}: {error}") from None
     stored = study.direction.name.lower()
@@ -292,6 +332,30 @@ def open_study(settings: Settings, sampler: optuna.samplers.BaseSampler, pruner:
                           f"was started to {stored} ({_trials(len(study.trials))}): continue it with "
                           f"hydra.sweeper.direction={stored}, or start another (hydra.sweeper.study_name)")
     return study
+
+
+# The packages that give SQLAlchemy a database's driver, by the module it imports, where their names differ.
+DRIVERS = {"psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient", "pymysql": "PyMySQL"}
+
+
+def unopened(url: str, error: BaseException) -> str:
+    """Why a storage could not be opened, after its key: only a file that holds no study is to be moved aside (the
+    advice, followed for a locked or unreachable study, would throw a healthy one away)."""
+    first = str(error).splitlines()[0]
+    if isinstance(error, ImportError):  # Optuna's, from the driver's ModuleNotFoundError
+        module = getattr(error.__cause__, "name", None) or "its driver"
+        return (f": the database driver {module} is not installed: pip install {DRIVERS.get(module, module)}, or "
+                "keep the study in a file (sqlite:///<path>/optuna.db)")
+    if isinstance(error, ArgumentError):  # not a URL, or a database SQLAlchemy has no dialect for
+        return (f" is not a database URL SQLAlchemy reads ({first}): give sqlite:///<path>/optuna.db (three "
+                "slashes before a relative path, four before an absolute one) or journal:<file>")
+    if isinstance(error, OperationalError) and "unable to open database file" in first:
+        folder = Path(str(make_url(url).database or "")).parent
+        if not folder.is_dir():
+            return f": the folder {folder} does not exist: make it, or give the study a file in a folder that does"
+        return f": {folder} does not let this user make or open the study's file there ({first})"
+    return (f" cannot be read as an Optuna study ({first}): move that file aside to start a new study there (the "
+            "trials' folders stay), or give hydra.sweeper.storage another one")
 
 
 def _trials(count: int) -> str:
@@ -370,8 +434,18 @@ class OptunaSearch:
         own = [f"{key!s}={value}" for key, value in (self.settings.params or {}).items()]
         space, fixed = search_space([*own, *arguments])
         sampler, n_trials = self._sampler(space)
+        where = f"hydra.sweeper.storage={self.settings.storage}"
         study = open_study(self.settings, sampler, self.pruner)
-        check_space(study, space, f"hydra.sweeper.storage={self.settings.storage}")
+        check_space(study, space, where)
+        try:
+            self._search(study, sampler, space, fixed, n_trials)
+        except StudyLocked as error:  # a trial left RUNNING: the next command takes it up, from its folder
+            raise ConfigError(f"{where}: {error}") from None
+
+    def _search(self, study: optuna.Study, sampler: optuna.samplers.BaseSampler, space: Space,
+                fixed: Dict[str, str], n_trials: int) -> None:
+        """Runs the trials, the next as soon as one ends, and ends as the search ends."""
+        assert self.launcher is not None
         if isinstance(sampler, optuna.samplers.GridSampler):
             n_trials = self._untried(study, space, n_trials)
         slots = Slots(self.launcher, self.settings.n_jobs, asynchronous=self.settings.asynchronous)

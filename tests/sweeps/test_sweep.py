@@ -555,6 +555,86 @@ def test_a_study_file_optuna_cannot_read_is_refused_in_one_line_and_kept(tmp_pat
     assert (sweep_dir / name).read_bytes() == b"not a study\n"
 
 
+@pytest.mark.parametrize("storage, why", [
+    ("sqlite:////nonexistent/dir/optuna.db", ": the folder /nonexistent/dir does not exist: make it, or give the study "
+     "a file in a folder that does"),
+    ("sqlite:/bad", " is not a database URL SQLAlchemy reads (Could not parse SQLAlchemy URL from given URL string): "
+     "give sqlite:///<path>/optuna.db (three slashes before a relative path, four before an absolute one) or "
+     "journal:<file>"),
+    ("'postgresql://me@localhost/studies'", ": the database driver psycopg2 is not installed: pip install "
+     "psycopg2-binary, or keep the study in a file (sqlite:///<path>/optuna.db)"),
+], ids=["missing-folder", "bad-url", "missing-driver"])
+def test_a_storage_that_cannot_be_opened_is_refused_by_what_is_wrong_in_one_line(tmp_path: Path, storage: str,
+                                                                                 why: str) -> None:
+    """Each was told to move a file aside (the missing folder, the bad URL: "cannot be read as an Optuna study"),
+    or ended in an ImportError's traceback (a server's database without its driver)."""
+    sweep_dir = tmp_path / "search"
+    said = refused_search(sweep_dir, f"hydra.sweeper.storage={storage}")
+    assert said == f"error: hydra.sweeper.storage={storage.strip(chr(39))}{why}"
+
+
+def hold_lock(db: Path) -> sqlite3.Connection:
+    """A connection that holds ``db`` locked, as a second process's write would, until it is closed."""
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    return holder
+
+
+def test_a_study_another_process_holds_locked_is_waited_for_then_refused_as_locked_and_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A healthy study locked by another process was refused as a file that "cannot be read as an Optuna study",
+    with the advice to move it aside: followed, it threw the study away."""
+    monkeypatch.setattr("nli.sweep.search.LOCK_TRIES", 1, raising=False)  # SQLite itself waits 5 s a try
+    sweep_dir = tmp_path / "search"
+    sweep_dir.mkdir()
+    optuna.create_study(study_name="quickstart", storage=f"sqlite:///{sweep_dir}/optuna.db", direction="maximize")
+    holder = hold_lock(sweep_dir / "optuna.db")
+    try:
+        said = refused_search(sweep_dir)
+    finally:
+        holder.close()
+    assert said == (f"error: hydra.sweeper.storage=sqlite:///{sweep_dir}/optuna.db: another process holds the study's "
+                    "database locked (a second command on the study, or a program reading optuna.db), and opening the "
+                    "study failed after 1 tries: wait for that process to end, then run the same command again")
+    assert optuna.load_study(study_name="quickstart", storage=f"sqlite:///{sweep_dir}/optuna.db").trials == []
+
+
+def test_a_study_locked_as_a_trial_ends_is_one_line_and_the_next_command_keeps_the_trials_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock taken while a trial ran ended the search in a 50-line StorageInternalError traceback, the finished
+    trial left RUNNING unsaid. Now one line; the same command again takes the trial up first, from its run."""
+    from nli.sweep.slots import Slots
+
+    monkeypatch.setattr("nli.sweep.search.LOCK_TRIES", 2, raising=False)
+    sweep_dir, holders = tmp_path / "search", []
+    ended = Slots.wait
+
+    def locked_as_it_ends(slots: Slots) -> Any:
+        done = ended(slots)
+        holders.append(hold_lock(sweep_dir / "optuna.db"))
+        return done
+
+    monkeypatch.setattr(Slots, "wait", locked_as_it_ends)
+    args = ["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={sweep_dir}"]
+    proc = run_app(args, cwd=tmp_path)
+    for holder in holders:
+        holder.close()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: hydra.sweeper.storage=sqlite:///{sweep_dir}/optuna.db: another process holds the study's database "
+        "locked (a second command on the study, or a program reading optuna.db), and storing how trial 0 ended "
+        f"({sweep.read_rows(sweep_dir)[0]['objective']}) failed after 2 tries: wait for that process to end, then "
+        "run the same command again"]
+    monkeypatch.setattr(Slots, "wait", ended)
+    again = run_app(args, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "trial 0 was stopped before it ended" in again.stdout
+    objective = sweep.read_rows(sweep_dir)[0]["objective"]
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:  # n_trials=1: the trial taken up, its run's objective
+        assert db.execute("SELECT t.state, v.value FROM trials t LEFT JOIN trial_values v USING (trial_id) "
+                          "ORDER BY t.number").fetchall() == [("FAIL", None), ("COMPLETE", objective)]
+
+
 def test_a_study_continued_in_the_other_direction_or_by_another_optuna_is_refused_by_name(tmp_path: Path) -> None:
     """Optuna continues a stored study in its stored direction whatever hydra.sweeper.direction says: the sampler
     sought the opposite of what the search reported as best. Tables of another Optuna version: its message, in a
