@@ -18,7 +18,9 @@ Trials run through the configured launcher, up to ``n_jobs`` at once and the nex
 (nli.sweep.pruning). A trial whose job failed (a diverged learning rate) is FAIL in the study, and the search
 goes on while the failed share of its ``n_trials`` stays within ``max_failure_rate``; so is a trial whose run
 ended with a NaN objective (COMPLETED in the sweep's table: it trained to its end), which the study cannot rank.
-``optimization_results.yaml`` in the sweep directory holds the best trial so far.
+``optimization_results.yaml`` in the sweep directory holds the best trial so far, written as each trial ends (a
+search stopped by Ctrl-C, SIGTERM or its failure rate keeps it); past ``max_failure_rate``, the first failure's
+error ends the search.
 
 Light on purpose (no torch): the sweep's own process runs it, before any job.
 """
@@ -453,11 +455,21 @@ class OptunaSearch:
                  n_trials, slots.describe(), type(sampler).__name__, type(self.pruner).__name__)
         _resume_stopped(study)
         jobs: Dict[int, int] = {}  # trial number -> its job number in this command's table
-        failed, first_failure = 0, None
+        failure = self._trials(study, slots, space, fixed, n_trials, jobs)
+        self._best(study, jobs)
+        if failure is not None:
+            _raise(failure, self.settings.max_failure_rate)
+
+    def _trials(self, study: optuna.Study, slots: Slots, space: Space, fixed: Dict[str, str], n_trials: int,
+                jobs: Dict[int, int]) -> Optional[Launched]:
+        """Runs up to ``n_trials`` trials, numbered into ``jobs`` as each starts. Returns the first failed trial
+        where more than ``max_failure_rate`` of them failed (its error ends the search), else None."""
+        failed: List[Launched] = []
+        stopped = False  # past max_failure_rate: no new trial, those in flight end first
         with Watch(self.settings.poll_interval) as watch:
-            while (len(jobs) < n_trials and first_failure is None) or slots.busy:
+            while (len(jobs) < n_trials and not stopped) or slots.busy:
                 refused: List[Launched] = []
-                while len(jobs) < n_trials and first_failure is None and slots.free():
+                while len(jobs) < n_trials and not stopped and slots.free():
                     job = self._asked(study, space, fixed, jobs)
                     jobs[job.trial.number] = job.num
                     if job.error is not None:  # never launched: told now, before the next is asked for
@@ -469,13 +481,12 @@ class OptunaSearch:
                 for job in refused or slots.wait():
                     watch.last(job.trial)
                     if self._tell(study, job):
-                        failed += 1
+                        failed.append(job)
                         # The share of this command's trials: a failure among the first few is within it.
-                        if failed / n_trials > self.settings.max_failure_rate and first_failure is None:
-                            first_failure = job  # no new trial; those in flight end first
-        if first_failure is not None:
-            _raise(first_failure, self.settings.max_failure_rate)
-        self._best(study, jobs)
+                        stopped = stopped or len(failed) / n_trials > self.settings.max_failure_rate
+                    else:  # kept as each trial ends: a search stopped by Ctrl-C or SIGTERM has it as it stopped
+                        self._save_best(study)
+        return failed[0] if stopped else None
 
     def _sampler(self, space: Space) -> Tuple[optuna.samplers.BaseSampler, int]:
         """The sampler, and the trials to run: a grid has as many as its points at most."""
@@ -587,5 +598,13 @@ class OptunaSearch:
         if best.number not in jobs:
             log.info("the study's best (of %d completed trials): trial %d of an earlier command (its row is in "
                      "sweep_results.jsonl), %s, objective %s", len(done), best.number, best.params, best.value)
+        self._save_best(study)
+
+    def _save_best(self, study: optuna.Study) -> None:
+        """optimization_results.yaml: the study's best trial so far, where one has completed."""
+        assert self.config is not None
+        if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            return
+        best = study.best_trial
         OmegaConf.save(OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
                        f"{self.config.hydra.sweep.dir}/{RESULTS_FILE}")

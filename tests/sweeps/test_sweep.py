@@ -285,6 +285,14 @@ elif point == "as-the-run-starts":
     after(nli.runtime.platform, "detect", ctrl_c)
 elif point == "between-jobs":
     after(table.SweepResults, "on_job_end", ctrl_c)
+elif point == "sigterm-between-trials":  # as a search asks for its next trial, the last one told
+    import nli.sweep.search as search
+    asked = search.OptunaSearch._asked
+    def next_trial(self, study, space, fixed, jobs):
+        if jobs:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return asked(self, study, space, fixed, jobs)
+    search.OptunaSearch._asked = next_trial
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
@@ -308,6 +316,22 @@ def test_ctrl_c_anywhere_in_a_sweep_stops_it_in_one_line(tmp_path: Path, point: 
     finished = [job for job in ("0", "1") if (sweep_dir / job / "results.json").exists()]
     assert finished == (["0"] if point == "between-jobs" else []), output  # no job began after the Ctrl-C
     assert not (sweep_dir / SWEEP_CLAIM).exists()
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("point, status", [("between-jobs", 130), ("sigterm-between-trials", 75)])
+def test_a_search_stopped_between_trials_keeps_its_best_so_far(tmp_path: Path, point: str, status: int) -> None:
+    """optimization_results.yaml was written only at a search's clean end: one stopped by Ctrl-C or SIGTERM after a
+    trial had completed left none."""
+    sweep_dir = tmp_path / "search"
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_AT, point, str(ROOT / "train.py"), "-m", *FAST,
+                           "hparams_search=quickstart", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"],
+                          cwd=tmp_path, env=process_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=300)
+    assert proc.returncode == status and "Traceback" not in proc.stdout, proc.stdout
+    [row] = sweep.read_rows(sweep_dir)  # trial 0's; the stop came before trial 1 began
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert row["state"] == "COMPLETED" and best["best_value"] == row["objective"], proc.stdout
 
 
 RERUN = (["-m", *FAST, "optimizer.lr=1e-3,3e-3"], ["-m", *FAST, "optimizer.lr=1e-3,5e-4"])
@@ -485,6 +509,27 @@ def test_a_search_stops_only_once_more_than_its_failure_rate_of_its_trials_faile
     assert [row["state"] for row in rows].count("COMPLETED") == 3, done.stdout + done.stderr
     assert [row["optimizer.lr"] for row in rows if row["state"] == "FAILED"] == ["-1"]
     assert (sweep_dir / "optimization_results.yaml").exists()  # the search ended as a search, with its best
+
+
+def test_a_search_stopped_by_its_failure_rate_ends_with_its_first_failure_and_keeps_its_best(tmp_path: Path) -> None:
+    """Past max_failure_rate the search raised the failure that crossed it, the second, where the docs promise the
+    first's; and it wrote no optimization_results.yaml, though a trial had completed."""
+    sweep_dir = tmp_path / "search"
+    done = run_app(["-m", *FAST, "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=1",
+                    "hydra.sweeper.n_trials=4", "hydra.sweeper.max_failure_rate=0.3",
+                    "optimizer.lr=choice(-1,-2,0.001,0.002)", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    said = done.stdout + done.stderr
+    rows = sweep.read_rows(sweep_dir)
+    failed = [row["optimizer.lr"] for row in rows if row["state"] == "FAILED"]
+    completed = [row for row in rows if row["state"] == "COMPLETED"]
+    assert done.returncode == 1 and "Traceback" not in said and sorted(failed) == ["-1", "-2"], said
+    assert completed and rows.index(completed[0]) < 3, rows  # a trial completed before the second failure
+    first, second = failed  # in the order they failed (the seeded grid's: -1, then -2)
+    assert done.stderr.splitlines()[0] == (f"not launched: the trial would stop as it starts: optimizer.lr={first}.0 "
+                                           "must be positive (e.g. optimizer.lr=2e-5)"), said
+    assert f"optimizer.lr={second}.0" not in done.stderr
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_value"] == max(row["objective"] for row in completed)
 
 
 def test_a_trial_that_ends_with_an_undefined_objective_ends_the_search_in_one_line(tmp_path: Path) -> None:
