@@ -7,5 +7,5 @@ from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
     "table": ["SweepResults"],
-}, ["calibration_plot", "compare", "cost", "differences", "leaderboard", "plots", "pruning", "report", "search",
-    "slots", "table", "vertex"])
+}, ["calibration_plot", "compare", "cost", "differences", "leaderboard", "names", "plots", "pruning", "report",
+    "search", "slots", "table", "vertex"])

@@ -51,6 +51,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+import nli.sweep.names  # noqa: F401 - registers the resolver the searches' configs name
 from nli import contract
 from nli.contract import PREEMPTED, RESULTS_FILE
 from nli.errors import StorageError, UserError

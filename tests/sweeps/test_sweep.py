@@ -680,6 +680,26 @@ def test_a_study_locked_as_a_trial_ends_is_one_line_and_the_next_command_keeps_t
                           "ORDER BY t.number").fetchall() == [("FAIL", None), ("COMPLETE", objective)]
 
 
+@pytest.mark.parametrize("checkpoint, study", [("model=roberta-base", "rte-roberta-base"),
+                                               ("model.name_or_path=/data/runs/rte/model/", "rte-model")])
+def test_the_glue_search_names_its_study_and_folder_by_the_checkpoints_last_path_part(tmp_path: Path,
+                                                                                       checkpoint: str,
+                                                                                       study: str) -> None:
+    """The study was named by the whole Hub id or path, `rte-FacebookAI/roberta-base` (docs: `rte-roberta-base`),
+    and so its folder, nested: multirun/search/rte-FacebookAI/roberta-base, search/rte-/data/runs/rte/model/. The
+    study is found where the docs put it (refused there for its direction: no trial runs, none would load a model)."""
+    search = tmp_path / "multirun" / "search"
+    (search / study).mkdir(parents=True)
+    optuna.create_study(study_name=study, storage=f"sqlite:///{search / study}/optuna.db", direction="minimize")
+    proc = run_app(["-m", "hparams_search=glue", "task=rte", "model=roberta-base", checkpoint,
+                    "hydra.sweeper.n_trials=1"], cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+    said = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and said, proc.stdout + proc.stderr
+    assert said[-1].startswith(f"error: hydra.sweeper.direction=maximize: the study {study} in hydra.sweeper.storage="
+                               f"sqlite:///multirun/search/{study}/optuna.db was started to minimize"), proc.stderr
+    assert [path.name for path in search.iterdir()] == [study]
+
+
 def test_a_study_continued_in_the_other_direction_or_by_another_optuna_is_refused_by_name(tmp_path: Path) -> None:
     """Optuna continues a stored study in its stored direction whatever hydra.sweeper.direction says: the sampler
     sought the opposite of what the search reported as best. Tables of another Optuna version: its message, in a
