@@ -14,8 +14,9 @@ more trials run at once than joblib's ``n_jobs``. Any other launcher gets batche
 it.
 
 Ctrl-C reaches the main thread alone: it is passed on to every launch in flight, so that each ends as it
-would in the main thread (joblib stops its workers, the Vertex launcher cancels its jobs), and the trials
-stay RUNNING in the study for the same command to resume (nli.sweep.search).
+would in the main thread (joblib stops its workers, the Vertex launcher cancels its jobs; submitit's launcher
+cancels none, so its jobs are cancelled here), and the trials stay RUNNING in the study for the same command to
+resume (nli.sweep.search).
 
 Light on purpose (no torch): the sweep's own process runs it.
 """
@@ -44,6 +45,7 @@ APART = frozenset({
 })
 BASIC = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
+SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.BaseSubmititLauncher"
 _LOOK = 0.5  # seconds between the main thread's looks for an ended trial (it must stay free to take Ctrl-C)
 
 
@@ -181,3 +183,26 @@ class Slots:
                                                            ctypes.py_object(KeyboardInterrupt))
         for thread in threads:
             thread.join(timeout=wait / max(1, len(threads)))
+        if SUBMITIT in _names(self.launcher):
+            while not self.ended.empty():
+                stopped = self.ended.get_nowait().error
+                if isinstance(stopped, KeyboardInterrupt):
+                    _cancel_submitted(stopped)
+
+
+def _cancel_submitted(stopped: KeyboardInterrupt) -> None:
+    """Cancels the submitit jobs of a launch Ctrl-C stopped. Hydra's submitit launcher returns no job until all
+    have ended and cancels none as it is interrupted: its jobs (local processes of their own, Slurm's) would
+    train on. It holds them in its launch's frame alone, which the interrupt's traceback keeps."""
+    import submitit  # the launcher's dependency, there with it
+
+    jobs: Dict[str, Any] = {}  # by id: submitit's own frames hold each job too
+    frame = stopped.__traceback__
+    while frame is not None:
+        for held in frame.tb_frame.f_locals.values():
+            jobs.update((job.job_id, job) for job in (held if isinstance(held, list) else [held])
+                        if isinstance(job, submitit.Job))
+        frame = frame.tb_next
+    for job_id, job in jobs.items():
+        log.info("Ctrl-C: cancelling submitit job %s", job_id)
+        job.cancel(check=False)

@@ -121,12 +121,16 @@ def test_a_launcher_it_does_not_know_gets_batches() -> None:
 
 
 @pytest.mark.process
-def test_ctrl_c_stops_every_trial_in_flight_and_the_same_command_runs_them_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", [["hydra.launcher.n_jobs=2"], ["hydra/launcher=submitit_local"]],
+                         ids=["joblib", "submitit_local"])
+def test_ctrl_c_stops_every_trial_in_flight_and_the_same_command_runs_them_again(tmp_path: Path,
+                                                                                 launcher: List[str]) -> None:
     """Ctrl-C reaches the sweep's main thread alone; each launch in flight ends as it would there (joblib
-    stops its workers), the trials stay RUNNING in the study, and the same command again runs their values first."""
+    stops its workers), the trials stay RUNNING in the study, and the same command again runs their values first.
+    submitit's jobs trained on to their ends: Hydra's launcher holds them where the interrupted launch drops them."""
     log, study = tmp_path / "jobs.jsonl", f"sqlite:///{tmp_path / 'study.db'}"
     args = [sys.executable, str(APP), "-m", f"log={log}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            f"hydra.searchpath=[file://{ROOT / 'conf'}]", "hydra.launcher.n_jobs=2", f"hydra.sweeper.storage={study}",
+            f"hydra.searchpath=[file://{ROOT / 'conf'}]", *launcher, f"hydra.sweeper.storage={study}",
             "hydra.sweeper.study_name=timed", "hydra.sweeper.n_trials=2"]
     first = subprocess.Popen([*args, "others=0", "long=120", "short=120"], cwd=tmp_path, env=process_env(), text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -137,8 +141,10 @@ def test_ctrl_c_stops_every_trial_in_flight_and_the_same_command_runs_them_again
     first.send_signal(signal.SIGINT)
     output, _ = first.communicate(timeout=60)
     assert first.returncode != 0 and len(stopped) == 2, output
-    time.sleep(1)
-    assert not [job["pid"] for job in stopped.values() if alive(job["pid"])]  # no worker left training
+    deadline = time.monotonic() + 10  # submitit's controller signals its task, and kills it a second later
+    while [job["pid"] for job in stopped.values() if alive(job["pid"])] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [job["pid"] for job in stopped.values() if alive(job["pid"])], output  # no job left training
     assert all("ended" not in job for job in jobs_of(log).values())
 
     log.unlink()
