@@ -435,6 +435,10 @@ class OptunaSearch:
         assert self.config is not None and self.launcher is not None
         own = [f"{key!s}={value}" for key, value in (self.settings.params or {}).items()]
         space, fixed = search_space([*own, *arguments])
+        if not space:  # else n_trials trials of the same config, each a run of its own
+            raise ConfigError("the search has nothing to search: no key is given values to draw from. Give one a "
+                              "range (python train.py -m hydra/sweeper=optuna 'optimizer.lr=tag(log,interval(1e-5,"
+                              "1e-3))', docs/sweeps.md), or run once without -m")
         sampler, n_trials = self._sampler(space)
         where = f"hydra.sweeper.storage={self.settings.storage}"
         study = open_study(self.settings, sampler, self.pruner)

@@ -751,6 +751,19 @@ def test_a_study_continued_with_a_space_optuna_cannot_take_is_refused_by_key_bef
         assert db.execute("SELECT state FROM trials").fetchall() == [("COMPLETE",)]  # no trial asked
 
 
+def test_a_search_with_nothing_to_search_is_refused_before_any_trial(tmp_path: Path) -> None:
+    """hydra/sweeper=optuna without a range ran n_trials trials of one config, each a run of its own."""
+    sweep_dir = tmp_path / "search"
+    proc = run_app(["-m", *FAST, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={sweep_dir}"],
+                   cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: the search has nothing to search: no key is given values to draw from. Give one a range (python "
+        "train.py -m hydra/sweeper=optuna 'optimizer.lr=tag(log,interval(1e-5,1e-3))', docs/sweeps.md), or run once "
+        "without -m")
+    assert not [path for path in sweep_dir.glob("*") if path.is_dir()]  # no trial's folder
+
+
 def test_a_trial_asked_for_that_never_gets_a_job_is_failed_not_left_running(tmp_path: Path) -> None:
     """An interval() for an int key draws a value the config refuses once the trial is asked for: the search ended
     in Hydra's message of six lines, and the trial was left RUNNING, which the next command took for a stopped trial
