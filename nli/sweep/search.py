@@ -426,6 +426,10 @@ class OptunaSearch:
         if getattr(getattr(self.launcher, "settings", None), "wait", True) is False:
             raise ConfigError("hydra.launcher.wait=false hands each job back as soon as it is submitted, and a search "
                               "needs each trial's objective before it draws the next: drop it for a search")
+        if getattr(getattr(self.launcher, "settings", None), "dry_run", False) is True:
+            raise ConfigError("hydra.launcher.dry_run=true submits nothing, so a search's trials would end without an "
+                              "objective, each recorded in the study as failed: dry-run the jobs of a list instead "
+                              "(drop hparams_search and hydra/sweeper, give each key one value or a list)")
 
     @property
     def prunes(self) -> bool:

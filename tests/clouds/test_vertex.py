@@ -359,6 +359,22 @@ def test_a_search_that_would_not_wait_for_its_trials_is_refused_before_any_job(f
 
 
 @pytest.mark.process
+def test_a_search_in_a_dry_run_is_refused_before_its_study_records_a_trial(fake: FakeVertex, tmp_path: Path) -> None:
+    """A dry run submits nothing: each trial "failed: None", recorded so in the study, which the real search then
+    continued from there."""
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep_cli([*launcher(fake), *FAST, "hparams_search=quickstart", "hydra.launcher.dry_run=true",
+                      f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, output
+    assert output.strip().splitlines()[-1] == (
+        "error: hydra.launcher.dry_run=true submits nothing, so a search's trials would end without an objective, "
+        "each recorded in the study as failed: dry-run the jobs of a list instead (drop hparams_search and "
+        "hydra/sweeper, give each key one value or a list)")
+    assert not (sweep_dir / "optuna.db").exists() and not (sweep_dir / "custom_jobs").exists()
+
+
+@pytest.mark.process
 def test_a_vertex_trial_is_pruned_through_its_folder_in_the_bucket(fake: FakeVertex, tmp_path: Path) -> None:
     """A Vertex AI job cannot reach the study's storage: its evaluations reach the sweeper through its model
     directory in the bucket, and the sweeper's prune.json reaches it there."""
