@@ -700,17 +700,23 @@ def test_the_glue_search_names_its_study_and_folder_by_the_checkpoints_last_path
     assert [path.name for path in search.iterdir()] == [study]
 
 
+def study_of_one_trial(sweep_dir: Path) -> Path:
+    """``sweep_dir`` with a quickstart study of one finished trial, whose folder is removed: refused_search asserts
+    that a refused search makes none."""
+    first = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=1",
+                     f"hydra.sweep.dir={sweep_dir}"], cwd=sweep_dir.parent)
+    assert first.returncode == 0, first.stdout + first.stderr
+    for path in sweep_dir.glob("*"):
+        if path.is_dir():
+            shutil.rmtree(path)
+    return sweep_dir
+
+
 def test_a_study_continued_in_the_other_direction_or_by_another_optuna_is_refused_by_name(tmp_path: Path) -> None:
     """Optuna continues a stored study in its stored direction whatever hydra.sweeper.direction says: the sampler
     sought the opposite of what the search reported as best. Tables of another Optuna version: its message, in a
     line, where it was a traceback."""
-    sweep_dir = tmp_path / "search"
-    first = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=1",
-                     f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
-    for path in sweep_dir.glob("*"):
-        if path.is_dir():
-            shutil.rmtree(path)  # the first trial's folder: refused_search asserts none is made
+    sweep_dir = study_of_one_trial(tmp_path / "search")
     said = refused_search(sweep_dir, "hydra.sweeper.direction=minimize")
     assert said == (f"error: hydra.sweeper.direction=minimize: the study quickstart in hydra.sweeper.storage=sqlite:///"
                     f"{sweep_dir}/optuna.db was started to maximize (1 trial): continue it with "
@@ -738,13 +744,7 @@ def test_a_study_continued_with_a_space_optuna_cannot_take_is_refused_by_key_bef
         tmp_path: Path, typed: str, said: str) -> None:
     """Optuna takes a continued study's key only from a distribution like the stored one: another choice() ended
     the search in a traceback at the first ask, and left that trial RUNNING, which the next command "resumed"."""
-    sweep_dir = tmp_path / "search"
-    first = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=1",
-                     f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
-    for path in sweep_dir.glob("*"):
-        if path.is_dir():
-            shutil.rmtree(path)  # the first trial's folder: refused_search asserts none is made
+    sweep_dir = study_of_one_trial(tmp_path / "search")
     refused = refused_search(sweep_dir, typed)
     assert refused.startswith("error: " + said.format(storage=f"hydra.sweeper.storage=sqlite:///{sweep_dir}/optuna.db"))
     with sqlite3.connect(sweep_dir / "optuna.db") as db:
