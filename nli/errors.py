@@ -49,6 +49,12 @@ class RunChanged(UserError):
     """The output folder holds a run with other settings; the message lists each change and the ways on."""
 
 
+def google_client_missing(error: ImportError) -> bool:
+    """Whether ``error`` is Google's client libraries missing or broken (the ``vertex`` extra), the one import
+    failure that installing the extra fixes: any other (a module of ours, another library) surfaces as it is."""
+    return (error.name or "").split(".")[0] == "google"
+
+
 class JobFailed(CompactHydraException):
     """A user error in one job of a sweep. An exception, not an exit: Hydra's launchers record the job
     as failed and run the others, and Hydra prints it without a traceback."""

@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from nli.errors import StorageError, UserError
+from nli.errors import StorageError, UserError, google_client_missing
 from nli.io.storage import Storage
 from nli.sweep import table as sweep
 
@@ -120,6 +120,8 @@ def find(where: str) -> Attached:
         from hydra_plugins.vertex_launcher._record import JOBS_FILE, read
         from hydra_plugins.vertex_launcher.config import VertexLauncherConf
     except ImportError as error:
+        if not google_client_missing(error):
+            raise
         raise UserError(f"python -m nli.cloud needs Google's Vertex AI client ({error}): pip install "
                         "'nli-glue[vertex]' (or -e '.[vertex]' in a checkout)") from None
     where = where.rstrip("/")

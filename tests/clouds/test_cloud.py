@@ -232,6 +232,21 @@ def test_a_folder_that_is_not_a_sweep_is_one_line_with_the_fix(tmp_path: Path, g
             assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("missing", ["google.cloud.aiplatform_v1", "hydra_plugins.vertex_launcher._git"])
+def test_only_googles_client_missing_is_told_to_install_the_extra(missing: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, missing, None)  # as if not installed: importing it raises ImportError
+    for imported in ("hydra_plugins.vertex_launcher._core", "hydra_plugins.vertex_launcher._logs"):
+        monkeypatch.delitem(sys.modules, imported)  # imported again by the command (and restored after)
+    if missing.startswith("google."):
+        assert cloud.main(["attach", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.startswith("error: python -m nli.cloud needs Google's Vertex AI client")
+    else:
+        with pytest.raises(ImportError, match=missing):
+            cloud.main(["attach", str(tmp_path)])
+
+
 # ----------------------------------------------------------------------- a sweep of older code
 
 LEGACY = ROOT / "tests" / "data" / "legacy" / "vertex-sweep"  # made by commit 056a8d0 (its README.md)

@@ -527,6 +527,31 @@ def test_a_staging_bucket_that_does_not_exist_stops_the_sweep_before_any_job(fak
     assert "could not be written" not in output and "Traceback" not in output, output
 
 
+BLOCKED_IMPORT = """
+import runpy, sys
+sys.modules[sys.argv[1]] = None  # as if not installed: importing it raises ImportError naming it
+sys.argv = ["train.py", *sys.argv[2:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("missing", ["google.cloud.aiplatform_v1", "hydra_plugins.vertex_launcher._git"])
+def test_only_googles_client_missing_is_told_to_install_the_extra(fake: FakeVertex, tmp_path: Path,
+                                                                  missing: str) -> None:
+    """pip install 'nli-glue[vertex]' fixes Google's client missing, and only that: a module of the launcher's own
+    that cannot be imported (a broken checkout) surfaces as its traceback, not as advice to install the extra."""
+    proc = subprocess.run([sys.executable, "-c", BLOCKED_IMPORT, missing, "-m", *launcher(fake), *FAST,
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT, env=process_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    install = "error: hydra/launcher=vertex needs Google's Vertex AI client"
+    if missing.startswith("google."):
+        assert proc.stderr.startswith(install) and "pip install 'nli-glue[vertex]'" in proc.stderr, proc.stderr
+    else:
+        assert install not in proc.stderr and f"ModuleNotFoundError: import of {missing} halted" in proc.stderr
+
+
 @pytest.mark.process
 def test_permission_denied_stops_the_sweep_with_the_fix(fake: FakeVertex, tmp_path: Path) -> None:
     fake.fail_next("create", status=403, reason="PERMISSION_DENIED",

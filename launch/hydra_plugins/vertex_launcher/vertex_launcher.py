@@ -35,12 +35,16 @@ class VertexLauncher(Launcher):
         self.hydra_context = hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from nli.errors import google_client_missing
+
         from ._checks import LaunchError
 
         with _refusals():
             try:
                 from ._core import Sweep
             except ImportError as error:
+                if not google_client_missing(error):
+                    raise
                 raise LaunchError(f"hydra/launcher=vertex needs Google's Vertex AI client ({error}): "
                                   "pip install 'nli-glue[vertex]' (or -e '.[vertex]' in a checkout)") from None
 
