@@ -525,6 +525,7 @@ class _Held:
     claim: Claim
     sigterm: Any = None  # the handler the sweep replaced; None: it replaced none
     sigint: Any = None  # likewise, where the sweep holds Ctrl-C (its jobs run in this process)
+    made: Optional[Path] = None  # the outermost folder the sweep made for its directory (None: it was there)
 
 
 _HELD: Dict[str, _Held] = {}  # sweep id -> the directory this process holds for it
@@ -551,6 +552,7 @@ def hold(sweep_dir: Path, *, jobs_here: bool = False) -> str:
         sigint = hold_ctrl_c(lambda: _stop_at_once(signal.SIGINT, None))
     now = time.time()
     sweep_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(3)}"
+    made = next((each for each in reversed([sweep_dir, *sweep_dir.parents]) if not each.exists()), None)
     try:
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -560,7 +562,8 @@ def hold(sweep_dir: Path, *, jobs_here: bool = False) -> str:
         try:  # known to _HELD as it is made: a Ctrl-C from here on finds it (finish_open)
             claim = Claim.take(Storage(str(sweep_dir), key="hydra.sweep.dir"), use=CLAIM)
             # The sweep started as its claim did: a report made while it runs knows its rows by that (nli.sweep.report).
-            _HELD[sweep_id] = _Held(sweep_dir.absolute(), claim.owner.started, claim, sigterm, sigint)
+            _HELD[sweep_id] = _Held(sweep_dir.absolute(), claim.owner.started, claim, sigterm, sigint,
+                                   made.absolute() if made else None)
         finally:
             _TAKING.clear()
     except UserError as refused:  # claimed by a live sweep, or not a directory this sweep can write
@@ -579,6 +582,21 @@ def release(sweep_id: Optional[str]) -> None:
         return
     held.claim.release()
     _give_back(held.sigterm, held.sigint)
+    if held.made is not None:
+        _remove_if_empty(held.directory, held.made)
+
+
+def _remove_if_empty(directory: Path, made: Path) -> None:
+    """The folders the sweep made, from its directory up to ``made``, removed while empty: a sweep refused
+    before its first job (a search with nothing to search, a launcher's setting) leaves no empty folder that
+    looks like a sweep's."""
+    for each in [directory, *directory.parents]:
+        try:
+            each.rmdir()  # only an empty folder: a job's or the sweep's files keep it
+        except OSError:
+            return
+        if each == made:
+            return
 
 
 def _give_back(sigterm: Any, sigint: Any) -> None:

@@ -94,6 +94,7 @@ def test_a_launcher_refusal_is_one_line_on_stderr(fake: FakeVertex, tmp_path: Pa
     args = [arg for arg in launcher(fake) if not arg.startswith("hydra.launcher.project=")]
     proc = sweep(fake, tmp_path, *args, *FAST, env={"GOOGLE_CLOUD_PROJECT": None})
     assert refused(proc, "hydra.launcher.project is not set: pass hydra.launcher.project=MY_PROJECT").count("\n") == 1
+    assert not (tmp_path / "sweep").exists()  # no empty folder that looks like a sweep's
 
 
 # ------------------------------------------------------------------------------ python_package

@@ -752,8 +752,9 @@ def test_a_study_continued_with_a_space_optuna_cannot_take_is_refused_by_key_bef
 
 
 def test_a_search_with_nothing_to_search_is_refused_before_any_trial(tmp_path: Path) -> None:
-    """hydra/sweeper=optuna without a range ran n_trials trials of one config, each a run of its own."""
-    sweep_dir = tmp_path / "search"
+    """hydra/sweeper=optuna without a range ran n_trials trials of one config, each a run of its own. Refused, it
+    leaves no folder of its own: an empty one looked like a sweep's."""
+    sweep_dir = tmp_path / "multirun" / "search"
     proc = run_app(["-m", *FAST, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={sweep_dir}"],
                    cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
@@ -761,7 +762,10 @@ def test_a_search_with_nothing_to_search_is_refused_before_any_trial(tmp_path: P
         "error: the search has nothing to search: no key is given values to draw from. Give one a range (python "
         "train.py -m hydra/sweeper=optuna 'optimizer.lr=tag(log,interval(1e-5,1e-3))', docs/sweeps.md), or run once "
         "without -m")
-    assert not [path for path in sweep_dir.glob("*") if path.is_dir()]  # no trial's folder
+    assert not (tmp_path / "multirun").exists()  # the folders the sweep made for its directory, removed
+    (tmp_path / "multirun").mkdir()
+    assert run_app(["-m", *FAST, "hydra/sweeper=optuna", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path).returncode == 1
+    assert (tmp_path / "multirun").is_dir() and not sweep_dir.exists()  # what was there before stays
 
 
 def test_a_trial_asked_for_that_never_gets_a_job_is_failed_not_left_running(tmp_path: Path) -> None:
