@@ -57,6 +57,7 @@ from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
+from nli.config.identity import EXCLUDED
 from nli.config.schema import job_refusal
 from nli.errors import ConfigError, JobFailed
 from nli.sweep import table
@@ -401,6 +402,30 @@ def check_space(study: optuna.Study, space: Space, where: str) -> None:
                               "start another (another hydra.sweeper.study_name or hydra.sweeper.storage)") from None
 
 
+FIXED = "fixed"  # a study's user attribute: the settings its trials share, as typed (check_fixed)
+
+
+def check_fixed(study: optuna.Study, fixed: Dict[str, str], where: str) -> None:
+    """Refuse a continued study given other settings than its trials share (another checkpoint whose name ends
+    alike, ``.../model`` of another run; another max_steps): its sampler would learn from another model's trials,
+    and its best trial could be one of them. Settings that change nothing computed (hw, logger, ...:
+    nli.config.identity.EXCLUDED) may differ. A study from before this check records its settings now."""
+    shared = {key: value for key, value in fixed.items()
+              if not any(key.lstrip("+~") == x or key.lstrip("+~").startswith(f"{x}.") for x in EXCLUDED)}
+    trials = len(study.get_trials(deepcopy=False))
+    stored = study.user_attrs.get(FIXED)
+    if stored is None or not trials:
+        _patient(lambda: study.set_user_attr(FIXED, shared), "recording the study's settings")
+        return
+    changed = [f"{key}: {stored.get(key, '(not given)')} -> {shared.get(key, '(not given)')}"
+               for key in sorted({*stored, *shared}) if stored.get(key) != shared.get(key)]
+    if changed:
+        raise ConfigError(f"the study {study.study_name} in {where} ran its {_trials(trials)} with other settings "
+                          f"({'; '.join(changed)}), and its sampler and best trial would mix them with this "
+                          "command's: give the same settings to continue it, or start another (another "
+                          "hydra.sweeper.study_name or hydra.sweeper.storage)")
+
+
 def job_number(trial: optuna.Trial) -> int:
     """A trial's job number, and so its folder (``${hydra.job.num}``): its number in the study, unique across the
     commands that continue it, or that of the stopped trial it resumes, whose folder it takes up again."""
@@ -447,6 +472,7 @@ class OptunaSearch:
         where = f"hydra.sweeper.storage={self.settings.storage}"
         study = open_study(self.settings, sampler, self.pruner)
         check_space(study, space, where)
+        check_fixed(study, fixed, where)
         try:
             self._search(study, sampler, space, fixed, n_trials)
         except StudyLocked as error:  # a trial left RUNNING: the next command takes it up, from its folder

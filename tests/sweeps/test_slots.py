@@ -148,8 +148,8 @@ def test_ctrl_c_stops_every_trial_in_flight_and_the_same_command_runs_them_again
     assert all("ended" not in job for job in jobs_of(log).values())
 
     log.unlink()
-    subprocess.run([*args, "others=0", "long=0.1", "short=0.1"], cwd=tmp_path, env=process_env(), check=True,
-                   timeout=300, capture_output=True)
+    subprocess.run([*args, "others=0", "long=120", "short=120"], cwd=tmp_path, check=True, timeout=300,
+                   env=process_env({"TIMED_LONG": "0.1", "TIMED_SHORT": "0.1"}), capture_output=True)
     again = jobs_of(log)
     assert sorted(job["x"] for job in again.values()) == sorted(job["x"] for job in stopped.values())
     with sqlite3.connect(tmp_path / "study.db") as db:

@@ -729,6 +729,25 @@ def test_a_study_continued_in_the_other_direction_or_by_another_optuna_is_refuse
                            f"version {optuna.__version__} is no longer compatible with the table schema"), said
 
 
+def test_a_study_continued_with_other_settings_is_refused_by_key(tmp_path: Path) -> None:
+    """A study continued with settings its trials did not share: the glue search from two runs' model/ folders (both
+    study rte-model) continued the first's study, its sampler learning from the other model's trials and its best
+    trial possibly one of them. Settings that change nothing computed (hw, logger) may differ."""
+    sweep_dir = study_of_one_trial(tmp_path / "search")
+    said = refused_search(sweep_dir, "train.max_steps=7", "+model.dropout=0.2", "hw=cpu", "logger=csv")
+    assert said == (f"error: the study quickstart in hydra.sweeper.storage=sqlite:///{sweep_dir}/optuna.db ran its 1 "
+                    "trial with other settings (+model.dropout: (not given) -> 0.2; train.max_steps: 12 -> 7), and its "
+                    "sampler and best trial would mix them with this command's: give the same settings to continue "
+                    "it, or start another (another hydra.sweeper.study_name or hydra.sweeper.storage)")
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:
+        assert db.execute("SELECT state FROM trials").fetchall() == [("COMPLETE",)]  # no trial asked
+    continued = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=1", "hw=cpu", "logger=csv",
+                         f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert continued.returncode == 0, continued.stdout + continued.stderr
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:
+        assert db.execute("SELECT state FROM trials").fetchall() == [("COMPLETE",)] * 2
+
+
 @pytest.mark.parametrize("typed, said", [
     ("train.batch_size=choice(8,16)", "train.batch_size=choice(8, 16): the study quickstart in {storage} drew "
      "train.batch_size from choice(16, 32, 64) (1 trial), and Optuna cannot continue it with another "

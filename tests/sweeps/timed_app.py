@@ -2,7 +2,9 @@
 until ``others`` other jobs have ended, or for ``long`` seconds at most (``others=0``: ``long`` seconds), every
 other job ``short`` seconds; each appends a line to ``log`` when it starts and when it ends. Job 0 waiting on the
 others, not on the clock, makes "the others ended before job 0" hold however busy the machine is, where the
-others can run beside it, and fail (after ``long`` seconds) where they cannot."""
+others can run beside it, and fail (after ``long`` seconds) where they cannot. ``TIMED_LONG`` and ``TIMED_SHORT`` in
+the environment replace ``long`` and ``short``: the same command run again, faster, where a study refuses other
+settings (nli.sweep.search.check_fixed)."""
 
 from __future__ import annotations
 
@@ -21,11 +23,15 @@ def main(cfg: DictConfig) -> float:
     num = int(HydraConfig.get().job.num)
     _note(cfg.log, job=num, started=time.time(), pid=os.getpid(), x=cfg.x)
     if num == 0:
-        _until_ended(Path(cfg.log), cfg.others, time.monotonic() + cfg.long)
+        _until_ended(Path(cfg.log), cfg.others, time.monotonic() + _seconds(cfg, "long"))
     else:
-        time.sleep(cfg.short)
+        time.sleep(_seconds(cfg, "short"))
     _note(cfg.log, job=num, ended=time.time())
     return float(cfg.x)
+
+
+def _seconds(cfg: DictConfig, key: str) -> float:
+    return float(os.environ.get(f"TIMED_{key.upper()}", cfg[key]))
 
 
 def _until_ended(log: Path, others: int, deadline: float) -> None:
