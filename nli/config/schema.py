@@ -127,6 +127,10 @@ class ModelConfig:
         _require(self.dropout is None or self.scratch is None,
                  f"model.dropout={self.dropout} sets a pretrained checkpoint's dropout, and this model is built "
                  f"from scratch (model.scratch): set model.scratch.dropout={self.dropout} instead")
+        # Nothing of a model from scratch is downloaded: a revision would be recorded, and no run would have read it.
+        _require(self.revision == "main" or self.scratch is None,
+                 f"model.revision={self.revision} picks a branch, tag or commit of a Hub checkpoint, and this model is "
+                 "built from scratch (model.scratch): drop model.revision")
 
     @property
     def pretrained(self) -> bool:

@@ -116,6 +116,10 @@ def pretrained_config(cfg: ModelConfig, *, what: str = "model") -> PretrainedCon
     if not _local_dir(cfg.name_or_path):
         with hub_download(_hub_id(what, cfg.name_or_path)):
             return AutoConfig.from_pretrained(cfg.name_or_path, revision=cfg.revision)
+    if cfg.revision != "main":  # a folder is read as it is: the revision would be recorded, never read
+        raise ConfigError(f"model.revision={cfg.revision} picks a branch, tag or commit of a Hub id, and "
+                          f"model.name_or_path={cfg.name_or_path} is a local folder, read as it is: drop "
+                          "model.revision, or give the Hub id")
     path = Path(cfg.name_or_path).expanduser() / "config.json"
     if not path.is_file():
         raise ConfigError(f"model.name_or_path={cfg.name_or_path} has no config.json, so it is not a checkpoint "

@@ -107,6 +107,21 @@ def test_a_checkpoint_that_cannot_work_stops_the_run_before_training(tmp_path: P
     assert not out.exists()  # refused in a folder it made: nothing left behind
 
 
+
+@pytest.mark.parametrize("model", ["local folder", "from scratch"])
+def test_a_revision_of_a_model_no_hub_id_names_is_refused_not_recorded(tmp_path: Path, model: str) -> None:
+    """model.revision reads a Hub id's branch: a local folder or a model from scratch ran as it was, while config.yaml
+    recorded the revision as the one trained."""
+    args = [*QUICK, f"model.name_or_path={MINILM}"] if model == "local folder" else ["experiment=quickstart"]
+    out = tmp_path / "run"
+    proc = run_app([*args, "model.revision=v2.0", f"hydra.run.dir={out}"], cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    expected = (f"model.name_or_path={MINILM} is a local folder, read as it is: drop model.revision"
+                if model == "local folder" else "this model is built from scratch (model.scratch): drop model.revision")
+    assert "error: model.revision=v2.0 picks a branch, tag or commit of a Hub" in proc.stderr, proc.stderr
+    assert expected in proc.stderr and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert not (out / "results.json").exists()
+
 def tokenizer_for(checkpoint: Path, max_seq_length: int, model: str = "bert-base") -> object:
     cfg = build_config([f"model={model}", f"model.name_or_path={checkpoint}", f"data.max_seq_length={max_seq_length}"])
     return build_tokenizer(cfg.model, [], max_seq_length=cfg.data.max_seq_length)
