@@ -25,7 +25,10 @@ OFFLINE_HINT = (
 
 
 def _offline_mode() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    # As huggingface_hub reads it: HF_HUB_OFFLINE, else TRANSFORMERS_OFFLINE, its older name (both set: the first).
+    # Read here at each call, where huggingface_hub reads it once at import.
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or "0"
+    return value.lower() in ("1", "true", "yes", "on")
 
 
 @functools.lru_cache(maxsize=None)

