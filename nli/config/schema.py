@@ -602,7 +602,9 @@ TRAINING_ONLY = ("optimizer", "schedule", "train.epochs", "train.max_steps", "tr
                  "train.log_every", "train.max_grad_norm", "train.checkpoint_every", "train.keep_checkpoints",
                  "train.checkpoint_dir", "train.skip_nonfinite", "train.label_smoothing",
                  "train.gradient_checkpointing", "train.compile", "train.early_stopping", "data.max_train_samples",
-                 "data.fraction_of_train_data", "data.synthetic_train_size")
+                 "data.fraction_of_train_data", "data.synthetic_train_size",
+                 # a trained model is read as it was saved (nli.model.build.load_trained): its dropout and head kept
+                 "model.dropout", "model.classifier_dropout", "model.ignore_mismatched_sizes")
 
 
 @dataclass

@@ -115,3 +115,10 @@ def test_an_evaluation_only_run_refuses_adapters_and_says_what_it_ignores(shared
             "train.eval_every, train.log_every, optimizer.lr, schedule, train.compile (set on the command line)")
     assert said in proc.stdout
     assert json.loads((tmp_path / "e" / "results.json").read_text())["warnings"][0] == said
+    # The model is read as it was saved: a new dropout or head of the command's is none of its.
+    proc = run_app([*evaluate, "model.dropout=0.3", "model.classifier_dropout=0.2",
+                    "model.ignore_mismatched_sizes=true", f"hydra.run.dir={tmp_path / 'model'}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert ("eval.only=true trains nothing, so it ignores data.synthetic_train_size, train.max_steps, "
+            "train.eval_every, train.log_every, model.dropout, model.classifier_dropout, "
+            "model.ignore_mismatched_sizes (set on the command line)") in proc.stdout
