@@ -121,6 +121,11 @@ def pretrained_config(cfg: ModelConfig, *, what: str = "model") -> PretrainedCon
                           f"model.name_or_path={cfg.name_or_path} is a local folder, read as it is: drop "
                           "model.revision, or give the Hub id")
     path = Path(cfg.name_or_path).expanduser() / "config.json"
+    exported = path.parent / contract.MODEL_DIR
+    if not path.is_file() and (path.parent / contract.CONFIG_FILE).is_file() and (exported / "config.json").is_file():
+        # A run folder: an evaluation reads it as its model/ (trained_model), a run that trains on from it does not.
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path} is a run folder: the model it trained is "
+                          f"{exported}. Set model.name_or_path={exported} to train on from it")
     if not path.is_file():
         raise ConfigError(f"model.name_or_path={cfg.name_or_path} has no config.json, so it is not a checkpoint "
                           "directory: point it at a folder that save_pretrained wrote (config.json, the weights "

@@ -281,3 +281,17 @@ def test_a_model_path_beside_a_scratch_architecture_is_told_the_fix() -> None:
     with pytest.raises(ConfigError, match=re.escape("; both are set: model.scratch=null reads my/model, "
                                                     "model.name_or_path=null builds model.scratch")):
         build_config(["experiment=quickstart", "eval.only=true", "model.name_or_path=my/model"])
+
+
+def test_a_run_folder_to_train_on_from_is_told_its_model(shared_run: ShareRun, tmp_path: Path) -> None:
+    """An evaluation reads a run folder as its model/; a run that trains on from it was told only that the folder has
+    no config.json."""
+    trained = shared_run("minilm-eager", MINILM_FAST)
+    proc = run_app([*MINILM_FAST, f"model.name_or_path={trained}", f"hydra.run.dir={tmp_path / 'on'}"], cwd=tmp_path,
+                   env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert (f"error: model.name_or_path={trained} is a run folder: the model it trained is {trained / 'model'}. "
+            f"Set model.name_or_path={trained / 'model'} to train on from it") in proc.stderr, proc.stderr
+    proc = run_app([*MINILM_FAST, f"model.name_or_path={trained / 'model'}", f"hydra.run.dir={tmp_path / 'on'}"],
+                   cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the advice taken
