@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import urllib.request
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 from urllib.parse import urlparse
 
 from nli.errors import HubUnavailableError
@@ -46,6 +47,17 @@ def _endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
 
 
+def _proxy(endpoint: str) -> Optional[str]:
+    """The proxy a download from ``endpoint`` goes through, as the environment names it (HTTPS_PROXY, HTTP_PROXY,
+    ALL_PROXY, NO_PROXY), which huggingface_hub's HTTP client honours: where every connection leaves through a
+    proxy, the endpoint itself is not reachable, and the proxy is what to probe."""
+    url = urlparse(endpoint)
+    proxy = urllib.request.getproxies().get(url.scheme) or urllib.request.getproxies().get("all")
+    if not proxy or urllib.request.proxy_bypass(url.hostname or ""):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
 @contextmanager
 def hub_download(what: str) -> Iterator[None]:
     """Wrap a load that may download ``what`` (e.g. "model 'FacebookAI/roberta-base'").
@@ -53,8 +65,10 @@ def hub_download(what: str) -> Iterator[None]:
     Fails at once when the Hub cannot be reached (unless HF_HUB_OFFLINE=1 asks for the local
     cache only), and turns a failed download into one message with the way to run offline.
     """
-    if not _offline_mode() and not _reachable(_endpoint()):
-        raise HubUnavailableError(f"cannot download {what}: {_endpoint()} is not reachable. {OFFLINE_HINT}")
+    proxy = _proxy(_endpoint())
+    if not _offline_mode() and not _reachable(proxy or _endpoint()):
+        through = f" through the proxy {proxy}" if proxy else ""
+        raise HubUnavailableError(f"cannot download {what}: {_endpoint()} is not reachable{through}. {OFFLINE_HINT}")
     try:
         yield
     except (OSError, ConnectionError) as err:  # what transformers and datasets raise for misses

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence
 
@@ -217,6 +219,32 @@ def test_transformers_offline_loads_a_cached_hub_model_without_asking_the_hub(tm
                             "TRANSFORMERS_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert read_results(out)["status"] == "completed"
+
+
+@pytest.mark.process
+def test_a_hub_reached_through_a_proxy_is_asked_through_it_not_refused_as_unreachable(tmp_path: Path) -> None:
+    """Where every connection leaves through a proxy (HTTP_PROXY), the Hub itself is not reachable and the download,
+    which huggingface_hub sends through the proxy, would be: the probe asks the proxy. A stand-in proxy that has the
+    model nowhere answers 404 to what it is asked. In a process of its own, as its HTTP client reads the environment."""
+    asked: List[bytes] = []
+    proxy = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        while True:
+            conn, _ = proxy.accept()
+            with conn:
+                asked.append(conn.recv(65536).split(b"\r\n")[0])
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    proc = run_process(["task=synthetic", "model=bert-base", "model.name_or_path=owner/model",
+                        f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                       env={"HF_ENDPOINT": "http://hub.invalid", "HF_HOME": str(tmp_path / "hf"),
+                            "HTTP_PROXY": f"http://127.0.0.1:{proxy.getsockname()[1]}"})
+    proxy.close()
+    assert proc.returncode == 1 and "error: cannot load tokenizer 'owner/model'" in proc.stderr, proc.stderr
+    assert "not reachable" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert any(b"hub.invalid/api/models/owner/model" in each for each in asked), asked
 
 def test_a_run_folder_that_is_not_there_is_named_beside_the_unreachable_hub(tmp_path: Path) -> None:
     """The README's example with a folder never trained (outputs/quick) said only that the Hub was unreachable."""
