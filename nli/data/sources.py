@@ -184,10 +184,11 @@ def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: st
 
 def _not_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, where: str, key: str) -> str:
     expected = ", ".join(sorted(set(glue.files.values())))
-    if task.hub_dataset == GLUE_HUB:
-        return (f"{key}={root}: {where}. A GLUE directory holds one folder per task ({glue.folder}/ for "
-                f"{task.name}) with the files {expected}, as the original GLUE download lays them out")
     hub = "eval.dir=null" if key == "eval.dir" else f"{key}=null"
+    if task.hub_dataset == GLUE_HUB:  # says how to get the data too, as the other sets' message does
+        return (f"{key}={root}: {where}. A GLUE directory holds one folder per task ({glue.folder}/ for "
+                f"{task.name}) with the files {expected}, as the original GLUE download lays them out: put them "
+                f"there, or set {hub} to load {task.name} from the Hub ({task.hub_dataset})")
     return (f"{key}={root}: {where}. {key} holds each set's original download, unpacked, in a folder of its "
             f"own ({glue.folder}/ for {task.name}, with the files {expected}): put them there, or set {hub} to "
             f"load {task.name} from the Hub ({task.hub_dataset})")
