@@ -59,7 +59,10 @@ def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool,
     train_set = None
     if train:
         train_set = _subsample_train(_gold(raw[task.train_split], task, task.train_split), data, seed=seed)
-    evals = {split: _first(_gold(raw[split], task, split), data.max_eval_samples) for split in task.eval_splits}
+    gold = {split: _gold(raw[split], task, split) for split in task.eval_splits}
+    evals = {split: _first(ds, data.max_eval_samples) for split, ds in gold.items()}
+    for split in task.eval_splits:
+        _warn_groups_left_out(task, split, gold[split], evals[split])
     groups = {split: {column: ds[column] for column in task.groups} for split, ds in evals.items()} \
         if task.groups else {}
     test = {split: raw[split] for split in test_splits}
@@ -107,6 +110,20 @@ def _subsample_train(ds: datasets.Dataset, data: DataConfig, *, seed: int) -> da
         keep = math.ceil(data.fraction_of_train_data * len(ds))
         ds = ds.shuffle(seed=seed).select(range(keep))
     return _first(ds, data.max_train_samples)
+
+
+def _warn_groups_left_out(task: TaskConfig, split: str, whole: datasets.Dataset, kept: datasets.Dataset) -> None:
+    """A warning where data.max_eval_samples, which keeps a split's first examples, leaves out every example of
+    some value of a task.groups column: a file ordered by heuristic, as HANS's is, gave the accuracy of its first
+    heuristic under the set's name, and no word of the others."""
+    if len(kept) == len(whole):
+        return
+    for column in task.groups:
+        left_out = sorted(set(whole[column]) - set(kept[column]))
+        if left_out:
+            log.warning("%s %s: data.max_eval_samples=%d keeps its first %d of %d examples, and none of %s %s: its "
+                        "accuracy is not the whole set's. Set data.max_eval_samples=null to score them all",
+                        task.name, split, len(kept), len(kept), len(whole), column, ", ".join(left_out))
 
 
 def _first(ds: datasets.Dataset, limit: int | None) -> datasets.Dataset:

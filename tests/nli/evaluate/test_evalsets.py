@@ -121,6 +121,22 @@ def test_hans_tsv_parses_with_its_heuristic_kept_for_the_metrics(tmp_path: Path,
     assert splits.groups == {"validation": {"heuristic": [row[1] for row in HANS]}}
 
 
+def test_hans_cut_by_max_eval_samples_warns_of_the_heuristics_it_leaves_out(
+        tmp_path: Path, datasets_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """HANS's file lists its examples heuristic by heuristic: its first few are all lexical_overlap, whose accuracy
+    would stand as the set's, silently."""
+    root = write_sets(tmp_path / "sets")
+    with caplog.at_level(logging.WARNING, logger="nli.data.loaders"):
+        splits = load(["task=hans", f"data.dir={root}", "data.max_eval_samples=3"])
+    assert set(splits.groups["validation"]["heuristic"]) == {"lexical_overlap"}
+    assert (f"hans validation: data.max_eval_samples=3 keeps its first 3 of {len(HANS)} examples, and none of "
+            "heuristic constituent, subsequence: its accuracy is not the whole set's") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nli.data.loaders"):
+        load(["task=hans", f"data.dir={root}", "data.max_eval_samples=8"])  # a cut that keeps every heuristic
+    assert "max_eval_samples" not in caplog.text
+
+
 def test_copies_of_the_hub_datasets_give_the_same_examples(tmp_path: Path, datasets_cache: Path) -> None:
     """stanfordnlp/snli (label -1 dropped), facebook/anli (premise column, split per round) and the Parquet
     export of jhu-cogsci/hans (read from its plain_text folder), each as a local copy of its repository."""
