@@ -225,6 +225,7 @@ def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tup
     _lift_csv_field_limit()
     lookup = label_lookup(task)
     skipped: List[int] = []
+    extra: List[int] = []  # more fields than the header: a tab inside a text
     examples = 0
     ids: Dict[int, int] = {}  # a test file's: each example's id, at its line (its predictions are numbered by them)
     with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC's files may start with a BOM
@@ -235,6 +236,11 @@ def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tup
                 line = n + (1 if header is not None else 2)
                 if None in row.values():  # fewer fields than the header; the Hub's copy drops these too
                     skipped.append(line)
+                    continue
+                # csv's key for fields past the header's (an empty one, a tab at the line's end, shifts nothing): each
+                # column after a tab inside a text held the one before it (MRPC's second sentence the first's end)
+                if any(field.strip() for field in row.get(None) or ()):
+                    extra.append(line)
                     continue
                 examples += 1
                 if not labelled:
@@ -249,12 +255,14 @@ def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tup
             raise DataError(_not_utf8(Path(path), err)) from None
         except csv.Error as err:
             raise DataError(f"{path}, line {reader.line_num}: {err}") from None
-    if skipped:
-        log.warning("%s: skipped %d row(s) with missing fields (lines %s)", path, len(skipped),
-                    ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else ""))
+    for lines, what in ((skipped, "with missing fields"),
+                        (extra, "with more fields than the header (a tab inside a text shifts the columns after it)")):
+        if lines:
+            log.warning("%s: skipped %d row(s) %s (lines %s)", path, len(lines), what,
+                        ", ".join(map(str, lines[:10])) + (", ..." if len(lines) > 10 else ""))
     if not examples:
         why = ("it is empty" if os.path.getsize(path) == 0 else
-               f"each of its {len(skipped)} row(s) has missing fields" if skipped else
+               f"each of its {len(skipped) + len(extra)} row(s) has missing or extra fields" if skipped or extra else
                "it has a header row and nothing else")
         raise DataError(_no_examples(Path(path), why))
 

@@ -335,6 +335,23 @@ def test_rows_with_missing_fields_are_reported_not_silently_dropped(
     assert "skipped 1 row(s) with missing fields (lines 1246)" in caplog.text
 
 
+def test_rows_with_a_tab_inside_a_text_are_reported_not_read_shifted(
+        tmp_path: Path, datasets_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A tab inside MRPC's first sentence made its end the second sentence, and the second went unread, unsaid; a
+    tab at a line's end (an empty field past the header's) shifts nothing and is read."""
+    root = write_layout(tmp_path / "glue_data", "mrpc")
+    dev = root / "MRPC" / "dev.tsv"
+    with open(dev, "a", encoding="utf-8") as f:
+        f.write("1\t1\t2\tThe first sentence\twith a tab .\tThe second sentence .\n")  # line 3
+        f.write("0\t3\t4\tA sentence .\tAnother sentence .\t\n")  # line 4: a tab at its end
+    with caplog.at_level(logging.WARNING):
+        splits = load(["task=mrpc", f"data.dir={root}"])
+    assert rows(splits.eval["validation"], ["sentence1", "sentence2"]) == \
+        [*EXPECTED["mrpc"]["validation"], ("A sentence .", "Another sentence .", 0)]
+    assert (f"{dev}: skipped 1 row(s) with more fields than the header (a tab inside a text shifts the columns after "
+            "it) (lines 3)") in caplog.text
+
+
 def test_bad_source_combinations_fail_at_config_time() -> None:
     with pytest.raises(ConfigError, match="set data.dir .* or data.files .*, not both"):
         build_config(["task=rte", "data.dir=x", "+data.files.train=a.csv"])
