@@ -133,14 +133,15 @@ def read_json(url: str) -> Optional[Dict[str, Any]]:
 
 
 def record(sweep_dir: Path, row: Dict[str, Any]) -> None:
-    """Adds the job's row to the directory's rows, in place of an earlier row of the same job folder in
-    the same sweep (a job recorded again: a requeued Slurm job), and writes the CSV of the row's sweep.
-    Jobs of one sweep end at once in several processes (or nodes): the lock lets one write at a time."""
+    """Adds the job's row to the directory's rows, in place of an earlier row of the same job in the same folder
+    and sweep (a job recorded again: a requeued Slurm job), and writes the CSV of the row's sweep. Jobs of one
+    sweep end at once in several processes (or nodes): the lock lets one write at a time."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(sweep_dir / _LOCK)):
         rows = read_rows(sweep_dir)
-        same = [i for i, old in enumerate(rows)
-                if old.get("output_dir") == row["output_dir"] and old.get(SWEEP_ID) == row.get(SWEEP_ID)]
+        # By job number too: two jobs given one output_dir are two rows (the second one refused there), not one.
+        same = [i for i, old in enumerate(rows) if old.get("output_dir") == row["output_dir"]
+                and old.get(SWEEP_ID) == row.get(SWEEP_ID) and old.get("job") == row.get("job")]
         if same:
             rows[same[0]] = row
         else:
