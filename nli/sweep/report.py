@@ -119,6 +119,14 @@ def _not_a_source(path: Path) -> ReportError:
         return ReportError(f"{path}: no such directory; {expected}")
     if not path.is_dir():
         return ReportError(f"{path}: not a directory; {expected}")
+    # A sweep or a run just started writes its file as its first job, or the run, ends: said so, not "neither".
+    storage = Storage(str(path), key="DIR")
+    if (holder := live_holder(storage, use=sweep.CLAIM)) is not None:
+        return ReportError(f"{path}: a sweep is running there ({holder}) and none of its jobs has ended yet: make "
+                           f"the report once one has ({sweep.RESULTS_JSONL} then holds its row)")
+    if (holder := live_holder(storage)) is not None:  # a run's claim of its output folder
+        return ReportError(f"{path}: a run is still going there ({holder}): its {RESULTS_FILE} is written at its "
+                           "end; make the report then")
     return ReportError(f"{path}: holds neither {sweep.RESULTS_JSONL} nor {RESULTS_FILE}; {expected}")
 
 

@@ -22,6 +22,7 @@ from typing import Dict, List, Tuple
 import matplotlib.image
 import pytest
 
+from nli.contract import CLAIM_FILE
 from nli.sweep import calibration_plot, plots, report
 from nli.sweep import table as sweep
 from tests.support.runs import FAST, ROOT, copy_run, read_results, run_app, shared_folder
@@ -333,10 +334,11 @@ def test_a_sweep_still_running_is_reported_as_such_with_its_jobs_so_far(sweep_di
                          f"{json.loads(lines[0])[sweep.SWEEP_ID]})")
 
 
-def claim(folder: Path, started: float) -> None:
-    """A sweep's claim of ``folder``, taken at ``started`` by a process that runs (pytest's parent)."""
+def claim(folder: Path, started: float, file: str = sweep.CLAIM.file) -> None:
+    """A sweep's claim of ``folder`` (or a run's, in its ``file``), taken at ``started`` by a process that runs
+    (pytest's parent)."""
     now = time.time()
-    (folder / sweep.CLAIM.file).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(),
+    (folder / file).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(),
                                                        "started": started, "token": "sweeping", "heartbeat": now}))
 
 
@@ -405,6 +407,21 @@ def test_a_path_that_is_neither_a_sweep_nor_a_run_is_one_line_and_status_2(
     assert err.count("\n") == 1 and err.startswith(f"error: {path}: ") and "Traceback" not in err
     assert "expected a sweep directory (with sweep_results.jsonl) or a run folder (with results.json)" in err
     assert not (path / report.REPORT).exists() and not (tmp_path / report.REPORT).exists()
+
+
+@pytest.mark.parametrize("what", ["sweep", "run"])
+def test_a_sweep_or_run_just_started_is_said_to_be_running_not_to_be_neither(
+        what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its first job (or its run) not ended yet, a sweep directory has no table and a run folder no results.json."""
+    started = tmp_path / what
+    started.mkdir()
+    claim(started, time.time(), file=sweep.CLAIM.file if what == "sweep" else CLAIM_FILE)
+    assert report.main([str(started)]) == 2
+    err = capsys.readouterr().err
+    running = (f"a sweep is running there (host {socket.gethostname()}, pid {os.getppid()}" if what == "sweep" else
+               f"a run is still going there (host {socket.gethostname()}, pid {os.getppid()}")
+    assert err.startswith(f"error: {started}: {running}") and err.count("\n") == 1, err
+    assert "holds neither" not in err and not (started / report.REPORT).exists()
 
 
 def test_a_resumed_runs_repeated_steps_keep_the_last_value(tmp_path: Path) -> None:
