@@ -146,6 +146,11 @@ def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
         of = f"of its {planned} jobs " if planned else ""
         notes.append(f"{sweep_dir}: the sweep is still running ({holder}); {len(rows)} job(s) {of}have ended, and "
                      "the report is of those: make it again once the sweep ends")
+    elif (planned := _planned_jobs(sweep_dir, searches=False)) and len(rows) < planned and _planned_by(sweep_dir, rows):
+        # A sweep stopped part-way (Ctrl-C, SIGTERM, a lost machine) has no claim left: its table alone looks whole.
+        notes.append(f"{sweep_dir}: {len(rows)} of the sweep's {planned} jobs have ended, and the report is of those: "
+                     "the others never ended (the sweep was stopped, or they still run under a launcher elsewhere); "
+                     "the same command again runs them")
     for row in rows:
         # A sweep copied from elsewhere (a cluster, a bucket) names job folders that are not here:
         # its metrics.csv files are then read from the same subfolder of the copy.
@@ -172,19 +177,30 @@ def _name_as_resolved(rows: List[Row]) -> None:
         row.update({key: found[(key, str(row[key]))] for key in ("task", "model") if (key, str(row.get(key))) in found})
 
 
-def _planned_jobs(sweep_dir: Path) -> Optional[int]:
+def _planned_jobs(sweep_dir: Path, *, searches: bool = True) -> Optional[int]:
     """How many jobs the sweep in ``sweep_dir`` runs, from Hydra's record of it (multirun.yaml): an Optuna
-    search's trials, or the product of the lengths of a list sweep's values; None where it cannot tell."""
+    search's trials (None unless ``searches``: a grid search may end before them), or the product of the lengths
+    of a list sweep's values; None where it cannot tell."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         record = yaml.safe_load((sweep_dir / MULTIRUN_RECORD).read_text())["hydra"]
         if "n_trials" in (record.get("sweeper") or {}):
-            return int(record["sweeper"]["n_trials"])
+            return int(record["sweeper"]["n_trials"]) if searches else None
         overrides = OverridesParser.create().parse_overrides(list(record["overrides"]["task"]))
         return math.prod(len(list(o.sweep_string_iterator())) for o in overrides if o.is_discrete_sweep())
     except Exception:  # a record of another version, or none: the note says less
         return None
+
+
+def _planned_by(sweep_dir: Path, rows: Sequence[Row]) -> bool:
+    """Whether Hydra's record of a sweep (multirun.yaml, written as each sweep starts) is of the sweep of ``rows``:
+    written after it started and before its first job ended, not by a sweep started there since."""
+    started, ended = rows[0].get(sweep.SWEEP_STARTED), [row.get("ended") for row in rows]
+    if not sweep.is_number(started) or not all(sweep.is_number(each) for each in ended):
+        return False  # rows written before they said their sweep
+    written = (sweep_dir / MULTIRUN_RECORD).stat().st_mtime
+    return float(started) <= written <= min(float(each) for each in ended if sweep.is_number(each))
 
 
 def _newest(where: str, every: List[Row], notes: List[str]) -> List[Row]:

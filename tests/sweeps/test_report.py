@@ -334,6 +334,22 @@ def test_a_sweep_still_running_is_reported_as_such_with_its_jobs_so_far(sweep_di
                          f"{json.loads(lines[0])[sweep.SWEEP_ID]})")
 
 
+def test_a_sweep_stopped_part_way_is_reported_with_the_jobs_that_never_ended_said(sweep_dir: Path,
+                                                                                  tmp_path: Path) -> None:
+    """A sweep stopped after its third job (Ctrl-C, SIGTERM) holds no claim: its report read as a sweep of three."""
+    stopped = copy_run(sweep_dir, tmp_path / "stopped")  # multirun.yaml's time kept: written as the sweep started
+    lines = (stopped / sweep.RESULTS_JSONL).read_text().splitlines()
+    (stopped / sweep.RESULTS_JSONL).write_text("\n".join(lines[:3]) + "\n")
+    notes: List[str] = []
+    report.write_report([stopped], tmp_path / "report", notes)
+    said = f"{stopped}: 3 of the sweep's 4 jobs have ended, and the report is of those: the others never ended"
+    assert [note for note in notes if note.startswith(said)], notes
+    assert said in (tmp_path / "report" / report.REPORT).read_text()
+    notes.clear()
+    report.write_report([sweep_dir], tmp_path / "whole", notes)  # every job ended: no such note
+    assert not any("never ended" in note for note in notes)
+
+
 def claim(folder: Path, started: float, file: str = sweep.CLAIM.file) -> None:
     """A sweep's claim of ``folder`` (or a run's, in its ``file``), taken at ``started`` by a process that runs
     (pytest's parent)."""
