@@ -354,9 +354,15 @@ def metric_columns(rows: Iterable[Mapping[str, Any]]) -> List[str]:
     return sorted(dict.fromkeys(columns), key=lambda key: key != "objective")
 
 
+# Where a job wrote is no setting of it: two folders of one config hold the same run, and the row's output_dir column
+# is the folder itself (output_dir=runs/s${seed} made each seed a setting of its own, n=1).
+_NOT_SETTINGS = frozenset({"output_dir"})
+
+
 def swept(row: Mapping[str, Any]) -> Dict[str, str]:
-    """The row's overrides as key -> value."""
-    return override_columns(row.get("overrides") or [])
+    """The row's overrides as key -> value, but for where the job wrote."""
+    return {key: value for key, value in override_columns(row.get("overrides") or []).items()
+            if key not in _NOT_SETTINGS}
 
 
 def is_number(value: Any) -> TypeGuard[float]:

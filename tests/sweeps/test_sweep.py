@@ -903,6 +903,19 @@ def test_two_jobs_given_one_output_dir_keep_a_row_each(tmp_path: Path) -> None:
         assert [line["job"] for line in csv.DictReader(table)] == ["0", "1"]
 
 
+def test_seeds_that_each_write_to_a_folder_of_their_own_are_one_setting(tmp_path: Path) -> None:
+    """output_dir=runs/s${seed}: the folder each job wrote to is no swept setting, or every seed is a setting alone."""
+    sweep_dir = tmp_path / "sweep"
+    proc = run_app(["-m", *FAST, f"hydra.sweep.dir={sweep_dir}", "output_dir=runs/s${seed}", "seed=1,2"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [Path(row["output_dir"]).parts[-2:] for row in rows_by_job(sweep_dir).values()] == [("runs", "s1"),
+                                                                                               ("runs", "s2")]
+    with open(sweep_dir / sweep.SUMMARY_CSV, newline="") as summary:
+        (group,) = csv.DictReader(summary)
+    assert group["n"] == "2" and group["seeds"] == "1 2" and "output_dir" not in group
+    assert not (sweep_dir / sweep.DIFFERENCES_CSV).exists()  # one setting: nothing to tell apart
+
+
 def test_the_table_lists_jobs_by_number_whatever_order_they_ended_in(tmp_path: Path) -> None:
     """Jobs side by side (joblib, the local GPUs, Vertex AI) end in any order; the jsonl keeps it, the table not."""
     for num in (2, 0, 1):
