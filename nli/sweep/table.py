@@ -700,6 +700,9 @@ def hydra_job_row(config: DictConfig, job_return: JobReturn, stamp: Mapping[str,
     """The row of a job run by one of Hydra's launchers, from its return and its results.json; a failed
     job's row holds no results (its folder's results.json, if any, is another run's)."""
     output_dir = str(OmegaConf.select(config, "output_dir") or config.hydra.runtime.output_dir)
+    # A relative output_dir is relative to where the job ran (hydra.job.chdir=false): named whole, so that a report
+    # made from anywhere else finds the job's folder.
+    output_dir = output_dir if "://" in output_dir else os.path.abspath(output_dir)
     overrides = list(config.hydra.overrides.task)
     if job_return.status is JobStatus.COMPLETED:
         results = own_results(read_json(f"{output_dir.rstrip('/')}/{RESULTS_FILE}"), job_return.return_value,

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from nli.io.claim import HOST, Owner
+from nli.sweep import report
 from nli.sweep import table as sweep
 from tests.support.glue_layouts import stsb_with_one_gold_score
 from tests.support.runs import FAST, ROOT, process_env, read_results, run_app, shared_folder
@@ -914,6 +915,20 @@ def test_seeds_that_each_write_to_a_folder_of_their_own_are_one_setting(tmp_path
         (group,) = csv.DictReader(summary)
     assert group["n"] == "2" and group["seeds"] == "1 2" and "output_dir" not in group
     assert not (sweep_dir / sweep.DIFFERENCES_CSV).exists()  # one setting: nothing to tell apart
+
+
+def test_a_relative_output_dir_is_recorded_whole_for_a_report_made_elsewhere(tmp_path: Path) -> None:
+    """output_dir=runs/s${seed} is relative to where the sweep ran: a report made from elsewhere found no job folder
+    (every learning curve skipped, "no metrics.csv")."""
+    sweep_dir, here = tmp_path / "sweep", tmp_path / "here"
+    here.mkdir()
+    proc = run_app(["-m", *FAST, f"hydra.sweep.dir={sweep_dir}", "output_dir=runs/s${seed}", "seed=1,2"], cwd=here)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = rows_by_job(sweep_dir)
+    assert [row["output_dir"] for row in rows.values()] == [str(here / "runs" / "s1"), str(here / "runs" / "s2")]
+    assert rows[0]["objective"] == read_results(here / "runs" / "s1")["objective"]
+    curves, skipped = report.load_curves(report.load_rows([sweep_dir]), ["seed"])  # from the suite's cwd
+    assert skipped == [] and len(curves) == 2
 
 
 def test_the_table_lists_jobs_by_number_whatever_order_they_ended_in(tmp_path: Path) -> None:
