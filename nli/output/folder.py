@@ -90,6 +90,7 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
                               "to start afresh, delete that folder, or drop train.resume=false to continue")
     finished = _results(storage, newest)
     if finished is None and newest is None:
+        _refuse_checkpoints_elsewhere(storage, checkpoints)
         return None  # a new run
     recorded = checkpoints.newest_recorded_step()  # a damaged newest manifest recorded nothing of the run
     if finished is not None and _these_results(finished, ident, checkpoints, recorded):
@@ -121,6 +122,33 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
     if finished is not None:
         log.info("this run already finished; its results are in %s", storage.describe(contract.RESULTS_FILE))
     return finished
+
+
+def _refuse_checkpoints_elsewhere(storage: Storage, checkpoints: Checkpoints) -> None:
+    """Refuses, touching nothing, to start afresh a run whose checkpoints are where its config.yaml says it kept them
+    and this command does not look: train.checkpoint_dir is outside the identity (where checkpoints go cannot change
+    the result), so a run stopped with another one would otherwise train again from step 0, its steps silently lost."""
+    if not storage.exists(contract.CONFIG_FILE):
+        return
+    try:
+        recorded = yaml.safe_load(storage.read_bytes(contract.CONFIG_FILE))
+    except yaml.YAMLError:
+        return  # no record to go by (_saved_identity says so where it matters)
+    train = recorded.get("train") if isinstance(recorded, dict) else None
+    if not isinstance(train, dict):
+        return
+    kept = train.get("checkpoint_dir")
+    where = Storage(kept, key="train.checkpoint_dir").describe() if kept else storage.describe(contract.CHECKPOINTS_DIR)
+    if where == checkpoints.where():
+        return
+    step = Checkpoints(Storage(where, key="train.checkpoint_dir"), keep=1, identity={}).newest_step()
+    if step is None:
+        return
+    way = f"give train.checkpoint_dir={kept}" if kept else "leave train.checkpoint_dir unset, as it was"
+    raise CheckpointError(f"{storage.describe()} holds a run stopped at step {step}, its checkpoints in {where}; "
+                          f"this command keeps checkpoints in {checkpoints.where()}, where there are none, and would "
+                          f"train it again from step 0. Nothing was changed. To continue it, {way}; or give this run "
+                          "its own output_dir (or hydra.run.dir)")
 
 
 def record_code(out: Outputs) -> None:

@@ -324,6 +324,29 @@ def test_what_cannot_change_the_result_may_change_on_resume(preempted: Path, tmp
     assert_same_run(local_outcome(run_dir), uninterrupted)
 
 
+@pytest.mark.parametrize("moved", [False, True], ids=["given-one-now", "stopped-with-one"])
+def test_a_stopped_run_looked_for_in_another_checkpoint_dir_is_refused_not_started_afresh(
+        preempted: Path, tmp_path: Path, moved: bool) -> None:
+    """train.checkpoint_dir is outside the run's identity: given on resume where the run kept its checkpoints in its
+    folder (or dropped where it kept them elsewhere), the run found none, trained again from step 0 and overwrote the
+    folder's model and metrics, its stopped steps silently lost."""
+    run_dir, elsewhere = copy_of(preempted, tmp_path), tmp_path / "elsewhere"
+    stopped_at = max(int(n[5:]) for n, done in checkpoints(run_dir).items() if done)
+    if moved:  # a run stopped with train.checkpoint_dir=elsewhere, as its config.yaml records it
+        shutil.move(str(run_dir / "checkpoints"), str(elsewhere))
+        config = run_dir / "config.yaml"
+        config.write_text(config.read_text().replace("  checkpoint_dir: null\n", f"  checkpoint_dir: {elsewhere}\n"))
+    before = snapshot(run_dir)
+    proc = resume(run_dir, *([] if moved else [f"train.checkpoint_dir={elsewhere}"]))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    kept, looked = (elsewhere, run_dir / "checkpoints") if moved else (run_dir / "checkpoints", elsewhere)
+    way = f"give train.checkpoint_dir={elsewhere}" if moved else "leave train.checkpoint_dir unset, as it was"
+    assert (f"error: {run_dir} holds a run stopped at step {stopped_at}, its checkpoints in {kept}; this command keeps "
+            f"checkpoints in {looked}, where there are none, and would train it again from step 0. Nothing was "
+            f"changed. To continue it, {way}") in proc.stderr
+    assert "training:" not in proc.stdout and snapshot(run_dir) == before
+
+
 def test_resume_false_refuses_and_says_how_to_start_afresh(preempted: Path, tmp_path: Path) -> None:
     run_dir = copy_of(preempted, tmp_path)
     before = snapshot(run_dir)
