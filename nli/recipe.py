@@ -206,7 +206,9 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
         stopped = interruption(error)  # the signal, or an error it caused (nli.runtime.signals.interruption)
         if stopped is None:
             raise
-        stopped.stage = stage
+        # In the training stage a first signal stops at once only before the steps take signals over (the loggers'
+        # start: W&B's takes seconds): nothing of it was saved, no step was under way.
+        stopped.stage = "starting" if stage == "training" and not stopped.second else stage
         if stopped is error:
             raise
         raise stopped from error

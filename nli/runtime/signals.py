@@ -79,10 +79,11 @@ class Interrupted(BaseException):
     passes through the libraries' ``except Exception``. A bare ``except:`` still swallows it (datasets'
     fingerprinting has one): :meth:`StopRequest.check` at each phase boundary raises it again."""
 
-    def __init__(self, signal: str) -> None:
+    def __init__(self, signal: str, *, second: bool = False) -> None:
         super().__init__(signal)
         self.signal = signal
         self.stage = "starting"  # how far the run had come: starting, evaluating, training, finishing (the recipe)
+        self.second = second  # a second signal: inside the training steps, the only one that stops them at once
 
 
 def interruption(error: BaseException) -> Optional[Interrupted]:
@@ -160,7 +161,7 @@ class StopRequest:
             self._since = time.monotonic()
         self.signal = name
         if again or not self._deferred:
-            raise Interrupted(name)
+            raise Interrupted(name, second=again)
         log.warning("%s received: stopping after this step, with a checkpoint", name)
 
 

@@ -225,6 +225,28 @@ def test_an_evaluation_stopped_after_logging_its_scores_logs_them_once_to_one_wa
     assert len(files) == 2 and len(ids) == 1, (files, ids)
 
 
+# train.py with a signal sent to itself as the run starts its loggers, after its data, model and checkpoint loaded and
+# before the training steps take signals over (W&B's start takes seconds, a Ctrl-C's time).
+AS_LOGGERS_START = ("import os, runpy, signal, sys, nli.tracking.loggers as loggers; "
+                    "sent = signal.Signals[sys.argv[1]]; begin = loggers.start; "
+                    "loggers.start = lambda *a, **k: (os.kill(os.getpid(), sent), begin(*a, **k))[1]; "
+                    "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("sent", ["SIGTERM", "SIGINT"])
+def test_one_signal_as_the_loggers_start_says_nothing_was_saved_not_a_second_signals_lost_step(
+        tmp_path: Path, sent: str) -> None:
+    """The stage was already "training" there: one signal was told "at once (a second signal), in the middle of a
+    step: that step was not saved" when no step had begun."""
+    run_dir = tmp_path / "run"
+    proc = start(FAST, run_dir, before=["-c", AS_LOGGERS_START, sent])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == PREEMPTED and "Traceback" not in err, err
+    assert f"stopped by {sent} before training began: nothing new was saved" in err and "second signal" not in err
+    assert not {"checkpoints", "model", "results.json"} & {p.name for p in run_dir.iterdir()}
+
+
 @pytest.mark.process
 def test_a_second_signal_during_training_stops_at_once(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
