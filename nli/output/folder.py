@@ -106,6 +106,14 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
         changes = {"(settings)": "not recorded by the earlier run -> these"}
     what = "a finished run" if finished is not None else f"a run stopped at step {newest}"
     unaccepted = [key for key in changes if key not in train.accept_changes]
+    if unaccepted and finished is None and not storage.exists(contract.CONFIG_FILE) \
+            and checkpoints.where() != storage.describe(contract.CHECKPOINTS_DIR):
+        # The output folder holds no run: the checkpoints are another run's, in a train.checkpoint_dir both were given
+        # (a sweep's jobs, each its own output_dir). Said of the output folder, the refusal pointed at the wrong one.
+        raise CheckpointError(f"train.checkpoint_dir={checkpoints.where()} holds the checkpoints of another run "
+                              f"(step {newest}; other settings: {', '.join(changes)}), and {storage.describe()} no run "
+                              "of its own. Nothing was changed. Give each run a train.checkpoint_dir of its own, or "
+                              "leave it unset (each run's checkpoints then go in its output_dir)")
     if unaccepted:
         raise refuse(storage.describe(), what, changes, saved or {}, checkpointed=newest is not None)
     if changes and newest is None:

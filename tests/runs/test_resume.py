@@ -27,7 +27,7 @@ from safetensors.torch import load
 from nli.io.storage import Storage
 from nli.runtime import provenance
 from nli.train.checkpoint import Checkpoints
-from tests.support.runs import MEASURED, ROOT, copy_run, process_env, read_results, run_app, shared_folder
+from tests.support.runs import FAST, MEASURED, ROOT, copy_run, process_env, read_results, run_app, shared_folder
 from tests.support.wandb_records import records
 
 # 20 optimizer steps per epoch, 50 in all: the signal lands in the middle of the second epoch.
@@ -345,6 +345,22 @@ def test_a_stopped_run_looked_for_in_another_checkpoint_dir_is_refused_not_start
             f"checkpoints in {looked}, where there are none, and would train it again from step 0. Nothing was "
             f"changed. To continue it, {way}") in proc.stderr
     assert "training:" not in proc.stdout and snapshot(run_dir) == before
+
+
+def test_another_runs_checkpoints_in_a_shared_checkpoint_dir_are_named_as_such(tmp_path: Path) -> None:
+    """Two runs given one train.checkpoint_dir (a sweep's jobs): the second, in a new output folder, was refused as
+    if that folder held "a run stopped at step 12 with other settings", with advice (its own output_dir, which it
+    had) that could not help."""
+    shared = tmp_path / "checkpoints"
+    first = run_app([*FAST, f"train.checkpoint_dir={shared}", f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = run_app([*FAST, "seed=7", f"train.checkpoint_dir={shared}", f"hydra.run.dir={tmp_path / 'two'}"],
+                     cwd=tmp_path)
+    assert second.returncode == 1 and "Traceback" not in second.stderr, second.stdout + second.stderr
+    assert (f"error: train.checkpoint_dir={shared} holds the checkpoints of another run (step 12; other settings: "
+            f"seed), and {tmp_path / 'two'} no run of its own. Nothing was changed. Give each run a "
+            "train.checkpoint_dir of its own") in second.stderr
+    assert "training:" not in second.stdout and "holds a run stopped" not in second.stderr
 
 
 def test_resume_false_refuses_and_says_how_to_start_afresh(preempted: Path, tmp_path: Path) -> None:
