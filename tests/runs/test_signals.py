@@ -69,13 +69,17 @@ def test_before_training_a_signal_stops_the_run_at_once_and_says_nothing_was_sav
     assert "Run the same command again to start" in (run_dir / "train.log").read_text()
 
 
-# train.py with a signal (SIGTERM, SIGINT) sent to itself as one of the command's steps begins: nli.config.command.check
-# (the command line's check, before Hydra) or nli.cli.train (Hydra's task function, its run folder and log made, before
-# the run's own handler). The signal is handled before the step's first line.
-SIGNALLED_AS = ("import os, runpy, signal, sys, nli.cli, nli.config.command; name, sent = sys.argv[1:3]; "
-                "owner = {'check': nli.config.command, 'train': nli.cli}[name]; step = getattr(owner, name); "
+# train.py with a signal (SIGTERM, SIGINT) sent to itself as one of the command's steps begins, the step's
+# function named as module:function: nli.config.command:check (the command line's check, before Hydra),
+# nli.cli:train (Hydra's task function, its run folder and log made, before the run's own handler),
+# nli.tracking.loggers:start (the run's loggers, after its data, model and checkpoint loaded and before the
+# training steps take signals over). The signal is handled before the step's first line.
+SIGNALLED_AS = ("import importlib, os, runpy, signal, sys; where, sent = sys.argv[1:3]; "
+                "module, name = where.split(':'); owner = importlib.import_module(module); "
+                "step = getattr(owner, name); "
                 "setattr(owner, name, lambda *a, **k: (os.kill(os.getpid(), signal.Signals[sent]), step(*a, **k))[1]); "
                 "sys.argv = sys.argv[3:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+STEPS = {"check": "nli.config.command:check", "train": "nli.cli:train"}
 
 
 @pytest.mark.process
@@ -87,7 +91,7 @@ def test_a_signal_as_the_command_starts_stops_it_saying_nothing_was_saved(tmp_pa
     log. Python's defaults ended the process there silently (SIGTERM: status 143), or with a traceback (Ctrl-C's
     KeyboardInterrupt in the check) or another status and message than a run's (130, "interrupted")."""
     run_dir = tmp_path / "run"
-    proc = start(FAST, run_dir, before=["-c", SIGNALLED_AS, step, sent])
+    proc = start(FAST, run_dir, before=["-c", SIGNALLED_AS, STEPS[step], sent])
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED and "Traceback" not in err, err
     assert f"stopped by {sent} before training began: nothing new was saved" in err
@@ -225,14 +229,6 @@ def test_an_evaluation_stopped_after_logging_its_scores_logs_them_once_to_one_wa
     assert len(files) == 2 and len(ids) == 1, (files, ids)
 
 
-# train.py with a signal sent to itself as the run starts its loggers, after its data, model and checkpoint loaded and
-# before the training steps take signals over (W&B's start takes seconds, a Ctrl-C's time).
-AS_LOGGERS_START = ("import os, runpy, signal, sys, nli.tracking.loggers as loggers; "
-                    "sent = signal.Signals[sys.argv[1]]; begin = loggers.start; "
-                    "loggers.start = lambda *a, **k: (os.kill(os.getpid(), sent), begin(*a, **k))[1]; "
-                    "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
-
-
 @pytest.mark.process
 @pytest.mark.parametrize("sent", ["SIGTERM", "SIGINT"])
 def test_one_signal_as_the_loggers_start_says_nothing_was_saved_not_a_second_signals_lost_step(
@@ -240,7 +236,7 @@ def test_one_signal_as_the_loggers_start_says_nothing_was_saved_not_a_second_sig
     """The stage was already "training" there: one signal was told "at once (a second signal), in the middle of a
     step: that step was not saved" when no step had begun."""
     run_dir = tmp_path / "run"
-    proc = start(FAST, run_dir, before=["-c", AS_LOGGERS_START, sent])
+    proc = start(FAST, run_dir, before=["-c", SIGNALLED_AS, "nli.tracking.loggers:start", sent])
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED and "Traceback" not in err, err
     assert f"stopped by {sent} before training began: nothing new was saved" in err and "second signal" not in err
