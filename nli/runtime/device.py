@@ -111,7 +111,11 @@ def native_of(device: torch.device) -> Native:
         return gpu_native(torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
     if device.type == "xla":
         return Native("xla", xla.describe(), bf16=True, fp16=False, runs_fp16=False)  # XLA's autocast has no fp16
-    return Native("cpu", f"the CPU ({cpu_kernels()})", bf16=cpu_native_bf16(os.environ)[0], fp16=False, runs_fp16=False)
+    bf16, why = cpu_native_bf16(os.environ)
+    kernels = cpu_kernels()
+    if not bf16 and "native bf16:" in kernels:  # the CPU's flags, taken away for this run (ONEDNN_MAX_CPU_ISA, ...)
+        kernels = f"{kernels}, unused: {why}"
+    return Native("cpu", f"the CPU ({kernels})", bf16=bf16, fp16=False, runs_fp16=False)
 
 
 def resolve_precision(cfg: PrecisionConfig, device: torch.device, hw: Optional[HardwareConfig] = None,

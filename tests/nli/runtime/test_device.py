@@ -171,6 +171,22 @@ def test_on_the_cpu_auto_is_bf16_where_the_cpu_computes_it_natively(
     assert f"precision {name} (precision=auto: " in caplog.text and why in caplog.text
 
 
+def test_bf16_asked_where_the_environment_takes_the_cpus_bf16_away_says_so_without_contradiction(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The warning read "the CPU (AVX512 kernels, native bf16: AVX512-BF16) has no native bf16": the flags, and
+    not what took them away for the run."""
+    from nli.config.schema import Precision, PrecisionConfig
+    from nli.runtime.device import resolve_precision
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    with caplog.at_level(logging.INFO, logger="nli.runtime.device"):
+        assert resolve_precision(PrecisionConfig(dtype=Precision.bf16), torch.device("cpu")) == torch.bfloat16
+    assert "native bf16: AVX512-BF16, unused: ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN from its bf16 instructions) " \
+           "has no native bf16, so it is emulated" in caplog.text, caplog.text
+
+
 def test_on_the_cpu_fp16_is_refused_with_what_runs() -> None:
     from nli.config.schema import Precision, PrecisionConfig
     from nli.runtime.device import resolve_precision
