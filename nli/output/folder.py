@@ -77,10 +77,6 @@ def record_run(out: Outputs) -> None:
             resolved = _recorded_config(out.context, out.context.output_dir)  # rank 0's: the folder the run claimed
             out.storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(resolved))
             out.storage.write_text(contract.OVERRIDES_FILE, OmegaConf.to_yaml(out.context.command))
-            # A finished run going on with new values (train.accept_changes) holds its earlier end's results.json,
-            # whose presence says the run is done (python -m nli.report read it as completed, beside this attempt's
-            # config.yaml and model/): it is not, until this attempt writes its own at its end.
-            out.storage.remove(contract.RESULTS_FILE)
 
 
 def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
