@@ -197,7 +197,6 @@ def test_unreachable_hub_gives_one_clear_message(tmp_path: Path, args: list[str]
     assert "Traceback" not in proc.stderr and "Retrying" not in proc.stdout + proc.stderr
 
 
-
 @pytest.mark.process
 def test_transformers_offline_loads_a_cached_hub_model_without_asking_the_hub(tmp_path: Path) -> None:
     """TRANSFORMERS_OFFLINE=1, huggingface_hub's older name for HF_HUB_OFFLINE, which it honours: the Hub's
@@ -245,6 +244,7 @@ def test_a_hub_reached_through_a_proxy_is_asked_through_it_not_refused_as_unreac
     assert proc.returncode == 1 and "error: cannot load tokenizer 'owner/model'" in proc.stderr, proc.stderr
     assert "not reachable" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert any(b"hub.invalid/api/models/owner/model" in each for each in asked), asked
+
 
 def test_a_run_folder_that_is_not_there_is_named_beside_the_unreachable_hub(tmp_path: Path) -> None:
     """The README's example with a folder never trained (outputs/quick) said only that the Hub was unreachable."""
