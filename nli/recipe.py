@@ -429,7 +429,11 @@ def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: 
                                              card=Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator,
                                                        continued=out.checkpoints.continued))
     hooks.append(training.export_best)
-    checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world, out.claim)
+    # A finished run going on with new values (train.accept_changes) holds its earlier end's results.json, whose
+    # presence says the run is done: true until its first new checkpoint (a continuation that stops before any step,
+    # no micro-batch fitting, leaves the finished run whole), untrue from then until it writes its own at its end.
+    checkpointer = Checkpointer(out.checkpoints, training.state, loaded.tokenizer, world, out.claim,
+                                outdates=lambda: out.storage.remove(contract.RESULTS_FILE))
     loop = Loop(training.opt, loaded.train, training.plan, evaluate=loaded.evaluate,
                 checkpointer=checkpointer, hooks=hooks, micro_batches=training.micro_batches)
     with stop.at_step_boundaries():

@@ -24,7 +24,7 @@ import re
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Dict, Iterator, List, Optional, Protocol, Set, Tuple, Union, cast
+from typing import IO, Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -463,9 +463,11 @@ class Checkpointer:
     others wait until the checkpoint is whole, since the export and a later resume read it."""
 
     def __init__(self, checkpoints: Checkpoints, state: TrainingState, tokenizer: PreTrainedTokenizerBase,
-                 world: World, claim: Optional[Claim] = None) -> None:
+                 world: World, claim: Optional[Claim] = None,
+                 outdates: Optional[Callable[[], None]] = None) -> None:
         self.checkpoints, self.state, self.tokenizer, self.world = checkpoints, state, tokenizer, world
         self.claim = claim  # rank 0's hold on the output folder: nothing is written once it is lost
+        self.outdates = outdates  # what this attempt's first checkpoint makes untrue, undone just before it
 
     def save(self, *, step: int, evaluation: Optional[Evaluation], best_step: Optional[int]) -> str:
         """The checkpoint of ``step``, with its ``evaluation`` where it was evaluated; ``best_step``'s
@@ -475,6 +477,9 @@ class Checkpointer:
         if self.world.is_main:
             if self.claim is not None:
                 self.claim.check()
+            if self.outdates is not None:
+                self.outdates()
+                self.outdates = None
             files = {f"tokenizer/{file}": data for file, data in tokenizer_files(self.tokenizer).items()}
             self.checkpoints.write(step, {"format": FORMAT, "parts": state}, files, evaluation=evaluation)
             self.checkpoints.prune(keep_step=best_step)

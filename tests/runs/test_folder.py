@@ -289,6 +289,32 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_is_untouched
     assert saved["optimizer"]["lr"] == 1e-3 and saved["train"]["max_steps"] == 100000  # the first run's own
 
 
+@pytest.mark.process
+def test_a_finished_run_going_on_with_new_values_is_not_said_done_until_it_ends_again(finished: Path,
+                                                                                    tmp_path: Path) -> None:
+    """Its earlier end's results.json stayed while it trained on, and after it was stopped: a file whose presence
+    says the run is done, of 12 steps, beside the config.yaml of 60 and the model/ of the new steps' best, which
+    python -m nli.report read as the run completed. The same command then ends it, with results of its own."""
+    run_dir = copy_of(finished, tmp_path)
+    going_on = [*FAST, "train.max_steps=60", "train.accept_changes=[train.max_steps]", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *going_on], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=process_env())
+    try:
+        log, deadline = run_dir / "train.log", time.monotonic() + 180
+        while "step 15: loss" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 75, proc.communicate()
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["max_steps"] == 60
+    assert not (run_dir / "results.json").exists()  # stopped at step 15 or so of 60: not done
+    train(run_dir, *going_on[:-1])
+    results = read_results(run_dir)
+    assert results["train_steps"] == 60 and results["continued"] == [
+        {"step": 12, "changes": {"train.max_steps": "12 -> 60"}}]
+
+
 def test_outputs_are_written_with_the_users_umask(tmp_path: Path) -> None:
     """A group that shares a cluster reads each other's results: model/ and its files as umask 002 gives."""
     finished = tmp_path / "run"
