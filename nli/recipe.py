@@ -32,7 +32,7 @@ import os
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Dict, List, Mapping, Optional, cast
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, cast
 
 import datasets
 import torch
@@ -199,9 +199,9 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             stage = "finishing"
             if stop.signal:  # it came with the last step: training is whole and checkpointed
                 raise Interrupted(stop.signal)
-            best_model = finish_export(this_run, model, training, loaded, result)
+            exported = finish_export(this_run, model, training, loaded, result)
             with compute.inference():  # the model trains no more
-                return report(this_run, training, loaded, result, best_model)
+                return report(this_run, training, loaded, result, exported)
     except BaseException as error:
         stopped = interruption(error)  # the signal, or an error it caused (nli.runtime.signals.interruption)
         if stopped is None:
@@ -443,32 +443,46 @@ def fit(run: Run, training: Training, loaded: Data, stop: StopRequest, sharing: 
     return result
 
 
+class Exported(NamedTuple):
+    """What :func:`finish_export` leaves the report: the model to evaluate (None where nothing evaluates it), and its
+    final evaluation where the export made it (under LoRA; None elsewhere: the report's :func:`_final_evaluation`)."""
+
+    model: Optional[torch.nn.Module]
+    evaluation: Optional[Evaluation] = None
+
+
 def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: Data,
-                  result: TrainResult) -> Optional[torch.nn.Module]:
+                  result: TrainResult) -> Exported:
     """The best checkpoint's weights (nli.output.export.best_weights), saved with their tokenizer as
     ``model/``; the model to evaluate is what was exported, read back, with the fast paths that apply
     (model.fast_paths) as training evaluated (transformers' save_pretrained writes on rank 0 alone; the
     other ranks evaluate the same weights in memory). Where this process exported the best when it was
     evaluated and nothing evaluates the model again (no eval.extra, no test predictions, the final
     evaluation the best's own), ``model/`` is already what this would write: nothing is read or written
-    again, and there is no model to evaluate (None)."""
+    again, and there is no model to evaluate. Under LoRA the exported model merges the adapters, which can
+    round a prediction otherwise than the adapters beside the weights did in training (under bf16): it is
+    evaluated here, every rank at once, so that the model card and export.json give what ``model/`` scores."""
     out = run.out
     if training.export_best is not None and training.export_best.exported == result.best \
             and not _evaluates_again(training, loaded, result):
-        return None
-    exported = lora.exported_adapters if isinstance(training.weights, lora.Adapters) else export.exported_weights
+        return Exported(None)
+    merges = isinstance(training.weights, lora.Adapters)
+    exported = lora.exported_adapters if merges else export.exported_weights
     result.best, weights = export.best_weights(out.checkpoints, out.storage, result.best, exported=exported)
     training.weights.load_state_dict(weights)
     if not out.world.is_main:  # under LoRA, merged as rank 0 exports it
-        return lora.merged(cast(Any, model)) if isinstance(training.weights, lora.Adapters) else model
+        mine = lora.merged(cast(Any, model)) if merges else model
+        return Exported(mine, loaded.evaluate(mine, result.best.step) if merges else None)
     if out.claim is not None:
         out.claim.check()
     card = Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator, continued=out.checkpoints.continued)
     with out.storage.staged_dir(contract.MODEL_DIR) as folder:  # read back before it is swapped in: no download
-        export.fill(folder, model, loaded.tokenizer, result.best, card)
-        exported = load_export(folder).to(run.compute.device)
-    fastpaths.install(exported, device=run.compute.device, enabled=run.cfg.model.fast_paths, trains=False)
-    return exported
+        export.save_weights(folder, model, loaded.tokenizer)
+        read_back = load_export(folder).to(run.compute.device)
+        fastpaths.install(read_back, device=run.compute.device, enabled=run.cfg.model.fast_paths, trains=False)
+        final = loaded.evaluate(read_back, result.best.step) if merges else None
+        export.describe(folder, final or result.best, card)
+    return Exported(read_back, final)
 
 
 def _evaluates_again(training: Training, loaded: Data, result: TrainResult) -> bool:
@@ -482,12 +496,12 @@ def _evaluated_at_its_step(training: Training, loaded: Data, result: TrainResult
 
 
 def report(run: Run, training: Training, loaded: Data, result: TrainResult,
-           best_model: Optional[torch.nn.Module]) -> Dict[str, Any]:
+           exported: Exported) -> Dict[str, Any]:
     """The exported model's evaluation, on the task and on eval.extra's sets, with each class's figures
     and (eval.save_predictions) each eval split's predictions (nli.output.results), its test predictions,
-    and results.json, written last. ``best_model`` is None where nothing evaluates it (:func:`finish_export`)."""
-    task, out = run.cfg.task, run.out
-    final = _final_evaluation(training, loaded, result, best_model)
+    and results.json, written last."""
+    task, out, best_model = run.cfg.task, run.out, exported.model
+    final = exported.evaluation or _final_evaluation(training, loaded, result, best_model)
     log.info("final evaluation of the best checkpoint by %s (step %d of %d), exported to %s: %s",
              task.main_metric, result.best.step, result.steps, out.storage.describe(contract.MODEL_DIR),
              ", ".join(f"{k}={v:.4f}" for k, v in final.metrics.items()))
@@ -524,8 +538,8 @@ def _final_evaluation(training: Training, loaded: Data, result: TrainResult,
     (the exported weights are the ones it evaluated, in the same batches and precision: evaluating them
     again gives the same figures, to rounding where a compiled model ran fewer fast paths than the
     reloaded export does); else evaluated now: the best came from an earlier
-    attempt of the run (read from a checkpoint), or from a damaged checkpoint's stand-in, or under
-    LoRA, where the exported model merges the adapters the evaluation ran beside the weights."""
+    attempt of the run (read from a checkpoint), or from a damaged checkpoint's stand-in. (Under LoRA the
+    export evaluates the merged model itself: :func:`finish_export`.)"""
     best = result.best
     if _evaluated_at_its_step(training, loaded, result):
         log.info("the best checkpoint (step %d) was evaluated at its step; that evaluation is its final one",

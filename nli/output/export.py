@@ -52,16 +52,26 @@ def write(storage: Storage, model: torch.nn.Module, tokenizer: PreTrainedTokeniz
 
 def fill(folder: Path, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, evaluation: Evaluation,
          card: Optional[Card] = None) -> None:
-    """``model/``'s files in ``folder``: the weights and tokenizer as ``save_pretrained`` writes them, the model
-    card (``README.md``, nli.output.modelcard) where ``card`` is given, and ``export.json``. Under LoRA, the
-    adapters merged into the weights (a plain transformers model), and the adapter itself in ``adapter/``
-    (nli.model.lora)."""
+    """``model/``'s files in ``folder``: the weights and tokenizer (:func:`save_weights`), then what says what they
+    are (:func:`describe`)."""
+    save_weights(folder, model, tokenizer)
+    describe(folder, evaluation, card)
+
+
+def save_weights(folder: Path, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
+    """The weights and tokenizer as ``save_pretrained`` writes them; under LoRA, the adapters merged into the
+    weights (a plain transformers model), and the adapter itself in ``adapter/`` (nli.model.lora)."""
     with _io_errors():
         if unwrap(model) is not model:  # peft's wrapper: LoRA
             lora.save_merged(cast(Any, model), folder)
             tokenizer.save_pretrained(folder)
         else:
             save_pretrained(model, tokenizer, folder)
+
+
+def describe(folder: Path, evaluation: Evaluation, card: Optional[Card] = None) -> None:
+    """The model card (``README.md``, nli.output.modelcard) where ``card`` is given, and ``export.json``: the
+    weights' ``evaluation`` and the digests of every file of ``folder``, written last."""
     if card is not None:  # before the digests: export.json vouches for the card as for the weights
         (folder / CARD_FILE).write_text(card.render(evaluation))
     record = {**asdict(evaluation), "files": integrity.digests(folder)}
@@ -191,14 +201,14 @@ def check_finished(results: Mapping[str, Any], model_cfg: ModelConfig, task: Tas
     if step is not None and out.world.is_main:
         problems = integrity.damage(out.storage, int(step))
         if problems:
-            _export_again(problems, int(step), model_cfg, task, out, seed=seed, card=card)
+            _export_again(problems, results, model_cfg, task, out, seed=seed, card=card)
     out.world.barrier()  # no rank reports the run before its model is whole again
 
 
-def _export_again(problems: List[str], step: int, model_cfg: ModelConfig, task: TaskConfig, out: Outputs, *,
-                  seed: int, card: Optional[Card]) -> None:
-    """``model/`` written again from the checkpoint of ``step``, the best, with the evaluation it records."""
-    storage, checkpoints, claim = out.storage, out.checkpoints, out.claim
+def _export_again(problems: List[str], results: Mapping[str, Any], model_cfg: ModelConfig, task: TaskConfig,
+                  out: Outputs, *, seed: int, card: Optional[Card]) -> None:
+    """``model/`` written again from the best checkpoint, with the final evaluation results.json records."""
+    storage, checkpoints, claim, step = out.storage, out.checkpoints, out.claim, int(results["best_step"])
     what = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
     where = checkpoints.where(checkpoint_name(step))
     lost = _lost(checkpoints, step)
@@ -210,8 +220,11 @@ def _export_again(problems: List[str], step: int, model_cfg: ModelConfig, task: 
     log.warning("this run finished, but its model is missing or damaged: %s. Exporting it again from the best "
                 "checkpoint, %s", what, where)
     model, tokenizer = _rebuilt(model_cfg, task, seed=seed, snapshot=checkpoints.snapshot(step))
-    # The best checkpoint was evaluated (that made it the best): its manifest records the evaluation.
+    # The best checkpoint was evaluated (that made it the best): its manifest records the evaluation's metrics, and
+    # results.json their figures for the exported weights (under LoRA the merged ones': docs/lora.md), as the card had.
     evaluation = checkpoints.evaluation(step) or Evaluation(step=step, metrics={}, objective=float("nan"))
+    evaluation = Evaluation(step=step, objective=results.get("objective", evaluation.objective),
+                            metrics={name: results.get(name, value) for name, value in evaluation.metrics.items()})
     if claim is not None:
         claim.check()
     write(storage, model, tokenizer, evaluation, card)

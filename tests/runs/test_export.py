@@ -259,15 +259,15 @@ def test_the_end_of_a_run_reads_and_writes_the_model_again_only_where_something_
             return function(*args, **kwargs)
         return wrapped
 
-    for module, name in ((recipe, "load_export"), (export, "fill"), (export, "best_weights")):
+    for module, name in ((recipe, "load_export"), (export, "save_weights"), (export, "best_weights")):
         monkeypatch.setattr(module, name, counted(name, getattr(module, name)))
     run_dir = tmp_path / "run"
     proc = run_app([*RTE_TINY, f"train.predict={str(predict).lower()}", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     improvements = proc.stdout.count("the best so far, exported to")
     assert improvements >= 1
-    assert calls == ({"fill": improvements + 1, "best_weights": 1, "load_export": 1} if predict else
-                     {"fill": improvements})
+    assert calls == ({"save_weights": improvements + 1, "best_weights": 1, "load_export": 1} if predict else
+                     {"save_weights": improvements})
     assert (run_dir / "predictions" / "RTE.tsv").is_file() == predict
     results, record = read_results(run_dir), json.loads((run_dir / "model" / "export.json").read_text())
     assert record["step"] == results["best_step"] and record["objective"] == results["objective"]

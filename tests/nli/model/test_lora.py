@@ -362,6 +362,28 @@ def test_resuming_onto_other_frozen_weights_is_refused(preempted_lora: Path, tmp
            "checkpoints were trained on" in proc.stderr
 
 
+def test_the_card_and_export_json_give_what_the_merged_model_scores_under_bf16(tmp_path: Path) -> None:
+    """Under bf16 the merged weights round otherwise than the adapters beside the weights did in training, and a
+    prediction near a tie can flip (docs/lora.md): the card and export.json gave the evaluation made in training,
+    results.json the merged model's (the loss in its 4th decimal here). They give what model/ scores, as does the
+    export made again for a finished run that lost its model/."""
+    run_dir, args = tmp_path / "run", [*FAST, *LORA, "precision=bf16"]
+    train(run_dir, *args)
+
+    def described() -> Dict[str, float]:
+        results = read_results(run_dir)
+        record = json.loads((run_dir / "model" / "export.json").read_text())
+        assert record["metrics"] == {name: results[name] for name in record["metrics"]}
+        assert record["objective"] == results["objective"]
+        assert f"| loss | {results['loss']:.4f} |" in (run_dir / "model" / "README.md").read_text()
+        return dict(record["metrics"])
+
+    first = described()
+    shutil.rmtree(run_dir / "model")
+    assert "Exporting it again from the best checkpoint" in train(run_dir, *args)
+    assert described() == first
+
+
 def test_a_damaged_best_checkpoint_keeps_its_weights_in_the_exported_adapter(tmp_path: Path) -> None:
     """As without LoRA (tests/runs/test_folder.py): the best checkpoint damaged, its export holds its weights;
     under LoRA the export's adapter is what is read back, and the same merged model is exported again."""
