@@ -84,6 +84,11 @@ class Storage:
         """The full location, as a user would type it (gs://bucket/prefix/file)."""
         return posixpath.join(self.url, *parts)
 
+    def absolute(self) -> str:
+        """The location as one place however a command typed it: a local path made absolute, through its links (a
+        relative output_dir, or one through a symbolic link, is the same folder as its real path)."""
+        return os.path.realpath(self.root) if self.local else self.describe()
+
     def blob(self, name: str) -> Any:
         """The ``google.cloud.storage.Blob`` of ``name`` (Cloud Storage only), for what gcsfs cannot
         do: conditional writes on an object's generation (nli.io.claim)."""

@@ -110,6 +110,8 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
                               f"(step {newest}; other settings: {', '.join(changes)}), and {storage.describe()} no run "
                               "of its own. Nothing was changed. Give each run a train.checkpoint_dir of its own, or "
                               "leave it unset (each run's checkpoints then go in its output_dir)")
+    if recorded is not None:
+        _refuse_another_runs_checkpoints(storage, checkpoints, recorded)
     if unaccepted:
         raise refuse(storage.describe(), what, changes, saved or {}, checkpointed=newest is not None)
     if changes and newest is None:
@@ -157,6 +159,33 @@ def _refuse_checkpoints_elsewhere(storage: Storage, checkpoints: Checkpoints) ->
                           f"this command keeps checkpoints in {checkpoints.where()}, where there are none, and would "
                           f"train it again from step 0. Nothing was changed. To continue it, {way}; or give this run "
                           "its own output_dir (or hydra.run.dir)")
+
+
+def _refuse_another_runs_checkpoints(storage: Storage, checkpoints: Checkpoints, step: int) -> None:
+    """Refuses, touching nothing, checkpoints in a train.checkpoint_dir that another run's output folder still claims
+    (its config.yaml keeps its checkpoints there): two runs of the same settings given one checkpoint folder, the
+    second went on from the first's checkpoints, or reported it finished, as if they were its own. A run whose output
+    folder is gone (lost, moved) is continued in this one, as a stopped run is continued in its own."""
+    owner = checkpoints.owner_of(step)
+    if owner is None or owner == storage.absolute() or checkpoints.where() == storage.describe(
+            contract.CHECKPOINTS_DIR):
+        return  # recorded by none (an earlier version), this run's own, or in its own folder
+    theirs = Storage(owner)
+    if theirs.exists(contract.CONFIG_FILE):
+        try:
+            recorded = yaml.safe_load(theirs.read_bytes(contract.CONFIG_FILE))
+        except yaml.YAMLError:
+            recorded = None  # whose checkpoints they are cannot be told from it: that folder's, as they say
+        train = recorded.get("train") if isinstance(recorded, dict) else None
+        kept = train.get("checkpoint_dir") if isinstance(train, dict) else None
+        if not isinstance(train, dict) or (kept and Storage(kept).absolute() == checkpoints.storage.absolute()):
+            raise CheckpointError(f"train.checkpoint_dir={checkpoints.where()} holds the checkpoints of the run in "
+                                  f"{owner} (step {step}), not of this run's output folder, {storage.describe()}. "
+                                  f"Nothing was changed. To continue that run, give output_dir={owner}; to start "
+                                  "this one, give it a train.checkpoint_dir of its own, or leave it unset (its "
+                                  "checkpoints then go in its output_dir)")
+    log.warning("%s holds the checkpoints of the run in %s, a folder that no longer holds it: this run continues it "
+                "from there in %s", checkpoints.where(), owner, storage.describe())
 
 
 def record_code(out: Outputs) -> None:

@@ -245,8 +245,11 @@ class Checkpoints:
     """The checkpoint folders of one run under ``storage``: find, read, verify and prune them. Each
     manifest records the run's ``identity`` (nli.config.identity), so that another run's are never resumed."""
 
-    def __init__(self, storage: Storage, *, keep: int, identity: Dict[str, Any]) -> None:
+    def __init__(self, storage: Storage, *, keep: int, identity: Dict[str, Any], owner: Optional[str] = None) -> None:
         self.storage, self.keep, self.identity = storage, keep, identity
+        # The run's output folder (Storage.absolute), which each manifest records: checkpoints in a train.checkpoint_dir
+        # two runs were given say whose they are (nli.output.folder); None records none.
+        self.owner = owner
         # Where the run went on with new values (train.accept_changes), oldest first: {"step", "changes"}.
         # Each manifest keeps the list, so that results.json can say so however often the run stops.
         self.continued: List[Dict[str, Any]] = []
@@ -300,6 +303,14 @@ class Checkpoints:
             return list(self._manifest(checkpoint_name(step)).get("continued", []))
         except _Damaged:
             return []
+
+    def owner_of(self, step: int) -> Optional[str]:
+        """The output folder of the run that wrote checkpoint ``step``; None where its manifest is damaged or was
+        written before manifests recorded it."""
+        try:
+            return cast(Optional[str], self._manifest(checkpoint_name(step)).get("output_dir"))
+        except _Damaged:
+            return None
 
     def code_history(self, step: int) -> List[Dict[str, Any]]:
         """The code of each attempt that checkpoint ``step`` records (none if its manifest is damaged, or
@@ -373,7 +384,8 @@ class Checkpoints:
                     "objective": evaluation.objective if evaluation else None,
                     "metrics": evaluation.metrics if evaluation else None,  # what a fallback best needs
                     **({"continued": self.continued} if self.continued else {}),
-                    **({"code": self.code} if self.code else {}), "files": written}
+                    **({"code": self.code} if self.code else {}),
+                    **({"output_dir": self.owner} if self.owner else {}), "files": written}
         self.storage.write_text(f"{name}/{MANIFEST}", json.dumps(manifest, indent=1))
         return name
 
@@ -546,4 +558,4 @@ def run_checkpoints(checkpoint_dir: Optional[str], storage: Storage, identity: D
               else Storage(storage.describe(contract.CHECKPOINTS_DIR)))
     if checkpoint_dir and writes:
         folder.check_writable()
-    return Checkpoints(folder, keep=keep, identity=identity)
+    return Checkpoints(folder, keep=keep, identity=identity, owner=storage.absolute())

@@ -363,6 +363,27 @@ def test_another_runs_checkpoints_in_a_shared_checkpoint_dir_are_named_as_such(t
     assert "training:" not in second.stdout and "holds a run stopped" not in second.stderr
 
 
+def test_a_run_of_the_same_settings_is_refused_another_runs_checkpoints_in_a_shared_checkpoint_dir(
+        tmp_path: Path) -> None:
+    """Two runs of the same settings given one train.checkpoint_dir, each its own output folder: the second went on
+    from the first's checkpoints as if they were its own, reporting the first's training as its own in its folder.
+    Once the first run's folder is gone (lost, moved), its checkpoints are continued in the new one."""
+    shared, one, two = tmp_path / "checkpoints", tmp_path / "one", tmp_path / "two"
+    first = run_app([*FAST, f"train.checkpoint_dir={shared}", f"hydra.run.dir={one}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = run_app([*FAST, f"train.checkpoint_dir={shared}", f"hydra.run.dir={two}"], cwd=tmp_path)
+    assert second.returncode == 1 and "Traceback" not in second.stderr, second.stdout + second.stderr
+    assert (f"error: train.checkpoint_dir={shared} holds the checkpoints of the run in {one} (step 12), not of this "
+            f"run's output folder, {two}. Nothing was changed. To continue that run, give output_dir={one}; to start "
+            "this one, give it a train.checkpoint_dir of its own") in second.stderr
+    assert "resuming from checkpoint" not in second.stdout and not (two / "results.json").exists()
+    shutil.rmtree(one)  # the first run's folder lost: its checkpoints are the run, continued in the new folder
+    third = run_app([*FAST, f"train.checkpoint_dir={shared}", f"hydra.run.dir={two}"], cwd=tmp_path)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert f"{shared} holds the checkpoints of the run in {one}, a folder that no longer holds it" in third.stdout
+    assert f"resuming from checkpoint {shared / 'step-000012'}" in third.stdout and (two / "results.json").exists()
+
+
 def test_resume_false_refuses_and_says_how_to_start_afresh(preempted: Path, tmp_path: Path) -> None:
     run_dir = copy_of(preempted, tmp_path)
     before = snapshot(run_dir)
