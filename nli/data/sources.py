@@ -630,7 +630,7 @@ def _from_hub(task: TaskConfig, splits: List[str]) -> Dict[str, datasets.Dataset
     if os.path.isdir(task.hub_dataset):  # a local copy of the dataset's Hub repository (of its revision)
         raw = datasets.load_dataset(task.hub_dataset, task.hub_config, data_dir=task.hub_data_dir)
     else:
-        with hub_download(f"dataset '{task.hub_dataset}' ({task.hub_config})"):
+        with hub_download(f"dataset '{task.hub_dataset}' ({task.hub_config})", dataset=True):
             raw = datasets.load_dataset(task.hub_dataset, task.hub_config, data_dir=task.hub_data_dir,
                                         revision=task.hub_revision)
     missing = [split for split in splits if split not in raw]

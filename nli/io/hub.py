@@ -25,10 +25,13 @@ OFFLINE_HINT = (
 )
 
 
-def _offline_mode() -> bool:
+def _offline_mode(*, dataset: bool = False) -> bool:
     # As huggingface_hub reads it: HF_HUB_OFFLINE, else TRANSFORMERS_OFFLINE, its older name (both set: the first).
-    # Read here at each call, where huggingface_hub reads it once at import.
+    # A dataset as datasets reads it: HF_DATASETS_OFFLINE where set (0 too), else huggingface_hub's. Read here at
+    # each call, where the libraries read them once at import.
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or "0"
+    if dataset and os.environ.get("HF_DATASETS_OFFLINE") is not None:
+        value = os.environ["HF_DATASETS_OFFLINE"]
     return value.lower() in ("1", "true", "yes", "on")
 
 
@@ -59,14 +62,15 @@ def _proxy(endpoint: str) -> Optional[str]:
 
 
 @contextmanager
-def hub_download(what: str) -> Iterator[None]:
-    """Wrap a load that may download ``what`` (e.g. "model 'FacebookAI/roberta-base'").
+def hub_download(what: str, *, dataset: bool = False) -> Iterator[None]:
+    """Wrap a load that may download ``what`` (e.g. "model 'FacebookAI/roberta-base'"; ``dataset``: one that
+    ``datasets`` loads, which HF_DATASETS_OFFLINE also keeps to its cache).
 
     Fails at once when the Hub cannot be reached (unless HF_HUB_OFFLINE=1 asks for the local
     cache only), and turns a failed download into one message with the way to run offline.
     """
     proxy = _proxy(_endpoint())
-    if not _offline_mode() and not _reachable(proxy or _endpoint()):
+    if not _offline_mode(dataset=dataset) and not _reachable(proxy or _endpoint()):
         through = f" through the proxy {proxy}" if proxy else ""
         raise HubUnavailableError(f"cannot download {what}: {_endpoint()} is not reachable{through}. {OFFLINE_HINT}")
     try:

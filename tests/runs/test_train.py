@@ -221,6 +221,43 @@ def test_transformers_offline_loads_a_cached_hub_model_without_asking_the_hub(tm
 
 
 @pytest.mark.process
+def test_datasets_offline_loads_a_cached_hub_dataset_without_asking_the_hub(tmp_path: Path) -> None:
+    """HF_DATASETS_OFFLINE=1, which datasets honours, loading a Hub dataset from its own cache: the Hub's probe
+    refused the run as "not reachable". It keeps datasets alone offline: a model is still probed for. The run in a
+    process of its own, as datasets reads it at import."""
+    import datasets
+
+    # datasets' cache of nyu-mll/glue's rte, as a load made online leaves it: <namespace>___<name>/<config>/<version>/
+    rows = {"sentence1": ["A man sleeps.", "A dog runs."] * 8, "sentence2": ["A man rests.", "A cat sits."] * 8,
+            "label": [0, 1] * 8, "idx": list(range(16))}
+    files = {}
+    for split in ("train", "validation", "test"):
+        files[split] = str(tmp_path / f"{split}.parquet")
+        datasets.Dataset.from_dict(rows).to_parquet(files[split])
+    cache = tmp_path / "hf" / "datasets"
+    loaded = datasets.load_dataset("parquet", data_files=files, cache_dir=str(cache))
+    made = Path(loaded["train"].cache_files[0]["filename"]).parent
+    cached = cache / "nyu-mll___glue" / "rte" / "0.0.0" / made.name
+    cached.parent.mkdir(parents=True)
+    made.rename(cached)
+    for arrow in cached.glob("parquet-*.arrow"):
+        arrow.rename(cached / arrow.name.replace("parquet-", "glue-"))
+    info = json.loads((cached / "dataset_info.json").read_text())
+    (cached / "dataset_info.json").write_text(json.dumps({**info, "builder_name": "glue", "dataset_name": "glue",
+                                                          "config_name": "rte"}))
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_DATASETS_OFFLINE": "1"}
+    out = tmp_path / "run"
+    proc = run_process(["task=rte", "model=tiny", "train.batch_size=8", "train.max_steps=1",
+                        "train.progress_bar=false", f"hydra.run.dir={out}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert read_results(out)["status"] == "completed" and "not reachable" not in proc.stderr
+    model = run_app(["task=synthetic", "model=roberta-base", f"hydra.run.dir={tmp_path / 'model'}"], cwd=tmp_path,
+                    env={**env, "HF_HUB_OFFLINE": None})
+    assert model.returncode == 1 and "cannot download tokenizer 'FacebookAI/roberta-base': http://127.0.0.1:9 is " \
+        "not reachable" in model.stderr, model.stderr
+
+
+@pytest.mark.process
 def test_a_hub_reached_through_a_proxy_is_asked_through_it_not_refused_as_unreachable(tmp_path: Path) -> None:
     """Where every connection leaves through a proxy (HTTP_PROXY), the Hub itself is not reachable and the download,
     which huggingface_hub sends through the proxy, would be: the probe asks the proxy. A stand-in proxy that has the
