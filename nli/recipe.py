@@ -83,6 +83,7 @@ from nli.runtime.signals import Interrupted, StopRequest, interruption
 from nli.tracking import loggers
 from nli.tracking.loggers import Trackers
 from nli.train.checkpoint import (
+    CHECKPOINTS_CLAIM,
     BestEvaluation,
     Checkpointer,
     Progress,
@@ -236,6 +237,10 @@ def setup(train: TrainConfig, logger: Mapping[str, LoggerConfig], context: RunCo
     ident = identity(context.resolved)
     checkpoints = run_checkpoints(context.checkpoint_dir, storage, ident, keep=train.keep_checkpoints,
                                   writes=not evaluation_only)
+    if context.checkpoint_dir and not evaluation_only:
+        with world.together():
+            if world.is_main:  # two runs at once in one checkpoint folder would overwrite each other's checkpoints
+                held.enter_context(Claim.take(checkpoints.storage, use=CHECKPOINTS_CLAIM))
     out = Outputs(storage, checkpoints, context, world, ident, claim, snapshot=None,
                   finished=earlier_run(train, ident, storage, checkpoints))
     if evaluation_only and (ignored := EvalConfig.ignores([key_of(each) for each in context.command])):

@@ -34,7 +34,7 @@ from transformers import PreTrainedTokenizerBase
 from nli import contract
 from nli.errors import CheckpointError
 from nli.evaluate.evaluation import Evaluation
-from nli.io.claim import Claim
+from nli.io.claim import Claim, Use
 from nli.io.storage import Storage, digest
 from nli.model.build import tokenizer_files
 from nli.runtime import xla
@@ -46,6 +46,9 @@ FORMAT = 2  # of state.pt: a dict of the registered parts' states
 MANIFEST = "checkpoint.json"
 STATE = "state.pt"
 _NAME = re.compile(r"^step-(\d+)$")
+# A train.checkpoint_dir is one run's, as its output folder is: held by its run while it runs (nli.io.claim), in a
+# file of its own (a checkpoint_dir may be an output folder too).
+CHECKPOINTS_CLAIM = Use("run", ".checkpoints_claim.json", "give this run another train.checkpoint_dir")
 
 
 class Stateful(Protocol):

@@ -24,9 +24,10 @@ import pytest
 import torch
 from safetensors.torch import load
 
+from nli.io.claim import Claim
 from nli.io.storage import Storage
 from nli.runtime import provenance
-from nli.train.checkpoint import Checkpoints
+from nli.train.checkpoint import CHECKPOINTS_CLAIM, Checkpoints
 from tests.support.runs import FAST, MEASURED, ROOT, copy_run, process_env, read_results, run_app, shared_folder
 from tests.support.wandb_records import records
 
@@ -382,6 +383,23 @@ def test_a_run_of_the_same_settings_is_refused_another_runs_checkpoints_in_a_sha
     assert third.returncode == 0, third.stdout + third.stderr
     assert f"{shared} holds the checkpoints of the run in {one}, a folder that no longer holds it" in third.stdout
     assert f"resuming from checkpoint {shared / 'step-000012'}" in third.stdout and (two / "results.json").exists()
+
+
+def test_a_second_run_at_once_in_a_checkpoint_dir_is_refused(tmp_path: Path) -> None:
+    """Two runs started at once with one train.checkpoint_dir, each its own output folder: neither found the other's
+    checkpoints, both trained, each overwriting the other's checkpoint of each step. The checkpoint folder is held by
+    its run, as its output folder is (the first run's hold taken here, as a run takes it)."""
+    shared = tmp_path / "checkpoints"
+    with Claim.take(Storage(str(shared), key="train.checkpoint_dir"), use=CHECKPOINTS_CLAIM) as first:
+        second = run_app([*FAST, f"train.checkpoint_dir={shared}", f"hydra.run.dir={tmp_path / 'two'}"], cwd=tmp_path)
+        assert second.returncode == 1 and "Traceback" not in second.stderr, second.stdout + second.stderr
+        assert (f"error: {shared} is in use by another run: host {first.owner.host}, pid {first.owner.pid}, "
+                "started ") in second.stderr
+        assert "give this run another train.checkpoint_dir" in second.stderr and "training:" not in second.stdout
+        assert sorted(path.name for path in shared.iterdir()) == [".checkpoints_claim.json"]
+    again = run_app([*FAST, f"train.checkpoint_dir={shared}", f"hydra.run.dir={tmp_path / 'two'}"], cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr  # the first run ended: its hold with it
+    assert not (shared / ".checkpoints_claim.json").exists()
 
 
 def test_resume_false_refuses_and_says_how_to_start_afresh(preempted: Path, tmp_path: Path) -> None:
