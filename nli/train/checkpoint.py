@@ -465,6 +465,8 @@ class Checkpoints:
             manifest = json.loads(self.storage.read_bytes(f"{name}/{MANIFEST}"))
         except (OSError, ValueError) as err:
             raise _Damaged(f"{MANIFEST} cannot be read ({err})") from None
+        if not isinstance(manifest, dict):  # JSON all the same ([], null): overwritten, not a manifest written whole
+            raise _Damaged(f"{MANIFEST} is not a manifest (JSON, but not an object)")
         if manifest.get("format") != FORMAT:
             raise CheckpointError(f"{self.where(name)} was written by another version of this project (checkpoint "
                                   f"format {manifest.get('format', 1)}, this one reads {FORMAT}). Continue it with "

@@ -231,3 +231,19 @@ def test_a_checkpoint_read_back_is_checked_piece_by_piece_and_its_damage_named(f
             checkpoints.snapshot(5)
         folder.write_bytes(f"step-000005/{file}", original)
     assert checkpoints.damage(5) is None
+
+
+@pytest.mark.parametrize("written", ["[]", "null"])
+def test_a_manifest_that_is_json_but_not_an_object_is_damage_named_not_a_crash(tmp_path: Path, written: str) -> None:
+    """A checkpoint.json overwritten with JSON that is not a manifest stopped every command on the folder with an
+    AttributeError's traceback ('list' object has no attribute 'get'), where a damaged manifest is named and the
+    checkpoint before it used."""
+    checkpoints = Checkpoints(Storage(str(tmp_path)), keep=2, identity={})
+    for step in (5, 10):
+        checkpoints.write(step, {"format": FORMAT, "parts": {"model": {"weight": torch.full((3,), float(step))}}}, {},
+                          evaluation=None)
+    (tmp_path / "step-000010" / MANIFEST).write_text(written)
+    assert checkpoints.damage(10) == f"{MANIFEST} is not a manifest (JSON, but not an object)"
+    assert checkpoints.newest_recorded_step() == 5 and checkpoints.identity_of(10) is None
+    latest = checkpoints.latest()
+    assert latest is not None and latest.step == 5
