@@ -85,9 +85,12 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
     Raises, touching nothing, where the folder holds another run or ``train.resume=false`` forbids it."""
     newest = checkpoints.newest_step()
     if newest is not None and not train.resume:
+        # Checkpoints in a train.checkpoint_dir stay where they are whatever the output folder: another one helps not.
+        afresh = ("another output_dir (or hydra.run.dir)" if checkpoints.where() == storage.describe(
+            contract.CHECKPOINTS_DIR) else "another train.checkpoint_dir (or leave it unset)")
         raise CheckpointError(f"{checkpoints.where()} holds a checkpoint of step {newest} and train.resume=false "
-                              "refuses to continue or overwrite it. Choose another output_dir (or hydra.run.dir) "
-                              "to start afresh, delete that folder, or drop train.resume=false to continue")
+                              f"refuses to continue or overwrite it. Choose {afresh} to start afresh, delete that "
+                              "folder, or drop train.resume=false to continue")
     finished = _results(storage, newest)
     if finished is None and newest is None:
         _refuse_checkpoints_elsewhere(storage, checkpoints)

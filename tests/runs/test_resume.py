@@ -411,6 +411,19 @@ def test_resume_false_refuses_and_says_how_to_start_afresh(preempted: Path, tmp_
     assert snapshot(run_dir) == before
 
 
+def test_resume_false_over_a_checkpoint_dir_says_to_choose_another_checkpoint_dir(tmp_path: Path) -> None:
+    """train.resume=false over the checkpoints of a train.checkpoint_dir said to choose another output_dir, which
+    changes nothing there: the same refusal again in the new folder."""
+    shared = tmp_path / "checkpoints"
+    first = run_app([*FAST, f"train.checkpoint_dir={shared}", f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = run_app([*FAST, f"train.checkpoint_dir={shared}", "train.resume=false",
+                     f"hydra.run.dir={tmp_path / 'two'}"], cwd=tmp_path)
+    assert again.returncode == 1 and "Traceback" not in again.stderr, again.stdout + again.stderr
+    assert (f"error: {shared} holds a checkpoint of step 12 and train.resume=false refuses to continue or overwrite "
+            "it. Choose another train.checkpoint_dir (or leave it unset) to start afresh") in again.stderr
+
+
 @pytest.mark.process
 def test_a_full_disk_during_a_checkpoint_keeps_the_earlier_ones(preempted: Path, tmp_path: Path,
                                                                 uninterrupted: Outcome) -> None:
