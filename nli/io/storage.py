@@ -102,6 +102,12 @@ class Storage:
         if self.cloud:
             self._check_cloud(probe)
             return
+        if self.local:  # a file in the way reads as a raw errno below ("File exists", "Not a directory")
+            path = Path(self.root).absolute()
+            existing = next(parent for parent in (path, *path.parents) if parent.exists())
+            if not existing.is_dir():
+                raise StorageError(f"{self.key}={self.url}: {existing} is a file, not a folder. Set {self.key} to a "
+                                   "folder")
         try:
             self.write_bytes(probe, b"ok")
             self.fs.rm(self.path(probe))

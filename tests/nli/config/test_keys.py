@@ -278,6 +278,17 @@ def test_a_run_dir_that_cannot_be_made_is_one_clear_line(tmp_path: Path) -> None
         in proc.stderr
 
 
+@pytest.mark.parametrize("under", [False, True], ids=["the-file", "a-folder-under-it"])
+def test_a_checkpoint_dir_that_is_a_file_is_one_clear_line(tmp_path: Path, under: bool) -> None:
+    """As hydra.run.dir's: it ended in the raw errno of the probe written there ("[Errno 17] File exists")."""
+    (tmp_path / "taken").write_text("a file where the folder would go")
+    folder = tmp_path / "taken" / "sub" if under else tmp_path / "taken"
+    proc = run_app([*FAST, f"hydra.run.dir={tmp_path / 'run'}", f"train.checkpoint_dir={folder}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (f"error: train.checkpoint_dir={folder}: {tmp_path / 'taken'} is a file, not a "
+                                   "folder. Set train.checkpoint_dir to a folder")
+
+
 @pytest.mark.parametrize("argv,message", [
     (["optimizer.lr=1e-4,3e-4"], "error: optimizer.lr=1e-4,3e-4 gives several values, and a single run takes one: add "
                                  "-m to sweep them, a job per value (python train.py -m experiment=quickstart "
