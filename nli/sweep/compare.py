@@ -85,12 +85,13 @@ def compare_runs(run_a: str, run_b: str, splits: Sequence[str] = ()) -> List[Com
     common = [split for split in predicted(a) if split in predicted(b)]
     if not common:
         raise CompareError(f"{run_a} and {run_b} share no eval split's predictions ({_said(a)}; {_said(b)})")
-    for split in splits:
+    asked = list(dict.fromkeys(splits))  # a split given twice is compared once, not printed twice
+    for split in asked:
         if split not in common:
             raise CompareError(f"--split {split}: not a split both runs predicted; they share {', '.join(common)}")
     task_a, task_b = _task(a), _task(b)
     return [compare_split(split, task_of(task_a, split), task_of(task_b, split), read(a, split), read(b, split))
-            for split in (splits or common)]
+            for split in (asked or common)]
 
 
 def predicted(run: Storage) -> List[str]:

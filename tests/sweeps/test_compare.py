@@ -94,6 +94,15 @@ def test_the_printout_is_a_table_of_each_figure_with_what_it_is(job: Path, tmp_p
     assert "percentile bootstrap over the examples" in printed and "McNemar p: exact two-sided" in printed
 
 
+
+def test_a_split_given_twice_is_compared_once(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--split validation --split validation`` printed the split's lines twice in each table."""
+    assert report.main(["compare", str(job), str(job), "--split", "validation", "--split", "validation"]) == 0
+    printed = capsys.readouterr().out
+    lines = [line for line in printed.splitlines() if line.startswith("| validation |")]
+    assert len(lines) == 2 and lines[0].startswith("| validation | 96 | accuracy |"), printed  # one in each table
+
+
 def test_runs_of_other_examples_are_refused_naming_the_split(job: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     fewer = copy_run(job, tmp_path / "fewer")
