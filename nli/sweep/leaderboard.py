@@ -127,7 +127,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     notes: List[str] = []
     try:
-        if not args.out.parent.is_dir():  # said before anything is read, and of the path given, not a temporary
+        # Said before anything is read, and of the path given, not a temporary.
+        if args.out.is_dir():
+            raise UserError(f"--out {args.out} is a folder: give the zip's file name (e.g. {args.out / DEFAULT_OUT})")
+        if (blocker := report.file_in_the_way(args.out.parent)) is not None:
+            raise UserError(f"--out {args.out}: {blocker} is a file, not a folder: give another path")
+        if not args.out.parent.is_dir():
             raise UserError(f"--out {args.out}: the folder {args.out.parent} does not exist: make it, or give "
                             "another path")
         found = runs(args.paths, notes)

@@ -636,6 +636,11 @@ def _curves_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written
     return [text] if runs or notes else []
 
 
+def file_in_the_way(path: Path) -> Optional[Path]:
+    """The file that stands where the folder ``path``, or a folder above it, would be; None where there is none."""
+    return next((each for each in (path, *path.parents) if each.exists() and not each.is_dir()), None)
+
+
 def source(argument: str) -> Source:
     """A folder as given: a URL stays text (Path would make gs://b of gs:/b)."""
     return argument if "://" in argument else Path(argument)
@@ -655,6 +660,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     notes: List[str] = []
     try:
+        if args.out is not None and (blocker := file_in_the_way(args.out)) is not None:  # before any work
+            raise ReportError(f"--out {args.out}: {blocker} is a file, where a folder is needed for {REPORT} and its "
+                              "plots: give --out a folder (made if missing)")
         written = write_report(args.paths, args.out, notes)
     except UserError as err:  # what was given: the message alone, and argparse's status for a bad argument
         print(f"error: {err}", file=sys.stderr)

@@ -125,6 +125,24 @@ def test_nothing_to_zip_is_one_line_and_no_zip(tmp_path: Path, capsys: pytest.Ca
                                        "make it, or give another path\n")
 
 
+
+def test_an_out_that_is_a_folder_or_under_a_file_is_one_line_before_any_run_is_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--out a folder wrote the zip's temporary, then ended in '[Errno 21] Is a directory'; --out under a file said
+    that file's folder 'does not exist'."""
+    run = glue_sized_runs(tmp_path / "runs")[0]
+    folder, blocker = tmp_path / "zips", tmp_path / "a-file"
+    folder.mkdir()
+    blocker.write_text("not a folder")
+    assert leaderboard.main([str(run), "--out", str(folder)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {folder} is a folder: give the zip's file name (e.g. "
+                                       f"{folder / leaderboard.DEFAULT_OUT})\n")
+    assert not list(folder.iterdir()) and not list(tmp_path.glob(".zips*"))
+    assert leaderboard.main([str(run), "--out", str(blocker / "glue.zip")]) == 2
+    assert capsys.readouterr().err == (f"error: --out {blocker / 'glue.zip'}: {blocker} is a file, not a folder: give "
+                                       "another path\n")
+
+
 @pytest.mark.process
 def test_python_m_nli_report_submission_is_this_command(tmp_path: Path) -> None:
     run = glue_sized_runs(tmp_path / "runs")[0]

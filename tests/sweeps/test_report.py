@@ -425,6 +425,21 @@ def test_a_path_that_is_neither_a_sweep_nor_a_run_is_one_line_and_status_2(
     assert not (path / report.REPORT).exists() and not (tmp_path / report.REPORT).exists()
 
 
+
+@pytest.mark.parametrize("under", [False, True])
+def test_an_out_that_is_a_file_or_under_one_is_one_line_before_any_work(
+        under: bool, sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--out a file (or a folder under one) ended, after every job was read, in '[Errno 17] File exists' (or 20,
+    'Not a directory'), naming neither the option nor what to give."""
+    blocker = tmp_path / "report.md"
+    blocker.write_text("an earlier report")
+    out = blocker / "lr" if under else blocker
+    assert report.main([str(sweep_dir), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {out}: {blocker} is a file, where a folder is needed for "
+                                       "report.md and its plots: give --out a folder (made if missing)\n")
+    assert blocker.read_text() == "an earlier report"
+
+
 @pytest.mark.parametrize("what", ["sweep", "run"])
 def test_a_sweep_or_run_just_started_is_said_to_be_running_not_to_be_neither(
         what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
