@@ -59,7 +59,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from nli.config.identity import EXCLUDED
 from nli.config.schema import job_refusal
-from nli.errors import ConfigError, JobFailed
+from nli.errors import ConfigError
 from nli.sweep import table
 from nli.sweep.pruning import Watch, ended_pruned, run_folder
 from nli.sweep.slots import Launched, Slots
@@ -159,16 +159,24 @@ def _undefined(value: Any) -> bool:
 
 
 def _raise(job: Launched, max_failure_rate: float) -> None:
-    """The failed trial's error, which ends the search (as Hydra's sweepers raise a failed job's)."""
+    """The failed trial's error, which ends the search (as Hydra's sweepers raise a failed job's). One whose message
+    says all (a job's error the user can fix, a trial refused) ends it in that line and status 1, as a command's
+    refusal ends: raised, Hydra would print it under 'Error executing job with overrides' and its HYDRA_FULL_ERROR
+    hint, before the table; a crash is raised as it is, under its traceback."""
+    result = job.result
+    failed = job.error if job.error is not None or result is None or result.status == JobStatus.COMPLETED else \
+        result._return_value
+    if isinstance(failed, CompactHydraException):
+        raise SystemExit(str(failed)) from None
     if job.error is not None:
         raise job.error
-    assert job.result is not None
-    value = job.result.return_value  # raises the job's error where it failed
+    assert result is not None
+    value = result.return_value  # raises the job's error where it failed
     too_many = f"more trials failed than hydra.sweeper.max_failure_rate={max_failure_rate} allows"
     if _undefined(value):  # the job ended as it should: one line, as a job's refusal is
-        raise JobFailed(f"error: trial {job.trial.number} (job {job.num}) ended with objective nan, which the study "
-                        f"cannot rank ({UNDEFINED}), and counts as failed: {too_many}; raise it for the search to go "
-                        "on past such trials")
+        raise SystemExit(f"error: trial {job.trial.number} (job {job.num}) ended with objective nan, which the study "
+                         f"cannot rank ({UNDEFINED}), and counts as failed: {too_many}; raise it for the search to go "
+                         "on past such trials")
     raise RuntimeError(f"trial {job.trial.number} (job {job.num}) returned {value!r}, not a number: {too_many}")
 
 

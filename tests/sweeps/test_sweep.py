@@ -533,6 +533,24 @@ def test_a_search_stopped_by_its_failure_rate_ends_with_its_first_failure_and_ke
     assert best["best_value"] == max(row["objective"] for row in completed)
 
 
+
+def test_a_search_ended_by_a_failed_trial_says_its_error_in_one_line_without_hydras_hint(tmp_path: Path) -> None:
+    """Past max_failure_rate the first failure's error ended the search raised through Hydra, which printed it
+    under 'Error executing job with overrides: [...]' and ended with its 'Set the environment variable
+    HYDRA_FULL_ERROR=1' advice: a stack trace of nothing, for an error the user can fix from its one line."""
+    blocker(tmp_path)
+    sweep_dir = tmp_path / "search"
+    done = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=2",
+                    "hydra.sweeper.max_failure_rate=0", f"train.checkpoint_dir={BLOCKED}",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in said, said
+    assert "HYDRA_FULL_ERROR" not in said and "Error executing job" not in said, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {BLOCKED_ERROR}"), done.stderr
+    [row] = sweep.read_rows(sweep_dir)  # the table, printed all the same
+    assert row["state"] == "FAILED" and "Sweep results" in done.stdout
+
+
 def test_a_trial_that_ends_with_an_undefined_objective_ends_the_search_in_one_line(tmp_path: Path) -> None:
     """A run can train to its end with an objective the study cannot rank (NaN: STS-B's Pearson's r where the gold
     scores or the predictions are all equal). The study counts it failed; with no failure allowed, the search ended
