@@ -492,10 +492,13 @@ class SweepResults(Callback):
 
 def _job_folders(rows: Sequence[Dict[str, Any]]) -> str:
     """Where the jobs wrote, as the table's output_dir column has it (a search's trial=<n>, a Vertex AI job's
-    folder in the bucket): the first, for its form."""
-    first = str(rows[0].get("output_dir") or "")
-    if not first:
-        return "the table's output_dir column"
+    folder in the bucket): the first that a job made, for its form. A trial the search refused was never launched,
+    and its row names a folder that does not exist."""
+    folders = [str(row.get("output_dir") or "") for row in rows]
+    made = [folder for folder in folders if "://" in folder or (folder and Path(folder).is_dir())]
+    if not made:
+        return "the table's output_dir column" if not any(folders) else "none: no job made its folder"
+    first = made[0]
     files = "" if "://" in first else " (results.json, model/, train.log)"
     return f"{first}{files}, and each job's in the table's output_dir column" if len(rows) > 1 else f"{first}{files}"
 

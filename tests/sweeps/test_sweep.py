@@ -551,6 +551,22 @@ def test_a_search_ended_by_a_failed_trial_says_its_error_in_one_line_without_hyd
     assert row["state"] == "FAILED" and "Sweep results" in done.stdout
 
 
+
+def test_the_sweeps_files_name_a_folder_a_job_made_not_a_refused_trials(tmp_path: Path) -> None:
+    """The closing list named the first row's folder, that of a trial the search refused (never launched: its
+    folder was never made), as where the jobs' results.json, model/ and train.log are."""
+    sweep_dir = tmp_path / "search"
+    done = run_app(["-m", *FAST, "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=1",
+                    "hydra.sweeper.n_trials=2", "hydra.sweeper.max_failure_rate=0.5", "optimizer.lr=choice(-1,0.001)",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    refused, ran = rows_by_job(sweep_dir).values()
+    assert refused["error"].startswith("not launched") and not Path(refused["output_dir"]).exists()
+    assert ran["state"] == "COMPLETED"
+    assert (f"  jobs     {ran['output_dir']} (results.json, model/, train.log), and each job's in the table's "
+            "output_dir column\n") in done.stdout
+
+
 def test_a_trial_that_ends_with_an_undefined_objective_ends_the_search_in_one_line(tmp_path: Path) -> None:
     """A run can train to its end with an objective the study cannot rank (NaN: STS-B's Pearson's r where the gold
     scores or the predictions are all equal). The study counts it failed; with no failure allowed, the search ended
