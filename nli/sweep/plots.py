@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 # Figure sizes in inches at DPI dots per inch: the PNGs are exactly size * DPI pixels.
 DPI = 100
 LEGEND_MAX = 12  # lines a legend names; past that it hides the plot
+LEGEND_ROW, LEGEND_PAD = 0.2, 0.4  # inches a legend below the axes takes: each line's, and its margins
 
 
 def figure(size: Tuple[float, float]) -> Figure:
@@ -21,10 +22,15 @@ def figure(size: Tuple[float, float]) -> Figure:
     return drawn
 
 
-def legend(axes: Axes, lines: int, fontsize: str = "small") -> None:
-    """A legend where it names every line and hides nothing: up to :data:`LEGEND_MAX` lines."""
+def legend(axes: Axes, lines: int, fontsize: str = "small", *, below: bool = False) -> None:
+    """A legend where it names every line and hides nothing: up to :data:`LEGEND_MAX` lines; ``below`` the axes,
+    outside them, in a figure that has :data:`LEGEND_ROW` inches a line for it: inside, a search's trials (a line of
+    one point each, anywhere on the axes) fall under it."""
     if 0 < lines <= LEGEND_MAX and axes.get_legend_handles_labels()[1]:
-        axes.legend(fontsize=fontsize)
+        if below:
+            axes.legend(fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, -0.15), frameon=False)
+        else:
+            axes.legend(fontsize=fontsize)
 
 
 def save(drawn: Figure, path: Path) -> None:

@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 import fsspec
 import yaml
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from nli.contract import (
     CONFIG_FILE,
@@ -441,26 +442,52 @@ def x_axis(values: Sequence[str]) -> Tuple[Dict[str, float], str]:
     return numbers, "log" if spread else "linear"
 
 
-def plot_objective(rows: Sequence[Row], key: str, others: Sequence[str], path: Path, *, seeds: bool) -> None:
+def objective_size(lines: int) -> Tuple[float, float]:
+    """The objective plot's size in inches: :data:`OBJECTIVE_SIZE`, and below it room for the legend of ``lines``
+    lines where it has one, so that the legend covers no point and the axes keep their size."""
+    legend = 0 < lines <= plots.LEGEND_MAX
+    return OBJECTIVE_SIZE[0], OBJECTIVE_SIZE[1] + (plots.LEGEND_ROW * lines + plots.LEGEND_PAD if legend else 0.0)
+
+
+# A number with more figures than a plot can show in a label: a search's drawn value (0.0001854647817151324).
+LONG_NUMBER = re.compile(r"(?<![\w.])-?\d*\.\d{5,}(?:e[-+]?\d+)?(?![\w.])")
+
+
+def compact(label: str) -> str:
+    """A line's label with its long numbers to 3 significant figures: 0.000185 for 0.0001854647817151324."""
+    return LONG_NUMBER.sub(lambda number: f"{float(number[0]):.3g}", label)
+
+
+TICKS_TYPED = 8  # values at most given a tick each, as typed; more (a search's trials) crowd the axis
+TICK_CHARS = 8  # of a value typed, at most, for its tick: a search's drawn values are read from matplotlib's ticks
+
+
+def objective_figure(rows: Sequence[Row], key: str, others: Sequence[str], *, seeds: bool) -> Figure:
     lines = objective_points(rows, key, others)
     where, scale = x_axis(list(dict.fromkeys(value for points in lines.values() for value in points)))
-    figure = plots.figure(OBJECTIVE_SIZE)
+    figure = plots.figure(objective_size(len(lines) if any(lines) else 0))
     axes = figure.subplots()
     for label, points in lines.items():
         ordered = sorted(points, key=lambda value: where[value])
         # A setting whose seeds' objectives are not all numbers is no point (matplotlib leaves a NaN out).
         figures = [sweep.mean_sd(points[value]) for value in ordered]
         means, sds = [mean for mean, _ in figures], [0.0 if math.isnan(sd) else sd for _, sd in figures]
-        axes.errorbar([where[value] for value in ordered], means, yerr=sds, fmt="o-", capsize=4, label=label or None)
+        axes.errorbar([where[value] for value in ordered], means, yerr=sds, fmt="o-", capsize=4,
+                      label=compact(label) or None)
     if scale != "category":
         axes.set_xscale(scale)
-    # A tick at each value swept, as typed: 1e-3 rather than 0.00100 crowded among 0.00125s.
-    axes.set_xticks(list(where.values()), list(where))
-    axes.minorticks_off()
+    if scale == "category" or (len(where) <= TICKS_TYPED and all(len(value) <= TICK_CHARS for value in where)):
+        # A tick at each value swept, as typed: 1e-3 rather than 0.00100 crowded among 0.00125s.
+        axes.set_xticks(list(where.values()), list(where))
+        axes.minorticks_off()
     axes.set(title=f"objective against {key}", xlabel=key,
              ylabel="objective (mean ± sd over seeds)" if seeds else "objective")
-    plots.legend(axes, len(lines))
-    plots.save(figure, path)
+    plots.legend(axes, len(lines), below=True)
+    return figure
+
+
+def plot_objective(rows: Sequence[Row], key: str, others: Sequence[str], path: Path, *, seeds: bool) -> None:
+    plots.save(objective_figure(rows, key, others, seeds=seeds), path)
 
 
 # ------------------------------------------------------------------------ learning curves

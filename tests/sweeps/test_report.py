@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -470,6 +471,33 @@ def test_the_x_axis_of_an_objective_plot() -> None:
     assert report.x_axis(["1e-5", "1e-3"]) == ({"1e-5": 1e-5, "1e-3": 1e-3}, "log")  # more than a factor of 10
     assert report.x_axis(["1e-3", "3e-3"])[1] == "linear"
     assert report.x_axis(["linear", "cosine"]) == ({"linear": 0.0, "cosine": 1.0}, "category")
+
+
+
+def test_a_searchs_objective_plot_keeps_its_legend_below_the_points_and_its_ticks_short(tmp_path: Path) -> None:
+    """Ten trials of a search, each its own line of one point: the legend of their other values, written to 16
+    figures, was drawn over the points (and the figure's layout given up), and each drawn learning rate was a tick
+    labelled as typed, the labels run together."""
+    lrs = [f"{1e-4 * 1.5 ** i + 1e-9 * i:.19f}" for i in range(10)]  # as a search draws them: 0.0001500000010000000
+    ratios = [f"{0.03 + 0.017 * i + 1e-11:.17f}" for i in range(10)]
+    rows = [{"job": i, "state": sweep.COMPLETED, "objective": 0.3 + 0.01 * i, "optimizer.lr": lr,
+             "schedule.warmup_ratio": ratio} for i, (lr, ratio) in enumerate(zip(lrs, ratios))]
+    figure = report.objective_figure(rows, "optimizer.lr", ["schedule.warmup_ratio"], seeds=False)
+    path = tmp_path / "objective.png"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "Tight layout not applied"
+        plots.save(figure, path)
+    (axes,) = figure.axes
+    legend = axes.get_legend()
+    assert [text.get_text() for text in legend.get_texts()][:2] == ["schedule.warmup_ratio=0.03",
+                                                                   "schedule.warmup_ratio=0.047"]
+    renderer = figure.canvas.get_renderer()
+    plotted, named = axes.get_window_extent(renderer), legend.get_window_extent(renderer)
+    assert named.y1 <= plotted.y0 and named.y0 >= 0  # below the axes, inside the figure
+    assert plotted.height >= 0.5 * report.OBJECTIVE_SIZE[1] * plots.DPI  # the axes kept room for the points
+    labels = [label.get_text() for label in axes.get_xticklabels() if label.get_text()]
+    assert labels and not any(lr in label for lr in lrs for label in labels), labels  # matplotlib's own ticks
+    assert_png(path, tuple(figure.get_size_inches()))
 
 
 def test_a_run_folder_typed_otherwise_pools_with_its_sweeps_setting(sweep_dir: Path, tmp_path: Path) -> None:
