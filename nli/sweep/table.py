@@ -483,7 +483,9 @@ class SweepResults(Callback):
         if ended_badly:
             lines = "\n".join(f"  #{row['job']} {' '.join(row['overrides'])}: {row.get('error') or row['state']}"
                               for row in ended_badly)
-            log.error("%d of the sweep's jobs failed (the others ran):\n%s", len(ended_badly), lines)
+            # "The others ran" only where there are others: a sweep whose every job failed has none.
+            ran = " (the others ran)" if len(ended_badly) < len(rows) else ""
+            log.error("%d of the sweep's jobs failed%s:\n%s", len(ended_badly), ran, lines)
         log.info("The sweep's files:\n  table    %s\n  jobs     %s\n"
                  "  report   python -m nli.report %s   (report.md and the learning curves)",
                  sweep_dir / RESULTS_CSV, _job_folders(rows), sweep_dir)

@@ -534,6 +534,16 @@ def test_a_search_stopped_by_its_failure_rate_ends_with_its_first_failure_and_ke
 
 
 
+
+def test_a_sweep_whose_every_job_failed_does_not_say_the_others_ran(tmp_path: Path) -> None:
+    """Its closing list said '2 of the sweep's jobs failed (the others ran)', of a sweep of two jobs."""
+    blocker(tmp_path)
+    proc = run_app(["-m", *FAST, f"train.checkpoint_dir={BLOCKED}", "seed=1,2",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "2 of the sweep's jobs failed:\n  #0 " in proc.stdout and "the others ran" not in proc.stdout, proc.stdout
+
+
 def test_a_search_ended_by_a_failed_trial_says_its_error_in_one_line_without_hydras_hint(tmp_path: Path) -> None:
     """Past max_failure_rate the first failure's error ended the search raised through Hydra, which printed it
     under 'Error executing job with overrides: [...]' and ended with its 'Set the environment variable
