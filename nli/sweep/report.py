@@ -102,7 +102,7 @@ def load_rows(paths: Sequence[Source], notes: Optional[List[str]] = None) -> Lis
     in ``notes`` for each directory whose older sweeps' rows were left out. A ``gs://`` URL is a Vertex
     AI sweep's folder in a bucket (:func:`bucket_rows`)."""
     rows: List[Row] = []
-    for path in paths:
+    for path in once(paths):
         if isinstance(path, str):
             rows.extend(bucket_rows(path, notes if notes is not None else []))
         elif (path / sweep.RESULTS_JSONL).is_file():
@@ -112,6 +112,19 @@ def load_rows(paths: Sequence[Source], notes: Optional[List[str]] = None) -> Lis
         else:
             raise _not_a_source(path)
     return rows
+
+
+def once(paths: Sequence[Source]) -> List[Source]:
+    """Each folder once, however often it is given (``sweep sweep``, ``sweep ./sweep/``): read twice, its jobs
+    were listed twice, and each seed said to be in two jobs (a run of the submission 'the best of 2 runs')."""
+    seen: Set[Source] = set()
+    found: List[Source] = []
+    for path in paths:
+        key = path.rstrip("/") if isinstance(path, str) else path.resolve()
+        if key not in seen:
+            seen.add(key)
+            found.append(path)
+    return found
 
 
 def _not_a_source(path: Path) -> ReportError:
@@ -568,7 +581,7 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
                  ) -> List[Path]:
     """Writes report.md and its plots; the files written, report.md first. ``notes`` gets a line for
     each directory whose older sweeps were left out (report.md says it too)."""
-    notes = [] if notes is None else notes
+    notes, paths = [] if notes is None else notes, once(paths)
     rows = load_rows(paths, notes)
     out = out or _default_out(paths)
     out.mkdir(parents=True, exist_ok=True)

@@ -143,6 +143,14 @@ def test_an_out_that_is_a_folder_or_under_a_file_is_one_line_before_any_run_is_r
                                        "another path\n")
 
 
+
+def test_a_run_given_twice_is_one_run_not_the_best_of_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = next(run for run in glue_sized_runs(tmp_path / "runs") if run.name == "rte")
+    out = tmp_path / "glue.zip"
+    assert leaderboard.main([str(run), str(run), "--out", str(out)]) == 1  # one task of GLUE's nine
+    assert f"  RTE.tsv      {run}  objective 0.5000\n" in capsys.readouterr().out
+
+
 @pytest.mark.process
 def test_python_m_nli_report_submission_is_this_command(tmp_path: Path) -> None:
     run = glue_sized_runs(tmp_path / "runs")[0]

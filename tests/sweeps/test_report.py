@@ -535,6 +535,17 @@ def test_a_seed_given_twice_counts_once_in_the_means_and_the_differences(sweep_d
             f"and differences count it once, from the last, {sweep_dir / '0'}") in markdown
 
 
+
+def test_a_folder_given_twice_is_read_once(sweep_dir: Path, tmp_path: Path) -> None:
+    """``python -m nli.report SWEEP SWEEP/`` listed each job twice, and said of every seed that it was in two jobs
+    (the same one), counted once."""
+    out = tmp_path / "report"
+    assert report.main([str(sweep_dir), f"{sweep_dir}/", "--out", str(out)]) == 0
+    markdown = (out / report.REPORT).read_text()
+    assert markdown.startswith(f"# Sweep report\n\n4 jobs, 4 completed, from `{sweep_dir}`.\n\n## Jobs"), markdown
+    assert sorted(int(line["job"]) for line in tables(markdown)["Jobs"]) == [0, 1, 2, 3]
+
+
 def test_a_report_leaves_the_sweeps_own_differences_alone_and_no_stale_file_of_its_own(
         sweep_dir: Path, tmp_path: Path) -> None:
     """Written into a sweep's folder, a report of more than that sweep overwrote the sweep's sweep_differences.csv
