@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Mapping, Tuple
 
 from nli import contract
@@ -69,6 +69,9 @@ def _remove_stale(out: Outputs) -> None:
         stale = [name for name in out.storage.files_under(folder) if name not in written]
         for name in stale:
             out.storage.remove(name)
+        for sub in sorted({str(PurePosixPath(name).parent) for name in stale} - {folder}, reverse=True):
+            if not out.storage.files_under(sub):
+                out.storage.remove(sub)  # a dropped eval.extra set's own folder (eval_predictions/hans/), now empty
         if stale:
             log.info("removed %s: an earlier attempt's, not written by this one", ", ".join(stale))
         if not out.storage.files_under(folder):

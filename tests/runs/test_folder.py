@@ -507,8 +507,9 @@ def test_an_mnli_run_from_before_the_diagnostic_set_has_the_identity_it_had() ->
 def test_a_continuation_keeps_only_the_predictions_its_own_model_made(tmp_path: Path) -> None:
     """Continued with train.predict off and an eval.extra set dropped, the earlier attempt's test predictions and
     that set's eval predictions described the step-2 model: they stayed, the run's file list named them and the
-    report tools read them as the continued model's. The final phase removes what it did not write, keeps what it
-    wrote, and a repeat of that phase (results.json lost) ends the same."""
+    report tools read them as the continued model's. The final phase removes what it did not write (the dropped set's
+    folder too: it stayed, empty), keeps what it wrote, and a repeat of that phase (results.json lost) ends the
+    same."""
     from tests.support.nli_layouts import write_sets
     from tests.support.runs import GLUE_DATA
 
@@ -523,6 +524,7 @@ def test_a_continuation_keeps_only_the_predictions_its_own_model_made(tmp_path: 
     kept = sorted(str(p.relative_to(run_dir)) for p in (run_dir / "eval_predictions").rglob("*") if p.is_file())
     assert not (run_dir / "predictions").exists() and not re.search(r"^\s+predictions\s", output, re.M)
     assert kept == ["eval_predictions/validation.jsonl"]
+    assert not (run_dir / "eval_predictions" / "hans").exists()  # the dropped set's folder too, not left empty
     assert read_results(run_dir)["train_steps"] == 4
     written = files(run_dir)
     (run_dir / "results.json").unlink()  # as if stopped in its final phase: the same command ends it again
