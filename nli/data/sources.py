@@ -73,7 +73,7 @@ def load(task: TaskConfig, data: DataConfig, splits: List[str], *,
                 for split in splits}
     if data.dir is not None:
         assert task.glue is not None  # the config checked it
-        return {split: _from_glue_dir(task, task.glue, data.dir, split, dir_key) for split in splits}
+        return {split: _from_glue_dir(task, task.glue, data.dir, split, dir_key, splits) for split in splits}
     if task.is_generated:
         return {split: _synthetic(data, split) for split in splits}
     return _from_hub(task, splits)
@@ -166,11 +166,13 @@ def _unknown(value: Any) -> str:
 # ---------------------------------------------------------------------------- GLUE directory
 
 
-def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: str, key: str) -> datasets.Dataset:
+def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: str, key: str,
+                   needed: List[str]) -> datasets.Dataset:
+    """``needed``: every split this run reads from the folder, which a missing file's message lists."""
     if remote.is_remote(root):  # a bucket has no folders to check: the file is there or not
         url = f"{root.rstrip('/')}/{glue.folder}/{glue.files[split]}"
         if not remote.exists(url):
-            raise DataError(_not_glue_dir(task, glue, root, f"{url} does not exist", key))
+            raise DataError(_not_glue_dir(task, glue, root, f"{url} does not exist", key, needed))
         path = remote.local_copy(url)
         with remote.named_as(url, path):
             return _read_glue_file(task, glue, path, split)
@@ -178,12 +180,13 @@ def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: st
     path = folder / glue.files[split]
     if not path.is_file():
         where = f"{folder} does not exist" if not folder.is_dir() else f"{path} does not exist"
-        raise DataError(_not_glue_dir(task, glue, root, where, key))
+        raise DataError(_not_glue_dir(task, glue, root, where, key, needed))
     return _read_glue_file(task, glue, path, split)
 
 
-def _not_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, where: str, key: str) -> str:
-    expected = ", ".join(sorted(set(glue.files.values())))
+def _not_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, where: str, key: str, needed: List[str]) -> str:
+    # The files of the splits this run reads: an evaluation reads no training file (eval.dir's sets, eval.only).
+    expected = ", ".join(sorted({glue.files[split] for split in needed}))
     hub = "eval.dir=null" if key == "eval.dir" else f"{key}=null"
     if task.hub_dataset == GLUE_HUB:  # says how to get the data too, as the other sets' message does
         return (f"{key}={root}: {where}. A GLUE directory holds one folder per task ({glue.folder}/ for "

@@ -172,7 +172,7 @@ def test_tokenization_is_cached_and_truncation_counted(datasets_cache: Path, cap
 
 
 def test_a_missing_task_folder_or_split_names_the_path(tmp_path: Path, datasets_cache: Path) -> None:
-    layout = "RTE/ for rte.*dev.tsv, test.tsv, train.tsv"
+    layout = "RTE/ for rte.*dev.tsv, train.tsv"
     with pytest.raises(DataError, match=f"{tmp_path / 'RTE'} does not exist.*{layout}"):
         load(["task=rte", f"data.dir={tmp_path}"])
     shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")

@@ -391,6 +391,8 @@ def test_a_model_whose_labels_match_no_sets_is_refused_before_evaluating(tmp_pat
 
 
 def test_a_missing_extra_file_stops_the_run_before_training(tmp_path: Path) -> None:
+    """The message lists the files the sets are read from: an extra set's training file is never read, and was
+    listed as expected."""
     sets = write_sets(tmp_path / "sets")
     (sets / "hans" / "heuristics_evaluation_set.txt").unlink()
     proc = run_app([*FAST, "eval.extra=[hans]", f"eval.dir={sets}", f"hydra.run.dir={tmp_path / 'run'}"],
@@ -398,6 +400,6 @@ def test_a_missing_extra_file_stops_the_run_before_training(tmp_path: Path) -> N
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert (f"error: eval.dir={sets}: {sets / 'hans' / 'heuristics_evaluation_set.txt'} does not exist. eval.dir "
             "holds each set's original download, unpacked, in a folder of its own (hans/ for hans, with the files "
-            "heuristics_evaluation_set.txt, heuristics_train_set.txt): put them there, or set eval.dir=null to load "
-            "hans from the Hub (jhu-cogsci/hans)") in proc.stderr
+            "heuristics_evaluation_set.txt): put them there, or set eval.dir=null to load hans from the Hub "
+            "(jhu-cogsci/hans)") in proc.stderr
     assert not re.search(r"step \d+: loss", proc.stdout + proc.stderr)
