@@ -59,6 +59,8 @@ def train(raw: DictConfig) -> float:
             log.info("%s", taken)
         cfg = cast(Config, built(raw))  # every key and rule: a sweep's job, or a command nli.config.command left
         site = platform.detect()
+        if int(site.process_env.get("RANK", "0")) != 0:
+            _leave_log_file_to_rank_0()
         started()  # the command's start-up handler gives way to the run's
         # From here on a signal stops the run cleanly, and the machine's other runs count this one.
         with StopRequest(requeue=site.requeue_signal) as stop, cpu.Sharing(cfg.hw.cpu_threads,
@@ -217,6 +219,17 @@ def _remove_if_only_attempt(folder: Optional[Path]) -> None:
                 parent.rmdir()  # only an empty one
             except OSError:
                 break
+
+
+def _leave_log_file_to_rank_0() -> None:
+    """A process of a run other than its first (rank 0) writes nothing into the run's log, train.log: rank 0 tells
+    the run there, and another rank's refusal reaches it (nli.runtime.distributed.World.together). Each process's
+    own output (torchrun's console) keeps its lines. Every rank appended to the one file: each warning twice, and
+    rank 1's lines not told from rank 0's."""
+    root = logging.getLogger()
+    for handler in [each for each in root.handlers if isinstance(each, logging.FileHandler)]:
+        root.removeHandler(handler)
+        handler.close()
 
 
 def _off_console(level: int, message: str, *, files: bool = True) -> None:

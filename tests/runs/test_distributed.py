@@ -23,7 +23,7 @@ from nli.data.loaders import EpochSampler
 from nli.runtime.distributed import shard
 from nli.runtime.platform.vertex import from_cluster_spec
 from tests.support.reference import PORTABLE, RUNS, digest, recorded
-from tests.support.runs import MEASURED, ROOT, process_env, read_results, run_app
+from tests.support.runs import GLUE_DATA, MEASURED, ROOT, process_env, read_results, run_app
 
 # 330 examples in batches of 32: ten full batches and a last one of 10, split 5 and 5 over two ranks;
 # dropout off, since each rank draws its own masks and one process draws other ones.
@@ -119,6 +119,21 @@ def test_two_processes_end_where_one_does(tmp_path: Path, single: Outcome) -> No
     ours, reference = digest(two), recorded("torchrun")
     assert {key: ours["results"][key] for key in reference["results"]} == reference["results"]
     assert ours["weights"] == reference["weights"]
+
+
+@pytest.mark.process
+def test_the_runs_log_is_rank_0s_alone(tmp_path: Path) -> None:
+    """Every process appended to the run's train.log: a warning every rank gives (early stopping that cannot fire)
+    was in it twice, and rank 1's lines could not be told from rank 0's. Rank 0 alone writes it, as it alone logs;
+    rank 1's warnings stay in its own output."""
+    run = tmp_path / "run"
+    proc = torchrun(["model=tiny", "task=rte", f"data.dir={GLUE_DATA}", "data.max_seq_length=64", "train.batch_size=16",
+                     "train.max_steps=2", "train.early_stopping.patience=5", "train.progress_bar=false", "hw=cpu",
+                     f"hydra.run.dir={run}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warning = "train.early_stopping.patience=5 ends a run after 5 evaluation(s)"
+    assert (run / "train.log").read_text().count(warning) == 1
+    assert proc.stdout.count(warning) + proc.stderr.count(warning) == 2  # each rank's console says it
 
 
 @pytest.mark.process
