@@ -379,7 +379,8 @@ def test_on_a_tpu_host_the_entry_point_starts_pytorch_xla_s_launcher() -> None:
 def test_stopped_at_two_processes_resumes_at_one(tmp_path: Path) -> None:
     """SIGTERM to torchrun mid-run: both ranks stop at the same step and rank 0 writes the checkpoint;
     one process continues from it and ends where an uninterrupted single process does (to float
-    tolerance: the steps before the stop summed the ranks' halves in another order)."""
+    tolerance: the steps before the stop summed the ranks' halves in another order). torchrun itself exits with
+    1, not the ranks' 75: the folder says the run stopped, as docs/distributed.md tells."""
     args = [*[a for a in ARGS if not a.startswith(("train.max_steps", "train.log_every"))], "train.max_steps=40",
             "train.log_every=1"]
     run, one = tmp_path / "run", tmp_path / "one"
@@ -395,6 +396,10 @@ def test_stopped_at_two_processes_resumes_at_one(tmp_path: Path) -> None:
     output = proc.communicate(timeout=120)[0]
     stopped = int(re.search(r"SIGTERM at step (\d+)", output)[1])
     assert 15 <= stopped < 40 and (run / "checkpoints" / f"step-{stopped:06d}" / "checkpoint.json").exists(), output
+    assert proc.returncode == 1 and "SignalException: Process" in output  # torchrun's own, whatever its ranks did
+    said = f"preempted, resumable: SIGTERM at step {stopped}, checkpoint written"
+    assert output.count(said) == 2 and not (run / "results.json").exists()  # each rank's exit 75
+    assert said in (run / "train.log").read_text().splitlines()[-1]
     resumed = run_app([*args, f"output_dir={run}", f"hydra.run.dir={run}"], cwd=tmp_path)
     assert resumed.returncode == 0 and f"step {stopped} of 40" in resumed.stderr + resumed.stdout, resumed.stderr
     single = run_app([*args, f"output_dir={one}", f"hydra.run.dir={one}"], cwd=tmp_path)
