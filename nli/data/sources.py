@@ -76,7 +76,7 @@ def load(task: TaskConfig, data: DataConfig, splits: List[str], *,
         return {split: _from_glue_dir(task, task.glue, data.dir, split, dir_key, splits) for split in splits}
     if task.is_generated:
         return {split: _synthetic(data, split) for split in splits}
-    return _from_hub(task, splits)
+    return _from_hub(task, splits, dir_key)
 
 
 # ------------------------------------------------------------------------------------- labels
@@ -628,12 +628,14 @@ def diagnostic(task: TaskConfig, data: DataConfig) -> Tuple[Optional[datasets.Da
 # ------------------------------------------------------------------------------- Hub, synthetic
 
 
-def _from_hub(task: TaskConfig, splits: List[str]) -> Dict[str, datasets.Dataset]:
+def _from_hub(task: TaskConfig, splits: List[str], dir_key: str = "data.dir") -> Dict[str, datasets.Dataset]:
     assert task.hub_dataset is not None
     if os.path.isdir(task.hub_dataset):  # a local copy of the dataset's Hub repository (of its revision)
         raw = datasets.load_dataset(task.hub_dataset, task.hub_config, data_dir=task.hub_data_dir)
     else:
-        with hub_download(f"dataset '{task.hub_dataset}' ({task.hub_config})", dataset=True):
+        config = f" ({task.hub_config})" if task.hub_config else ""
+        with hub_download(f"dataset '{task.hub_dataset}'{config}", dataset=True,
+                          offline=_offline_hint(task, splits, dir_key)):
             raw = datasets.load_dataset(task.hub_dataset, task.hub_config, data_dir=task.hub_data_dir,
                                         revision=task.hub_revision)
     missing = [split for split in splits if split not in raw]
@@ -648,6 +650,17 @@ def _from_hub(task: TaskConfig, splits: List[str]) -> Dict[str, datasets.Dataset
     source = f"dataset '{task.hub_dataset}' ({task.hub_config})"
     return {split: _aligned_labels(_with_idx(raw[split]).select_columns([*columns, "idx"]), task, source)
             for split in splits}
+
+
+def _offline_hint(task: TaskConfig, splits: List[str], dir_key: str) -> Optional[str]:
+    """The way to run offline, for an eval.extra set: it is read from eval.dir, where the general advice (None) names
+    data.dir, which the run's own task reads."""
+    if dir_key != "eval.dir" or task.glue is None:
+        return None
+    files = ", ".join(sorted({task.glue.files[split] for split in splits}))
+    return (f"To run offline: set eval.dir to a folder holding {task.name}'s original download ({task.glue.folder}/ "
+            f"with {files}), load it from the Hugging Face cache with HF_HUB_OFFLINE=1 where a run downloaded it, or "
+            f"leave {task.name} out of eval.extra.")
 
 
 def _with_idx(ds: datasets.Dataset) -> datasets.Dataset:

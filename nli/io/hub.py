@@ -62,18 +62,20 @@ def _proxy(endpoint: str) -> Optional[str]:
 
 
 @contextmanager
-def hub_download(what: str, *, dataset: bool = False) -> Iterator[None]:
+def hub_download(what: str, *, dataset: bool = False, offline: Optional[str] = None) -> Iterator[None]:
     """Wrap a load that may download ``what`` (e.g. "model 'FacebookAI/roberta-base'"; ``dataset``: one that
     ``datasets`` loads, which HF_DATASETS_OFFLINE also keeps to its cache).
 
     Fails at once when the Hub cannot be reached (unless HF_HUB_OFFLINE=1 asks for the local
-    cache only), and turns a failed download into one message with the way to run offline.
+    cache only), and turns a failed download into one message with the way to run offline (``offline``, else
+    :data:`OFFLINE_HINT`).
     """
+    offline = offline or OFFLINE_HINT
     proxy = _proxy(_endpoint())
     if not _offline_mode(dataset=dataset) and not _reachable(proxy or _endpoint()):
         through = f" through the proxy {proxy}" if proxy else ""
-        raise HubUnavailableError(f"cannot download {what}: {_endpoint()} is not reachable{through}. {OFFLINE_HINT}")
+        raise HubUnavailableError(f"cannot download {what}: {_endpoint()} is not reachable{through}. {offline}")
     try:
         yield
     except (OSError, ConnectionError) as err:  # what transformers and datasets raise for misses
-        raise HubUnavailableError(f"cannot load {what}: {err}. {OFFLINE_HINT}") from err
+        raise HubUnavailableError(f"cannot load {what}: {err}. {offline}") from err

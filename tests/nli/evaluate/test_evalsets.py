@@ -390,6 +390,18 @@ def test_a_model_whose_labels_match_no_sets_is_refused_before_evaluating(tmp_pat
     assert "data: hans" not in proc.stdout + proc.stderr  # refused before the set loaded
 
 
+def test_an_extra_set_the_hub_cannot_give_names_eval_dir_as_the_way_offline(tmp_path: Path) -> None:
+    """Without eval.dir an extra set comes from the Hub; unreachable, the advice was to point data.dir at a GLUE
+    directory, which the run had (its own task's), and the dataset was named "'jhu-cogsci/hans' (None)"."""
+    proc = run_app([*FAST, "eval.extra=[hans]", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                   env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": None})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert ("error: cannot download dataset 'jhu-cogsci/hans': http://127.0.0.1:9 is not reachable. To run offline: "
+            "set eval.dir to a folder holding hans's original download (hans/ with heuristics_evaluation_set.txt), "
+            "load it from the Hugging Face cache with HF_HUB_OFFLINE=1 where a run downloaded it, or leave hans out of "
+            "eval.extra.\n") in proc.stderr, proc.stderr
+
+
 def test_a_missing_extra_file_stops_the_run_before_training(tmp_path: Path) -> None:
     """The message lists the files the sets are read from: an extra set's training file is never read, and was
     listed as expected."""
