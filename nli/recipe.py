@@ -240,7 +240,7 @@ def setup(train: TrainConfig, logger: Mapping[str, LoggerConfig], context: RunCo
     if context.checkpoint_dir and not evaluation_only:
         with world.together():
             if world.is_main:  # two runs at once in one checkpoint folder would overwrite each other's checkpoints
-                held.enter_context(Claim.take(checkpoints.storage, use=CHECKPOINTS_CLAIM))
+                checkpoints.claim = held.enter_context(Claim.take(checkpoints.storage, use=CHECKPOINTS_CLAIM))
     out = Outputs(storage, checkpoints, context, world, ident, claim, snapshot=None,
                   finished=earlier_run(train, ident, storage, checkpoints))
     if evaluation_only and (ignored := EvalConfig.ignores([key_of(each) for each in context.command])):

@@ -253,6 +253,7 @@ class Checkpoints:
         # The run's output folder (Storage.absolute), which each manifest records: checkpoints in a train.checkpoint_dir
         # two runs were given say whose they are (nli.output.folder); None records none.
         self.owner = owner
+        self.claim: Optional[Claim] = None  # rank 0's hold on a train.checkpoint_dir (CHECKPOINTS_CLAIM), if any
         # Where the run went on with new values (train.accept_changes), oldest first: {"step", "changes"}.
         # Each manifest keeps the list, so that results.json can say so however often the run stops.
         self.continued: List[Dict[str, Any]] = []
@@ -492,8 +493,9 @@ class Checkpointer:
         state = self.state.state_dict()
         name = checkpoint_name(step)
         if self.world.is_main:
-            if self.claim is not None:
-                self.claim.check()
+            for claim in (self.claim, self.checkpoints.claim):  # the output folder's, the checkpoint folder's
+                if claim is not None:
+                    claim.check()
             if self.outdates is not None:
                 self.outdates()
                 self.outdates = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
@@ -21,12 +22,21 @@ from nli.config.schema import TrainConfig
 from nli.data.loaders import EpochSampler, TrainBatches
 from nli.errors import Diverged
 from nli.evaluate.evaluation import Evaluation
+from nli.io.claim import Claim, ClaimLostError
 from nli.io.storage import Storage
 from nli.model.build import train_bpe_tokenizer
 from nli.runtime.device import Compute
 from nli.runtime.distributed import World, wrap
 from nli.runtime.signals import Preempted, StopRequest
-from nli.train.checkpoint import BestEvaluation, Checkpointer, Checkpoints, Progress, RandomState, TrainingState
+from nli.train.checkpoint import (
+    CHECKPOINTS_CLAIM,
+    BestEvaluation,
+    Checkpointer,
+    Checkpoints,
+    Progress,
+    RandomState,
+    TrainingState,
+)
 from nli.train.hooks import EarlyStopping, Hook, Pruning
 from nli.train.loop import Loop, Optimization, Plan, TrainResult
 
@@ -366,6 +376,24 @@ def test_a_signal_stops_at_the_next_step_boundary_with_a_checkpoint(tmp_path: Pa
         trial.run(stop)
     assert preempted.value.step == 4 and preempted.value.signal == "SIGTERM"  # the step in flight finished
     assert trial.saved_steps() == [4]
+
+
+def test_a_checkpoint_folder_whose_hold_was_lost_is_not_written(tmp_path: Path, tokenizer: object) -> None:
+    """A run paused past the claim's staleness (a stopped process, a stalled mount) and taken over in its
+    train.checkpoint_dir by another run: its next checkpoint would overwrite the other run's. Like the output
+    folder's hold, the checkpoint folder's is checked before each checkpoint, and nothing more is written."""
+    trial = Trial(examples(64), config(max_steps=10, eval_every=100, checkpoint_every=3), tmp_path, tokenizer)
+    storage = trial.checkpoints.storage
+    with Claim.take(storage, use=CHECKPOINTS_CLAIM, heartbeat=0.05, stale_after=0.5) as claim:
+        trial.checkpoints.claim = claim
+        (tmp_path / CHECKPOINTS_CLAIM.file).write_text(json.dumps(
+            {**json.loads((tmp_path / CHECKPOINTS_CLAIM.file).read_text()), "token": "another run's"}))
+        deadline = time.monotonic() + 5
+        while not claim.lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(ClaimLostError, match=f"another run took over {tmp_path} while this run was writing"):
+            trial.run()
+    assert trial.saved_steps() == []
 
 
 def test_resumed_from_a_checkpoint_it_ends_where_an_uninterrupted_loop_ends(tmp_path: Path, tokenizer: object) -> None:
