@@ -185,7 +185,7 @@ def test_a_failed_job_is_failed_with_vertex_message_and_the_other_succeeds(fake:
     assert proc.returncode == 1, output
     rows = read_rows(tmp_path / "sweep")
     assert [row["state"] for row in rows] == ["COMPLETED", "FAILED"]
-    error = f"train.checkpoint_dir={blocked} is not writable"
+    error = f"train.checkpoint_dir={blocked}: {blocked.parent} is a file, not a folder"
     assert error in rows[1]["error"]  # the job's own error, in its row
     assert 0 <= float(rows[0]["objective"]) <= 1 and rows[1]["objective"] == ""
     # Rows of this sweep (nli.sweep.table), hence in the table it prints at its end.

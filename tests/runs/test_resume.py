@@ -474,7 +474,8 @@ def test_an_unwritable_output_dir_fails_before_training(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     proc = run_app([*ARGS, f"output_dir={blocker}/run", f"hydra.run.dir={tmp_path}/hydra"], cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert f"error: output_dir={blocker}/run is not writable" in proc.stderr and "Not a directory" in proc.stderr
+    assert proc.stderr.strip() == (f"error: output_dir={blocker}/run: {blocker} is a file, not a folder. Set "
+                                   "output_dir to a folder")
     assert "training:" not in proc.stdout
 
 

@@ -36,7 +36,12 @@ from tests.support.wandb_records import records
 # A job that fails as it starts, for a reason its config cannot tell (the schema's rules stop the sweep before any
 # job: tests/nli/config/test_keys.py): its checkpoint folder's parent is a file. Relative to the sweep's cwd.
 BLOCKED = "a-file/checkpoints"
-BLOCKED_ERROR = f"train.checkpoint_dir={BLOCKED} is not writable"
+
+
+def blocked_error(cwd: Path) -> str:
+    """The error of a job given ``BLOCKED``, run in ``cwd``."""
+    return (f"train.checkpoint_dir={BLOCKED}: {cwd / 'a-file'} is a file, not a folder. Set train.checkpoint_dir to "
+            "a folder")
 
 
 def blocker(cwd: Path) -> Path:
@@ -64,7 +69,7 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
     rows = rows_by_job(sweep_dir)
-    assert rows[0]["state"] == "FAILED" and BLOCKED_ERROR in rows[0]["error"] and "objective" not in rows[0]
+    assert rows[0]["state"] == "FAILED" and blocked_error(tmp_path) in rows[0]["error"] and "objective" not in rows[0]
     assert rows[1]["state"] == "COMPLETED" and rows[1]["train.checkpoint_dir"] == "null" and rows[1]["error"] is None
     results = read_results(sweep_dir / "1")  # the job after the failed one ran to the end
     assert rows[1]["objective"] == results["objective"] and rows[1]["train_seconds"] == results["train_seconds"]
@@ -74,7 +79,7 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
     table = proc.stdout[proc.stdout.index("Sweep results"):]
     failed = table[table.index("1 of the sweep's jobs failed (the others ran):"):].splitlines()
     assert failed[1].startswith("  #0 experiment=quickstart ")
-    assert f"train.checkpoint_dir={BLOCKED}: error: {BLOCKED_ERROR}" in failed[1]
+    assert f"train.checkpoint_dir={BLOCKED}: error: {blocked_error(tmp_path)}" in failed[1]
     assert "Traceback" not in output
     assert (sweep_dir / "sweep_results.csv").read_text().count("\n") == 3  # header and two rows
     # Where the jobs wrote, as the table has it (a search's trial=<n>, a Vertex AI job's bucket folder), not a form.
@@ -135,7 +140,8 @@ def test_submitit_local_rows_from_each_job_and_seeds_summed_up(tmp_path: Path) -
     assert sorted(row["job"] for row in rows) == [0, 1, 2, 3]
     good = [row for row in rows if row["train.checkpoint_dir"] == "null"]  # as Hydra hands a swept value to the job
     assert [row["state"] for row in good] == ["COMPLETED"] * 2
-    assert all(row["state"] == "FAILED" and f"train.checkpoint_dir={blocked} is not writable" in row["error"]
+    error = f"train.checkpoint_dir={blocked}: {blocked.parent} is a file, not a folder"
+    assert all(row["state"] == "FAILED" and error in row["error"]
                for row in rows if row not in good)
     assert "2 of the sweep's jobs failed" in output
 
@@ -556,7 +562,7 @@ def test_a_search_ended_by_a_failed_trial_says_its_error_in_one_line_without_hyd
     said = done.stdout + done.stderr
     assert done.returncode == 1 and "Traceback" not in said, said
     assert "HYDRA_FULL_ERROR" not in said and "Error executing job" not in said, done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {BLOCKED_ERROR}"), done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {blocked_error(tmp_path)}"), done.stderr
     [row] = sweep.read_rows(sweep_dir)  # the table, printed all the same
     assert row["state"] == "FAILED" and "Sweep results" in done.stdout
 

@@ -100,8 +100,9 @@ def started_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def manifests(run_dir: Path) -> Dict[str, Dict[str, Any]]:
-    """Each checkpoint's manifest, less its files' sizes and digests."""
-    return {p.parent.name: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("files", "identity")}
+    """Each checkpoint's manifest, less its files' sizes and digests and its run's folder."""
+    return {p.parent.name: {k: v for k, v in json.loads(p.read_text()).items()
+                            if k not in ("files", "identity", "output_dir")}
             for p in sorted((run_dir / "checkpoints").glob("step-*/checkpoint.json"))}
 
 
