@@ -54,6 +54,7 @@ from nli.config import runfolder
 from nli.config.keys import as_typed, built, check_known, check_override_key, key_of
 from nli.contract import CHECKPOINTS_DIR, CLAIM_FILE, CONFIG_FILE, MULTIRUN_RECORD, RESULTS_FILE
 from nli.errors import ConfigError, UserError
+from nli.io.storage import file_in_the_way
 
 MULTIRUN = ("-m", "--multirun")
 HYDRA_LAUNCHER = "basic"  # Hydra's own: runs a sweep's jobs here, one after another
@@ -631,9 +632,9 @@ def _check_folder(key: str, folder: str) -> None:
 def _check_writable(key: str, folder: str) -> None:
     """Hydra makes the folder and writes its log there first; a folder it cannot make ends in two tracebacks."""
     path = Path(folder).absolute()
+    if (blocker := file_in_the_way(path)) is not None:
+        raise ConfigError(f"{key}={folder}: {blocker} is a file, not a folder. Set {key} to a folder")
     existing = next(parent for parent in (path, *path.parents) if parent.exists())
-    if not existing.is_dir():
-        raise ConfigError(f"{key}={folder}: {existing} is a file, not a folder. Set {key} to a folder")
     try:  # a file written where Hydra will make the folder (access() says yes to root on a read-only mount);
         # not the folder itself: Hydra names it again, and a default named by the clock may differ by a second
         tempfile.TemporaryFile(dir=existing).close()

@@ -43,6 +43,11 @@ _EMULATOR = "STORAGE_EMULATOR_HOST"  # google-cloud-storage and gcsfs both talk 
 TIMEOUT = 10.0  # seconds for one Cloud Storage request that decides whether a run can start
 
 
+def file_in_the_way(path: Path) -> Optional[Path]:
+    """The file that stands where the folder ``path``, or a folder above it, would be; None where there is none."""
+    return next((each for each in (path, *path.parents) if each.exists() and not each.is_dir()), None)
+
+
 class Storage:
     """Files under one root directory, named by ``/``-separated paths relative to it. ``key`` is
     the setting that named the directory, for messages (``output_dir``, ``train.checkpoint_dir``)."""
@@ -102,12 +107,9 @@ class Storage:
         if self.cloud:
             self._check_cloud(probe)
             return
-        if self.local:  # a file in the way reads as a raw errno below ("File exists", "Not a directory")
-            path = Path(self.root).absolute()
-            existing = next(parent for parent in (path, *path.parents) if parent.exists())
-            if not existing.is_dir():
-                raise StorageError(f"{self.key}={self.url}: {existing} is a file, not a folder. Set {self.key} to a "
-                                   "folder")
+        # A file in the way reads as a raw errno below ("File exists", "Not a directory").
+        if self.local and (blocker := file_in_the_way(Path(self.root).absolute())) is not None:
+            raise StorageError(f"{self.key}={self.url}: {blocker} is a file, not a folder. Set {self.key} to a folder")
         try:
             self.write_bytes(probe, b"ok")
             self.fs.rm(self.path(probe))

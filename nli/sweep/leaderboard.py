@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from nli.contract import PREDICTIONS_DIR
 from nli.errors import UserError
-from nli.io.storage import Storage
+from nli.io.storage import Storage, file_in_the_way
 from nli.sweep import report
 
 # Each file of a GLUE submission: the task whose run writes it, and the number of examples of GLUE's test set
@@ -130,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # Said before anything is read, and of the path given, not a temporary.
         if args.out.is_dir():
             raise UserError(f"--out {args.out} is a folder: give the zip's file name (e.g. {args.out / DEFAULT_OUT})")
-        if (blocker := report.file_in_the_way(args.out.parent)) is not None:
+        if (blocker := file_in_the_way(args.out.parent)) is not None:
             raise UserError(f"--out {args.out}: {blocker} is a file, not a folder: give another path")
         if not args.out.parent.is_dir():
             raise UserError(f"--out {args.out}: the folder {args.out.parent} does not exist: make it, or give "

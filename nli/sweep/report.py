@@ -60,7 +60,7 @@ from nli.contract import (
 )
 from nli.errors import UserError
 from nli.io.claim import held_since, live_holder
-from nli.io.storage import Storage
+from nli.io.storage import Storage, file_in_the_way
 from nli.sweep import calibration_plot, cost, differences, plots
 from nli.sweep import table as sweep
 
@@ -674,11 +674,6 @@ def _curves_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written
     if notes:
         text += "\n\nSkipped:\n\n" + "\n".join(f"- {note}" for note in notes)
     return [text] if runs or notes else []
-
-
-def file_in_the_way(path: Path) -> Optional[Path]:
-    """The file that stands where the folder ``path``, or a folder above it, would be; None where there is none."""
-    return next((each for each in (path, *path.parents) if each.exists() and not each.is_dir()), None)
 
 
 def source(argument: str) -> Source:
