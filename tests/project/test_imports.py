@@ -204,3 +204,8 @@ def test_the_code_map_indexes_every_module_by_its_own_docstring() -> None:
     listed = set(re.findall(r"^    (nli/\S+)", page, re.M))
     assert {p.relative_to(ROOT).as_posix() for p in (ROOT / "nli").rglob("*.py")
             if p.name != "__init__.py" and "fastpaths" not in p.parts and "platform" not in p.parts} <= listed
+    # Each description is its docstring's first sentence whole: "LoRA (Hu et al. 2021) through peft: ..." was cut
+    # at "et al."
+    cut = {path: text for path in (ROOT / "nli").rglob("*.py")
+           if (text := code_map.first_line(path)).count("(") != text.count(")") or not text.endswith((".", ":"))}
+    assert cut == {}, "a module's description stops mid-sentence"

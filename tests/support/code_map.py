@@ -5,6 +5,7 @@ tests/project/test_imports.py checks the page against it; ``python -m tests.supp
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from pathlib import Path
 from typing import List
@@ -26,10 +27,11 @@ def docstring(path: Path) -> str:
 
 
 def first_line(path: Path) -> str:
-    """A module's docstring up to its first full stop or blank line, on one line."""
+    """A module's docstring up to its first full stop or blank line, on one line: a stop ends a sentence where
+    the next begins with a capital or code, not inside "(Hu et al. 2021)"."""
     text = " ".join(docstring(path).split("\n\n")[0].split())
-    end = text.find(". ")
-    return text if end < 0 else text[:end + 1]
+    end = re.search(r"\. (?=[A-Z`])", text)
+    return text if end is None else text[:end.start() + 1]
 
 
 def entry(name: str, text: str) -> List[str]:
