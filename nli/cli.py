@@ -19,11 +19,11 @@ from types import FrameType
 from typing import Any, Callable, Dict, List, NoReturn, Optional, cast
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from nli.config import command, runfolder
 from nli.config.help import answer_help
+from nli.config.identity import in_sweep
 from nli.config.keys import built
 from nli.config.schema import Accelerator, Config, config_dir
 from nli.contract import CONFIG_FILE, OVERRIDES_FILE, PREEMPTED
@@ -88,7 +88,7 @@ def train(raw: DictConfig) -> float:
     except UserError as err:
         # The console gets it once, on stderr, as the exit's message; a folder another run holds keeps that run's log.
         _off_console(logging.ERROR, str(err), files=not isinstance(err, ClaimedError))
-        if _in_sweep():  # one job's mistake: the sweep goes on, and ends non-zero naming it (nli.sweep.table)
+        if in_sweep():  # one job's mistake: the sweep goes on, and ends non-zero naming it (nli.sweep.table)
             raise JobFailed(f"error: {err}") from None
         _remove_if_only_attempt(fresh)
         raise SystemExit(f"error: {err}") from None
@@ -156,7 +156,7 @@ def run_context(cfg: Config, raw: DictConfig, site: platform.Site) -> RunContext
     if hydra is None:
         return context
     name, command = str(hydra.job.override_dirname) or None, [str(each) for each in hydra.overrides.task]
-    if not _in_sweep():
+    if not in_sweep():
         return dataclasses.replace(context, name=name, command=command)
     return dataclasses.replace(context, name=name, command=command, group=Path(str(hydra.sweep.dir)).name,
                                overrides=sweep.override_columns(list(hydra.overrides.task)))
@@ -176,10 +176,6 @@ def _conf_dir() -> Path:
     return config_dir()
 
 
-def _in_sweep() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def _stop(message: str) -> NoReturn:
     """A run stopped by a signal: the message in its log and on stderr, and the status that says "run
     me again"."""
@@ -195,7 +191,7 @@ ATTEMPT_FILES = {"train.log", CONFIG_FILE, OVERRIDES_FILE}
 def _fresh_run_dir() -> Optional[Path]:
     """A single run's Hydra run directory where it holds nothing but a log (this attempt's, or a refused
     one's before it): a refusal takes it away again (:func:`_remove_if_only_attempt`)."""
-    if not HydraConfig.initialized() or _in_sweep():
+    if not HydraConfig.initialized() or in_sweep():
         return None  # a sweep's job folder keeps the log its table's error points to
     folder = Path(str(HydraConfig.get().runtime.output_dir))
     return folder if folder.is_dir() and {path.name for path in folder.iterdir()} <= {"train.log"} else None

@@ -19,6 +19,9 @@ import json
 import re
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
 from nli.errors import ConfigError, RunChanged
 
 # Keys (and key prefixes) outside the identity.
@@ -96,6 +99,17 @@ def _folded(config: Mapping[str, Any], other: Mapping[str, Any]) -> Dict[str, An
     return folded
 
 
+def in_sweep() -> bool:
+    """Whether this process runs a job of a sweep (``-m``, in this process or a launcher's)."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def own_folder() -> str:
+    """The keys that give a run a folder of its own, as this command chose its folder: a sweep's job by the sweep's
+    (Hydra reads no hydra.run.dir under -m)."""
+    return f"output_dir (or {'the sweep another hydra.sweep.dir' if in_sweep() else 'hydra.run.dir'})"
+
+
 def refuse(where: str, what: str, changes: Mapping[str, str], held: Mapping[str, Any], *,
            checkpointed: bool) -> RunChanged:
     """The error for a folder whose run has another identity (``held``): the differences and the ways on.
@@ -108,7 +122,7 @@ def refuse(where: str, what: str, changes: Mapping[str, str], held: Mapping[str,
                   else "it has no checkpoint to go on from with new values")
     listed = "".join(f"\n  {key}: {change}" for key, change in changes.items())
     return RunChanged(f"{where} holds {what} with other settings:{listed}\nNothing was changed. To go on with that "
-                      f"run, {_its_values(changes, held)}; or give this run its own output_dir (or hydra.run.dir), or "
+                      f"run, {_its_values(changes, held)}; or give this run its own {own_folder()}, or "
                       f"delete that folder; {accept}")
 
 

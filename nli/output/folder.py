@@ -22,7 +22,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from nli import contract
-from nli.config.identity import differences, digest, identity, refuse
+from nli.config.identity import differences, digest, identity, own_folder, refuse
 from nli.config.schema import TrainConfig
 from nli.errors import CheckpointError, RunChanged
 from nli.io.claim import Claim
@@ -86,7 +86,7 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
     newest = checkpoints.newest_step()
     if newest is not None and not train.resume:
         # Checkpoints in a train.checkpoint_dir stay where they are whatever the output folder: another one helps not.
-        afresh = ("another output_dir (or hydra.run.dir)" if checkpoints.where() == storage.describe(
+        afresh = (f"another {own_folder()}" if checkpoints.where() == storage.describe(
             contract.CHECKPOINTS_DIR) else "another train.checkpoint_dir (or leave it unset)")
         raise CheckpointError(f"{checkpoints.where()} holds a checkpoint of step {newest} and train.resume=false "
                               f"refuses to continue or overwrite it. Choose {afresh} to start afresh, delete that "
@@ -161,7 +161,7 @@ def _refuse_checkpoints_elsewhere(storage: Storage, checkpoints: Checkpoints) ->
     raise CheckpointError(f"{storage.describe()} holds a run stopped at step {step}, its checkpoints in {where}; "
                           f"this command keeps checkpoints in {checkpoints.where()}, where there are none, and would "
                           f"train it again from step 0. Nothing was changed. To continue it, {way}; or give this run "
-                          "its own output_dir (or hydra.run.dir)")
+                          f"its own {own_folder()}")
 
 
 def _refuse_another_runs_checkpoints(storage: Storage, checkpoints: Checkpoints, step: int) -> None:

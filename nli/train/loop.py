@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, cas
 
 import torch
 
+from nli.config.identity import own_folder
 from nli.config.schema import TrainConfig
 from nli.data.loaders import TrainBatches
 from nli.errors import ConfigError, Diverged
@@ -166,7 +167,7 @@ class Loop:
         if progress.step > self.plan.total_steps:  # only a new train.max_steps or train.epochs can make it so
             raise ConfigError(f"this run already trained {progress.step} steps, more than the {self.plan.total_steps} "
                               "that train.max_steps or train.epochs now plan: a run cannot be shortened. Start it "
-                              "afresh in another output_dir (or hydra.run.dir)")
+                              f"afresh in another {own_folder()}")
         progress.examples_per_epoch, progress.eval_every = self.plan.examples_per_epoch, self.plan.eval_every
         # A resumed run logs the loss over the same steps as an unbroken one: the checkpoint kept the partial window.
         self.window.resume(progress.window_loss, progress.window_steps)

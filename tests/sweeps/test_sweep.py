@@ -943,13 +943,16 @@ def test_a_rerun_job_replaces_its_row_in_place(tmp_path: Path) -> None:
 
 
 def test_two_jobs_given_one_output_dir_keep_a_row_each(tmp_path: Path) -> None:
-    """The second job is refused by the first one's finished run there: its failed row is not the first's."""
+    """The second job is refused by the first one's finished run there: its failed row is not the first's, and its
+    advice names the sweep's folder (it named hydra.run.dir, which a sweep does not read)."""
     sweep_dir, one_dir = tmp_path / "sweep", tmp_path / "one-run"
     proc = run_app(["-m", *FAST, f"hydra.sweep.dir={sweep_dir}", f"output_dir={one_dir}", "seed=1,2"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = rows_by_job(sweep_dir)
     assert rows[0]["state"] == "COMPLETED" and rows[0]["objective"] == read_results(one_dir)["objective"]
     assert rows[1]["state"] == "FAILED" and "holds a finished run with other settings" in rows[1]["error"]
+    # The way out is a sweep's: Hydra reads no hydra.run.dir under -m.
+    assert "give this run its own output_dir (or the sweep another hydra.sweep.dir)" in rows[1]["error"]
     with open(sweep_dir / sweep.RESULTS_CSV, newline="") as table:
         assert [line["job"] for line in csv.DictReader(table)] == ["0", "1"]
 
