@@ -140,3 +140,54 @@ def test_the_speed_lines_read_each_systems_figures_from_the_benchmark(tmp_path: 
     assert figures["ours"]["eval_examples_per_second"] > 0 and figures["ours"]["mfu"] is None  # no GPU, no peak
     report = json.loads((tmp_path / "out" / "workers_0.json").read_text())
     assert report["settings"]["ours_overrides"] == ["data.num_workers=0"] and not line.logs
+
+
+# Two functions compiled by dynamo, one past a recompile limit of 2: what line b reads, as this torch logs it.
+RECOMPILING = """
+import torch
+torch._dynamo.config.recompile_limit = 2
+torch._dynamo.config.automatic_dynamic_shapes = False
+g = torch.compile(lambda x: x - 1, backend="eager")
+f = torch.compile(lambda x: x * 2 + 1, backend="eager")
+g(torch.ones(3))
+for n in range(1, 6):
+    f(torch.ones(n))
+"""
+
+
+@pytest.fixture(scope="module")
+def dynamo_log() -> str:
+    env = {**process_env(), "TORCH_LOGS": gpu_check.RECOMPILE_LOGS}
+    proc = subprocess.run([sys.executable, "-c", RECOMPILING], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def fake_training(monkeypatch: pytest.MonkeyPatch, output: str) -> None:
+    results = {"loss": 0.3, "accuracy": 0.9, "train_examples_per_second": 100.0, "peak_memory_bytes": 2**30}
+    monkeypatch.setattr(gpu_check, "train", lambda *args, **kwargs: gpu_check.Proc(0, output, results, None))
+
+
+def test_the_compile_line_reads_dynamo_s_own_record_of_recompilations(
+        dynamo_log: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """dynamo logs each line of a record behind its prefix, and words a limit it hits "hit config.recompile_limit
+    (N)": the line fails on it, whatever the count."""
+    fake_training(monkeypatch, dynamo_log)
+    check = gpu_check.Check(tmp_path, tmp_path, "cuda", {}, deadline=time.monotonic() + 60)
+    line = gpu_check.Line("compile", "b. compile")
+    gpu_check.run_line(check, line, gpu_check.line_compile, lambda: None)
+    assert line.status == "fail" and "recompile_limit (2)" in line.detail, (line.status, line.detail)
+    figures = line.figures
+    assert figures["compilations"] == 3 and figures["recompiles"] == 2  # g once; f, then twice more (the 2nd hit it)
+    assert figures["most_recompiles_of_one_function"] == 2 and figures["limits_hit"] == ["recompile_limit (2)"]
+    assert figures["first_guard_failures"][0].startswith("1/0: tensor 'x' size mismatch")
+
+
+def test_a_compile_line_with_no_compilation_logged_has_no_count(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    """No compilation in the log (TORCH_LOGS not honoured, or nothing compiled): not "0 recompilations, pass"."""
+    fake_training(monkeypatch, "step 1: loss 0.3\n")
+    check = gpu_check.Check(tmp_path, tmp_path, "cuda", {}, deadline=time.monotonic() + 60)
+    line = gpu_check.Line("compile", "b. compile")
+    gpu_check.run_line(check, line, gpu_check.line_compile, lambda: None)
+    assert line.status == "fail" and "dynamo logged no compilation" in line.detail
