@@ -43,6 +43,23 @@ _EMULATOR = "STORAGE_EMULATOR_HOST"  # google-cloud-storage and gcsfs both talk 
 TIMEOUT = 10.0  # seconds for one Cloud Storage request that decides whether a run can start
 
 
+# The errors that say the disk itself will take no more: full, over the user's quota, mounted read-only.
+FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+def write_failed(error: BaseException) -> bool:
+    """Whether ``error`` is a write the disk refused (:data:`FULL`: no space, over quota, read-only), itself or an
+    error it was raised from or during (a StorageError, a library's own error wrapping the OSError)."""
+    seen: set[int] = set()
+    each: Optional[BaseException] = error
+    while each is not None and id(each) not in seen:
+        seen.add(id(each))
+        if isinstance(each, OSError) and each.errno in FULL:
+            return True
+        each = each.__cause__ or each.__context__
+    return False
+
+
 def file_in_the_way(path: Path) -> Optional[Path]:
     """The file that stands where the folder ``path``, or a folder above it, would be; None where there is none."""
     return next((each for each in (path, *path.parents) if each.exists() and not each.is_dir()), None)
@@ -194,6 +211,20 @@ class Storage:
     def write_text(self, name: str, text: str) -> None:
         self.write_bytes(name, text.encode())
 
+    def append_text(self, name: str, text: str) -> None:
+        """``text`` added at the end of ``name`` (made where there is none), whole or not at all: a write the disk
+        stops part-way (full) is cut back to where the file ended, so that a file of lines never ends in half of
+        one. On Cloud Storage, where an object cannot grow, the object is written again with ``text`` at its end."""
+        path = self.path(name)
+        try:
+            if self.local:
+                _append_local(Path(path), text.encode())
+            else:
+                earlier = self.fs.cat_file(path) if self.fs.exists(path) else b""
+                self.fs.pipe_file(path, earlier + text.encode())
+        except OSError as err:
+            raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
+
     def read_bytes(self, name: str) -> bytes:
         return self.fs.cat_file(self.path(name))
 
@@ -315,6 +346,11 @@ def _reason(err: OSError) -> str:
         return f"{err} (does the bucket or parent directory exist?)"
     if err.errno == errno.ENOSPC:
         return "no space left on its disk: make room there and run the same command again (what was saved is kept)"
+    if err.errno == errno.EDQUOT:
+        return ("over your disk quota there: make room within it (or raise it) and run the same command again (what "
+                "was saved is kept)")
+    if err.errno == errno.EROFS:
+        return "its file system is read-only: write to a folder on a writable disk"
     return str(err)
 
 
@@ -409,6 +445,17 @@ _STAGING = re.compile(r"^\..+\.\d+\.[a-z0-9_]+\.tmp(\.old)?$")
 
 
 def _write_local_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    staging = _stage_local(path, write)
+    try:
+        os.replace(staging, path)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+
+
+def _stage_local(path: Path, write: Callable[[BinaryIO], object]) -> Path:
+    """``path``'s new content, as ``write`` writes it, in a staging file beside it, on disk: the file to rename into
+    place. A write that fails leaves no staging file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # A name of this writer's own: two writers of one file must not write into each other's staging.
     fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
@@ -418,10 +465,29 @@ def _write_local_atomically(path: Path, write: Callable[[BinaryIO], object]) -> 
             f.flush()
             os.fsync(f.fileno())  # on disk before the rename makes it visible
             os.fchmod(f.fileno(), 0o666 & ~umask())  # mkstemp makes it 0600; a file others may read, as open() would
-        os.replace(staging, path)
     except BaseException:
         Path(staging).unlink(missing_ok=True)  # a full disk (or Ctrl-C) must not also leave half a file behind
         raise
+    return Path(staging)
+
+
+def _append_local(path: Path, data: bytes) -> None:
+    """``data`` at the end of ``path``, written unbuffered so that a failure is known where it happened: the file is
+    then cut back to its length before (a device that cannot be cut, /dev/full, is left as it is)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view):]  # a write may take part of it, and the next fail
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

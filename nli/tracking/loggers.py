@@ -10,6 +10,7 @@ there at every checkpoint and at the end, so a job that is preempted or ends kee
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import os
 import tempfile
@@ -17,12 +18,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence
 
+from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
 from nli.config.schema import LoggerConfig, WandbConfig, WandbMode
 from nli.contract import CLASS_FIGURES, MODEL_DIR
-from nli.errors import ConfigError
+from nli.errors import ConfigError, UserError
 from nli.io.storage import Storage
 from nli.runtime.context import RunContext
 
@@ -268,7 +270,11 @@ class CsvTracker:
     """Rows of ``step,metric,value,wall_time`` (when it was logged, in Unix seconds, as TensorBoard's), appended
     as they come. A resumed run goes on in the same file, first dropping the rows an earlier attempt logged after
     the checkpoint it resumes from: the file then holds each step once, as an unbroken run's does. A file begun
-    before the wall_time column goes on without it."""
+    before the wall_time column goes on without it.
+
+    Every write goes through the run's storage (nli.io.storage): a disk that is full (or over quota, or read-only)
+    is a StorageError naming the file and the fix, and a row it stopped part-way is cut back to the last whole row,
+    as is one an earlier attempt left so (the file stays one the report reads)."""
 
     run_id = None
     COLUMNS = "step,metric,value,wall_time"
@@ -276,19 +282,32 @@ class CsvTracker:
     def __init__(self, *, run: RunInfo, file: str) -> None:
         self._path = run.log_dir / file
         self.where = self._path
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        if not self._path.exists():
-            self._path.write_text(self.COLUMNS + "\n")
-        elif run.resume_step is not None:
+        self._storage = Storage(str(self._path.parent), key="the csv logger's folder")
+        self._name = self._path.name
+        text = self._read()
+        if text and not text.endswith("\n"):  # a row an earlier attempt was stopped in the middle of writing
+            whole = text[:text.rfind("\n") + 1] or self.COLUMNS + "\n"
+            log.warning("%s: its last row was cut short (%r), by a full disk or a stop in the middle of writing it; "
+                        "it is left out", self._path, text[text.rfind("\n") + 1:])
+            self._storage.write_text(self._name, whole)
+            text = whole
+        if not text:  # none yet, or one whose header a full disk kept out: the header, as a new file's
+            self._storage.append_text(self._name, self.COLUMNS + "\n")
+            text = self.COLUMNS + "\n"
+        if run.resume_step is not None:
             self._drop_after(run.resume_step)
-        with open(self._path) as stream:
-            self._timed = stream.readline().strip() == self.COLUMNS
+        self._timed = text.partition("\n")[0].strip() == self.COLUMNS
+
+    def _read(self) -> str:
+        return self._storage.read_bytes(self._name).decode() if self._storage.exists(self._name) else ""
+
+    def _rows(self) -> List[List[str]]:
+        return list(csv.reader(io.StringIO(self._read(), newline="")))
 
     def _drop_after(self, step: int) -> None:
         """Keep the rows up to ``step`` (and any whose step is not a number: not ours to judge); the file is
         replaced whole, so a kill meanwhile leaves the old one."""
-        with open(self._path, newline="") as stream:
-            rows = list(csv.reader(stream))
+        rows = self._rows()
         kept = [row for row in rows if not (row and row[0].isdigit() and int(row[0]) > step)]
         if len(kept) == len(rows):
             return
@@ -297,22 +316,17 @@ class CsvTracker:
         self._rewrite(kept)
 
     def _rewrite(self, rows: Sequence[Sequence[str]]) -> None:
-        partial = self._path.with_name(f"{self._path.name}.{os.getpid()}.tmp")
-        with open(partial, "w", newline="") as stream:
-            csv.writer(stream).writerows(rows)
-        os.replace(partial, self._path)
+        self._storage.write_text(self._name, _csv_text(rows))
 
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
         when = (round(time.time(), 3),) if self._timed else ()
-        with open(self._path, "a", newline="") as stream:
-            csv.writer(stream).writerows((step, key, value, *when) for key, value in metrics.items())
+        self._storage.append_text(self._name, _csv_text([(step, key, value, *when) for key, value in metrics.items()]))
 
     def log_final(self, metrics: Mapping[str, float], *, step: int) -> None:
         """``metrics`` at ``step`` in place of the rows of theirs an earlier attempt logged there: a run's figures
         of its end, which an attempt that finishes a stopped run (its training whole, resumed at that very step;
         an evaluation-only run) logs again."""
-        with open(self._path, newline="") as stream:
-            rows = list(csv.reader(stream))
+        rows = self._rows()
         kept = [row for row in rows if not (len(row) > 1 and row[0] == str(step) and row[1] in metrics)]
         if len(kept) < len(rows):
             self._rewrite(kept)
@@ -321,23 +335,24 @@ class CsvTracker:
     def log_classes(self, analyses: Sequence["SplitAnalysis"], *, step: int) -> None:
         """``per_class.csv`` (split, label, precision, recall, f1, support) and ``confusion.csv`` (split, gold,
         predicted, count: every cell) beside the metrics' file, of the final evaluation: each written whole."""
-        _write_csv(self._path.with_name(PER_CLASS_CSV), ["split", "label", *CLASS_FIGURES],
-                   [[each.split, label, *(figures[name] for name in CLASS_FIGURES)]
-                    for each in analyses for label, figures in each.per_class.items()])
-        _write_csv(self._path.with_name(CONFUSION_CSV), ["split", "gold", "predicted", "count"],
-                   [[each.split, gold, predicted, each.matrix[i][j]] for each in analyses
-                    for i, gold in enumerate(each.labels) for j, predicted in enumerate(each.labels)])
+        self._storage.write_text(PER_CLASS_CSV, _csv_text(
+            [["split", "label", *CLASS_FIGURES],
+             *([each.split, label, *(figures[name] for name in CLASS_FIGURES)]
+               for each in analyses for label, figures in each.per_class.items())]))
+        self._storage.write_text(CONFUSION_CSV, _csv_text(
+            [["split", "gold", "predicted", "count"],
+             *([each.split, gold, predicted, each.matrix[i][j]] for each in analyses
+               for i, gold in enumerate(each.labels) for j, predicted in enumerate(each.labels))]))
 
     def finish(self, summary: Mapping[str, Any]) -> None:
         pass
 
 
-def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """Replaced whole: a kill meanwhile leaves the old file."""
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(partial, "w", newline="") as stream:
-        csv.writer(stream).writerows([header, *rows])
-    os.replace(partial, path)
+def _csv_text(rows: Sequence[Sequence[Any]]) -> str:
+    """Rows as CSV, as csv.writer writes them into a file opened with newline="" (its lines end in CRLF)."""
+    stream = io.StringIO(newline="")
+    csv.writer(stream).writerows(rows)
+    return stream.getvalue()
 
 
 class Trackers:
@@ -368,7 +383,15 @@ class Trackers:
             self._mirror = LogMirror(run.log_dir, remote)
         for name, cfg in self._configs.items():
             info = run._replace(resume_id=self._resume_ids.get(name))
-            self._started[name] = instantiate(OmegaConf.structured(cfg), run=info, _convert_="all")
+            try:
+                self._started[name] = instantiate(OmegaConf.structured(cfg), run=info, _convert_="all")
+            except InstantiationException as wrapped:
+                # Hydra wraps what the logger raised in its own error ("Error in call to target ..."), which the
+                # entry point would show as a traceback: an error the user can fix (a full disk: a StorageError)
+                # is said as itself, as anywhere else in the run.
+                if isinstance(wrapped.__cause__, UserError):
+                    raise wrapped.__cause__ from None
+                raise
 
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
         for tracker in self._started.values():

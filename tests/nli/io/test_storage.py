@@ -26,7 +26,8 @@ import pytest
 
 from nli.errors import StorageError
 from nli.io.claim import CLAIM_FILE, HOST, Claim, ClaimedError, ClaimLostError, Owner
-from nli.io.storage import Storage, umask
+from nli.io.storage import Storage, umask, write_failed
+from tests.support.diskfull import full, needs_full, room
 from tests.support.runs import ROOT, read_line
 
 # Claims that beat fast, so that a test sees several heartbeats in a fraction of a second.
@@ -634,3 +635,53 @@ def test_the_files_under_a_folder_are_named_at_every_depth_from_the_root(folder:
     folder.remove("eval_predictions/hans/validation.jsonl")
     assert folder.files_under("eval_predictions") == ["eval_predictions/validation.jsonl"]
     assert folder.files_under("predictions") == []
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
+def test_a_write_the_disk_refused_is_told_wrapped_or_not(code: int) -> None:
+    """write_failed: a full disk, a quota or a read-only mount, as raised or inside what was raised from it (the
+    StorageError that names the file; Hydra's error around a logger's) or during it; other errors are not one."""
+    refused = OSError(code, os.strerror(code))
+    assert write_failed(refused)
+    try:
+        try:
+            raise StorageError("could not write x") from refused
+        except StorageError as named:
+            raise RuntimeError("Error in call to target") from named
+    except RuntimeError as wrapped:
+        assert write_failed(wrapped)
+    try:
+        try:
+            raise refused
+        except OSError:
+            raise KeyError("raised while handling it")  # noqa: B904 - the context, not the cause, is the point
+    except KeyError as during:
+        assert write_failed(during)
+    assert not write_failed(OSError(errno.EACCES, "Permission denied")) and not write_failed(ValueError("x"))
+
+
+def test_a_quota_and_a_read_only_disk_are_said_with_their_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = Storage(str(tmp_path))
+    for code, said in ((errno.EDQUOT, "over your disk quota there: make room within it"),
+                       (errno.EROFS, "its file system is read-only: write to a folder on a writable disk")):
+        def refuse(*args: Any, code: int = code) -> None:
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(os, "fsync", refuse)
+        with pytest.raises(StorageError, match=f"could not write .*results.json: {re.escape(said)}"):
+            storage.write_text("results.json", "{}")
+
+
+@needs_full
+def test_an_append_onto_a_full_disk_is_said_and_the_file_stays_whole(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = Storage(str(tmp_path))
+    full(tmp_path / "log.csv")
+    with pytest.raises(StorageError, match="could not write .*log.csv: no space left on its disk"):
+        storage.append_text("log.csv", "a,b\n")
+    storage.write_text("rows.csv", "a,b\n")
+    room(monkeypatch, tmp_path / "rows.csv", 3)  # the disk fills 3 bytes into the row
+    with pytest.raises(StorageError, match="could not write .*rows.csv: no space left on its disk"):
+        storage.append_text("rows.csv", "1,2\n3,4\n")
+    assert (tmp_path / "rows.csv").read_text() == "a,b\n"
+
