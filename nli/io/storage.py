@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -210,6 +211,29 @@ class Storage:
 
     def write_text(self, name: str, text: str) -> None:
         self.write_bytes(name, text.encode())
+
+    def write_together(self, files: Dict[str, str]) -> None:
+        """Files that say one thing together (a run's config.yaml and overrides.yaml), each as write_text writes it,
+        and none replaced unless every one was written: locally each is staged whole before any is renamed into
+        place (a rename takes no space), so a full disk leaves the files as they were. On Cloud Storage each is
+        uploaded in turn (an upload fails for want of a bucket or a right, both said before the first)."""
+        if not self.local:
+            for name, text in files.items():
+                self.write_text(name, text)
+            return
+        staged: Dict[str, Path] = {}
+        try:
+            for name, text in files.items():
+                try:
+                    staged[name] = _stage_local(Path(self.path(name)), functools.partial(_write_all, text.encode()))
+                except OSError as err:
+                    raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
+            for name, staging in list(staged.items()):
+                os.replace(staging, self.path(name))
+                del staged[name]
+        finally:
+            for staging in staged.values():
+                staging.unlink(missing_ok=True)
 
     def append_text(self, name: str, text: str) -> None:
         """``text`` added at the end of ``name`` (made where there is none), whole or not at all: a write the disk
@@ -469,6 +493,10 @@ def _stage_local(path: Path, write: Callable[[BinaryIO], object]) -> Path:
         Path(staging).unlink(missing_ok=True)  # a full disk (or Ctrl-C) must not also leave half a file behind
         raise
     return Path(staging)
+
+
+def _write_all(data: bytes, file: BinaryIO) -> None:
+    file.write(data)
 
 
 def _append_local(path: Path, data: bytes) -> None:

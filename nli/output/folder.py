@@ -75,8 +75,10 @@ def record_run(out: Outputs) -> None:
     with out.world.together():
         if out.world.is_main:
             resolved = _recorded_config(out.context, out.context.output_dir)  # rank 0's: the folder the run claimed
-            out.storage.write_text(contract.CONFIG_FILE, OmegaConf.to_yaml(resolved))
-            out.storage.write_text(contract.OVERRIDES_FILE, OmegaConf.to_yaml(out.context.command))
+            # Together: a disk that fills between the two would leave this attempt's config beside the earlier one's
+            # overrides (or none), the record of no run.
+            out.storage.write_together({contract.CONFIG_FILE: OmegaConf.to_yaml(resolved),
+                                        contract.OVERRIDES_FILE: OmegaConf.to_yaml(out.context.command)})
 
 
 def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,

@@ -685,3 +685,23 @@ def test_an_append_onto_a_full_disk_is_said_and_the_file_stays_whole(tmp_path: P
         storage.append_text("rows.csv", "1,2\n3,4\n")
     assert (tmp_path / "rows.csv").read_text() == "a,b\n"
 
+
+def test_files_written_together_are_both_replaced_or_neither(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's config.yaml and overrides.yaml: the disk filling as the second is written left the first one new and
+    the second the earlier run's (or none), a record of no run."""
+    storage = Storage(str(tmp_path))
+    storage.write_together({"config.yaml": "lr: 1\n", "overrides.yaml": "- lr=1\n"})
+    fsync, calls = os.fsync, []
+
+    def second_fills_the_disk(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", second_fills_the_disk)
+    with pytest.raises(StorageError, match="could not write .*overrides.yaml: no space left on its disk"):
+        storage.write_together({"config.yaml": "lr: 2\n", "overrides.yaml": "- lr=2\n"})
+    assert (tmp_path / "config.yaml").read_text() == "lr: 1\n"
+    assert (tmp_path / "overrides.yaml").read_text() == "- lr=1\n"
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml", "overrides.yaml"]  # no staging file left
