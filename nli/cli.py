@@ -8,12 +8,15 @@ run again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Dict, List, NoReturn, Optional, cast
@@ -29,7 +32,7 @@ from nli.config.schema import Accelerator, Config, config_dir
 from nli.contract import CONFIG_FILE, OVERRIDES_FILE, PREEMPTED
 from nli.errors import ConfigError, JobFailed, UserError
 from nli.io.claim import ClaimedError
-from nli.io.storage import Storage
+from nli.io.storage import Storage, write_failed
 from nli.runtime import cpu, platform
 from nli.runtime.context import RunContext
 from nli.runtime.signals import (
@@ -54,6 +57,7 @@ def train(raw: DictConfig) -> float:
     rules are checked before torch and transformers load (about 9 s), so a wrong value is answered
     in a second."""
     try:
+        _guard_log_file()
         fresh = _fresh_run_dir()
         if (taken := runfolder.apply(raw, _typed(), _conf_dir())) is not None:  # eval.only=true of a run folder
             log.info("%s", taken)
@@ -226,6 +230,33 @@ def _leave_log_file_to_rank_0() -> None:
     for handler in [each for each in root.handlers if isinstance(each, logging.FileHandler)]:
         root.removeHandler(handler)
         handler.close()
+
+
+def _guard_log_file() -> None:
+    """The run's log file (train.log, Hydra's FileHandler) on a disk that fills (or a quota reached, or a read-only
+    mount): one warning on the console, and the run goes on logging there alone. Left to logging, every line after
+    the disk filled printed a traceback ("--- Logging error ---") on stderr, hundreds in a run. The log file keeps
+    what it had; the run's last lines say it was cut short (nli.output.results)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handleError = functools.partial(_log_file_failed, handler)  # type: ignore[method-assign]
+
+
+def _log_file_failed(handler: logging.FileHandler, record: logging.LogRecord) -> None:
+    error = sys.exc_info()[1]
+    if error is None or not write_failed(error):
+        logging.FileHandler.handleError(handler, record)  # logging's own report of any other failure
+        return
+    # Left among the root's handlers (the one that failed is being called from that very list), but writing nothing:
+    # its emit would open the file again.
+    handler.emit = lambda record: None  # type: ignore[method-assign]
+    handler.setLevel(logging.CRITICAL + 1)
+    with contextlib.suppress(OSError, ValueError):
+        handler.close()  # its buffer cannot be written either
+    reason = (error.strerror if isinstance(error, OSError) else None) or str(error)
+    handler.cut_short = f"cut short at {time.strftime('%H:%M:%S')}: {reason}"  # type: ignore[attr-defined]
+    log.warning("the run's log %s could not be written (%s): the run goes on, its lines on the console only (make "
+                "room on that disk: what else the run writes there fails too)", handler.baseFilename, reason)
 
 
 def _off_console(level: int, message: str, *, files: bool = True) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Mapping, Tuple
 
@@ -95,6 +96,16 @@ def summary(results: Mapping[str, Any]) -> str:
     return f"{scores}{trained} (every figure in {contract.RESULTS_FILE})"
 
 
+def _cut_short(log_file: Path) -> str:
+    """`` (cut short at <time>: <why>)`` where the run's log handler stopped writing ``log_file`` (a full disk:
+    nli.cli), so that the list does not pass it off as the run's whole log; else nothing."""
+    for handler in logging.getLogger().handlers:
+        said = getattr(handler, "cut_short", None)
+        if isinstance(handler, logging.FileHandler) and said and handler.baseFilename == os.path.abspath(log_file):
+            return f" ({said}; the rest is in the console's output)"
+    return ""
+
+
 def _files(out: Outputs, trackers: Trackers, *, exported: bool) -> str:
     """The run's last lines: where its results, model, log and metrics are."""
     places = {"results": out.storage.describe(contract.RESULTS_FILE)}
@@ -105,8 +116,8 @@ def _files(out: Outputs, trackers: Trackers, *, exported: bool) -> str:
     if out.storage.list(per_class.FOLDER):
         places["eval predictions"] = out.storage.describe(per_class.FOLDER)
     log_file = Path(out.context.local_dir, "train.log") if out.context.local_dir else None
-    if log_file is not None and log_file.is_file():
-        places["log"] = str(log_file)
+    if log_file is not None and log_file.exists() and not log_file.is_dir():
+        places["log"] = str(log_file) + _cut_short(log_file)
     places.update(trackers.places())
     width = max(map(len, places))
     return "The run's files:\n" + "\n".join(f"  {name:<{width}}  {where}" for name, where in places.items())
