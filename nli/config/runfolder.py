@@ -106,10 +106,29 @@ def locate(name_or_path: str) -> Optional[Storage]:
     here = Storage(url, key="model.name_or_path")
     if name == contract.MODEL_DIR and not here.exists(contract.CONFIG_FILE) and parent and \
             Storage(parent, key="model.name_or_path").exists(contract.CONFIG_FILE):
-        return Storage(parent, key="model.name_or_path")
+        run = Storage(parent, key="model.name_or_path")  # its model/: the run folder's, as the folder is
+        _check_export(run, name_or_path)
+        return run
     if not here.exists(contract.CONFIG_FILE) or here.exists("config.json"):  # config.json: a checkpoint
         return None
+    _check_export(here, name_or_path)
+    return here
+
+
+def _check_export(here: Storage, name_or_path: str) -> None:
+    """Refuses the run folder ``here`` (given as ``name_or_path``: the folder, or its model/) where it has no model
+    to score: its run still training (its model/ is the best so far), none exported, or its config.json lost."""
+    holder = live_holder(here)
+    if holder is not None:  # its model/ is the best so far, replaced at each better evaluation
+        raise ConfigError(f"model.name_or_path={name_or_path} is the folder of a run still in progress ({holder}): "
+                          "its model/ is the best so far and changes as the run goes on. Wait for the run to end, "
+                          "or evaluate a copy of its model/ (a folder of its own)")
     if not here.exists(f"{contract.MODEL_DIR}/config.json"):
+        if here.list(contract.MODEL_DIR):  # exported, and its config.json lost since: not a run that never got there
+            raise ConfigError(f"model.name_or_path={here.describe(contract.MODEL_DIR)} is an exported model that is "
+                              f"damaged ({here.describe(contract.MODEL_DIR, 'config.json')} is missing): export it "
+                              "again (run its training command again with the same output folder), or give another "
+                              "model")
         evaluated = _evaluated(here)
         if evaluated is not None:
             raise ConfigError(f"model.name_or_path={name_or_path} is the folder of an evaluation-only run, which "
@@ -118,12 +137,6 @@ def locate(name_or_path: str) -> Optional[Storage]:
                           f"({here.describe(contract.MODEL_DIR)} holds no config.json): a run exports its best model "
                           "at its first evaluation. Run its training command again to let it get there, or point "
                           "model.name_or_path at a checkpoint directory or a Hub id")
-    holder = live_holder(here)
-    if holder is not None:  # its model/ is the best so far, replaced at each better evaluation
-        raise ConfigError(f"model.name_or_path={name_or_path} is the folder of a run still in progress ({holder}): "
-                          "its model/ is the best so far and changes as the run goes on. Wait for the run to end, "
-                          "or evaluate a copy of its model/ (a folder of its own)")
-    return here
 
 
 def _evaluated(storage: Storage) -> Optional[str]:

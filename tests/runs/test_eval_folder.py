@@ -181,6 +181,8 @@ def test_a_folder_that_cannot_give_its_settings_is_refused_before_hydra_writes(s
     listed = tmp_path / "listed"
     shutil.copytree(trained, listed)
     (listed / "config.yaml").write_text("- task\n")
+    lost = copy_run(trained, tmp_path / "lost")  # its export's config.json lost: damaged, not "never exported"
+    (lost / "model" / "config.json").unlink()
     said = {unexported: f"error: model.name_or_path={unexported} is a run folder whose run never exported a model "
                         f"({unexported}/model holds no config.json): a run exports its best model at its first "
                         "evaluation. Run its training command again to let it get there",
@@ -189,12 +191,16 @@ def test_a_folder_that_cannot_give_its_settings_is_refused_before_hydra_writes(s
             evaluation: f"error: model.name_or_path={evaluation} is the folder of an evaluation-only run, which "
                         "exports no model: it evaluated runs/a/model. Point model.name_or_path there",
             listed: f"error: model.name_or_path={listed} is a run folder, and {listed}/config.yaml is not a run's "
-                    "config (a mapping of keys; it holds list). Restore it"}
+                    "config (a mapping of keys; it holds list). Restore it",
+            lost: f"error: model.name_or_path={lost}/model is an exported model that is damaged ({lost}/model/"
+                  "config.json is missing): export it again (run its training command again with the same output "
+                  "folder), or give another model"}
     for folder, error in said.items():
-        out = tmp_path / f"eval-{folder.name}"
-        proc = run_app([*EVAL, f"model.name_or_path={folder}", f"hydra.run.dir={out}"], cwd=tmp_path)
-        assert proc.returncode == 1 and error in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-        assert not out.exists()  # answered by the command line's check, before Hydra made the folder
+        for given in ([folder, folder / "model"] if folder == lost else [folder]):
+            out = tmp_path / f"eval-{folder.name}"
+            proc = run_app([*EVAL, f"model.name_or_path={given}", f"hydra.run.dir={out}"], cwd=tmp_path)
+            assert proc.returncode == 1 and error in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+            assert not out.exists()  # answered by the command line's check, before Hydra made the folder
 
 
 @pytest.mark.parametrize("given", ["", "/model"], ids=["run-folder", "its-model"])
@@ -226,20 +232,22 @@ def test_an_export_changed_since_it_was_written_is_refused_and_a_whole_one_recor
         "step": export["step"], "sha256": {"model.safetensors": export["files"]["model.safetensors"]["sha256"]}}
 
 
-def test_the_folder_of_a_run_still_training_is_refused(shared_run: ShareRun, tmp_path: Path) -> None:
-    """Its model/ is the best so far, replaced as the run goes on: a score of it would name no weights."""
+@pytest.mark.parametrize("given", ["", "/model"], ids=["run-folder", "its-model"])
+def test_the_folder_of_a_run_still_training_is_refused(shared_run: ShareRun, tmp_path: Path, given: str) -> None:
+    """Its model/ is the best so far, replaced as the run goes on: a score of it would name no weights. Its model/
+    given was scored all the same."""
     live = copy_run(shared_run("fast", FAST), tmp_path / "live")
     now = time.time()  # a claim held by a process that runs (pytest's parent), as a training run holds it
     (live / CLAIM_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(), "started": now,
                                                "token": "training", "heartbeat": now}))
-    proc = run_app([*EVAL, f"model.name_or_path={live}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
+    proc = run_app([*EVAL, f"model.name_or_path={live}{given}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
     assert proc.returncode == 1 and proc.stderr.startswith(
-        f"error: model.name_or_path={live} is the folder of a run still in progress (host {socket.gethostname()}, "
-        f"pid {os.getppid()}"), proc.stderr
+        f"error: model.name_or_path={live}{given} is the folder of a run still in progress (host "
+        f"{socket.gethostname()}, pid {os.getppid()}"), proc.stderr
     assert "Wait for the run to end, or evaluate a copy of its model/" in proc.stderr
     assert not (tmp_path / "eval").exists()
     (live / CLAIM_FILE).unlink()  # the run ended
-    evaluate([f"model.name_or_path={live}", f"hydra.run.dir={tmp_path / 'eval'}"], tmp_path)
+    evaluate([f"model.name_or_path={live}{given}", f"hydra.run.dir={tmp_path / 'eval'}"], tmp_path)
 
 
 def test_an_older_versions_keys_are_left_out_and_named(shared_run: ShareRun, tmp_path: Path) -> None:
