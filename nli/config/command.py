@@ -54,7 +54,7 @@ from nli.config import runfolder
 from nli.config.keys import as_typed, built, check_known, check_override_key, key_of
 from nli.contract import CHECKPOINTS_DIR, CLAIM_FILE, CONFIG_FILE, MULTIRUN_RECORD, RESULTS_FILE
 from nli.errors import ConfigError, UserError
-from nli.io.storage import file_in_the_way
+from nli.io.storage import Storage, file_in_the_way
 
 MULTIRUN = ("-m", "--multirun")
 HYDRA_LAUNCHER = "basic"  # Hydra's own: runs a sweep's jobs here, one after another
@@ -263,17 +263,21 @@ def _check_run(config_name: str, overrides: List[Override], groups: set[str], co
     """A single run's command checked, and Hydra's run directory where Hydra's default would not be the run's: a
     local output_dir (:func:`_run_dir`), or the folder that an evaluation of a run folder names once it has taken
     that folder's task."""
-    run_dir, key, from_folder, mode = _checked_run(config_name, overrides, groups, conf_dir)
+    run_dir, key, from_folder, mode, output_dir = _checked_run(config_name, overrides, groups, conf_dir)
     _check_folder(key, run_dir)
+    if output_dir is not None:  # an evaluation-only run's: not a training run's folder
+        runfolder.check_evaluation_folder(Storage(output_dir), f"{key}={output_dir}" if output_dir == run_dir else
+                                          f"output_dir={output_dir}")
     moved = (from_folder or key == "output_dir") and not _typed_run_dir(overrides)
     return Checked([f"hydra.run.dir={_quoted(run_dir)}"] if moved else [], True, mode)
 
 
 def _checked_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path, *,
-                 launcher: bool = True) -> Tuple[str, str, bool, Optional[RunMode]]:
+                 launcher: bool = True) -> Tuple[str, str, bool, Optional[RunMode], Optional[str]]:
     """A single run's config checked, as the run will check it (and its ``launcher``, which a run from Python
     never starts); its run directory and the key that names it (:func:`_run_dir`), whether it evaluates a run
-    folder (nli.config.runfolder), its hydra.mode."""
+    folder (nli.config.runfolder), its hydra.mode, and for an evaluation-only run its output folder where it is
+    local (output_dir, else the run directory)."""
     _check_single_values(overrides)
     cfg = _composed_run(config_name, overrides, groups)
     _check_no_op_mappings(cfg, overrides, groups)
@@ -281,8 +285,9 @@ def _checked_run(config_name: str, overrides: List[Override], groups: set[str], 
         _check_launcher(cfg, overrides)
     from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
     (run_dir, key), mode = _run_dir(cfg, overrides), cfg.hydra.mode  # read before the check takes the hydra node
+    output_dir = str(cfg.output_dir or run_dir) if OmegaConf.select(cfg, "eval.only") else None
     _check_config(cfg, rules=True)
-    return run_dir, key, from_folder, mode
+    return run_dir, key, from_folder, mode, output_dir if output_dir and "://" not in output_dir else None
 
 
 def _run_dir(cfg: DictConfig, overrides: List[Override]) -> Tuple[str, str]:

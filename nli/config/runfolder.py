@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nli import contract
-from nli.config.identity import ADDED
+from nli.config.identity import ADDED, own_folder
 from nli.errors import ConfigError
 from nli.io.claim import live_holder
 from nli.io.storage import Storage
@@ -137,6 +137,47 @@ def _check_export(here: Storage, name_or_path: str) -> None:
                           f"({here.describe(contract.MODEL_DIR)} holds no config.json): a run exports its best model "
                           "at its first evaluation. Run its training command again to let it get there, or point "
                           "model.name_or_path at a checkpoint directory or a Hub id")
+
+
+def check_evaluation_folder(folder: Storage, where: str) -> None:
+    """Refuses ``folder`` (``where``: as the command named it) as an evaluation-only run's output folder where it
+    holds a training run (:func:`training_run`): the evaluation's results.json and config.yaml would take the place
+    of that run's, and the same command asked again would answer with the training run's results, or refuse it as a
+    run of other settings. Said before torch loads (nli.config.command) and as the run takes the folder
+    (nli.output.folder), in a sweep's job too."""
+    held = training_run(folder)
+    if held is not None:
+        raise ConfigError(f"{where} is the folder of a training run ({held}): an evaluation-only run there would "
+                          "put its results.json and config.yaml in place of that run's. Nothing was changed. Give "
+                          f"the evaluation its own {own_folder()}; model.name_or_path={folder.describe()} scores "
+                          "that run's model from there")
+
+
+def training_run(folder: Storage) -> Optional[str]:
+    """What says ``folder`` holds a training run: its exported model/, its checkpoints/, or a config.yaml (or
+    results.json) of a run that trained; None where nothing does (a new folder, an evaluation-only run's)."""
+    if folder.list(contract.MODEL_DIR):
+        return f"its model, {folder.describe(contract.MODEL_DIR)}"
+    if folder.list(contract.CHECKPOINTS_DIR):
+        return f"its checkpoints, {folder.describe(contract.CHECKPOINTS_DIR)}"
+    for name, trained in ((contract.CONFIG_FILE, _trains), (contract.RESULTS_FILE, _trained)):
+        try:
+            recorded = yaml.safe_load(folder.read_bytes(name))  # JSON is YAML
+        except (OSError, ValueError, yaml.YAMLError):
+            continue  # none, or not to be told from it
+        if isinstance(recorded, dict) and trained(recorded):
+            return f"its {name}, of a run that trained"
+    return None
+
+
+def _trains(config: Mapping[str, Any]) -> bool:
+    """Whether a recorded config trains: eval.only false, or absent (written before there was eval.only)."""
+    evaluation = config.get("eval")
+    return not (isinstance(evaluation, dict) and evaluation.get("only") is True)
+
+
+def _trained(results: Mapping[str, Any]) -> bool:
+    return "best_step" in results or "train_steps" in results
 
 
 def _evaluated(storage: Storage) -> Optional[str]:

@@ -22,6 +22,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from nli import contract
+from nli.config import runfolder
 from nli.config.identity import differences, digest, identity, own_folder, refuse
 from nli.config.schema import TrainConfig
 from nli.errors import CheckpointError, RunChanged
@@ -85,6 +86,8 @@ def earlier_run(train: TrainConfig, ident: Mapping[str, Any], storage: Storage,
                 checkpoints: Checkpoints) -> Optional[Dict[str, Any]]:
     """The results of this very run if it already finished; None if it is to start or continue.
     Raises, touching nothing, where the folder holds another run or ``train.resume=false`` forbids it."""
+    if ident.get("eval.only"):  # said before torch loads too (nli.config.command), where the command could tell
+        runfolder.check_evaluation_folder(storage, storage.describe())
     newest = checkpoints.newest_step()
     if newest is not None and not train.resume:
         # Checkpoints in a train.checkpoint_dir stay where they are whatever the output folder: another one helps not.

@@ -21,6 +21,7 @@ from nli.io.claim import CLAIM_FILE
 from nli.io.storage import Storage
 from tests.conftest import build_config
 from tests.nli.model.test_pretrained import MINILM
+from tests.runs.test_folder import files
 from tests.support.nli_layouts import write_sets
 from tests.support.runs import FAST, GLUE_DATA, copy_run, read_results, run_app, shared_folder
 from tests.sweeps.test_report import SWEEP, run_sweep
@@ -248,6 +249,47 @@ def test_the_folder_of_a_run_still_training_is_refused(shared_run: ShareRun, tmp
     assert not (tmp_path / "eval").exists()
     (live / CLAIM_FILE).unlink()  # the run ended
     evaluate([f"model.name_or_path={live}{given}", f"hydra.run.dir={tmp_path / 'eval'}"], tmp_path)
+
+
+@pytest.mark.parametrize("held", ["finished", "stopped"])
+def test_an_evaluation_into_a_training_runs_folder_is_told_to_take_its_own(shared_run: ShareRun, tmp_path: Path,
+                                                                           held: str) -> None:
+    """Given a training run's folder as its own (the run it scores, or another), an evaluation was refused as a run
+    of other settings, seven keys listed, and told to run the training command again: it is told, before Hydra
+    writes there, to take a folder of its own, and the training run's files are as they were."""
+    trained = shared_run("fast", FAST)
+    folder = copy_run(trained, tmp_path / "trained")
+    what = f"its model, {folder}/model"
+    if held == "stopped":  # a run stopped at its checkpoints, before its first export
+        shutil.rmtree(folder / "model")
+        (folder / "results.json").unlink()
+        what = f"its checkpoints, {folder}/checkpoints"
+    before = files(folder)
+    for where in (f"hydra.run.dir={folder}", f"output_dir={folder}"):
+        proc = run_app([*EVAL, f"model.name_or_path={trained}", where], cwd=tmp_path)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and proc.stderr == (
+            f"error: {where} is the folder of a training run ({what}): an evaluation-only run there would put its "
+            "results.json and config.yaml in place of that run's. Nothing was changed. Give the evaluation its own "
+            f"output_dir (or hydra.run.dir); model.name_or_path={folder} scores that run's model from there\n"), \
+            proc.stderr
+        assert files(folder) == before
+
+
+def test_a_sweeps_job_folder_that_holds_a_training_run_is_refused_as_the_job_starts(shared_run: ShareRun,
+                                                                                   tmp_path: Path) -> None:
+    """A sweep's job folder is named by the sweep, not the command: the job refuses it as it takes the folder, with
+    the sweep's way out (Hydra reads no hydra.run.dir under -m)."""
+    trained = shared_run("fast", FAST)
+    sweep_dir = tmp_path / "sweep"
+    job = copy_run(trained, sweep_dir / "0")
+    before = files(job)
+    proc = run_app(["-m", *EVAL, f"model.name_or_path={trained}", f"hydra.sweep.dir={sweep_dir}", "seed=1"],
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (f"error: {job} is the folder of a training run (its model, {job}/model): an evaluation-only run there "
+            "would put its results.json and config.yaml in place of that run's. Nothing was changed. Give the "
+            "evaluation its own output_dir (or the sweep another hydra.sweep.dir)") in proc.stdout + proc.stderr
+    assert files(job) == before
 
 
 def test_an_older_versions_keys_are_left_out_and_named(shared_run: ShareRun, tmp_path: Path) -> None:
