@@ -147,7 +147,8 @@ def record(sweep_dir: Path, row: Dict[str, Any]) -> None:
         else:
             rows.append(row)
         replace(sweep_dir / RESULTS_JSONL, "".join(json.dumps(each) + "\n" for each in rows))
-        replace(sweep_dir / RESULTS_CSV, to_csv(of_sweep(rows, row.get(SWEEP_ID))))
+        # The row is kept: the table is made from the rows, and again at the sweep's end.
+        write_table(sweep_dir / RESULTS_CSV, of_sweep(rows, row.get(SWEEP_ID)))
 
 
 def read_rows(sweep_dir: Path, notes: Optional[List[str]] = None) -> List[Dict[str, Any]]:
@@ -225,10 +226,33 @@ def replace_or_remove(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
 
 
 def replace(path: Path, text: str) -> None:
-    """Readers never see half a file: write beside it, then rename over it."""
+    """Readers never see half a file: write beside it, then rename over it. A write that fails (a full disk) leaves
+    the file as it was, and nothing beside it."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(text)
-    os.replace(partial, path)
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def write_table(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """A job's table as its row is kept (:func:`record`): ``rows`` as CSV at ``path``. One that cannot be written (a
+    full disk, a quota, a read-only mount) is a warning, not the job's failure: the row is in sweep_results.jsonl, and
+    the table is made from the rows again at the sweep's end (which ends the sweep 1 where it cannot be written
+    either). The file it would have replaced is removed, where it can be, rather than left to pass for the sweep's."""
+    try:
+        replace(path, to_csv(rows))
+    except OSError as err:
+        try:
+            path.unlink(missing_ok=True)
+            kept = "removed rather than left out of date"
+        except OSError:
+            kept = "left as it was, out of date"
+        log.warning("%s could not be written (%s), and is %s: every row is in %s, from which the sweep makes its "
+                    "table again at its end (and python -m nli.report %s its report)", path, err.strerror or err, kept,
+                    path.parent / RESULTS_JSONL, path.parent)
 
 
 # ------------------------------------------------------------------------------ seeds as one

@@ -29,6 +29,7 @@ import yaml
 from nli.io.claim import HOST, Owner
 from nli.sweep import report
 from nli.sweep import table as sweep
+from tests.support.diskfull import full, needs_full
 from tests.support.glue_layouts import stsb_with_one_gold_score
 from tests.support.runs import FAST, ROOT, process_env, read_results, run_app, shared_folder
 from tests.support.wandb_records import records
@@ -59,6 +60,24 @@ def rows_by_job(sweep_dir: Path) -> Dict[int, Dict[str, Any]]:
     rows, _ = sweep.newest_sweep(sweep.read_rows(sweep_dir))
     assert len({row["job"] for row in rows}) == len(rows)  # one row per job
     return {row["job"]: row for row in rows}
+
+
+@needs_full
+def test_a_table_the_disk_will_not_take_after_the_rows_were_kept_is_a_warning(tmp_path: Path) -> None:
+    """Job 0's row was kept in sweep_results.jsonl and its sweep_results.csv would not write (the disk full): the sweep
+    said the row could not be added, ended 1, and left its staging file behind. Now a warning, the next write makes
+    the table whole, and the sweep, whose jobs all ran, ends 0."""
+    sweep_dir = tmp_path / "sweep"
+    staging = full(sweep_dir / f".sweep_results.csv.{os.getpid()}")  # where the sweep writes its table first
+    proc = run_app(["-m", *FAST, "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warned = [line for line in proc.stdout.splitlines() if "could not be written" in line]
+    assert len(warned) == 1 and f"{sweep_dir / 'sweep_results.csv'} could not be written (No space left on device), " \
+        f"and is removed rather than left out of date: every row is in {sweep_dir / 'sweep_results.jsonl'}" in warned[0]
+    assert "could not be added" not in proc.stdout + proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+    assert sorted(rows_by_job(sweep_dir)) == [0, 1]
+    assert len(list(csv.DictReader((sweep_dir / "sweep_results.csv").open()))) == 2
+    assert not staging.is_symlink() and not [path.name for path in sweep_dir.glob(".sweep_results.csv.*")]
 
 
 def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_path: Path) -> None:
