@@ -508,11 +508,19 @@ def plot_objective(rows: Sequence[Row], key: str, others: Sequence[str], path: P
 
 def read_curves(url: str) -> Curves:
     """metrics.csv as metric -> step -> value. A resumed run logs again the steps after its last
-    checkpoint: the later line is the one that run went on from, so it wins."""
+    checkpoint: the later line is the one that run went on from, so it wins. A row that is not a step, a metric
+    and a number (one a full disk cut short, under code that did not take it back) is a ValueError naming the file
+    and its line."""
     curves: Curves = {}
     with fsspec.open(url, "r") as stream:
-        for line in csv.DictReader(stream):
-            curves.setdefault(line["metric"], {})[int(line["step"])] = float(line["value"])
+        lines = csv.DictReader(stream)
+        for line in lines:
+            try:
+                curves.setdefault(line["metric"], {})[int(line["step"])] = float(line["value"])
+            except (TypeError, ValueError):  # a missing cell is None
+                raise ValueError(f"{url}, line {lines.line_num}: not a row of step, metric and value "
+                                 f"({','.join(cell or '' for cell in line.values() if isinstance(cell, str))!r})"
+                                 ) from None
     return curves
 
 

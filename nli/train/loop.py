@@ -256,7 +256,7 @@ class Loop:
 
     def _after_step(self, progress: Progress, best: BestEvaluation, stopping: Optional[str]) -> Optional[str]:
         """Log, evaluate and checkpoint on schedule; the reason a hook gives to end training, if any."""
-        logs = progress.step % self.plan.log_every == 0
+        logs = self._logs(progress.step)
         evaluates = progress.step % self.plan.eval_every == 0 or progress.step == self.plan.total_steps
         if logs or evaluates or progress.step % self.plan.checkpoint_every == 0 or stopping:
             self._count_nonfinite(progress)  # where the host reads from the device anyway
@@ -278,6 +278,11 @@ class Loop:
             self._call("on_checkpoint", progress.step, where)
         return self._stop_reason() if evaluation else None
 
+    def _logs(self, step: int) -> bool:
+        """Whether ``step`` logs the training metrics: every ``log_every`` steps, and the last step, whose loss (over
+        the steps since the last log) would else be logged by none (train.max_steps=1 with log_every 3: none at all)."""
+        return step % self.plan.log_every == 0 or step == self.plan.total_steps
+
     def _step_unless_nonfinite(self, step_loss: torch.Tensor, progress: Progress) -> None:
         opt = self.opt
         if self._nonfinite is not None:  # the scaler skips it; counted when the loss is next read
@@ -285,7 +290,7 @@ class Loop:
         # Else reading the loss waits for the device once per optimizer step.
         if opt.skips_on_device or bool(torch.isfinite(step_loss)):
             opt.world.reduce_gradients(opt.optimizer)
-            self.window.grad_norm(self._gradient_norm(logs=(progress.step + 1) % self.plan.log_every == 0))
+            self.window.grad_norm(self._gradient_norm(logs=self._logs(progress.step + 1)))
             oom.optimizer_step(opt.optimizer, opt.scaler, opt.compute)  # scaler.step, backed off on its first
             opt.scaler.update()
         else:

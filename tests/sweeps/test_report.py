@@ -577,3 +577,18 @@ def test_a_job_that_failed_as_it_loaded_is_named_as_its_sweeps_other_jobs(sweep_
     assert {row["model"] for row in loaded} == {"roberta from scratch, 2 layers of 128"}
     groups = {group["optimizer.lr"]: (group["n"], group["failed"]) for group in sweep.seed_groups(loaded)}
     assert groups == {"0.001": (2, 1), "0.003": (2, 0)}
+
+def test_a_metrics_row_cut_short_names_its_file_and_line(tmp_path: Path) -> None:
+    """A metrics.csv whose last row a full disk cut short (written before the csv logger took such a row back) made
+    the report fail with a TypeError (float(None)); now the run's curves are left out with a note naming the file
+    and its line, and the report goes on."""
+    metrics = tmp_path / "run" / "metrics.csv"
+    metrics.parent.mkdir()
+    metrics.write_text("step,metric,value,wall_time\n3,train/loss,0.5,1.0\n6,train/lo")
+    with pytest.raises(ValueError, match=re.escape(f"{metrics}, line 3: not a row of step, metric and value "
+                                                   "('6,train/lo')")):
+        report.read_curves(str(metrics))
+    runs, notes = report.load_curves([{"job": 0, "state": "COMPLETED", "objective": 0.5,
+                                       "output_dir": str(metrics.parent)}], [])
+    assert runs == [] and len(notes) == 1 and f"job 0 ({metrics}): metrics.csv unreadable" in notes[0]
+    assert "line 3: not a row of step, metric and value" in notes[0]

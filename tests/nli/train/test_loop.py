@@ -476,6 +476,24 @@ def test_a_resumed_loop_logs_the_loss_over_the_same_steps_with_the_same_values(t
     assert before.rows + resumed.rows == whole.rows  # every value equal, not merely close
 
 
+@pytest.mark.parametrize("max_steps,steps", [(1, [1]), (5, [3, 5]), (6, [3, 6])])
+def test_the_last_step_is_logged_whatever_log_every(tmp_path: Path, tokenizer: object, max_steps: int,
+                                                    steps: List[int]) -> None:
+    """train.max_steps=1 with log_every 3 logged no train/loss at all (no point in the report's learning curves),
+    and max_steps 5 none of steps 4 and 5: the last step logs the mean over the steps since the last log, with its
+    gradient norm."""
+    logged = Logged()
+    Trial(examples(64), config(max_steps=max_steps, log_every=3, eval_every=100), tmp_path, tokenizer,
+          hooks=[logged]).run()
+    assert [row[0] for row in logged.rows] == steps
+    every = Logged()  # the loss of each step, to average by hand
+    Trial(examples(64), config(max_steps=max_steps, eval_every=100), tmp_path / "every", tokenizer,
+          hooks=[every]).run()
+    since = [row[1] for row in every.rows if row[0] > (steps[-2] if len(steps) > 1 else 0)]
+    assert logged.rows[-1][1] == pytest.approx(sum(since) / len(since), rel=1e-6)
+    assert logged.rows[-1][4] == pytest.approx(every.rows[-1][4], rel=1e-6)  # the last step's gradient norm
+
+
 @pytest.mark.parametrize("first,then", [
     ({"patience": 1, "min_delta": 0.0}, {"patience": 3, "min_delta": 0.0}),
     ({"patience": 2, "min_delta": 0.05}, {"patience": 2, "min_delta": 0.0}),
