@@ -42,7 +42,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 # Nothing heavy at the top: the parent process must start before the kit is installed (no Hydra yet)
 # and must not hold the GPU (no torch.cuda here); every measurement runs in a child process.
@@ -166,8 +166,10 @@ class Check:
     work: Path  # run folders, checkpoints, data: gigabytes, left behind
     device: str  # cuda or cpu
     env: Dict[str, str]
-    deadline: float  # time.monotonic() after which no sub-run starts
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    deadline: float  # time.monotonic() after which no sub-run starts, and those running are stopped
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    stopping: threading.Event = field(default_factory=threading.Event)  # the check was told to stop (SIGTERM)
+    running: Set["subprocess.Popen[bytes]"] = field(default_factory=set)  # sub-runs under way, to stop at the end
 
     @property
     def gpu(self) -> bool:
@@ -188,6 +190,11 @@ class Skipped(Exception):
     """A line this device cannot run, with why."""
 
 
+class OutOfTime(Exception):
+    """A line the check's --budget cut (or the check's own stop, SIGTERM): reported "skipped: out of time", its
+    figures so far kept; never a failure, since what it tests did not get to run."""
+
+
 @dataclass
 class Proc:
     """A finished sub-run: exit status, its output, and the run folder's results where it wrote them."""
@@ -198,35 +205,168 @@ class Proc:
     folder: Optional[Path]
 
 
+KILL_GRACE = 5.0  # seconds from a stopped sub-run's SIGTERM to the SIGKILL of what is left of it
+MIN_START = 10.0  # seconds of the budget below which no sub-run starts
+
+
+def descendants(pid: int) -> List[int]:
+    """Every process below ``pid`` (from /proc's parent links), whatever its session: torchrun starts each worker in
+    a session of its own, which a signal to torchrun's process group does not reach."""
+    children: Dict[int, List[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # the field after the command's name, which may hold spaces and brackets
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child_pid in children.get(todo.pop(), []):
+            found.append(child_pid)
+            todo.append(child_pid)
+    return found
+
+
+def _signal_all(pids: Set[int], groups: Set[int], signum: int) -> None:
+    for group in groups - {os.getpgrp()}:
+        try:
+            os.killpg(group, signum)
+        except OSError:
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return not (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop_tree(proc: "subprocess.Popen[bytes]", grace: float = KILL_GRACE) -> None:
+    """Stop a sub-run and everything it started: SIGTERM to its process group and to each of its descendants' groups
+    (torchrun's workers: sessions of their own), then, ``grace`` seconds on, SIGKILL to whatever of them is left,
+    those that ignore SIGTERM too; returns once the sub-run itself has ended."""
+    pids = {proc.pid, *descendants(proc.pid)}
+    groups = set()
+    for pid in pids:
+        try:
+            groups.add(os.getpgid(pid))
+        except OSError:
+            pass
+    _signal_all(pids, groups, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and (proc.poll() is None or any(_alive(pid) for pid in pids - {proc.pid})):
+        pids |= set(descendants(proc.pid)) if proc.poll() is None else set()
+        time.sleep(0.1)
+    if proc.poll() is None:
+        pids |= set(descendants(proc.pid))
+    _signal_all(pids, groups, signal.SIGKILL)
+    proc.wait()
+    end = time.monotonic() + 5.0  # a killed process holds its memory (the GPU's too) until it has gone
+    while time.monotonic() < end and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+
+
+@dataclass
+class Ended:
+    """How a sub-run ended: its exit status (negative: the signal that ended it), and whether the check stopped it
+    (``timeout``: its own limit; ``budget``: the check's --budget; ``stop``: the check was told to stop)."""
+
+    returncode: int
+    stopped: Optional[str]
+    seconds: float
+
+    def why(self, label: str, limit: float) -> Optional[Exception]:
+        """What to raise for it, or None where it exited 0."""
+        if self.stopped in ("budget", "stop"):
+            cause = "the check was told to stop" if self.stopped == "stop" else "the check's --budget ended"
+            return OutOfTime(f"{label}: {cause} {self.seconds:.0f} s into it; stopped")
+        if self.stopped == "timeout":
+            return Failed(f"{label}: timed out: still running at its own limit of {limit:.0f} s (stopped: SIGTERM, "
+                          f"then SIGKILL {KILL_GRACE:.0f} s on)")
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = "an unknown signal"
+            return Failed(f"{label}: killed by {name} (signal {-self.returncode}) after {self.seconds:.0f} s, "
+                          "not by the check (the kernel's out-of-memory killer sends SIGKILL)")
+        if self.returncode != 0:
+            return Failed(f"{label}: exit {self.returncode}")
+        return None
+
+
+def launch(check: Check, command: Sequence[str], stdout: Any, stderr: Any = subprocess.STDOUT,
+           env: Optional[Dict[str, str]] = None) -> "subprocess.Popen[bytes]":
+    """``command`` from the repository root, in a session of its own (so that it can be stopped whole), counted among
+    the check's running sub-runs; OutOfTime where the budget has less than MIN_START seconds left."""
+    if check.stopping.is_set() or check.left() < MIN_START:
+        raise OutOfTime("not started: the check's --budget had " + f"{max(check.left(), 0):.0f} s left")
+    proc = subprocess.Popen(list(command), cwd=ROOT, stdout=stdout, stderr=stderr,
+                            env={**check.env, **(env or {})}, start_new_session=True)
+    with check.lock:
+        check.running.add(proc)
+    return proc
+
+
+def await_end(check: Check, proc: "subprocess.Popen[bytes]", timeout: float,
+              until: Optional[Callable[[], bool]] = None) -> Ended:
+    """Wait for ``proc`` at most ``timeout`` seconds and never past the check's deadline or its stop, then stop it
+    whole (:func:`stop_tree`); or until ``until()`` is true (it is then left running: ``stopped`` is None and
+    ``returncode`` is 0)."""
+    start = time.monotonic()
+    end = start + min(timeout, max(check.left(), 0))
+    stopped: Optional[str] = None
+    try:
+        while proc.poll() is None:
+            now = time.monotonic()
+            if until is not None and until():
+                return Ended(0, None, now - start)
+            if check.stopping.is_set():
+                stopped = "stop"
+            elif now >= end:
+                stopped = "budget" if check.left() <= 0 else "timeout"
+            if stopped:
+                stop_tree(proc)
+                break
+            time.sleep(min(0.1, max(end - now, 0.01)))
+    finally:
+        if proc.poll() is not None:
+            with check.lock:
+                check.running.discard(proc)
+    return Ended(proc.returncode, stopped, time.monotonic() - start)
+
+
 def sub_run(check: Check, line: Line, label: str, command: Sequence[str], *, timeout: float,
             folder: Optional[Path] = None, env: Optional[Dict[str, str]] = None) -> Proc:
     """Run ``command`` from the repository root with the check's environment, at most ``timeout``
-    seconds (and never past the check's deadline); its output is kept in ``logs/<line>-<label>.log``."""
-    limit = min(timeout, check.left())
-    if limit < 10:
-        raise Failed(f"{label}: no time left in the check's budget")
+    seconds (and never past the check's deadline); its output is kept in ``logs/<line>-<label>.log``.
+    Raises Failed (its own time limit, a signal, an exit status other than 0, no results) or OutOfTime."""
     log = check.out / "logs" / f"{line.name}-{label}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(list(command), cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True,
-                                env={**check.env, **(env or {})}, start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: torchrun's workers go too
-            proc.wait()
-            returncode = -9
+    with open(log, "wb") as sink:
+        proc = launch(check, command, sink, env=env)
+        ended = await_end(check, proc, timeout)
     output = log.read_text(errors="replace")
     results = None
-    if folder is not None and (folder / "results.json").is_file():
+    problem = ended.why(label, timeout)
+    if problem is None and folder is not None and (folder / "results.json").is_file():
         results = json.loads((folder / "results.json").read_text())
-    if returncode != 0 or results is None and folder is not None:
+    if problem is None and results is None and folder is not None:
+        problem = Failed(f"{label}: exit 0 without {folder.name}/results.json")
+    if problem is not None:
         line.logs.append(str(log.relative_to(check.out)))
         log.write_text(output[-TAIL:])  # the tail is what a reader needs; the whole may be megabytes
-        why = "timed out" if returncode == -9 else f"exit {returncode}"
-        raise Failed(f"{label}: {why}; last line: {last_line(output)}")
+        raise type(problem)(f"{problem}; last line: {last_line(output)}")
     log.unlink()  # passed: nothing to read
-    return Proc(returncode, output, results, folder)
+    return Proc(ended.returncode, output, results, folder)
 
 
 def last_line(output: str) -> str:
@@ -404,8 +544,8 @@ def line_resume(check: Check, line: Line) -> None:
     stopped_at = stop_after(check, train_command(check, args, folder), folder / "train.log", step=23)
     resumed = train(check, line, "stopped", args, fresh=False)  # the same command again: it continues
     require(resumed.folder == folder, "the resumed run ran elsewhere")
-    noise = weight_gap(unbroken[0].folder, unbroken[1].folder)
-    gap = weight_gap(unbroken[0].folder, folder)
+    noise = weight_gap(check, unbroken[0].folder, unbroken[1].folder)
+    gap = weight_gap(check, unbroken[0].folder, folder)
     a, b = unbroken[0].results or {}, resumed.results or {}
     line.figures.update(stopped_at_step=stopped_at, relative_weight_gap=gap["relative"],
                         max_abs_weight_gap=gap["max_abs"], run_to_run_relative=noise["relative"],
@@ -424,29 +564,37 @@ def line_resume(check: Check, line: Line) -> None:
 
 def stop_after(check: Check, command: List[str], log: Path, *, step: int) -> int:
     """Start ``command``, SIGTERM it once its log reaches ``step``, to its every process as Slurm sends it (its data
-    workers too); the step it says it stopped at."""
+    workers too); the step it says it stopped at. A run that never gets there, or does not stop within two minutes
+    of the signal, is stopped whole (:func:`stop_tree`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     sink = check.out / "logs" / "resume-sigterm.log"
     sink.parent.mkdir(parents=True, exist_ok=True)
-    with open(sink, "w") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=check.env,
-                                start_new_session=True)
-        deadline = time.monotonic() + min(240.0, check.left())
-        while f"step {step}: loss" not in (log.read_text() if log.exists() else ""):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise Failed(f"the run to stop never reached step {step} (exit {proc.poll()}; logs/resume-sigterm.log)")
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGTERM)
-        returncode = proc.wait(timeout=120)
+    reached = lambda: f"step {step}: loss" in (log.read_text(errors="replace") if log.exists() else "")  # noqa: E731
+    with open(sink, "wb") as out:
+        proc = launch(check, command, out)
+        ended = await_end(check, proc, 240.0, until=reached)
+        if ended.stopped is None and proc.poll() is None:  # at the step: the signal, as Slurm sends it
+            os.killpg(proc.pid, signal.SIGTERM)
+            ended = await_end(check, proc, 120.0)
+            if ended.stopped == "timeout":
+                raise Failed("SIGTERM: the run had not stopped 120 s later (stopped with SIGKILL; "
+                             "logs/resume-sigterm.log)")
+        elif ended.stopped is None:
+            raise Failed(f"the run to stop never reached step {step} (exit {proc.returncode}; "
+                         "logs/resume-sigterm.log)")
+    problem = ended.why("the run to stop", 240.0)
+    if isinstance(problem, OutOfTime) or ended.stopped == "timeout":
+        raise problem if isinstance(problem, OutOfTime) else Failed(f"the run to stop never reached step {step} "
+                                                                     "in 240 s (logs/resume-sigterm.log)")
     text = sink.read_text(errors="replace")
-    require(returncode == PREEMPTED, f"SIGTERM: exit {returncode}, not {PREEMPTED} (logs/resume-sigterm.log)")
+    require(ended.returncode == PREEMPTED, f"SIGTERM: exit {ended.returncode}, not {PREEMPTED} "
+            "(logs/resume-sigterm.log)")
     sink.unlink()
     found = re.search(r"SIGTERM at step (\d+)", text)
     return int(found.group(1)) if found else -1
 
 
-def weight_gap(a: Optional[Path], b: Optional[Path]) -> Dict[str, float]:
+def weight_gap(check: Check, a: Optional[Path], b: Optional[Path]) -> Dict[str, float]:
     """Two runs' exported weights: the largest absolute difference and the relative Frobenius norm."""
     code = ("import json,sys,torch;from safetensors.torch import load_file as L;"
             "a,b=L(sys.argv[1]),L(sys.argv[2]);assert a.keys()==b.keys(),'other weights';"
@@ -455,11 +603,8 @@ def weight_gap(a: Optional[Path], b: Optional[Path]) -> Dict[str, float]:
             "m=max(float((a[k].double()-b[k].double()).abs().max()) for k in a);"
             "print(json.dumps({'relative':(d/n)**0.5,'max_abs':m}))")
     assert a is not None and b is not None
-    proc = subprocess.run([sys.executable, "-c", code, str(a / "model" / "model.safetensors"),
-                           str(b / "model" / "model.safetensors")], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise Failed(f"comparing weights: {last_line(proc.stderr)}")
-    return json.loads(proc.stdout)
+    return json.loads(child(check, code, str(a / "model" / "model.safetensors"), str(b / "model" / "model.safetensors"),
+                            what="comparing weights"))
 
 
 def line_oom(check: Check, line: Line) -> None:
@@ -597,7 +742,7 @@ def line_presets(check: Check, line: Line) -> None:
         raise Skipped("no GPU")
     budget = min(180.0, check.left() - 60)  # the rest: composing the pairs, and the last measurement
     if budget < 20:
-        raise Skipped("out of time (the check's --budget)")
+        raise OutOfTime(f"not started: the check's --budget had {max(check.left(), 0):.0f} s left")
     proc = sub_run(check, line, "measure", [sys.executable, "-m", "benchmarks.gpu_check", "measure-presets",
                                             "--budget", str(int(budget))], timeout=budget + 60)
     rows = [json.loads(text) for text in proc.output.splitlines() if text.startswith("{")]
@@ -923,13 +1068,22 @@ print(json.dumps(out))
 """
 
 
-def child(check: Check, code: str) -> str:
-    """A short Python snippet in a child process (the parent never touches the GPU); its stdout."""
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=check.env, capture_output=True, text=True,
-                          timeout=180)
-    if proc.returncode != 0:
-        raise Failed(last_line(proc.stderr))
-    return proc.stdout.strip().splitlines()[-1]
+def child(check: Check, code: str, *args: str, timeout: float = 120, what: str = "the snippet") -> str:
+    """A short Python snippet in a child process (the parent never touches the GPU), at most ``timeout`` seconds and
+    never past the check's deadline, stopped whole if it overstays (:func:`await_end`); its stdout's last line."""
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        proc = launch(check, [sys.executable, "-c", code, *args], stdout, stderr)
+        ended = await_end(check, proc, timeout)
+        stdout.seek(0)
+        stderr.seek(0)
+        out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
+    problem = ended.why(what, timeout)
+    if problem is not None:
+        raise type(problem)(f"{problem}; last line: {last_line(err)}")
+    lines = out.strip().splitlines()
+    if not lines:
+        raise Failed(f"{what}: printed nothing; last line of its errors: {last_line(err)}")
+    return lines[-1]
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -965,6 +1119,9 @@ def plan(quick: "concurrent.futures.Future[Optional[Path]]") -> List[Tuple[str, 
     ]
 
 
+OUT_OF_TIME = "skipped: out of time"  # a line the check's --budget cut, or left unstarted
+
+
 def run_line(check: Check, line: Line, function: LineFunction, report: Callable[[], None]) -> None:
     start = time.monotonic()
     line.status = "running"
@@ -974,6 +1131,8 @@ def run_line(check: Check, line: Line, function: LineFunction, report: Callable[
         line.status = "pass"
     except Skipped as why:
         line.status = f"skipped: {why}"
+    except OutOfTime as why:
+        line.status, line.detail = OUT_OF_TIME, str(why)
     except Failed as why:
         line.status, line.detail = "fail", str(why)
     except Exception as error:  # a bug in the check itself: reported as this line's failure, the rest go on
@@ -994,18 +1153,21 @@ def main_run(args: argparse.Namespace) -> int:
     if args.work is not None:
         args.work.mkdir(parents=True, exist_ok=True)  # a folder named for the runs, made as --out is
     work = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=args.work))
-    probe = Check(out, work, "cpu", env, started + args.budget)
+    check = Check(out, work, "cpu", env, started + args.budget)
     environment: Dict[str, Any] = {}
     try:
-        environment = json.loads(child(probe, ENVIRONMENT))
+        environment = json.loads(child(check, ENVIRONMENT))
         has_gpu = "device" in environment
-    except Failed as why:  # the lines will say what is wrong; whether there is a GPU must not hang on it
-        environment = {"error": str(why)}
-        has_gpu = child(probe, "import torch; print(torch.cuda.is_available())") == "True"
+    except (Failed, OutOfTime, ValueError) as why:  # the lines will say what is wrong; the GPU's presence must not
+        environment = {"error": str(why)}          # hang on it
+        try:
+            has_gpu = child(check, "import torch; print(torch.cuda.is_available())") == "True"
+        except (Failed, OutOfTime):
+            has_gpu = False
     device = args.device or ("cuda" if has_gpu else "cpu")
     if device == "cuda" and not has_gpu:
         sys.exit("--device cuda: no CUDA GPU here (torch.cuda.is_available() is false)")
-    check = Check(out, work, device, env, started + args.budget)
+    check.device = device
     quick: concurrent.futures.Future[Optional[Path]] = concurrent.futures.Future()
     lines = plan(quick)
     chosen = [entry for entry in lines if not args.only or entry[0] in args.only]
@@ -1021,8 +1183,9 @@ def main_run(args: argparse.Namespace) -> int:
     def one(name: str, function: LineFunction) -> None:
         line = results[name]
         try:
-            if check.left() < 15:
-                line.status = "skipped: out of time (the check's --budget)"
+            if check.left() < 15 or check.stopping.is_set():
+                line.status, line.detail = OUT_OF_TIME, (f"not started: the check's --budget had "
+                                                         f"{max(check.left(), 0):.0f} s left")
                 report()
             else:
                 run_line(check, line, function, report)
@@ -1030,6 +1193,14 @@ def main_run(args: argparse.Namespace) -> int:
             if name == "quickstart_bf16":
                 quick.set_result(work / "runs" / "quickstart_bf16-bf16" if line.status == "pass" else None)
 
+    def stop(signum: int, frame: Any) -> None:  # SIGTERM or SIGINT to the check: its sub-runs stopped, the report kept
+        header["stopped_by"] = signal.Signals(signum).name
+        check.stopping.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    watchdog = threading.Thread(target=last_resort, args=(check, results, report), daemon=True)
+    watchdog.start()
     report()
     if "quickstart_bf16" not in results:
         quick.set_result(None)
@@ -1050,6 +1221,31 @@ def main_run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+WATCHDOG = 30.0  # seconds past the deadline (and the sub-runs' KILL_GRACE) after which the check ends whatever runs
+
+
+def last_resort(check: Check, results: Dict[str, Line], report: Callable[[], None]) -> None:
+    """The check's own end, should a line outlast the deadline by more than its sub-runs' stop takes (a bug in the
+    check, a wait with no limit): its unfinished lines reported out of time, its sub-runs stopped whole, the report
+    written, the process ended."""
+    while True:
+        late = -check.left() - KILL_GRACE - WATCHDOG
+        if late >= 0:
+            break
+        time.sleep(min(-late, 5.0))
+    check.stopping.set()
+    with check.lock:
+        for line in results.values():
+            if line.status in ("not run", "running"):
+                line.status, line.detail = OUT_OF_TIME, ("the check's --budget ended and the line had not ended "
+                                                         f"{KILL_GRACE + WATCHDOG:.0f} s later: ended with the check")
+        running = list(check.running)
+    for proc in running:
+        stop_tree(proc, grace=1.0)
+    report()
+    os._exit(1)
+
+
 def write_report(out: Path, header: Dict[str, Any], lines: List[Line], seconds: float) -> None:
     """gpu_check.json and gpu_check.md, rewritten whole (each write replaces the file atomically)."""
     document = {**header, "seconds": round(seconds, 1), "lines": [asdict(line) for line in lines]}
@@ -1062,7 +1258,7 @@ def write_report(out: Path, header: Dict[str, Any], lines: List[Line], seconds: 
           "| line | result | figures | seconds |", "|---|---|---|---:|"]
     long: List[str] = []  # lists too long for a cell (the presets' pairs), each under its line's title
     for line in lines:
-        result = line.status + (f": {line.detail}" if line.detail and line.status == "fail" else "")
+        result = line.status + (f": {line.detail}" if line.detail and line.status in ("fail", OUT_OF_TIME) else "")
         cells = []
         for key, value in line.figures.items():
             if isinstance(value, list) and len(value) > 5:
@@ -1071,7 +1267,8 @@ def write_report(out: Path, header: Dict[str, Any], lines: List[Line], seconds: 
             cells.append(f"{key}={json.dumps(value) if isinstance(value, (dict, list)) else value}")
         md.append(f"| {line.title} | {result} | {'; '.join(cells)} | {line.seconds:.0f} |".replace("\n", " "))
     md += ["", "What passing means, line by line:", ""]
-    md += [f"- {line.title}: {line.detail}" for line in lines if line.detail and line.status != "fail"]
+    md += [f"- {line.title}: {line.detail}" for line in lines
+           if line.detail and line.status not in ("fail", OUT_OF_TIME)]
     md += long
     logs = [log for line in lines for log in line.logs]
     if logs:

@@ -191,3 +191,94 @@ def test_a_compile_line_with_no_compilation_logged_has_no_count(monkeypatch: pyt
     line = gpu_check.Line("compile", "b. compile")
     gpu_check.run_line(check, line, gpu_check.line_compile, lambda: None)
     assert line.status == "fail" and "dynamo logged no compilation" in line.detail
+
+
+# A sub-run that ignores SIGTERM and has started a worker in a session of its own that ignores it too, as torchrun
+# starts its workers; each writes its process id into the folder it is given, then sleeps.
+STUBBORN = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+folder = sys.argv[1]
+if sys.argv[2:] == ["launcher"]:
+    subprocess.Popen([sys.executable, __file__, folder, "worker"], start_new_session=True)
+open(os.path.join(folder, sys.argv[2]), "w").write(str(os.getpid()))
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def stubborn(tmp_path: Path) -> list:
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    return [sys.executable, str(script), str(tmp_path), "launcher"]
+
+
+def running(command: list, timeout: float) -> gpu_check.LineFunction:
+    """A line that runs ``command`` as a sub-run."""
+    def function(check: gpu_check.Check, line: gpu_check.Line) -> None:
+        gpu_check.sub_run(check, line, "run", command, timeout=timeout)
+    return function
+
+
+def wait_for(path: Path) -> int:
+    for _ in range(200):
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never written")
+
+
+@pytest.mark.process
+def test_a_sub_run_that_ignores_sigterm_is_stopped_whole_at_its_limit(tmp_path: Path) -> None:
+    """Its own time limit: SIGTERM, then SIGKILL to it and its worker in another session; the line fails, saying so."""
+    check = gpu_check.Check(tmp_path / "out", tmp_path, "cpu", process_env(), deadline=time.monotonic() + 300)
+    line = gpu_check.Line("torchrun", "f. a test")
+    start = time.monotonic()
+    gpu_check.run_line(check, line, running(stubborn(tmp_path), 3), lambda: None)
+    seconds = time.monotonic() - start
+    launcher, worker = wait_for(tmp_path / "launcher"), wait_for(tmp_path / "worker")
+    assert line.status == "fail" and "timed out" in line.detail and "own limit of 3 s" in line.detail, line.detail
+    assert seconds < 3 + gpu_check.KILL_GRACE + 5, seconds
+    assert not alive(launcher) and not alive(worker) and not check.running
+
+
+@pytest.mark.process
+def test_a_snippet_that_ignores_sigterm_ends_at_the_check_s_deadline(tmp_path: Path) -> None:
+    """A snippet (child) stopped at the check's deadline, not at its own 120 s: out of time, not a failure."""
+    check = gpu_check.Check(tmp_path / "out", tmp_path, "cpu", process_env(), deadline=time.monotonic() + 13)
+    line = gpu_check.Line("rng", "m. a test")
+    start = time.monotonic()
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    gpu_check.run_line(check, line, lambda check, line: print(gpu_check.child(check, code)), lambda: None)
+    assert time.monotonic() - start < 13 + gpu_check.KILL_GRACE + 5
+    assert line.status == gpu_check.OUT_OF_TIME and "--budget ended" in line.detail, (line.status, line.detail)
+
+
+@pytest.mark.process
+def test_a_line_cut_by_the_budget_is_out_of_time_and_one_killed_by_a_signal_says_which(tmp_path: Path) -> None:
+    check = gpu_check.Check(tmp_path / "out", tmp_path, "cpu", process_env(), deadline=time.monotonic() + 12)
+    cut = gpu_check.Line("workers", "o. cut")
+    gpu_check.run_line(check, cut, running(stubborn(tmp_path), 300), lambda: None)
+    assert cut.status == "skipped: out of time" and "the check's --budget ended" in cut.detail, cut.detail
+    killed = gpu_check.Line("oom", "e. killed")
+    check.deadline = time.monotonic() + 300
+    suicide = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    gpu_check.run_line(check, killed, running(suicide, 60), lambda: None)
+    assert killed.status == "fail" and "killed by SIGKILL (signal 9)" in killed.detail, killed.detail
+    assert "timed out" not in killed.detail
+    late = gpu_check.Line("mfu", "n. late")
+    check.deadline = time.monotonic() + 5
+    gpu_check.run_line(check, late, running(suicide, 60), lambda: None)
+    assert late.status == "skipped: out of time" and "not started" in late.detail
+    header = {"device": "CPU", "ran_on": "cpu", "environment": {}}
+    gpu_check.write_report(tmp_path / "out", header, [cut, killed, late], 9)
+    md = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "| o. cut | skipped: out of time: run: the check's --budget ended" in md
