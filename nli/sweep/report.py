@@ -20,8 +20,13 @@ bucket, ``reports/<sweep name>`` in the current directory), or to ``--out``:
 - a per-class table: each class's precision, recall and F1 on each eval split (classification
   tasks), mean ± sd over the seeds of each setting;
 - ``learning_curves.png``: training loss, the evaluation metric, the gradient norm (before clipping)
-  and the learning rate against step, from each run's ``metrics.csv`` (``logger=csv``, the default);
-- ``reliability.png``: each eval split's reliability diagram, a line per run (nli.sweep.calibration_plot).
+  and the learning rate against step, from each run's ``metrics.csv`` (``logger=csv``, the default): a line
+  per setting, the mean over its seeds and a band from their least to their greatest value;
+- ``reliability.png``: each eval split's reliability diagram, a line per run, the 10 of the highest objective
+  (nli.sweep.calibration_plot).
+
+Each plot has one legend, below its axes, in room the figure adds for it; past 10 settings (a search's trials)
+the 5 of the highest objective are coloured and named, the others grey (nli.sweep.plots).
 
 ``python -m nli.report compare RUN_A RUN_B`` compares two runs on the same eval examples instead
 (nli.sweep.compare); ``python -m nli.report submission DIR...`` makes GLUE's submission zip from runs'
@@ -41,7 +46,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import fsspec
 import yaml
@@ -455,47 +460,48 @@ def x_axis(values: Sequence[str]) -> Tuple[Dict[str, float], str]:
     return numbers, "log" if spread else "linear"
 
 
-def objective_size(lines: int) -> Tuple[float, float]:
-    """The objective plot's size in inches: :data:`OBJECTIVE_SIZE`, and below it room for the legend of ``lines``
-    lines where it has one, so that the legend covers no point and the axes keep their size."""
-    legend = 0 < lines <= plots.LEGEND_MAX
-    return OBJECTIVE_SIZE[0], OBJECTIVE_SIZE[1] + (plots.LEGEND_ROW * lines + plots.LEGEND_PAD if legend else 0.0)
-
-
-# A number with more figures than a plot can show in a label: a search's drawn value (0.0001854647817151324).
-LONG_NUMBER = re.compile(r"(?<![\w.])-?\d*\.\d{5,}(?:e[-+]?\d+)?(?![\w.])")
-
-
-def compact(label: str) -> str:
-    """A line's label with its long numbers to 3 significant figures: 0.000185 for 0.0001854647817151324."""
-    return LONG_NUMBER.sub(lambda number: f"{float(number[0]):.3g}", label)
-
-
 TICKS_TYPED = 8  # values at most given a tick each, as typed; more (a search's trials) crowd the axis
 TICK_CHARS = 8  # of a value typed, at most, for its tick: a search's drawn values are read from matplotlib's ticks
 
 
 def objective_figure(rows: Sequence[Row], key: str, others: Sequence[str], *, seeds: bool) -> Figure:
+    """The objective against ``key``, a line per setting of the ``others``; the axes :data:`OBJECTIVE_SIZE` and the
+    legend below them (nli.sweep.plots): up to LEGEND_MAX lines each coloured and named, past that the best
+    COLOURED (by their mean objective) and the others grey, unnamed (a search's trials, a line of one point each)."""
     lines = objective_points(rows, key, others)
     where, scale = x_axis(list(dict.fromkeys(value for points in lines.values() for value in points)))
-    figure = plots.figure(objective_size(len(lines) if any(lines) else 0))
+    figure = plots.figure(OBJECTIVE_SIZE)
     axes = figure.subplots()
-    for label, points in lines.items():
+    best = plots.ranked({label: [value for values in points.values() for value in values]
+                         for label, points in lines.items()})
+    colours = plots.highlighted(best)
+    handles: List[Any] = []
+    labels: List[str] = []
+    for label in reversed(best):  # the best drawn last, over the grey
+        points = lines[label]
         ordered = sorted(points, key=lambda value: where[value])
         # A setting whose seeds' objectives are not all numbers is no point (matplotlib leaves a NaN out).
         figures = [sweep.mean_sd(points[value]) for value in ordered]
         means, sds = [mean for mean, _ in figures], [0.0 if math.isnan(sd) else sd for _, sd in figures]
-        axes.errorbar([where[value] for value in ordered], means, yerr=sds, fmt="o-", capsize=4,
-                      label=compact(label) or None)
+        colour = colours[label]
+        drawn = axes.errorbar([where[value] for value in ordered], means, yerr=sds, fmt="o-", capsize=4,
+                              color=colour, zorder=2 if plots.named(colour) else 1)
+        if plots.named(colour) and label:
+            handles.insert(0, drawn)
+            labels.insert(0, plots.short_label(label))
     if scale != "category":
         axes.set_xscale(scale)
-    if scale == "category" or (len(where) <= TICKS_TYPED and all(len(value) <= TICK_CHARS for value in where)):
+    if scale == "category":
+        plots.category_ticks(axes, list(where.values()), list(where))
+    elif len(where) <= TICKS_TYPED and all(len(value) <= TICK_CHARS for value in where):
         # A tick at each value swept, as typed: 1e-3 rather than 0.00100 crowded among 0.00125s.
         axes.set_xticks(list(where.values()), list(where))
         axes.minorticks_off()
     axes.set(title=f"objective against {key}", xlabel=key,
              ylabel="objective (mean ± sd over seeds)" if seeds else "objective")
-    plots.legend(axes, len(lines), below=True)
+    title = f"the best {len(labels)} of {len(best)} by objective; the others grey" if len(best) > len(labels) \
+        and labels else None
+    plots.legend_below(figure, handles, labels, title=title)
     return figure
 
 
@@ -537,9 +543,20 @@ def main_metric(results: Mapping[str, Any], curves: Curves) -> Optional[str]:
     return names[0] if names else None
 
 
-def load_curves(rows: Sequence[Row], keys: Sequence[str]) -> Tuple[List[Tuple[str, Curves, Optional[str]]], List[str]]:
-    """Each completed run's label, curves and main metric; and a note for each run without curves."""
-    runs: List[Tuple[str, Curves, Optional[str]]] = []
+class Run(NamedTuple):
+    """A completed run's learning curves: ``label`` its swept values, ``setting`` those other than the seed (the
+    seeds of one setting share it: one line and band in the plot), its main eval/ metric, and its objective."""
+
+    label: str
+    curves: Curves
+    metric: Optional[str]
+    setting: str
+    objective: float
+
+
+def load_curves(rows: Sequence[Row], keys: Sequence[str]) -> Tuple[List[Run], List[str]]:
+    """Each completed run's curves; and a note for each run without curves."""
+    runs: List[Run] = []
     notes: List[str] = []
     for row in completed(rows):
         url = f"{str(row.get('output_dir', '')).rstrip('/')}/{METRICS_CSV}"
@@ -552,34 +569,79 @@ def load_curves(rows: Sequence[Row], keys: Sequence[str]) -> Tuple[List[Tuple[st
             notes.append(f"job {row.get('job')} ({url}): {METRICS_CSV} unreadable ({err!r})")
             continue
         label = ", ".join(f"{key}={row.get(key)}" for key in keys) or f"job {row.get('job')}"
-        runs.append((label, curves, main_metric(row, curves)))
+        setting = ", ".join(f"{key}={row.get(key)}" for key in keys if key != sweep.SEED) or \
+            ("all seeds" if sweep.SEED in keys else label)
+        runs.append(Run(label, curves, main_metric(row, curves), setting, float(row["objective"])))
     return runs, notes
 
 
-def plot_curves(runs: Sequence[Tuple[str, Curves, Optional[str]]], path: Path) -> None:
-    """Training loss and the evaluation metric against step, side by side, a line per run; below them
-    the gradient norm before clipping and the learning rate (of the first parameter group)."""
+PANELS = (("train/loss", "training loss"), (None, "evaluation"), (GRAD_NORM, "gradient norm, before clipping"),
+          (LR, "learning rate"))  # None: each run's main eval/ metric
+
+
+def curves_figure(runs: Sequence[Run]) -> Figure:
+    """Training loss and the evaluation metric against step, side by side; below them the gradient norm before
+    clipping and the learning rate (of the first parameter group). A line per setting, the mean over its seeds
+    with a band from their least to their greatest value; up to LEGEND_MAX settings each coloured and named in one
+    legend below the axes, past that the best COLOURED (by their mean objective) and the others grey, unnamed.
+    The axes take :data:`CURVES_SIZE` whatever the legend's length (nli.sweep.plots)."""
     figure = plots.figure(CURVES_SIZE)
-    (loss_axes, eval_axes), (norm_axes, lr_axes) = figure.subplots(2, 2, sharex=True)
-    for label, curves, metric in runs:
-        _line(loss_axes, curves.get("train/loss", {}), label)
-        _line(eval_axes, curves.get(metric, {}) if metric else {}, label)
-        _line(norm_axes, curves.get(GRAD_NORM, {}), label)
-        _line(lr_axes, curves.get(LR, {}), label)
-    metrics = list(dict.fromkeys(metric for _, _, metric in runs if metric))
-    loss_axes.set(title="training loss", ylabel="train/loss")
-    eval_axes.set(title="evaluation", ylabel=", ".join(metrics) or "no eval/ metric logged")
-    logged = any(curves.get(GRAD_NORM) for _, curves, _ in runs)  # runs from before it was logged have none
-    norm_axes.set(title="gradient norm, before clipping", xlabel="step",
-                  ylabel=GRAD_NORM if logged else f"no {GRAD_NORM} logged")
-    lr_axes.set(title="learning rate", xlabel="step", ylabel=LR)
-    plots.legend(eval_axes, len(runs))
-    plots.save(figure, path)
+    grid = figure.subplots(2, 2, sharex=True)
+    panels = [axes for row in grid for axes in row]
+    settings: Dict[str, List[Run]] = {}
+    for run in runs:
+        settings.setdefault(run.setting, []).append(run)
+    best = plots.ranked({setting: [run.objective for run in seeds] for setting, seeds in settings.items()})
+    colours = plots.highlighted(best)
+    handles: List[Any] = []
+    labels: List[str] = []
+    for setting in reversed(best):  # the best drawn last, over the grey
+        seeds, colour = settings[setting], colours[setting]
+        lines = [_band(axes, [_series(run, name) for run in seeds], colour) for axes, (name, _) in zip(panels, PANELS)]
+        if plots.named(colour):
+            handles.insert(0, next((line for line in lines if line is not None), lines[0]))
+            one = len(seeds) == 1
+            labels.insert(0, plots.short_label(seeds[0].label if one else setting) + ("" if one else
+                                                                                       f" ({len(seeds)} seeds)"))
+    metrics = list(dict.fromkeys(run.metric for run in runs if run.metric))
+    logged = any(run.curves.get(GRAD_NORM) for run in runs)  # runs from before it was logged have none
+    ylabels = ["train/loss", ", ".join(metrics) or "no eval/ metric logged",
+               GRAD_NORM if logged else f"no {GRAD_NORM} logged", LR]
+    for i, (axes, (_, title), ylabel) in enumerate(zip(panels, PANELS, ylabels)):
+        axes.set(title=title, ylabel=ylabel, **({"xlabel": "step"} if i >= 2 else {}))
+    notes = [f"the best {len(labels)} of {len(best)} settings by objective; the others grey"] \
+        if len(best) > len(labels) else []
+    if any(len(seeds) > 1 for seeds in settings.values()):
+        notes.append("a setting's seeds: their mean, shaded from the least to the greatest")
+    kept = [(handle, label) for handle, label in zip(handles, labels) if handle is not None]
+    plots.legend_below(figure, [handle for handle, _ in kept], [label for _, label in kept],
+                       title="; ".join(notes) or None)
+    return figure
 
 
-def _line(axes: Axes, points: Mapping[int, float], label: str) -> None:
-    steps = sorted(points)
-    axes.plot(steps, [points[step] for step in steps], marker=".", label=label)
+def _series(run: Run, name: Optional[str]) -> Mapping[int, float]:
+    metric = run.metric if name is None else name
+    return run.curves.get(metric, {}) if metric else {}
+
+
+def _band(axes: Axes, seeds: Sequence[Mapping[int, float]], colour: Optional[str]) -> Optional[Any]:
+    """The seeds' mean at each step any of them logged, shaded from their least to their greatest value; the line
+    drawn (None where no seed logged the series)."""
+    steps = sorted({step for points in seeds for step in points})
+    if not steps:
+        return None
+    values = [[points[step] for points in seeds if step in points] for step in steps]
+    grey = not plots.named(colour)
+    (line,) = axes.plot(steps, [sum(each) / len(each) for each in values], marker="." if not grey else None,
+                        color=colour, linewidth=0.8 if grey else 1.5, zorder=1 if grey else 2)
+    if len(seeds) > 1 and not grey:
+        axes.fill_between(steps, [min(each) for each in values], [max(each) for each in values], color=colour,
+                          alpha=0.2, linewidth=0)
+    return line
+
+
+def plot_curves(runs: Sequence[Run], path: Path) -> None:
+    plots.save(curves_figure(runs), path)
 
 
 # ------------------------------------------------------------------------------ the report
@@ -616,6 +678,7 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
     report = out / REPORT
     sweep.replace(report, "\n\n".join(sections) + "\n")  # a reader, or a report made at once, sees one whole
     return [report, *written]
+
 
 
 def warnings_section(rows: Sequence[Row], keys: Sequence[str]) -> List[str]:

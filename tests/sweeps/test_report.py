@@ -20,7 +20,9 @@ import warnings
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+import matplotlib.figure
 import matplotlib.image
+import matplotlib.legend
 import pytest
 
 from nli.contract import CLAIM_FILE
@@ -72,11 +74,15 @@ def images(markdown: str) -> List[str]:
     return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
 
 
-def assert_png(path: Path, size: Tuple[float, float]) -> None:
-    """A real PNG of the figure's size in pixels, with something drawn on it."""
+def assert_png(path: Path, size: Tuple[float, float], *, legend: bool = False) -> None:
+    """A real PNG of the figure's size in pixels, with something drawn on it; taller by its legend's rows where it
+    has a legend below the axes (nli.sweep.plots.legend_below)."""
     assert path.read_bytes()[:8] == PNG_MAGIC
     pixels = matplotlib.image.imread(path)
-    assert pixels.shape[:2] == (round(size[1] * plots.DPI), round(size[0] * plots.DPI))
+    if legend:
+        assert pixels.shape[1] == round(size[0] * plots.DPI) and pixels.shape[0] > round(size[1] * plots.DPI)
+    else:
+        assert pixels.shape[:2] == (round(size[1] * plots.DPI), round(size[0] * plots.DPI))
     assert pixels.shape[2] in (3, 4) and pixels.std() > 0
 
 
@@ -112,8 +118,8 @@ def test_a_sweep_report_has_the_rows_the_seeds_means_and_the_plots(shared_sweep:
 
     assert images(markdown) == [OBJECTIVE_PNG, report.LEARNING_CURVES, RELIABILITY]  # embedded, beside report.md
     assert_png(sweep_dir / OBJECTIVE_PNG, report.OBJECTIVE_SIZE)
-    assert_png(sweep_dir / report.LEARNING_CURVES, report.CURVES_SIZE)
-    assert_png(sweep_dir / RELIABILITY, calibration_plot.size(1))  # the synthetic task's one eval split
+    assert_png(sweep_dir / report.LEARNING_CURVES, report.CURVES_SIZE, legend=True)
+    assert_png(sweep_dir / RELIABILITY, calibration_plot.size(1), legend=True)  # the synthetic task's one eval split
     assert "in each of 15 equal-width confidence bins" in markdown.split("## Calibration\n\n")[1].splitlines()[0]
     assert "Skipped" not in markdown  # every job logged its metrics.csv
 
@@ -173,8 +179,9 @@ def test_the_learning_curves_are_each_runs_metrics_csv(sweep_dir: Path) -> None:
     rows = sweep.read_rows(sweep_dir)
     runs, notes = report.load_curves(rows, sweep.varying(rows))
     assert notes == [] and len(runs) == len(rows)
-    for (label, curves, metric), row in zip(runs, rows):
+    for (label, curves, metric, setting, objective), row in zip(runs, rows):
         assert label == f"optimizer.lr={row['optimizer.lr']}, seed={row['seed']}"
+        assert setting == f"optimizer.lr={row['optimizer.lr']}" and objective == row["objective"]
         assert metric == "eval/accuracy"  # the objective of the synthetic task
         with open(Path(row["output_dir"]) / report.METRICS_CSV) as stream:
             losses = [line.split(",") for line in stream if ",train/loss," in line]
@@ -194,7 +201,7 @@ def test_a_run_folder_is_a_report_of_one_job(sweep_dir: Path, tmp_path: Path,
     assert line["job"] == "0" and line["state"] == "COMPLETED"
     assert line["objective"] == f"{read_results(run)['objective']:.4f}"
     assert "Over seeds" not in markdown and images(markdown) == [report.LEARNING_CURVES, RELIABILITY]  # nothing swept
-    assert_png(out / report.LEARNING_CURVES, report.CURVES_SIZE)
+    assert_png(out / report.LEARNING_CURVES, report.CURVES_SIZE, legend=True)
 
 
 def test_failed_jobs_are_in_the_tables_and_not_in_the_plots(sweep_dir: Path, tmp_path: Path) -> None:
@@ -224,7 +231,7 @@ def test_failed_jobs_are_in_the_tables_and_not_in_the_plots(sweep_dir: Path, tmp
     rows = sweep.read_rows(copy)
     assert set(report.objective_points(rows, "optimizer.lr", [])[""]) == set(LRS)
     runs, notes = report.load_curves(rows, sweep.varying(rows))
-    assert [label for label, _, _ in runs] == [f"optimizer.lr={lr}, seed={seed}" for lr, seed in
+    assert [run.label for run in runs] == [f"optimizer.lr={lr}, seed={seed}" for lr, seed in
                                                [("0.001", "1"), ("0.001", "2"), ("0.003", "1")]]
     assert notes == [f"job 3 ({copy / '3' / report.METRICS_CSV}): no {report.METRICS_CSV}"]
     assert f"- {notes[0]}" in markdown
@@ -488,9 +495,9 @@ def test_a_searchs_objective_plot_keeps_its_legend_below_the_points_and_its_tick
         warnings.simplefilter("error")  # matplotlib's "Tight layout not applied"
         plots.save(figure, path)
     (axes,) = figure.axes
-    legend = axes.get_legend()
-    assert [text.get_text() for text in legend.get_texts()][:2] == ["schedule.warmup_ratio=0.03",
-                                                                   "schedule.warmup_ratio=0.047"]
+    (legend,) = figure.legends  # best first: the trials' objectives grow with their warmup_ratio
+    assert [text.get_text() for text in legend.get_texts()][:2] == ["schedule.warmup_ratio=0.183",
+                                                                   "schedule.warmup_ratio=0.166"]
     renderer = figure.canvas.get_renderer()
     plotted, named = axes.get_window_extent(renderer), legend.get_window_extent(renderer)
     assert named.y1 <= plotted.y0 and named.y0 >= 0  # below the axes, inside the figure
@@ -498,6 +505,8 @@ def test_a_searchs_objective_plot_keeps_its_legend_below_the_points_and_its_tick
     labels = [label.get_text() for label in axes.get_xticklabels() if label.get_text()]
     assert labels and not any(lr in label for lr in lrs for label in labels), labels  # matplotlib's own ticks
     assert_png(path, tuple(figure.get_size_inches()))
+    width, height = figure.get_size_inches()  # the axes' size, and the legend's rows below it
+    assert width == report.OBJECTIVE_SIZE[0] and height > report.OBJECTIVE_SIZE[1]
 
 
 def test_a_run_folder_typed_otherwise_pools_with_its_sweeps_setting(sweep_dir: Path, tmp_path: Path) -> None:
@@ -578,17 +587,114 @@ def test_a_job_that_failed_as_it_loaded_is_named_as_its_sweeps_other_jobs(sweep_
     groups = {group["optimizer.lr"]: (group["n"], group["failed"]) for group in sweep.seed_groups(loaded)}
     assert groups == {"0.001": (2, 1), "0.003": (2, 0)}
 
-def test_a_metrics_row_cut_short_names_its_file_and_line(tmp_path: Path) -> None:
-    """A metrics.csv whose last row a full disk cut short (written before the csv logger took such a row back) made
-    the report fail with a TypeError (float(None)); now the run's curves are left out with a note naming the file
-    and its line, and the report goes on."""
-    metrics = tmp_path / "run" / "metrics.csv"
-    metrics.parent.mkdir()
-    metrics.write_text("step,metric,value,wall_time\n3,train/loss,0.5,1.0\n6,train/lo")
-    with pytest.raises(ValueError, match=re.escape(f"{metrics}, line 3: not a row of step, metric and value "
-                                                   "('6,train/lo')")):
-        report.read_curves(str(metrics))
-    runs, notes = report.load_curves([{"job": 0, "state": "COMPLETED", "objective": 0.5,
-                                       "output_dir": str(metrics.parent)}], [])
-    assert runs == [] and len(notes) == 1 and f"job 0 ({metrics}): metrics.csv unreadable" in notes[0]
-    assert "line 3: not a row of step, metric and value" in notes[0]
+
+# ------------------------------------------------------------------- many runs: a 3x3x3 grid, a search's 50 trials
+
+
+def made_sweep(folder: Path, settings: List[Dict[str, str]], seeds: int = 1) -> List[Dict[str, object]]:
+    """A sweep's table of every setting x seed, each job's folder with a metrics.csv (a loss every 3 of 30 steps, an
+    evaluation every 10) and its calibration; the objectives spread so that each setting's mean differs."""
+    folder.mkdir(parents=True)
+    num = 0
+    for i, setting in enumerate(settings):
+        for seed in range(1, seeds + 1):
+            job = folder / str(num)
+            job.mkdir()
+            objective = 0.5 + 0.4 * i / len(settings) + 0.001 * seed
+            lines = ["step,metric,value"]
+            lines += [f"{step},{name},{value}" for step in range(3, 31, 3) for name, value in
+                      (("train/loss", 1 / step + 0.01 * seed), ("train/lr", 1e-4 * (1 - step / 30)),
+                       ("train/grad_norm", 0.5 + 0.01 * i))]
+            lines += [f"{step},eval/accuracy,{objective * step / 30}" for step in (10, 20, 30)]
+            (job / report.METRICS_CSV).write_text("\n".join(lines) + "\n")
+            bins = {"bins": 15, "count": [3, 5], "confidence": [0.45, 0.95], "accuracy": [0.6, objective], "ece": 0.1}
+            results = {"objective": objective, "accuracy": objective, "calibration": {"validation": bins}}
+            overrides = [f"{key}={value}" for key, value in setting.items()] + [f"seed={seed}"] * (seeds > 1)
+            sweep.record(folder, sweep.job_row(num=num, state=sweep.COMPLETED, overrides=overrides, results=results,
+                                               output_dir=str(job), sweep="made", sweep_started=1.0))
+            num += 1
+    return sweep.read_rows(folder)
+
+
+GRID = [{"optimizer.lr": lr, "optimizer.weight_decay": decay} for lr in ("1e-05", "3e-05", "0.0001")
+        for decay in ("0.0", "0.01", "0.1")]
+
+
+def legend_geometry(figure: matplotlib.figure.Figure) -> Tuple[matplotlib.legend.Legend, List[object]]:
+    """The figure's one legend (below its axes, none in them), and its axes' full extents (ticks and labels too)."""
+    plots.save(figure, Path(os.devnull))  # laid out as the PNG is
+    renderer = figure.canvas.get_renderer()
+    (legend,) = figure.legends
+    assert all(axes.get_legend() is None for axes in figure.axes)
+    return legend, [axes.get_tightbbox(renderer) for axes in figure.axes if axes.get_visible()]
+
+
+def assert_below_and_inside(figure: matplotlib.figure.Figure) -> matplotlib.legend.Legend:
+    legend, boxes = legend_geometry(figure)
+    box = legend.get_window_extent(figure.canvas.get_renderer())
+    width, height = figure.get_size_inches() * figure.dpi
+    assert all(box.y1 <= each.y0 for each in boxes), (box, boxes)  # below every axes, ticks and labels included
+    assert 0 <= box.x0 and box.x1 <= width and 0 <= box.y0 and box.y1 <= height  # all of it in the figure
+    return legend
+
+
+def axes_inches(figure: matplotlib.figure.Figure) -> List[Tuple[float, float]]:
+    return [(round(axes.get_position().width * figure.get_size_inches()[0], 1),
+             round(axes.get_position().height * figure.get_size_inches()[1], 1)) for axes in figure.axes]
+
+
+def test_the_learning_curves_of_a_3x3x3_sweep_name_each_setting_once_below_the_axes(tmp_path: Path) -> None:
+    """27 runs, 9 settings of 3 seeds: a legend of 27 lines covered the axes (and past 12 was left out). Now a line
+    and band per setting, the seeds' mean and range, named once in a legend below the axes; the figure taller by
+    the legend, the axes as large as a single run's."""
+    rows = made_sweep(tmp_path / "grid", GRID, seeds=3)
+    runs, notes = report.load_curves(rows, sweep.varying(rows))
+    assert len(runs) == 27 and notes == []
+    figure = report.curves_figure(runs)
+    legend = assert_below_and_inside(figure)
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert len(labels) == 9 and labels[0] == "optimizer.lr=0.0001, optimizer.weight_decay=0.1 (3 seeds)"  # the best
+    loss_axes = figure.axes[0]
+    assert len(loss_axes.get_lines()) == 9 and len(loss_axes.collections) == 9  # a line and a band a setting
+    assert figure.get_size_inches()[0] == report.CURVES_SIZE[0] and figure.get_size_inches()[1] > report.CURVES_SIZE[1]
+    alone = report.curves_figure(runs[:1])
+    legend_geometry(alone)
+    assert axes_inches(figure) == axes_inches(alone)  # the legend's rows took no room from the axes
+
+
+def test_the_learning_curves_of_a_search_colour_the_best_five_trials_and_the_rest_grey(tmp_path: Path) -> None:
+    lrs = [f"{1e-5 * 1.1 ** i + 1e-12:.19f}" for i in range(50)]  # as a search draws them
+    rows = made_sweep(tmp_path / "search", [{"optimizer.lr": lr} for lr in lrs])
+    figure = report.curves_figure(report.load_curves(rows, sweep.varying(rows))[0])
+    legend = assert_below_and_inside(figure)
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert labels == [f"optimizer.lr={float(lr):.3g}" for lr in reversed(lrs[-5:])]  # best first, 3 figures
+    assert legend.get_title().get_text().startswith("the best 5 of 50 settings by objective; the others grey")
+    colours = [line.get_color() for line in figure.axes[0].get_lines()]
+    assert len(colours) == 50 and colours.count(plots.GREY) == 45
+
+
+def test_the_objective_plot_cuts_long_values_in_its_legend_and_ticks(tmp_path: Path) -> None:
+    """Long override values (data files' paths) in the legend ran past the figure's edge, and as category ticks
+    ran into each other."""
+    paths = [f"/datasets/nli/mnli/very/long/folder/of/the/split/train_version_{i}.jsonl" for i in range(6)]
+    rows = made_sweep(tmp_path / "files", [{"data.files.train": path, "optimizer.lr": lr} for path in paths
+                                           for lr in ("1e-05", "3e-05")])
+    figure = report.objective_figure(rows, "data.files.train", ["optimizer.lr"], seeds=False)
+    legend = assert_below_and_inside(figure)
+    assert [text.get_text() for text in legend.get_texts()] == ["optimizer.lr=3e-05", "optimizer.lr=1e-05"]
+    axes = figure.axes[0]
+    ticks = [label for label in axes.get_xticklabels() if label.get_text()]
+    assert len({label.get_text() for label in ticks}) == 6  # still told apart: the files' names kept
+    assert all(len(label.get_text()) <= plots.TICK_CHARS and label.get_text().endswith(".jsonl") for label in ticks)
+    renderer = figure.canvas.get_renderer()
+    assert all(label.get_rotation() == plots.SLANT for label in ticks)  # level, they ran into each other
+    apart = axes.transData.transform((1, 0))[0] - axes.transData.transform((0, 0))[0]  # pixels from tick to tick
+    tall = max(label.get_fontsize() for label in ticks) * figure.dpi / 72  # a line of a label's text, in pixels
+    level = max(label.get_window_extent(renderer).width for label in ticks)  # slanted: wider than the text is long
+    assert apart * math.sin(math.radians(plots.SLANT)) >= tall and level > apart  # slanted, they stand apart
+
+    legend = assert_below_and_inside(report.objective_figure(rows, "optimizer.lr", ["data.files.train"], seeds=False))
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert len(labels) == 6 and all(len(line) <= plots.LABEL_CHARS for label in labels for line in label.split("\n"))
+    assert len(set(labels)) == 6 and all(label.endswith(".jsonl") for label in labels)
