@@ -26,7 +26,8 @@ bucket, ``reports/<sweep name>`` in the current directory), or to ``--out``:
   (nli.sweep.calibration_plot).
 
 Each plot has one legend, below its axes, in room the figure adds for it; past 10 settings (a search's trials)
-the 5 of the highest objective are coloured and named, the others grey (nli.sweep.plots).
+the 5 of the highest objective are coloured and named, the others grey (nli.sweep.plots). A report written
+again into the same folder removes the plots of the earlier one that it no longer has (:func:`own_images`).
 
 ``python -m nli.report compare RUN_A RUN_B`` compares two runs on the same eval examples instead
 (nli.sweep.compare); ``python -m nli.report submission DIR...`` makes GLUE's submission zip from runs'
@@ -676,9 +677,27 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
     sections += _objective_section(rows, keys, out, written) + _curves_section(rows, keys, out, written)
     sections += calibration_plot.section(done, keys, out, written)  # reliability diagrams
     report = out / REPORT
+    earlier = own_images(report)  # the plots of a report written here before, read before this one replaces it
     sweep.replace(report, "\n\n".join(sections) + "\n")  # a reader, or a report made at once, sees one whole
+    for stale in earlier - {path.name for path in written}:  # of a setting, a split, a curve there is no more
+        (out / stale).unlink(missing_ok=True)
     return [report, *written]
 
+
+# The names of the plots a report writes (nli.sweep.calibration_plot's too): of those its report.md shows, the ones
+# a report written again into the same folder does not write again are removed; no other file is.
+OWN_IMAGE = re.compile(r"objective_vs_[\w.-]+\.png|" + re.escape(LEARNING_CURVES) + "|"
+                       + re.escape(calibration_plot.RELIABILITY))
+
+
+def own_images(report: Path) -> Set[str]:
+    """The plots the report at ``report`` shows, by their names in the folder: a report's own files, which a report
+    written again there replaces or removes (a user's own files beside it, named in no report.md, stay)."""
+    try:
+        text = report.read_text()
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {name for name in re.findall(r"!\[[^\]]*\]\(([^)/\\]+)\)", text) if OWN_IMAGE.fullmatch(name)}
 
 
 def warnings_section(rows: Sequence[Row], keys: Sequence[str]) -> List[str]:

@@ -698,3 +698,38 @@ def test_the_objective_plot_cuts_long_values_in_its_legend_and_ticks(tmp_path: P
     labels = [text.get_text() for text in legend.get_texts()]
     assert len(labels) == 6 and all(len(line) <= plots.LABEL_CHARS for label in labels for line in label.split("\n"))
     assert len(set(labels)) == 6 and all(label.endswith(".jsonl") for label in labels)
+
+
+def test_a_report_written_again_into_its_folder_removes_its_own_plots_it_no_longer_has(tmp_path: Path) -> None:
+    """A report of two swept settings, then one of a sweep of one into the same --out: the first one's plot of the
+    setting there is no more stayed beside the new report.md. A user's file there stays, a PNG of the same name
+    pattern included, as long as no report.md showed it."""
+    two = made_sweep(tmp_path / "two", GRID[:4])  # optimizer.lr and optimizer.weight_decay
+    one = made_sweep(tmp_path / "one", GRID[:3])  # optimizer.weight_decay alone
+    out = tmp_path / "report"
+    out.mkdir()
+    mine = [out / "objective_vs_my_notes.png", out / "diagram.png", out / "notes.md"]
+    for path in mine:
+        path.write_bytes(b"a user's")
+    first = report.write_report([tmp_path / "two"], out)
+    assert out / "objective_vs_optimizer.lr.png" in first and out / "objective_vs_optimizer.weight_decay.png" in first
+    second = report.write_report([tmp_path / "one"], out)
+    assert {path.name for path in out.iterdir()} == {path.name for path in [*second, *mine]}
+    assert not (out / "objective_vs_optimizer.lr.png").exists() and len(two) == 4 and len(one) == 3
+    assert all(path.read_bytes() == b"a user's" for path in mine)
+
+
+def test_a_metrics_row_cut_short_names_its_file_and_line(tmp_path: Path) -> None:
+    """A metrics.csv whose last row a full disk cut short (written before the csv logger took such a row back) made
+    the report fail with a TypeError (float(None)); now the run's curves are left out with a note naming the file
+    and its line, and the report goes on."""
+    metrics = tmp_path / "run" / "metrics.csv"
+    metrics.parent.mkdir()
+    metrics.write_text("step,metric,value,wall_time\n3,train/loss,0.5,1.0\n6,train/lo")
+    with pytest.raises(ValueError, match=re.escape(f"{metrics}, line 3: not a row of step, metric and value "
+                                                   "('6,train/lo')")):
+        report.read_curves(str(metrics))
+    runs, notes = report.load_curves([{"job": 0, "state": "COMPLETED", "objective": 0.5,
+                                       "output_dir": str(metrics.parent)}], [])
+    assert runs == [] and len(notes) == 1 and f"job 0 ({metrics}): metrics.csv unreadable" in notes[0]
+    assert "line 3: not a row of step, metric and value" in notes[0]
