@@ -53,7 +53,11 @@ KIT = ROOT / ".gpu-kit"
 KIT_LIMIT = 64 * 2**20  # what a device run may carry beside the working tree
 GPU_PYTHON = "3.12"  # the GPU machines' Python
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-TAIL = 6000  # characters of a failed sub-run's output kept in the report's log files
+TAIL = 6000  # characters of a failed sub-run's output kept in the report's logs.txt
+# The report's folder: these files and no others, so that a device run that brings back a handful of files brings
+# back all of it (a folder of its own, nothing below it): the report, the speed lines' benchmark output (each
+# benchmarks.vs_trainer --out, gathered), and the tail of each failed sub-run's output.
+REPORT_FILES = ("gpu_check.json", "gpu_check.md", "benchmarks.json", "benchmarks.md", "logs.txt")
 
 Figures = Dict[str, Any]
 
@@ -170,6 +174,7 @@ class Check:
     lock: threading.RLock = field(default_factory=threading.RLock)
     stopping: threading.Event = field(default_factory=threading.Event)  # the check was told to stop (SIGTERM)
     running: Set["subprocess.Popen[bytes]"] = field(default_factory=set)  # sub-runs under way, to stop at the end
+    benchmark_md: Dict[str, str] = field(default_factory=dict)  # benchmarks.md's sections, by label
 
     @property
     def gpu(self) -> bool:
@@ -347,9 +352,10 @@ def await_end(check: Check, proc: "subprocess.Popen[bytes]", timeout: float,
 def sub_run(check: Check, line: Line, label: str, command: Sequence[str], *, timeout: float,
             folder: Optional[Path] = None, env: Optional[Dict[str, str]] = None) -> Proc:
     """Run ``command`` from the repository root with the check's environment, at most ``timeout``
-    seconds (and never past the check's deadline); its output is kept in ``logs/<line>-<label>.log``.
-    Raises Failed (its own time limit, a signal, an exit status other than 0, no results) or OutOfTime."""
-    log = check.out / "logs" / f"{line.name}-{label}.log"
+    seconds (and never past the check's deadline); where it fails, its output's tail goes into the report's
+    logs.txt (:func:`keep_log`). Raises Failed (its own time limit, a signal, an exit status other than 0, no
+    results) or OutOfTime."""
+    log = check.work / "logs" / f"{line.name}-{label}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as sink:
         proc = launch(check, command, sink, env=env)
@@ -361,12 +367,20 @@ def sub_run(check: Check, line: Line, label: str, command: Sequence[str], *, tim
         results = json.loads((folder / "results.json").read_text())
     if problem is None and results is None and folder is not None:
         problem = Failed(f"{label}: exit 0 without {folder.name}/results.json")
+    log.unlink()
     if problem is not None:
-        line.logs.append(str(log.relative_to(check.out)))
-        log.write_text(output[-TAIL:])  # the tail is what a reader needs; the whole may be megabytes
+        keep_log(check, line, f"{line.name}-{label}", output)
         raise type(problem)(f"{problem}; last line: {last_line(output)}")
-    log.unlink()  # passed: nothing to read
     return Proc(ended.returncode, output, results, folder)
+
+
+def keep_log(check: Check, line: Line, name: str, output: str) -> None:
+    """A failed sub-run's output, its last TAIL characters (what a reader needs; the whole may be megabytes), added
+    to the report's logs.txt under ``name``, which the line's ``logs`` lists."""
+    with check.lock:
+        with open(check.out / "logs.txt", "a") as logs:
+            logs.write(f"===== {name} =====\n{output[-TAIL:].rstrip()}\n\n")
+        line.logs.append(f"logs.txt: {name}")
 
 
 def last_line(output: str) -> str:
@@ -541,7 +555,7 @@ def line_resume(check: Check, line: Line) -> None:
     unbroken = [train(check, line, f"unbroken{i}", args) for i in (1, 2)]
     folder = check.work / "runs" / f"{line.name}-stopped"
     shutil.rmtree(folder, ignore_errors=True)
-    stopped_at = stop_after(check, train_command(check, args, folder), folder / "train.log", step=23)
+    stopped_at = stop_after(check, line, train_command(check, args, folder), folder / "train.log", step=23)
     resumed = train(check, line, "stopped", args, fresh=False)  # the same command again: it continues
     require(resumed.folder == folder, "the resumed run ran elsewhere")
     noise = weight_gap(check, unbroken[0].folder, unbroken[1].folder)
@@ -562,13 +576,21 @@ def line_resume(check: Check, line: Line) -> None:
                        "a resume that lost its optimizer, schedule or data position moves them by orders more")
 
 
-def stop_after(check: Check, command: List[str], log: Path, *, step: int) -> int:
+def stop_after(check: Check, line: Line, command: List[str], log: Path, *, step: int) -> int:
     """Start ``command``, SIGTERM it once its log reaches ``step``, to its every process as Slurm sends it (its data
     workers too); the step it says it stopped at. A run that never gets there, or does not stop within two minutes
     of the signal, is stopped whole (:func:`stop_tree`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    sink = check.out / "logs" / "resume-sigterm.log"
+    sink = check.work / "logs" / "resume-sigterm.log"
     sink.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _stop_after(check, command, log, sink, step=step)
+    except (Failed, OutOfTime):
+        keep_log(check, line, "resume-sigterm", sink.read_text(errors="replace") if sink.exists() else "")
+        raise
+
+
+def _stop_after(check: Check, command: List[str], log: Path, sink: Path, *, step: int) -> int:
     reached = lambda: f"step {step}: loss" in (log.read_text(errors="replace") if log.exists() else "")  # noqa: E731
     with open(sink, "wb") as out:
         proc = launch(check, command, out)
@@ -578,17 +600,17 @@ def stop_after(check: Check, command: List[str], log: Path, *, step: int) -> int
             ended = await_end(check, proc, 120.0)
             if ended.stopped == "timeout":
                 raise Failed("SIGTERM: the run had not stopped 120 s later (stopped with SIGKILL; "
-                             "logs/resume-sigterm.log)")
+                             "logs.txt: resume-sigterm)")
         elif ended.stopped is None:
             raise Failed(f"the run to stop never reached step {step} (exit {proc.returncode}; "
-                         "logs/resume-sigterm.log)")
+                         "logs.txt: resume-sigterm)")
     problem = ended.why("the run to stop", 240.0)
     if isinstance(problem, OutOfTime) or ended.stopped == "timeout":
         raise problem if isinstance(problem, OutOfTime) else Failed(f"the run to stop never reached step {step} "
-                                                                     "in 240 s (logs/resume-sigterm.log)")
+                                                                     "in 240 s (logs.txt: resume-sigterm)")
     text = sink.read_text(errors="replace")
     require(ended.returncode == PREEMPTED, f"SIGTERM: exit {ended.returncode}, not {PREEMPTED} "
-            "(logs/resume-sigterm.log)")
+            "(logs.txt: resume-sigterm)")
     sink.unlink()
     found = re.search(r"SIGTERM at step (\d+)", text)
     return int(found.group(1)) if found else -1
@@ -682,19 +704,34 @@ def line_checkpointing(check: Check, line: Line) -> None:
 
 
 def vs_trainer(check: Check, line: Line, label: str, flags: Sequence[str], *, timeout: float) -> Dict[str, Figures]:
-    """``benchmarks.vs_trainer --synthetic --arch roberta-large --precision bf16 FLAGS``: each system's figures,
-    its JSON and Markdown kept in the report's folder as ``LABEL.json`` and ``LABEL.md``."""
-    out = check.out / label
+    """``benchmarks.vs_trainer --synthetic --arch roberta-large --precision bf16 FLAGS``: each system's figures;
+    its JSON and Markdown kept in the report's benchmarks.json and benchmarks.md, under ``LABEL``."""
+    out = check.work / "benchmarks" / label
+    out.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "benchmarks.vs_trainer", "--synthetic", "--arch", "roberta-large", "--precision",
                "bf16", "--out", str(out), *flags]  # last: flags may end in train.py's overrides, after --
     sub_run(check, line, label, command, timeout=timeout)
-    systems = json.loads(out.with_suffix(".json").read_text())["systems"]
+    document = json.loads(out.with_suffix(".json").read_text())
+    keep_benchmark(check, label, document, out.with_suffix(".md").read_text())
+    systems = document["systems"]
     return {system: {"tokens_per_second": round(row["tokens_per_second"]),
                      "examples_per_second": round(row["examples_per_second"], 1),
                      "eval_examples_per_second": round(row["eval_examples_per_second"], 1),
                      "mfu": None if row.get("mfu") is None else round(row["mfu"], 4),
                      "peak_memory_gib": round(row["peak_memory_bytes"] / 2**30, 2),
                      "wall_seconds": round(row["wall_seconds"], 1)} for system, row in systems.items()}
+
+
+def keep_benchmark(check: Check, label: str, document: Dict[str, Any], markdown: str) -> None:
+    """One benchmark's output added to the report's benchmarks.json (LABEL: its JSON) and benchmarks.md."""
+    with check.lock:
+        path = check.out / "benchmarks.json"
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        kept[label] = document
+        atomic_write(path, json.dumps(kept, indent=2) + "\n")
+        atomic_write(check.out / "benchmarks.md", "\n".join(f"## {name}\n\n{kept_md}" for name, kept_md in
+                                                               {**check.benchmark_md, label: markdown}.items()))
+        check.benchmark_md[label] = markdown
 
 
 def line_vs_trainer(check: Check, line: Line) -> None:
@@ -705,7 +742,8 @@ def line_vs_trainer(check: Check, line: Line) -> None:
                                                                "--systems", "ours", "hf-tuned"], timeout=330))
     require(all(row["mfu"] for row in line.figures.values()),
             "no MFU: this GPU has no peak in benchmarks.vs_trainer.PEAK_FLOPS")
-    line.detail = "both systems ran; MFU from the device's dense bf16 peak (vs_trainer.json, vs_trainer.md)"
+    line.detail = ("both systems ran; MFU from the device's dense bf16 peak (the report's benchmarks.json and .md, "
+                   "under vs_trainer)")
 
 
 def line_mfu(check: Check, line: Line) -> None:
@@ -716,7 +754,7 @@ def line_mfu(check: Check, line: Line) -> None:
     line.figures.update(vs_trainer(check, line, "vs_trainer_512", ["--steps", "30", "--batch-size", "512",
                                                                    "--synthetic-size", "4096", "--systems", "ours",
                                                                    "hf-tuned"], timeout=240))
-    line.detail = "both systems ran at 512 pairs a step (vs_trainer_512.json, vs_trainer_512.md)"
+    line.detail = "both systems ran at 512 pairs a step (benchmarks.json and .md, under vs_trainer_512)"
 
 
 def line_workers(check: Check, line: Line) -> None:
@@ -1145,6 +1183,8 @@ def main_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    for name in REPORT_FILES:  # an earlier check's: this one's would be mixed with them
+        (out / name).unlink(missing_ok=True)
     site = install(args.kit)
     path = [str(site)] if site else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -1272,7 +1312,8 @@ def write_report(out: Path, header: Dict[str, Any], lines: List[Line], seconds: 
     md += long
     logs = [log for line in lines for log in line.logs]
     if logs:
-        md += ["", "Failed sub-runs' log tails: " + ", ".join(logs)]
+        md += ["", "Failed sub-runs' output, the tail of each, in logs.txt: " + ", ".join(log.split(": ", 1)[-1]
+                                                                                 for log in logs)]
     atomic_write(out / "gpu_check.md", "\n".join(md) + "\n")
 
 

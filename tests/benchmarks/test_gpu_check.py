@@ -71,13 +71,13 @@ def test_stored_dtypes_reads_the_safetensors_header(tmp_path: Path) -> None:
 def test_a_report_says_what_ran_where_and_skips_are_not_passes(tmp_path: Path) -> None:
     lines = [gpu_check.Line("oom", "e. oom", status="skipped: no GPU"),
              gpu_check.Line("resume", "d. resume", status="fail", detail="exit 1; last line: boom",
-                            logs=["logs/resume-stopped.log"])]
+                            logs=["logs.txt: resume-stopped"])]
     gpu_check.write_report(tmp_path, {"device": "CPU", "ran_on": "cpu", "environment": {"torch": "2.13.0"}}, lines, 3)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [line["status"] for line in report["lines"]] == ["skipped: no GPU", "fail"]
     md = (tmp_path / "gpu_check.md").read_text()
     assert "a CPU rehearsal: no GPU figures" in md and "| e. oom | skipped: no GPU |" in md
-    assert "| d. resume | fail: exit 1; last line: boom |" in md and "logs/resume-stopped.log" in md
+    assert "| d. resume | fail: exit 1; last line: boom |" in md and "in logs.txt: resume-stopped" in md
 
 
 @pytest.mark.process
@@ -131,6 +131,8 @@ def test_the_check_rehearsed_on_the_cpu_with_the_gpu_machines_libraries(machine_
 def test_the_speed_lines_read_each_systems_figures_from_the_benchmark(tmp_path: Path) -> None:
     """What lines g, n and o run on a GPU, run here on a tiny model: the benchmark's JSON read back per system,
     train.py's overrides passed after its flags (argparse takes the last --arch and --precision)."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "work").mkdir()
     check = gpu_check.Check(tmp_path / "out", tmp_path / "work", "cpu", process_env(), deadline=time.monotonic() + 600)
     line = gpu_check.Line("workers", "o. a test")
     figures = gpu_check.vs_trainer(check, line, "workers_0", ["--arch", "tiny", "--precision", "fp32", "--steps", "4",
@@ -138,8 +140,10 @@ def test_the_speed_lines_read_each_systems_figures_from_the_benchmark(tmp_path: 
                                                               "data.num_workers=0"], timeout=300)
     assert list(figures) == ["ours"] and figures["ours"]["examples_per_second"] > 0
     assert figures["ours"]["eval_examples_per_second"] > 0 and figures["ours"]["mfu"] is None  # no GPU, no peak
-    report = json.loads((tmp_path / "out" / "workers_0.json").read_text())
+    report = json.loads((tmp_path / "out" / "benchmarks.json").read_text())["workers_0"]
     assert report["settings"]["ours_overrides"] == ["data.num_workers=0"] and not line.logs
+    assert "## workers_0" in (tmp_path / "out" / "benchmarks.md").read_text()
+    assert {path.name for path in (tmp_path / "out").iterdir()} == {"benchmarks.json", "benchmarks.md"}
 
 
 # Two functions compiled by dynamo, one past a recompile limit of 2: what line b reads, as this torch logs it.
@@ -282,3 +286,24 @@ def test_a_line_cut_by_the_budget_is_out_of_time_and_one_killed_by_a_signal_says
     gpu_check.write_report(tmp_path / "out", header, [cut, killed, late], 9)
     md = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "| o. cut | skipped: out of time: run: the check's --budget ended" in md
+
+
+def test_the_report_s_folder_holds_a_handful_of_files_whatever_fails(tmp_path: Path) -> None:
+    """A device run brings back a few files from a folder of its own: failed sub-runs' output and the speed lines'
+    benchmark output go into one file each, beside the report, never one file per sub-run."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    work.mkdir()
+    check = gpu_check.Check(out, work, "cpu", process_env(), deadline=time.monotonic() + 300)
+    lines = [gpu_check.Line(name, name) for name in ("resume", "torchrun", "checkpointing")]
+    for line in lines:
+        fails = [sys.executable, "-c", f"print('{line.name} went wrong'); raise SystemExit(3)"]
+        gpu_check.run_line(check, line, running(fails, 60), lambda: None)
+        assert line.status == "fail" and line.logs == [f"logs.txt: {line.name}-run"]
+    for label in ("vs_trainer", "workers_0"):
+        gpu_check.keep_benchmark(check, label, {"systems": {}, "label": label}, f"| {label} |\n")
+    gpu_check.write_report(out, {"device": "CPU", "ran_on": "cpu", "environment": {}}, lines, 1)
+    assert sorted(path.name for path in out.iterdir()) == sorted(gpu_check.REPORT_FILES)
+    assert all(f"===== {line.name}-run =====\n{line.name} went wrong" in (out / "logs.txt").read_text()
+               for line in lines)
+    assert list(json.loads((out / "benchmarks.json").read_text())) == ["vs_trainer", "workers_0"]
