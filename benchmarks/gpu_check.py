@@ -1091,6 +1091,13 @@ for name in ("huggingface_hub", "tokenizers", "datasets", "hydra", "omegaconf", 
         out[name] = __import__(name).__version__
     except Exception as error:
         out[name] = f"missing ({type(error).__name__}: {error})"
+out["gpus_torch"] = torch.cuda.device_count()
+if not torch.cuda.is_available():
+    try:
+        torch.cuda.init()  # says why: no driver, a driver older than this CUDA, a build without CUDA
+        out["cuda_error"] = "torch.cuda.is_available() is false"
+    except Exception as error:
+        out["cuda_error"] = f"{type(error).__name__}: {error}"[:300]
 if torch.cuda.is_available():
     props = torch.cuda.get_device_properties(0)
     out.update(device=torch.cuda.get_device_name(0), capability=".".join(map(str, torch.cuda.get_device_capability(0))),
@@ -1122,6 +1129,48 @@ def child(check: Check, code: str, *args: str, timeout: float = 120, what: str =
     if not lines:
         raise Failed(f"{what}: printed nothing; last line of its errors: {last_line(err)}")
     return lines[-1]
+
+
+def nvidia_smi(check: Check) -> Figures:
+    """The GPUs NVML sees (``nvidia-smi --query-gpu``, whatever CUDA_VISIBLE_DEVICES says): their count and names, or
+    why nvidia-smi could not say."""
+    if shutil.which("nvidia-smi") is None:
+        return {"gpus_nvml": None, "nvml": "nvidia-smi: not found"}
+    command = ["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"]
+    with tempfile.TemporaryFile() as stdout:
+        try:
+            proc = launch(check, command, stdout)
+        except OutOfTime as why:
+            return {"gpus_nvml": None, "nvml": f"nvidia-smi: {why}"}
+        ended = await_end(check, proc, 30.0)
+        stdout.seek(0)
+        text = stdout.read().decode(errors="replace")
+    problem = ended.why("nvidia-smi", 30.0)
+    if problem is not None:
+        return {"gpus_nvml": None, "nvml": f"{problem}; last line: {last_line(text)}"}
+    gpus = [row.strip() for row in text.splitlines() if row.strip()]
+    return {"gpus_nvml": len(gpus), "nvml": gpus}
+
+
+def gpus_line(environment: Dict[str, Any], nvml: Figures) -> Line:
+    """Line 0: the GPUs as torch sees them and as NVML (nvidia-smi) does. It fails where NVML lists a GPU that torch
+    cannot use: every GPU line would otherwise be 'skipped: no GPU', on a GPU machine."""
+    line = Line("gpus", "0. GPUs as torch and as NVML (nvidia-smi) see them")
+    seen, listed = environment.get("gpus_torch"), nvml.get("gpus_nvml")
+    line.figures.update(torch=seen, nvidia_smi=listed if listed is not None else nvml.get("nvml"),
+                        CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "(not set)"))
+    if listed and not seen:
+        line.status = "fail"
+        line.detail = (f"nvidia-smi lists {listed} GPU(s) and torch sees none: "
+                       f"{environment.get('cuda_error') or environment.get('error', 'torch did not say why')}")
+    elif not listed and not seen:
+        line.status = f"skipped: no GPU ({nvml.get('nvml') if listed is None else 'nvidia-smi lists none'})"
+    else:
+        line.status = "pass"
+        line.detail = (f"torch sees {seen} GPU(s), nvidia-smi {listed if listed is not None else '(no answer)'}"
+                       + ("" if seen == listed else ": they differ (CUDA_VISIBLE_DEVICES, or GPUs NVML lists that "
+                          "CUDA cannot use)"))
+    return line
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -1204,6 +1253,8 @@ def main_run(args: argparse.Namespace) -> int:
             has_gpu = child(check, "import torch; print(torch.cuda.is_available())") == "True"
         except (Failed, OutOfTime):
             has_gpu = False
+    nvml = nvidia_smi(check)
+    environment.update(nvml)
     device = args.device or ("cuda" if has_gpu else "cpu")
     if device == "cuda" and not has_gpu:
         sys.exit("--device cuda: no CUDA GPU here (torch.cuda.is_available() is false)")
@@ -1211,7 +1262,7 @@ def main_run(args: argparse.Namespace) -> int:
     quick: concurrent.futures.Future[Optional[Path]] = concurrent.futures.Future()
     lines = plan(quick)
     chosen = [entry for entry in lines if not args.only or entry[0] in args.only]
-    results = {name: Line(name, title) for name, title, _, _ in chosen}
+    results = {"gpus": gpus_line(environment, nvml), **{name: Line(name, title) for name, title, _, _ in chosen}}
     header = {"device": environment.get("device", "CPU (a rehearsal: GPU-only lines are skipped)"),
               "ran_on": device, "environment": environment, "kit": str(site) if site else None,
               "runs": str(work) if args.keep else None}
@@ -1293,7 +1344,7 @@ def write_report(out: Path, header: Dict[str, Any], lines: List[Line], seconds: 
     env = header["environment"]
     md = [f"# GPU check: {header['device']}", "",
           f"Ran on {header['ran_on']}" + (" (a CPU rehearsal: no GPU figures)" if header["ran_on"] == "cpu" else "")
-          + f"; {seconds:.0f} s in all.", "",
+          + f"; {seconds:.0f} s in all.", "", gpu_counts(env), "",
           "| environment | |", "|---|---|", *[f"| {key} | {value} |" for key, value in env.items()], "",
           "| line | result | figures | seconds |", "|---|---|---|---:|"]
     long: List[str] = []  # lists too long for a cell (the presets' pairs), each under its line's title
@@ -1315,6 +1366,16 @@ def write_report(out: Path, header: Dict[str, Any], lines: List[Line], seconds: 
         md += ["", "Failed sub-runs' output, the tail of each, in logs.txt: " + ", ".join(log.split(": ", 1)[-1]
                                                                                  for log in logs)]
     atomic_write(out / "gpu_check.md", "\n".join(md) + "\n")
+
+
+def gpu_counts(env: Dict[str, Any]) -> str:
+    """The report's sentence on the GPUs, as torch and as NVML see them."""
+    seen, listed = env.get("gpus_torch", "(unknown)"), env.get("gpus_nvml")
+    said = f"nvidia-smi (NVML) lists {listed}" if listed is not None else f"NVML did not answer ({env.get('nvml')})"
+    differ = listed is not None and seen != listed
+    return (("**They differ:** " if differ else "") + f"GPUs: torch sees {seen}; {said}"
+            + (f"; CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in os.environ
+               else "") + (f" ({env['cuda_error']})" if differ and env.get("cuda_error") else "") + ".")
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -21,6 +21,7 @@ NLI_GPU_CHECK_PYTHON names the Python of another such environment.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -119,7 +120,8 @@ def test_the_check_rehearsed_on_the_cpu_with_the_gpu_machines_libraries(machine_
     fp16 = "skipped: no GPU (fp16 autocast needs CUDA)"
     expected = {**{name: "pass" for name in CPU_LINES}, "quickstart_fp16": fp16}
     assert {name: status[name] for name in CPU_LINES} == expected
-    assert all(status[name] == "skipped: no GPU" for name in status if name not in {*CPU_LINES, "syncs"})
+    assert all(status[name] == "skipped: no GPU" for name in status if name not in {*CPU_LINES, "syncs", "gpus"})
+    assert status["gpus"].startswith("skipped: no GPU (")  # nvidia-smi absent, or listing none
     assert status["syncs"].startswith("skipped: no GPU (counted and read back")  # its plumbing ran
     lines = {line["name"]: line for line in report["lines"]}
     assert lines["resume"]["figures"]["relative_weight_gap"] == 0  # on the CPU, with its threads fixed: bit for bit
@@ -307,3 +309,30 @@ def test_the_report_s_folder_holds_a_handful_of_files_whatever_fails(tmp_path: P
     assert all(f"===== {line.name}-run =====\n{line.name} went wrong" in (out / "logs.txt").read_text()
                for line in lines)
     assert list(json.loads((out / "benchmarks.json").read_text())) == ["vs_trainer", "workers_0"]
+
+
+def test_the_report_gives_the_gpus_torch_and_nvml_see_and_fails_where_torch_sees_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML (nvidia-smi) lists GPUs whatever CUDA can use: a driver older than torch's CUDA leaves torch with none,
+    and every GPU line would read 'skipped: no GPU' on a GPU machine."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho '0, NVIDIA H200, 143771 MiB, 580.0'\n"
+                                        "echo '1, NVIDIA H200, 143771 MiB, 580.0'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    check = gpu_check.Check(tmp_path, tmp_path, "cpu", {**process_env(), "PATH": os.environ["PATH"]},
+                            deadline=time.monotonic() + 120)
+    nvml = gpu_check.nvidia_smi(check)
+    assert nvml["gpus_nvml"] == 2 and nvml["nvml"][1] == "1, NVIDIA H200, 143771 MiB, 580.0"
+    broken = {"gpus_torch": 0, "cuda_error": "RuntimeError: The NVIDIA driver on your system is too old"}
+    line = gpu_check.gpus_line(broken, nvml)
+    assert line.status == "fail" and "nvidia-smi lists 2 GPU(s) and torch sees none" in line.detail
+    assert "driver on your system is too old" in line.detail
+    one = gpu_check.gpus_line({"gpus_torch": 1}, nvml)
+    assert one.status == "pass" and "they differ" in one.detail and one.figures["torch"] == 1
+    assert gpu_check.gpus_line({"gpus_torch": 0}, {"gpus_nvml": None, "nvml": "nvidia-smi: not found"}).status \
+        == "skipped: no GPU (nvidia-smi: not found)"
+    gpu_check.write_report(tmp_path, {"device": "NVIDIA H200", "ran_on": "cuda",
+                                      "environment": {"gpus_torch": 1, **nvml}}, [one], 1)
+    assert "**They differ:** GPUs: torch sees 1; nvidia-smi (NVML) lists 2" in (tmp_path / "gpu_check.md").read_text()
