@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from nli import contract
-from nli.config.identity import digest, identity
+from nli.config.identity import digest, identity, own_folder
 from nli.config.keys import key_of
 from nli.config.schema import (
     Accelerator,
@@ -54,6 +54,7 @@ from nli.config.schema import (
     checked,
 )
 from nli.data import loaders as data
+from nli.errors import RunChanged
 from nli.evaluate import evalsets, oom
 from nli.evaluate.evaluation import Evaluation
 from nli.io.claim import Claim
@@ -173,6 +174,8 @@ def _phases(cfg: Config, context: RunContext, stop: StopRequest, sharing: cpu.Sh
             cfg.check_batch(world.world_size)
             out = setup(cfg.train, cfg.logger, context, world, held, evaluation_only=cfg.eval.only)
             if out.finished is not None:  # its model checked, and exported again if it was lost (nli.output.export)
+                if cfg.eval.only:
+                    check_evaluated_weights(out, cfg.model)
                 export.check_finished(out.finished, cfg.model, cfg.task, out, seed=cfg.seed,
                                       card=Card(context.resolved, out.finished.get("provenance") or {},
                                                 recorded=out.finished.get("warnings") or [],
@@ -552,6 +555,26 @@ def _final_evaluation(training: Training, loaded: Data, result: TrainResult,
         return best
     assert best_model is not None  # finish_export reads it back wherever it is evaluated again
     return loaded.evaluate(best_model, best.step)
+
+
+def check_evaluated_weights(out: Outputs, model: ModelConfig) -> None:
+    """A finished evaluation-only run answers from its results.json only where model.name_or_path's weights are
+    still the ones it scored (their SHA-256, ``evaluated_weights``): a run folder trained again since, or a model
+    folder replaced, is another model, and its old figures are not of it. A results.json that recorded no
+    weights (a Hub id, an earlier version) has nothing to compare."""
+    assert out.finished is not None
+    recorded = out.finished.get("evaluated_weights")
+    if not isinstance(recorded, dict) or model.name_or_path is None:
+        return
+    trained, where = trained_model(model)
+    now = integrity.scored(str(local_model(trained, out.world).name_or_path))
+    changed = integrity.changes(recorded, now)
+    if changed:
+        evaluated = out.finished.get("evaluated_model", where)
+        raise RunChanged(f"{out.storage.describe()} holds the evaluation of {evaluated} as it was, and its "
+                         f"weights have changed since ({'; '.join(changed)}): the model was trained again or "
+                         "replaced, and those results are not of it. Nothing was changed. Give this evaluation its "
+                         f"own {own_folder()}, or delete that folder to evaluate there again")
 
 
 def evaluate_only(run: Run, stop: StopRequest) -> Dict[str, Any]:

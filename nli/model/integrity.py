@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from nli import contract
 from nli.errors import ConfigError
@@ -75,6 +75,18 @@ def scored(name_or_path: str, *, key: str = "model.name_or_path") -> Dict[str, A
                               "give another model")
     weights = sorted(p for p in model_dir.iterdir() if p.suffix in WEIGHT_FILES and p.is_file())
     return {"step": step, "sha256": {p.name: recorded.get(p.name, {}).get("sha256") or _sha256(p) for p in weights}}
+
+
+def changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> List[str]:
+    """How the weights :func:`scored` gives ``now`` differ from the ``recorded`` ones, file by file (its SHA-256,
+    shortened); none where they are the same."""
+    old, new = recorded.get("sha256") or {}, now.get("sha256") or {}
+    return [f"{name}: {_short(old.get(name))} -> {_short(new.get(name))}" for name in sorted({*old, *new})
+            if old.get(name) != new.get(name)]
+
+
+def _short(sha256: Optional[str]) -> str:
+    return "(none)" if sha256 is None else f"SHA-256 {sha256[:12]}"
 
 
 def _sha256(path: Path) -> str:

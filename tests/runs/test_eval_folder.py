@@ -4,6 +4,7 @@ the training run's own final evaluation, for each kind of run folder this projec
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -155,6 +156,15 @@ def test_a_run_folder_in_a_bucket_is_read_there(shared_run: ShareRun, tmp_path: 
     results = read_results(out)
     assert metrics(results) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
     assert results["evaluated_model"] == f"{url}/model"
+    export = json.loads((trained / "model" / "export.json").read_text())
+    assert results["evaluated_weights"] == {  # its copy's, checked as a local export is
+        "step": export["step"], "sha256": {"model.safetensors": export["files"]["model.safetensors"]["sha256"]}}
+    retrained = copy_run(trained, tmp_path / "retrained")  # the run in the bucket trained again: other weights
+    reexported(retrained)
+    bucket.upload_dir(retrained / "model", "model")
+    proc = run_app([*EVAL, f"model.name_or_path={url}/model", f"hydra.run.dir={out}"], cwd=tmp_path, env=gcs_emulator)
+    refusal = f"\nerror: {out} holds the evaluation of {url}/model as it was, and its weights have changed since ("
+    assert proc.returncode == 1 and refusal in f"\n{proc.stderr}", proc.stderr  # the emulator's own lines aside
     assert f"from {url}/config.yaml, task=synthetic, data.synthetic_eval_size=96, data.max_seq_length=64\n" in log
     unexported = Storage("gs://test-bucket/runs/unexported")
     unexported.write_bytes("config.yaml", (trained / "config.yaml").read_bytes())
@@ -290,6 +300,43 @@ def test_a_sweeps_job_folder_that_holds_a_training_run_is_refused_as_the_job_sta
             "would put its results.json and config.yaml in place of that run's. Nothing was changed. Give the "
             "evaluation its own output_dir (or the sweep another hydra.sweep.dir)") in proc.stdout + proc.stderr
     assert files(job) == before
+
+
+def reexported(folder: Path) -> None:
+    """``folder``'s model/ with other weights, whole (its export.json records them): as a run trained again leaves
+    it."""
+    model = folder / "model"
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(255 - byte for byte in data[-8:])
+    weights.write_bytes(bytes(data))
+    record = json.loads((model / "export.json").read_text())
+    record["files"]["model.safetensors"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (model / "export.json").write_text(json.dumps(record))
+
+
+def test_an_evaluation_asked_again_after_its_model_changed_is_refused(shared_run: ShareRun, tmp_path: Path) -> None:
+    """Asked again in its folder, an evaluation answers from its results.json: after the model was trained again
+    (or replaced) it gave the old model's figures as the new one's."""
+    trained = copy_run(shared_run("fast", FAST), tmp_path / "trained")
+    out = tmp_path / "eval"
+    args = [f"model.name_or_path={trained}", f"hydra.run.dir={out}"]
+    evaluate(args, tmp_path)
+    first = read_results(out)
+    assert "this run already finished" in evaluate(args, tmp_path)  # the same weights: its results
+    reexported(trained)
+    proc = run_app([*EVAL, *args], cwd=tmp_path)
+    old = first["evaluated_weights"]["sha256"]["model.safetensors"]
+    new = hashlib.sha256((trained / "model" / "model.safetensors").read_bytes()).hexdigest()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(
+        f"error: {out} holds the evaluation of {trained}/model as it was, and its weights have changed since "
+        f"(model.safetensors: SHA-256 {old[:12]} -> SHA-256 {new[:12]}): the model was trained again or replaced, "
+        "and those results are not of it. Nothing was changed. Give this evaluation its own output_dir (or "
+        "hydra.run.dir), or delete that folder to evaluate there again"), proc.stderr
+    assert read_results(out) == first
+    evaluate([f"model.name_or_path={trained}", f"hydra.run.dir={tmp_path / 'again'}"], tmp_path)  # the advice taken
+    assert read_results(tmp_path / "again")["evaluated_weights"]["sha256"] == {"model.safetensors": new}
 
 
 def test_an_older_versions_keys_are_left_out_and_named(shared_run: ShareRun, tmp_path: Path) -> None:
