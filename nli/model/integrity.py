@@ -5,6 +5,7 @@ as it is written (nli/output/export.py), and the folder checked against them whe
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -54,8 +55,9 @@ def scored(name_or_path: str, *, key: str = "model.name_or_path") -> Dict[str, A
     """Which weights an evaluation of the local model folder ``name_or_path`` scores, for its results.json: the
     step it was exported at (where this project exported it: its export.json) and each weights file's SHA-256.
     An export is first checked against its export.json: a file missing, cut short or changed since (a
-    tokenizer file lost, bytes flipped in the weights) is a ConfigError, not an evaluation of something else.
-    Empty for a Hub id."""
+    tokenizer file lost, bytes flipped in the weights) is a ConfigError, not an evaluation of something else; so is
+    a file of any model folder that cannot be read as what its name says (weights or tokenizer.json cut short in a
+    copy), named, where transformers gave a traceback. Empty for a Hub id."""
     model_dir = Path(name_or_path).expanduser()
     if not model_dir.is_dir():
         return {}
@@ -73,6 +75,11 @@ def scored(name_or_path: str, *, key: str = "model.name_or_path") -> Dict[str, A
             raise ConfigError(f"{key}={name_or_path} is an exported model that is damaged ({'; '.join(problems)}): "
                               "export it again (run its training command again with the same output folder), or "
                               "give another model")
+    unreadable = [problem for path in sorted(model_dir.iterdir()) if path.is_file() and (problem := _unreadable(path))]
+    if unreadable:  # a folder with no export.json to check it against (a checkpoint, a copy), or one that lies
+        raise ConfigError(f"{key}={name_or_path} holds a file that cannot be read ({'; '.join(unreadable)}): it was "
+                          "cut short or damaged in a copy. Copy the model folder again whole (or save the model "
+                          "again), or give another model")
     weights = sorted(p for p in model_dir.iterdir() if p.suffix in WEIGHT_FILES and p.is_file())
     return {"step": step, "sha256": {p.name: recorded.get(p.name, {}).get("sha256") or _sha256(p) for p in weights}}
 
@@ -87,6 +94,56 @@ def changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> List[str]:
 
 def _short(sha256: Optional[str]) -> str:
     return "(none)" if sha256 is None else f"SHA-256 {sha256[:12]}"
+
+
+def _unreadable(path: Path) -> Optional[str]:
+    """Why ``path``, a file of a model folder, cannot be read as what its name says (a safetensors file, a PyTorch
+    zip archive, JSON, a tokenizer), where something can be told without loading it; None where nothing is wrong.
+    Transformers and tokenizers said it in a traceback (a JSONDecodeError, "incomplete metadata, file not fully
+    covered") or, for some files, loaded what they could without a word."""
+    try:
+        if path.suffix == ".safetensors":
+            return _safetensors_problem(path)
+        if path.suffix == ".bin":
+            with path.open("rb") as f:
+                zipped = f.read(4) == b"PK\x03\x04"  # torch.save's archive; the older pickle is not told here
+            return f"{path} is cut short (not a whole zip archive)" if zipped and not zipfile.is_zipfile(path) else None
+        if path.suffix == ".json":
+            json.loads(path.read_bytes())
+            if path.name == "tokenizer.json":
+                from tokenizers import Tokenizer  # Rust: what transformers builds a fast tokenizer from
+
+                Tokenizer.from_file(str(path))
+    except ValueError as err:  # not JSON (a JSONDecodeError), not UTF-8
+        return f"{path} is not JSON ({err})"
+    except OSError as err:
+        return f"{path} cannot be read ({err.strerror or err})"
+    except Exception as err:  # tokenizers' own error: valid JSON that is no tokenizer
+        return f"{path} is not a tokenizer ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+    return None
+
+
+def _safetensors_problem(path: Path) -> Optional[str]:
+    """What is wrong with a safetensors file: its 8-byte header length, its JSON header, and the tensors' data the
+    header describes, which must fill the rest of the file exactly (as safetensors itself checks)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else None
+        if length is None or length > size - 8:
+            return f"{path} is cut short ({size} bytes, less than its safetensors header)"
+        header = json.loads(f.read(length))
+    try:
+        ends = [int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"]
+    except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+        ends = []
+    if not ends:
+        return f"{path} is not a safetensors file (its header describes no tensors)"
+    expected = 8 + length + max(ends)
+    if expected != size:
+        return (f"{path} has {size} bytes, where its header describes {expected}: it is "
+                f"{'cut short' if size < expected else 'damaged'}")
+    return None
 
 
 def _sha256(path: Path) -> str:

@@ -339,6 +339,33 @@ def test_an_evaluation_asked_again_after_its_model_changed_is_refused(shared_run
     assert read_results(tmp_path / "again")["evaluated_weights"]["sha256"] == {"model.safetensors": new}
 
 
+def cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("harm, problem", [
+    (lambda m: cut(m / "model.safetensors"), "{m}/model.safetensors has {size} bytes, where its header describes "),
+    (lambda m: cut(m / "tokenizer.json"), "{m}/tokenizer.json is not JSON ("),
+    (lambda m: (m / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE"}}'),
+     "{m}/tokenizer.json is not a tokenizer ("),
+], ids=["weights-cut-short", "tokenizer-cut-short", "tokenizer-valid-json"])
+def test_a_model_folder_with_a_file_cut_short_is_named_in_one_line(shared_run: ShareRun, tmp_path: Path,
+                                                                   harm: Callable[[Path], None], problem: str) -> None:
+    """A model folder with no export.json to check it against (a copy of a model/, a checkpoint): transformers' and
+    tokenizers' tracebacks ("incomplete metadata, file not fully covered", a JSONDecodeError)."""
+    model = Path(shutil.copytree(shared_run("fast", FAST) / "model", tmp_path / "copy"))
+    (model / "export.json").unlink()
+    harm(model)
+    size = (model / "model.safetensors").stat().st_size
+    proc = run_app([*EVAL, f"model.name_or_path={model}", "task=synthetic", "data.max_seq_length=64",
+                    f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"error: model.name_or_path={model} holds a file that cannot be read "
+                                  f"({problem.format(m=model, size=size)}"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Copy the model folder again whole" in proc.stderr
+    assert not (tmp_path / "eval" / "results.json").exists()
+
+
 def test_an_older_versions_keys_are_left_out_and_named(shared_run: ShareRun, tmp_path: Path) -> None:
     trained = shared_run("fast", FAST)
     older = tmp_path / "older"
