@@ -198,11 +198,13 @@ def check_finished(results: Mapping[str, Any], model_cfg: ModelConfig, task: Tas
     wrong (with ``card``, the run's model card, as it was: nli.output.modelcard); where that checkpoint is gone
     too, a CheckpointError that says so, and nothing is touched."""
     step = results.get("best_step")
-    if step is not None and out.world.is_main:
-        problems = integrity.damage(out.storage, int(step))
-        if problems:
-            _export_again(problems, results, model_cfg, task, out, seed=seed, card=card)
-    out.world.barrier()  # no rank reports the run before its model is whole again
+    # No rank reports the run before its model is whole again; where rank 0 cannot make it whole (its checkpoint is
+    # gone too), every rank stops with it, not waiting for it at the next collective until the timeout.
+    with out.world.together():
+        if step is not None and out.world.is_main:
+            problems = integrity.damage(out.storage, int(step))
+            if problems:
+                _export_again(problems, results, model_cfg, task, out, seed=seed, card=card)
 
 
 def _export_again(problems: List[str], results: Mapping[str, Any], model_cfg: ModelConfig, task: TaskConfig,

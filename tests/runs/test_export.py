@@ -310,3 +310,25 @@ def test_a_card_of_a_model_trained_on_your_own_files_names_them_and_not_glue(tmp
     assert (result.dataset_type, result.dataset_config, result.dataset_split, result.dataset_name) == (
         "csv", None, "validation", title)
     assert card_metrics(card) == {"accuracy": read_results(out)["accuracy"]}
+
+
+@pytest.mark.process
+def test_under_torchrun_a_model_that_cannot_be_made_again_stops_every_process_in_one_line(finished: Path,
+                                                                                          tmp_path: Path) -> None:
+    """Rank 0 alone checks a finished run's model/: where it could not be made again (its checkpoint gone too), rank 0
+    stopped with the reason, and rank 1, waiting for it at a barrier, failed in gloo's traceback ("Connection closed
+    by peer"); under NCCL, where no launcher ends it, it waited for hw.collective_timeout_minutes. Now every process
+    stops with rank 0's reason."""
+    from tests.runs.test_distributed import torchrun
+
+    run_dir = copy_run(finished, tmp_path / "run")
+    (run_dir / "model" / "model.safetensors").unlink()
+    shutil.rmtree(run_dir / "checkpoints" / "step-000006")
+    before = files(run_dir)
+    proc = torchrun([*FAST, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode != 0 and "Connection closed" not in proc.stderr, proc.stderr[-3000:]
+    reason = "this run finished, but its model is missing or damaged"
+    assert f"error: {reason}" in proc.stderr
+    told = f"error: process 0 of the run stopped it, and with it process 1: {reason}"
+    assert told in proc.stderr, proc.stderr[-3000:]
+    assert files(run_dir) == before
