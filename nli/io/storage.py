@@ -51,14 +51,20 @@ FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 def write_failed(error: BaseException) -> bool:
     """Whether ``error`` is a write the disk refused (:data:`FULL`: no space, over quota, read-only), itself or an
     error it was raised from or during (a StorageError, a library's own error wrapping the OSError)."""
+    return write_refusal(error) is not None
+
+
+def write_refusal(error: BaseException) -> Optional[str]:
+    """What the disk said to the write ``error`` is or wraps (:func:`write_failed`), with the fix, as the run's
+    messages say it; None where it is no such write."""
     seen: set[int] = set()
     each: Optional[BaseException] = error
     while each is not None and id(each) not in seen:
         seen.add(id(each))
         if isinstance(each, OSError) and each.errno in FULL:
-            return True
+            return _reason(each)
         each = each.__cause__ or each.__context__
-    return False
+    return None
 
 
 def file_in_the_way(path: Path) -> Optional[Path]:

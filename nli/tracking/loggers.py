@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 
 from nli.config.schema import LoggerConfig, WandbConfig, WandbMode
 from nli.contract import CLASS_FIGURES, MODEL_DIR
-from nli.errors import ConfigError, UserError
-from nli.io.storage import Storage
+from nli.errors import ConfigError, StorageError, UserError
+from nli.io.storage import Storage, write_refusal
 from nli.runtime.context import RunContext
 
 if TYPE_CHECKING:
@@ -389,8 +389,12 @@ class Trackers:
                 # Hydra wraps what the logger raised in its own error ("Error in call to target ..."), which the
                 # entry point would show as a traceback: an error the user can fix (a full disk: a StorageError)
                 # is said as itself, as anywhere else in the run.
-                if isinstance(wrapped.__cause__, UserError):
-                    raise wrapped.__cause__ from None
+                cause = wrapped.__cause__
+                if isinstance(cause, UserError):
+                    raise cause from None
+                if cause is not None and (refusal := write_refusal(cause)) is not None:  # in a library's own error
+                    raise StorageError(f"logger.{name} could not write its files in {run.log_dir}: {refusal}"
+                                       ) from cause
                 raise
 
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:

@@ -3,6 +3,9 @@ disk is said as a full disk, and metrics.csv stays a file of whole rows that the
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -60,6 +63,25 @@ def test_a_full_disk_as_the_loggers_start_is_said_as_itself(tmp_path: Path, monk
     with pytest.raises(StorageError, match=r"^could not write .*metrics\.csv: no space left on its disk"):
         trackers.start(_run(tmp_path))
     assert not (tmp_path / "metrics.csv").read_bytes()
+
+
+class FullDiskLogger:
+    """A logger whose library meets a full disk as it starts, and says so in an error of its own."""
+
+    def __init__(self, *, run: RunInfo, file: str) -> None:
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(run.log_dir / "events"))
+        except OSError as err:
+            raise RuntimeError("the logger's service could not start") from err
+
+
+def test_any_logger_meeting_a_full_disk_as_it_starts_is_said_as_a_full_disk(tmp_path: Path) -> None:
+    """A logger's own error (W&B's, TensorBoard's) around the OSError was Hydra's "Error in call to target"."""
+    trackers = Trackers({"mine": CsvConfig(_target_=f"{__name__}.FullDiskLogger")})
+    with pytest.raises(StorageError, match=re.escape(f"logger.mine could not write its files in {tmp_path}: no space "
+                                                     "left on its disk: make room there")) as raised:
+        trackers.start(_run(tmp_path))
+    assert write_failed(raised.value)
 
 
 def test_the_per_class_files_are_written_whole(tmp_path: Path) -> None:
