@@ -175,6 +175,7 @@ class Check:
     stopping: threading.Event = field(default_factory=threading.Event)  # the check was told to stop (SIGTERM)
     running: Set["subprocess.Popen[bytes]"] = field(default_factory=set)  # sub-runs under way, to stop at the end
     benchmark_md: Dict[str, str] = field(default_factory=dict)  # benchmarks.md's sections, by label
+    lines: Dict[str, "Line"] = field(default_factory=dict)  # the report's lines, by name: what a line depends on
 
     @property
     def gpu(self) -> bool:
@@ -378,6 +379,7 @@ def keep_log(check: Check, line: Line, name: str, output: str) -> None:
     """A failed sub-run's output, its last TAIL characters (what a reader needs; the whole may be megabytes), added
     to the report's logs.txt under ``name``, which the line's ``logs`` lists."""
     with check.lock:
+        check.out.mkdir(parents=True, exist_ok=True)
         with open(check.out / "logs.txt", "a") as logs:
             logs.write(f"===== {name} =====\n{output[-TAIL:].rstrip()}\n\n")
         line.logs.append(f"logs.txt: {name}")
@@ -519,11 +521,14 @@ def line_compile(check: Check, line: Line) -> None:
 EVAL_TOLERANCE = 1e-4  # |loss difference| in fp32: the fast paths reorder float sums, nothing more
 
 
-def line_eval_only(check: Check, line: Line, source: concurrent.futures.Future) -> None:
-    """An evaluation-only run of the quickstart's folder, with and without the fast paths, in fp32."""
-    folder = source.result()
-    if folder is None:
-        raise Failed("the bf16 quickstart did not leave a run folder to evaluate")
+def line_eval_only(check: Check, line: Line) -> None:
+    """An evaluation-only run of the bf16 quickstart's folder (line a, which runs before it: :data:`AFTER`), with and
+    without the fast paths, in fp32."""
+    source = check.lines.get("quickstart_bf16")
+    if source is None or source.status != "pass":
+        raise Skipped("it evaluates the bf16 quickstart's run folder, and that line "
+                      + ("did not run" if source is None else f"ended '{source.status}'"))
+    folder = check.work / "runs" / "quickstart_bf16-bf16"
     runs = {}
     for label, extra in (("fast", []), ("stock", ["model.fast_paths=false"])):
         proc = train(check, line, label, ["eval.only=true", f"model.name_or_path={folder}", "precision=fp32", *extra])
@@ -725,6 +730,7 @@ def vs_trainer(check: Check, line: Line, label: str, flags: Sequence[str], *, ti
 def keep_benchmark(check: Check, label: str, document: Dict[str, Any], markdown: str) -> None:
     """One benchmark's output added to the report's benchmarks.json (LABEL: its JSON) and benchmarks.md."""
     with check.lock:
+        check.out.mkdir(parents=True, exist_ok=True)
         path = check.out / "benchmarks.json"
         kept = json.loads(path.read_text()) if path.exists() else {}
         kept[label] = document
@@ -1178,10 +1184,15 @@ def gpus_line(environment: Dict[str, Any], nvml: Figures) -> Line:
 LineFunction = Callable[[Check, Line], None]
 
 
-def plan(quick: "concurrent.futures.Future[Optional[Path]]") -> List[Tuple[str, str, LineFunction, str]]:
+# Lines that read what another line left: each starts once those have ended, and --only brings those in.
+AFTER: Dict[str, Tuple[str, ...]] = {"eval_only": ("quickstart_bf16",)}
+PHASES = ("first", "together", "last")
+
+
+def plan() -> List[Tuple[str, str, LineFunction, str]]:
     """Every line: name, title, what it runs, and when: alone first (it fills the GPU's memory on
     purpose), side by side (small models), alone last (a speed, then the largest memory figures, with
-    what time is left). ``quick``: the bf16 quickstart's folder."""
+    what time is left). A line of :data:`AFTER` waits for those it names, in its phase or an earlier one."""
     def quickstart(precision: str) -> LineFunction:
         return lambda check, line: line_quickstart(check, line, precision)
 
@@ -1191,7 +1202,7 @@ def plan(quick: "concurrent.futures.Future[Optional[Path]]") -> List[Tuple[str, 
         ("quickstart_bf16", "a. quickstart, precision=bf16", quickstart("bf16"), "together"),
         ("quickstart_fp16", "a. quickstart, precision=fp16", quickstart("fp16"), "together"),
         ("eval_only", "c. eval.only=true, fast paths on and off",
-         lambda check, line: line_eval_only(check, line, quick), "together"),
+         line_eval_only, "together"),
         ("resume", "d. SIGTERM, resume, against unbroken runs", line_resume, "together"),
         ("torchrun", "f. torchrun --nproc-per-node 1", line_torchrun, "together"),
         ("fp16_checkpoint", "i. fp16-stored checkpoint, bf16 and fp16", line_fp16_checkpoint, "together"),
@@ -1207,6 +1218,52 @@ def plan(quick: "concurrent.futures.Future[Optional[Path]]") -> List[Tuple[str, 
 
 
 OUT_OF_TIME = "skipped: out of time"  # a line the check's --budget cut, or left unstarted
+Entry = Tuple[str, str, LineFunction, str]
+
+
+def choose(entries: List[Entry], only: Optional[Sequence[str]]) -> List[Entry]:
+    """The lines --only names (every line without it), and those they read from (:data:`AFTER`), in plan order."""
+    wanted = set(only or [entry[0] for entry in entries])
+    for name in list(wanted):
+        wanted.update(AFTER.get(name, ()))
+    return [entry for entry in entries if entry[0] in wanted]
+
+
+def run_lines(check: Check, entries: List[Entry], jobs: int, report: Callable[[], None]) -> None:
+    """Each line in its phase (:data:`PHASES`: ``together``'s ``jobs`` side by side, the others one at a time), a
+    line of :data:`AFTER` only once the lines it reads from have ended; each line recorded in ``check.lines``."""
+    def one(name: str, function: LineFunction) -> None:
+        line = check.lines[name]
+        if check.left() < 15 or check.stopping.is_set():
+            why = ("the check was told to stop" if check.stopping.is_set()
+                   else f"the check's --budget had {max(check.left(), 0):.0f} s left")
+            line.status, line.detail = OUT_OF_TIME, f"not started: {why}"
+            report()
+        else:
+            run_line(check, line, function, report)
+
+    def ended(name: str) -> bool:
+        return name not in check.lines or check.lines[name].status not in ("not run", "running")
+
+    for phase in PHASES:
+        waiting = [(name, function) for name, _, function, when in entries if when == phase]
+        workers = max(jobs if phase == "together" else 1, 1)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            running: Set[concurrent.futures.Future] = set()
+            while waiting or running:
+                for entry in [entry for entry in waiting if all(map(ended, AFTER.get(entry[0], ())))]:
+                    if len(running) >= workers:
+                        break
+                    waiting.remove(entry)
+                    running.add(pool.submit(one, *entry))
+                if not running:  # what they wait for is in a later phase: a plan's mistake, said as a failure
+                    for name, _ in waiting:
+                        check.lines[name].status = "fail"
+                        check.lines[name].detail = f"waits for {AFTER.get(name)}, which run after it (the check's plan)"
+                    break
+                finished, running = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in finished:
+                    future.result()
 
 
 def run_line(check: Check, line: Line, function: LineFunction, report: Callable[[], None]) -> None:
@@ -1259,10 +1316,9 @@ def main_run(args: argparse.Namespace) -> int:
     if device == "cuda" and not has_gpu:
         sys.exit("--device cuda: no CUDA GPU here (torch.cuda.is_available() is false)")
     check.device = device
-    quick: concurrent.futures.Future[Optional[Path]] = concurrent.futures.Future()
-    lines = plan(quick)
-    chosen = [entry for entry in lines if not args.only or entry[0] in args.only]
+    chosen = choose(plan(), args.only)
     results = {"gpus": gpus_line(environment, nvml), **{name: Line(name, title) for name, title, _, _ in chosen}}
+    check.lines = results
     header = {"device": environment.get("device", "CPU (a rehearsal: GPU-only lines are skipped)"),
               "ran_on": device, "environment": environment, "kit": str(site) if site else None,
               "runs": str(work) if args.keep else None}
@@ -1270,19 +1326,6 @@ def main_run(args: argparse.Namespace) -> int:
     def report() -> None:
         with check.lock:
             write_report(out, header, list(results.values()), time.monotonic() - started)
-
-    def one(name: str, function: LineFunction) -> None:
-        line = results[name]
-        try:
-            if check.left() < 15 or check.stopping.is_set():
-                line.status, line.detail = OUT_OF_TIME, (f"not started: the check's --budget had "
-                                                         f"{max(check.left(), 0):.0f} s left")
-                report()
-            else:
-                run_line(check, line, function, report)
-        finally:  # the evaluation-only line waits on it, whatever happened
-            if name == "quickstart_bf16":
-                quick.set_result(work / "runs" / "quickstart_bf16-bf16" if line.status == "pass" else None)
 
     def stop(signum: int, frame: Any) -> None:  # SIGTERM or SIGINT to the check: its sub-runs stopped, the report kept
         header["stopped_by"] = signal.Signals(signum).name
@@ -1293,14 +1336,7 @@ def main_run(args: argparse.Namespace) -> int:
     watchdog = threading.Thread(target=last_resort, args=(check, results, report), daemon=True)
     watchdog.start()
     report()
-    if "quickstart_bf16" not in results:
-        quick.set_result(None)
-    for phase in ("first", "together", "last"):
-        entries = [(name, function) for name, _, function, when in chosen if when == phase]
-        workers = args.jobs if phase == "together" else 1
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
-            for future in [pool.submit(one, name, function) for name, function in entries]:
-                future.result()
+    run_lines(check, chosen, args.jobs, report)
     report()
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

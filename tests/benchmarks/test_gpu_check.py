@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -336,3 +337,39 @@ def test_the_report_gives_the_gpus_torch_and_nvml_see_and_fails_where_torch_sees
     gpu_check.write_report(tmp_path, {"device": "NVIDIA H200", "ran_on": "cuda",
                                       "environment": {"gpus_torch": 1, **nvml}}, [one], 1)
     assert "**They differ:** GPUs: torch sees 1; nvidia-smi (NVML) lists 2" in (tmp_path / "gpu_check.md").read_text()
+
+
+@pytest.mark.parametrize("jobs, passes", [(1, True), (4, True), (4, False)])
+def test_a_line_that_reads_another_s_output_starts_after_it_whatever_the_order_and_the_jobs(
+        jobs: int, passes: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """eval_only evaluates the bf16 quickstart's folder: --only eval_only brings that line in, and with one job or
+    four, listed first or not, eval_only starts once it has ended; where it did not pass, eval_only is skipped."""
+    assert [entry[0] for entry in gpu_check.choose(gpu_check.plan(), ["eval_only"])] == ["quickstart_bf16", "eval_only"]
+    assert {name for name, *_ in gpu_check.plan()} == set(gpu_check.LINES)
+    events: list = []
+
+    def quickstart(check: gpu_check.Check, line: gpu_check.Line) -> None:
+        events.append("quickstart starts")
+        time.sleep(1)
+        events.append("quickstart ends")
+        gpu_check.require(passes, "no")
+
+    def evaluation(check: gpu_check.Check, line: gpu_check.Line) -> None:
+        events.append("eval_only starts")
+        gpu_check.line_eval_only(check, line)
+
+    def evaluated(*args: object, **kwargs: object) -> None:  # the evaluation itself is not under test
+        raise gpu_check.Failed("evaluated")
+
+    monkeypatch.setattr(gpu_check, "train", evaluated)
+    entries = [("eval_only", "c", evaluation, "together"), ("quickstart_bf16", "a", quickstart, "together")]
+    check = gpu_check.Check(tmp_path, tmp_path, "cpu", {}, deadline=time.monotonic() + 300)
+    check.lines = {name: gpu_check.Line(name, title) for name, title, *_ in entries}
+    worker = threading.Thread(target=gpu_check.run_lines, args=(check, entries, jobs, lambda: None), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the lines never ended"
+    assert events.index("eval_only starts") > events.index("quickstart ends"), events
+    status = check.lines["eval_only"].status, check.lines["eval_only"].detail
+    skipped = "skipped: it evaluates the bf16 quickstart's run folder, and that line ended 'fail'"
+    assert status == (("fail", "evaluated") if passes else (skipped, "")), status
