@@ -373,3 +373,22 @@ def test_a_line_that_reads_another_s_output_starts_after_it_whatever_the_order_a
     status = check.lines["eval_only"].status, check.lines["eval_only"].detail
     skipped = "skipped: it evaluates the bf16 quickstart's run folder, and that line ended 'fail'"
     assert status == (("fail", "evaluated") if passes else (skipped, "")), status
+
+
+def test_the_default_budget_leaves_a_device_call_its_margin_and_the_report_names_lines_cut_for_time(
+        tmp_path: Path) -> None:
+    """A device call of about 590 s: the budget (the kit's install in it), the stop of what runs at its end and the
+    watchdog after it must end well inside; and the Markdown says which lines the budget cut or never started."""
+    assert gpu_check.BUDGET + gpu_check.KILL_GRACE + gpu_check.WATCHDOG <= 500
+    help_text = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "run", "--help"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=60).stdout
+    assert "default 450" in " ".join(help_text.split())
+    lines = [gpu_check.Line("quickstart_bf16", "a. quickstart", status="pass"),
+             gpu_check.Line("workers", "o. workers", status=gpu_check.OUT_OF_TIME, detail="workers_0: the check's "
+                            "--budget ended 40 s into it; stopped"),
+             gpu_check.Line("presets", "h. presets", status=gpu_check.OUT_OF_TIME, detail="not started")]
+    gpu_check.write_report(tmp_path, {"device": "H200", "ran_on": "cuda", "environment": {}, "budget_seconds": 450},
+                           lines, 460)
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "**Skipped for time** (--budget 450 s), cut or never started: o. workers; h. presets." in md
+    assert "| o. workers | skipped: out of time: workers_0: the check's --budget ended 40 s into it; stopped |" in md
