@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
@@ -122,30 +123,70 @@ def prepare(kit: Path, python_version: str) -> List[Path]:
     return wheels
 
 
-def install(kit: Path) -> Optional[Path]:
-    """The kit's wheels installed into ``kit/site`` (pip, no index, no dependencies); that folder, for
-    PYTHONPATH. None where the kit holds no wheels (a machine whose environment has everything)."""
+class KitError(Exception):
+    """The kit could not be installed: the report says why, and the lines that need it fail naming what is missing."""
+
+
+def install(kit: Path) -> Tuple[Optional[Path], str]:
+    """The kit's wheels installed into ``kit/site-pyXY``, that folder (for PYTHONPATH) and how: with pip (no index, no
+    dependencies), else, where pip fails or is missing (a virtual environment made without it), each wheel unpacked
+    there (:func:`unpack`: the kit's wheels are pure Python). None where the kit holds no wheels (a machine whose
+    environment has everything). Raises KitError where neither works, or the wheels are for another Python."""
     wheels = sorted((kit / "wheels").glob("*.whl"))
     if not wheels:
-        return None
+        return None, f"none: no wheels in {kit / 'wheels'} (the machine's own packages)"
     site = kit / f"site-py{sys.version_info.major}{sys.version_info.minor}"
     stamp = site / ".installed"
     names = "\n".join(w.name for w in wheels)
     if stamp.exists() and stamp.read_text() == names:
-        return site
+        return site, f"{len(wheels)} wheels, installed before into {site}"
     tag = f"py{sys.version_info.major}{sys.version_info.minor}"
     foreign = [w.name for w in wheels if re.search(r"-(py|cp)3\d+-", w.name) and f"-{tag}-" not in w.name
                and f"-cp{tag[2:]}-" not in w.name]
     if foreign:
-        sys.exit(f"the kit in {kit} is for another Python than this {platform_python()}: {foreign}; "
-                 f"`python -m benchmarks.gpu_check prepare --python-version {platform_python()}` makes one for it")
+        raise KitError(f"the kit in {kit} is for another Python than this {platform_python()}: {foreign}; `python "
+                       f"-m benchmarks.gpu_check prepare --python-version {platform_python()}` makes one for it")
     shutil.rmtree(site, ignore_errors=True)
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
-                          "--target", str(site), *map(str, wheels)], capture_output=True, text=True)
-    if pip.returncode != 0:
-        sys.exit(f"installing the kit from {kit / 'wheels'} failed:\n{pip.stderr[-3000:]}")
+    try:
+        pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                              "--no-compile", "--target", str(site), *map(str, wheels)], capture_output=True,
+                             text=True, timeout=180)
+        failed = pip.returncode != 0 and last_line(pip.stderr)
+    except subprocess.TimeoutExpired:
+        failed = "pip ran past 180 s"
+    how = f"{len(wheels)} wheels, with pip, into {site}"
+    if failed:
+        shutil.rmtree(site, ignore_errors=True)
+        try:
+            for wheel in wheels:
+                unpack(wheel, site)
+        except (OSError, zipfile.BadZipFile) as error:
+            raise KitError(f"installing the kit from {kit / 'wheels'} failed: pip: {failed}; unpacking the wheels: "
+                           f"{type(error).__name__}: {error}") from error
+        how = f"{len(wheels)} wheels, unpacked into {site} (pip: {failed})"
     stamp.write_text(names)
-    return site
+    return site, how
+
+
+def unpack(wheel: Path, site: Path) -> None:
+    """A pure-Python wheel installed by hand: its files into ``site``, those of its ``.data/purelib`` and
+    ``.data/platlib`` too, its scripts and headers left out (nothing here runs them)."""
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.infolist():
+            name = member.filename
+            if ".data/" in name.split("/", 1)[0] + "/":
+                parts = name.split("/", 2)
+                if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                    continue
+                name = parts[2]
+            target = (site / name).resolve()
+            if not target.is_relative_to(site.resolve()):
+                raise OSError(f"{wheel.name}: {member.filename} would land outside {site}")
+            if member.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(archive.read(member))
 
 
 def platform_python() -> str:
@@ -1297,7 +1338,10 @@ def main_run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name in REPORT_FILES:  # an earlier check's: this one's would be mixed with them
         (out / name).unlink(missing_ok=True)
-    site = install(args.kit)
+    try:
+        site, kit = install(args.kit)
+    except KitError as why:  # said in the report: the lines run, and those that need the kit fail naming what
+        site, kit = None, f"failed: {why}"
     path = [str(site)] if site else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -1327,7 +1371,7 @@ def main_run(args: argparse.Namespace) -> int:
     check.lines = results
     header = {"device": environment.get("device", "CPU (a rehearsal: GPU-only lines are skipped)"),
               "ran_on": device, "budget_seconds": args.budget, "environment": environment,
-              "kit": str(site) if site else None, "runs": str(work) if args.keep else None}
+              "kit": kit, "runs": str(work) if args.keep else None}
 
     def report() -> None:
         with check.lock:
@@ -1399,6 +1443,8 @@ def write_report(out: Path, header: Dict[str, Any], lines: List[Line], seconds: 
                 value = f"({len(value)} below)"
             cells.append(f"{key}={json.dumps(value) if isinstance(value, (dict, list)) else value}")
         md.append(f"| {line.title} | {result} | {'; '.join(cells)} | {line.seconds:.0f} |".replace("\n", " "))
+    if str(header.get("kit", "")).startswith("failed"):
+        md[4:4] = [f"**The kit** (Hydra, OmegaConf, datasets) **did not install**: {header['kit']}", ""]
     late = [line.title for line in lines if line.status == OUT_OF_TIME]
     if late:
         budget = f" (--budget {header['budget_seconds']:.0f} s)" if header.get("budget_seconds") else ""

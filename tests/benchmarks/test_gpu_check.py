@@ -392,3 +392,30 @@ def test_the_default_budget_leaves_a_device_call_its_margin_and_the_report_names
     md = (tmp_path / "gpu_check.md").read_text()
     assert "**Skipped for time** (--budget 450 s), cut or never started: o. workers; h. presets." in md
     assert "| o. workers | skipped: out of time: workers_0: the check's --budget ended 40 s into it; stopped |" in md
+
+
+def test_a_kit_pip_cannot_install_is_unpacked_and_one_that_fails_is_reported_not_fatal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python without pip (a virtual environment made without it) still gets the kit: its wheels are pure Python."""
+    import zipfile
+
+    wheels = tmp_path / "kit" / "wheels"
+    wheels.mkdir(parents=True)
+    with zipfile.ZipFile(wheels / "gpukitprobe-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("gpukitprobe/__init__.py", "ANSWER = 42\n")
+        wheel.writestr("gpukitprobe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: gpukitprobe\nVersion: 1.0\n")
+        wheel.writestr("gpukitprobe-1.0.data/purelib/gpukitprobe_extra.py", "EXTRA = 1\n")
+        wheel.writestr("gpukitprobe-1.0.data/scripts/gpukitprobe", "#!/bin/sh\n")
+    no_pip = subprocess.CompletedProcess([], 1, "", "/usr/bin/python3: No module named pip\n")
+    monkeypatch.setattr(gpu_check.subprocess, "run", lambda *args, **kwargs: no_pip)
+    site, how = gpu_check.install(tmp_path / "kit")
+    assert site is not None and "unpacked" in how and "No module named pip" in how
+    assert (site / "gpukitprobe" / "__init__.py").read_text() == "ANSWER = 42\n"
+    assert (site / "gpukitprobe_extra.py").exists() and (site / "gpukitprobe-1.0.dist-info" / "METADATA").exists()
+    assert not (site / "gpukitprobe").joinpath("..", "gpukitprobe-1.0.data").resolve().exists()
+    (wheels / "multiprocess-0.70.19-py39-none-any.whl").write_bytes(b"")
+    with pytest.raises(gpu_check.KitError, match="for another Python"):
+        gpu_check.install(tmp_path / "kit")
+    gpu_check.write_report(tmp_path, {"device": "H200", "ran_on": "cuda", "environment": {},
+                                      "kit": "failed: the kit is for another Python"}, [], 1)
+    assert "**The kit** (Hydra, OmegaConf, datasets) **did not install**" in (tmp_path / "gpu_check.md").read_text()
