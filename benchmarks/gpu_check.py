@@ -1395,7 +1395,7 @@ def main_run(args: argparse.Namespace) -> int:
           f"{len(failed)} failed ({', '.join(failed) or 'none'}), "
           f"{sum(line.status.startswith('skipped') for line in results.values())} skipped, "
           f"{time.monotonic() - started:.0f} s; report: {out / 'gpu_check.md'} and {out / 'gpu_check.json'}")
-    return 1 if failed else 0
+    return 1 if failed or header.get("stopped_by") else 0
 
 
 WATCHDOG = 30.0  # seconds past the deadline (and the sub-runs' KILL_GRACE) after which the check ends whatever runs

@@ -419,3 +419,36 @@ def test_a_kit_pip_cannot_install_is_unpacked_and_one_that_fails_is_reported_not
     gpu_check.write_report(tmp_path, {"device": "H200", "ran_on": "cuda", "environment": {},
                                       "kit": "failed: the kit is for another Python"}, [], 1)
     assert "**The kit** (Hydra, OmegaConf, datasets) **did not install**" in (tmp_path / "gpu_check.md").read_text()
+
+
+@pytest.mark.process
+def test_a_check_told_to_stop_stops_its_sub_runs_and_keeps_its_report(tmp_path: Path) -> None:
+    """SIGTERM to the check (a device call's own limit): the lines under way are 'skipped: out of time', their
+    sub-runs (in sessions of their own) stopped whole, the report written, in seconds."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_check", "run", "--out", str(out), "--device", "cpu",
+                             "--kit", str(tmp_path / "no-kit"), "--only", "resume", "--work", str(tmp_path / "work")],
+                            cwd=ROOT, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(1200):
+            report = json.loads((out / "gpu_check.json").read_text()) if (out / "gpu_check.json").exists() else {}
+            if any(line["status"] == "running" for line in report.get("lines", [])):
+                break
+            time.sleep(0.1)
+        time.sleep(3)
+        below = gpu_check.descendants(proc.pid)
+        assert below, "the line started no sub-run"
+        start = time.monotonic()
+        proc.terminate()
+        output, _ = proc.communicate(timeout=60)
+        assert time.monotonic() - start < 3 * gpu_check.KILL_GRACE, output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads((out / "gpu_check.json").read_text())
+    status = {line["name"]: (line["status"], line["detail"]) for line in report["lines"]}
+    assert status["resume"][0] == gpu_check.OUT_OF_TIME and "told to stop" in status["resume"][1], status
+    assert report["stopped_by"] == "SIGTERM" and proc.returncode != 0
+    assert "**The check was stopped by SIGTERM**" in (out / "gpu_check.md").read_text()
+    time.sleep(1)
+    assert not [pid for pid in below if alive(pid)], "sub-runs outlived the check"
