@@ -571,7 +571,7 @@ def load_curves(rows: Sequence[Row], keys: Sequence[str]) -> Tuple[List[Run], Li
             continue
         label = ", ".join(f"{key}={row.get(key)}" for key in keys) or f"job {row.get('job')}"
         setting = ", ".join(f"{key}={row.get(key)}" for key in keys if key != sweep.SEED) or \
-            ("all seeds" if sweep.SEED in keys else label)
+            ("" if sweep.SEED in keys else label)  # "": the seeds alone were swept, all one setting
         runs.append(Run(label, curves, main_metric(row, curves), setting, float(row["objective"])))
     return runs, notes
 
@@ -601,9 +601,8 @@ def curves_figure(runs: Sequence[Run]) -> Figure:
         lines = [_band(axes, [_series(run, name) for run in seeds], colour) for axes, (name, _) in zip(panels, PANELS)]
         if plots.named(colour):
             handles.insert(0, next((line for line in lines if line is not None), lines[0]))
-            one = len(seeds) == 1
-            labels.insert(0, plots.short_label(seeds[0].label if one else setting) + ("" if one else
-                                                                                       f" ({len(seeds)} seeds)"))
+            labels.insert(0, plots.short_label(seeds[0].label) if len(seeds) == 1 else
+                          f"{plots.short_label(setting)} ({len(seeds)} seeds)" if setting else f"{len(seeds)} seeds")
     metrics = list(dict.fromkeys(run.metric for run in runs if run.metric))
     logged = any(run.curves.get(GRAD_NORM) for run in runs)  # runs from before it was logged have none
     ylabels = ["train/loss", ", ".join(metrics) or "no eval/ metric logged",

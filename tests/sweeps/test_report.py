@@ -733,3 +733,13 @@ def test_a_metrics_row_cut_short_names_its_file_and_line(tmp_path: Path) -> None
                                        "output_dir": str(metrics.parent)}], [])
     assert runs == [] and len(notes) == 1 and f"job 0 ({metrics}): metrics.csv unreadable" in notes[0]
     assert "line 3: not a row of step, metric and value" in notes[0]
+
+
+def test_the_learning_curves_of_a_sweep_of_seeds_alone_are_one_setting(tmp_path: Path) -> None:
+    """Seeds alone swept: one line and band, named by its seeds (it was 'all seeds (3 seeds)')."""
+    rows = made_sweep(tmp_path / "seeds", [{}], seeds=3)
+    assert sweep.varying(rows) == ["seed"]
+    figure = report.curves_figure(report.load_curves(rows, ["seed"])[0])
+    legend = assert_below_and_inside(figure)
+    assert [text.get_text() for text in legend.get_texts()] == ["3 seeds"]
+    assert len(figure.axes[0].get_lines()) == 1 and len(figure.axes[0].collections) == 1
