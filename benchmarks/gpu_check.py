@@ -9,9 +9,12 @@ most of their company preinstalled but no Hydra and no datasets. So it comes in 
 
 ``prepare`` downloads the wheels that requirements/gpu-check.txt pins (``--python-version`` for another
 Python; 3.12 is the GPU machines') and prints their sizes. ``run`` installs them into the kit with pip
-(no index, no dependencies) and runs every line, each in processes of its own with a time limit, so
-that a line that fails or hangs costs only itself; the report is rewritten as each line ends, so
-what finished is there even if the machine is taken back. ``--device cpu`` rehearses the lines a CPU
+(no index, no dependencies; unpacked by hand where pip is missing) and runs every line, each in processes of its
+own with a time limit, stopped whole (SIGTERM, then SIGKILL, torchrun's workers too) past it, so that a line that
+fails or hangs costs only itself; all of it within ``--budget`` seconds (450: for a device call of about 590 s),
+after which lines read "skipped: out of time". The report, at most five files straight in ``--out``
+(:data:`REPORT_FILES`), is rewritten as each line ends, so what finished is there even if the machine is taken
+back, and a SIGTERM to the check stops its sub-runs and writes it. ``--device cpu`` rehearses the lines a CPU
 can run (the GPU-only ones are reported "skipped: no GPU", never passed):
 
     python -m benchmarks.gpu_check run --out gpu-check --device cpu --only quickstart_bf16 eval_only resume
@@ -223,6 +226,7 @@ class Check:
     running: Set["subprocess.Popen[bytes]"] = field(default_factory=set)  # sub-runs under way, to stop at the end
     benchmark_md: Dict[str, str] = field(default_factory=dict)  # benchmarks.md's sections, by label
     lines: Dict[str, "Line"] = field(default_factory=dict)  # the report's lines, by name: what a line depends on
+    stopped_by: Optional[str] = None  # the signal that told the check to stop
 
     @property
     def gpu(self) -> bool:
@@ -1350,6 +1354,13 @@ def main_run(args: argparse.Namespace) -> int:
         args.work.mkdir(parents=True, exist_ok=True)  # a folder named for the runs, made as --out is
     work = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=args.work))
     check = Check(out, work, "cpu", env, started + args.budget)
+
+    def stop(signum: int, frame: Any) -> None:  # SIGTERM or SIGINT to the check: its sub-runs stopped, the report kept
+        check.stopped_by = signal.Signals(signum).name
+        check.stopping.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):  # from here on: the probes below are sub-runs too
+        signal.signal(signum, stop)
     environment: Dict[str, Any] = {}
     try:
         environment = json.loads(child(check, ENVIRONMENT))
@@ -1375,14 +1386,10 @@ def main_run(args: argparse.Namespace) -> int:
 
     def report() -> None:
         with check.lock:
+            if check.stopped_by:
+                header["stopped_by"] = check.stopped_by
             write_report(out, header, list(results.values()), time.monotonic() - started)
 
-    def stop(signum: int, frame: Any) -> None:  # SIGTERM or SIGINT to the check: its sub-runs stopped, the report kept
-        header["stopped_by"] = signal.Signals(signum).name
-        check.stopping.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, stop)
     watchdog = threading.Thread(target=last_resort, args=(check, results, report), daemon=True)
     watchdog.start()
     report()
