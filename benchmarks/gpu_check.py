@@ -270,7 +270,11 @@ def descendants(pid: int) -> List[int]:
     """Every process below ``pid`` (from /proc's parent links), whatever its session: torchrun starts each worker in
     a session of its own, which a signal to torchrun's process group does not reach."""
     children: Dict[int, List[int]] = {}
-    for entry in Path("/proc").iterdir():
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:  # no /proc (not Linux): the process groups alone are signalled
+        return []
+    for entry in entries:
         if entry.name.isdigit():
             try:
                 # the field after the command's name, which may hold spaces and brackets
