@@ -32,6 +32,7 @@ import os
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, cast
 
 import datasets
@@ -41,6 +42,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from nli import contract
+from nli.config import runfolder
 from nli.config.identity import digest, identity, own_folder
 from nli.config.keys import key_of
 from nli.config.schema import (
@@ -235,6 +237,9 @@ def setup(train: TrainConfig, logger: Mapping[str, LoggerConfig], context: RunCo
     claim = None
     with world.together():  # the others stop with rank 0 where it refuses the folder
         if world.is_main:
+            if storage.local:  # said before torch loads too (nli.config.command), of the folder the command names
+                runfolder.check_not_in_a_model(Path(storage.root), storage.describe(),
+                                               way=f"Give the run its own {own_folder()}")
             storage.check_writable()
             claim = held.enter_context(Claim.take(storage))  # one run at a time in the folder
     ident = identity(context.resolved)

@@ -623,6 +623,7 @@ def _check_folder(key: str, folder: str) -> None:
         raise ConfigError(f"{key} is empty (an unset shell variable?): it would write into the current directory. "
                           f"Give it a folder ({key}=runs/first), or leave it out for its default")
     path = Path(folder)
+    runfolder.check_not_in_a_model(path, f"{key}={folder}", what="sweep" if key == "hydra.sweep.dir" else "run")
     if key in ("hydra.run.dir", "output_dir") and (path / MULTIRUN_RECORD).exists():
         raise ConfigError(f"{key}={folder} is a sweep's folder (it holds {MULTIRUN_RECORD}): a run there would mix "
                           "its files into the sweep's. Give the run a folder of its own")

@@ -180,6 +180,40 @@ def _trained(results: Mapping[str, Any]) -> bool:
     return "best_step" in results or "train_steps" in results
 
 
+CHECKPOINT_MANIFEST = "checkpoint.json"  # a checkpoint folder's, written last (nli.train.checkpoint.MANIFEST)
+WEIGHTS = ("*.safetensors", "*.bin")
+
+
+def check_not_in_a_model(folder: Path, where: str, *, what: str = "run", way: str = "") -> None:
+    """Refuses ``folder`` (``where``: as the command or the run names it) as a ``what``'s folder where it is, or is
+    inside, a model folder or checkpoints (:func:`model_or_checkpoint_above`); ``way`` says what to give instead."""
+    held = model_or_checkpoint_above(folder)
+    if held is not None:
+        kind, found = held
+        place = "is" if found == folder.expanduser().absolute() else "is inside"
+        raise ConfigError(f"{where} {place} {kind} {found}: the {what}'s files would be mixed into it, and taken for "
+                          f"its own or removed with it. {way or f'Give the {what} a folder of its own'}")
+
+
+def model_or_checkpoint_above(folder: Path) -> Optional[Tuple[str, Path]]:
+    """What ``folder`` (local) is, or is inside of, that no run may write into (its kind, and where); None where
+    nothing is. A model folder (config.json beside weights or an export.json: a run's model/, a save_pretrained
+    folder), whose files a run's would be taken for and which an export replaces whole; a checkpoint (step-N with
+    its manifest), or a run's checkpoints/, whose old steps the run removes."""
+    folder = folder.expanduser().absolute()
+    for each in (folder, *folder.parents):
+        if not each.is_dir():
+            continue
+        if (each / "config.json").is_file() and ((each / contract.EXPORT_FILE).is_file()
+                                                 or any(next(each.glob(kind), None) for kind in WEIGHTS)):
+            return "the model folder", each
+        if (each / CHECKPOINT_MANIFEST).is_file():
+            return "the checkpoint", each
+        if each.name == contract.CHECKPOINTS_DIR and (each.parent / contract.CONFIG_FILE).is_file():
+            return "the checkpoints folder", each  # a run's own; a train.checkpoint_dir may be anywhere
+    return None
+
+
 def _evaluated(storage: Storage) -> Optional[str]:
     """The model an evaluation-only run's folder evaluated (its results.json says), else None."""
     try:

@@ -419,3 +419,29 @@ def test_a_run_folder_to_train_on_from_is_told_its_model(shared_run: ShareRun, t
     proc = run_app([*MINILM_FAST, f"model.name_or_path={trained / 'model'}", f"hydra.run.dir={tmp_path / 'on'}"],
                    cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr  # the advice taken
+
+
+def test_a_folder_inside_a_model_or_a_checkpoint_is_refused_before_hydra_writes(shared_run: ShareRun,
+                                                                               tmp_path: Path) -> None:
+    """A run (an evaluation, or a training run) or a sweep given a folder inside a model folder or a checkpoint wrote
+    its files among the model's (an export then replaced the folder whole, the run's files with it) or a checkpoint's
+    (removed as the run's checkpoints rotate). Each is refused in one line, before Hydra writes there."""
+    trained = copy_run(shared_run("fast", FAST), tmp_path / "trained")
+    before = files(trained)
+    step = trained / "checkpoints" / "step-000012"
+    said = {trained / "model" / "eval": f"is inside the model folder {trained}/model",
+            step: f"is the checkpoint {step}", step / "eval": f"is inside the checkpoint {step}",
+            trained / "checkpoints": f"is the checkpoints folder {trained}/checkpoints"}
+    for folder, where in said.items():
+        for args, key, what in (([*EVAL, f"model.name_or_path={trained}"], "hydra.run.dir", "run"),
+                                (FAST, "hydra.run.dir", "run"), (["-m", *FAST, "seed=1"], "hydra.sweep.dir", "sweep")):
+            proc = run_app([*args, f"{key}={folder}"], cwd=tmp_path)
+            assert proc.returncode == 1 and proc.stderr == (
+                f"error: {key}={folder} {where}: the {what}'s files would be mixed into it, and taken for its own or "
+                f"removed with it. Give the {what} a folder of its own\n"), proc.stdout + proc.stderr
+    proc = run_app(["-m", *EVAL, f"model.name_or_path={trained}", f"hydra.sweep.dir={tmp_path / 'sweep'}", "seed=1",
+                    f"output_dir={trained / 'model' / 'eval'}"], cwd=tmp_path)  # a job's folder, refused as it starts
+    assert proc.returncode == 1 and (f"error: {trained}/model/eval is inside the model folder {trained}/model: the "
+                                     "run's files would be mixed into it") in proc.stdout + proc.stderr
+    assert "Give the run its own output_dir (or the sweep another hydra.sweep.dir)" in proc.stdout + proc.stderr
+    assert files(trained) == before and not (trained / "model" / "eval").exists()
