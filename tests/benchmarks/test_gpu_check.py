@@ -1,4 +1,4 @@
-"""The GPU check (benchmarks/gpu_check.py): its kit, its report, and its CPU rehearsal.
+"""The GPU check (benchmarks/gpu_check/): its kit, its report, and its CPU rehearsal.
 
 The rehearsal runs the check's CPU lines (the quickstart, an evaluation-only run with and without the
 fast paths, SIGTERM and resume, torchrun with one process, an fp16-stored checkpoint, gradient
@@ -31,25 +31,25 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from benchmarks import gpu_check
+from benchmarks.gpu_check import environment, kit, probes, report, runner, speed, subruns, training
 from tests.support.runs import ROOT, environment_python, process_env
 
 
 def test_the_kit_pins_every_package_by_version_and_names_its_wheels() -> None:
-    pins = gpu_check.pins()
+    pins = kit.pins()
     names = [pin.split("==")[0] for pin in pins]
     assert all("==" in pin for pin in pins)
     # What train.py imports that the GPU machines lack (their list: requirements/gpu-check.txt's header).
     assert {"hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", "dill", "multiprocess"} == set(names)
-    assert gpu_check.wheel_name("antlr4-python3-runtime==4.9.3") == "antlr4_python3_runtime-4.9.3"
-    assert gpu_check.wheel_name("hydra-core==1.3.8") == "hydra_core-1.3.8"
+    assert kit.wheel_name("antlr4-python3-runtime==4.9.3") == "antlr4_python3_runtime-4.9.3"
+    assert kit.wheel_name("hydra-core==1.3.8") == "hydra_core-1.3.8"
 
 
 def test_the_kit_pins_what_hydra_and_omegaconf_ask_for() -> None:
     """Installed without dependencies, the kit must pin what its own packages require."""
     from importlib.metadata import requires
 
-    pins = dict(pin.split("==") for pin in gpu_check.pins())
+    pins = dict(pin.split("==") for pin in kit.pins())
     assert pins["antlr4-python3-runtime"].startswith("4.9.")  # hydra-core and omegaconf: ==4.9.*
     assert any("antlr4-python3-runtime==4.9" in r for r in requires("omegaconf") or [])
 
@@ -57,8 +57,8 @@ def test_the_kit_pins_what_hydra_and_omegaconf_ask_for() -> None:
 def test_a_preset_cell_says_what_was_measured_or_why_not() -> None:
     row = {"hw": "v100", "recipe": "roberta-large-mnli", "micro_batch": 16, "length": 128, "dtype": "fp16",
            "card_memory": 16 * 2**30}
-    assert gpu_check.preset_cell({**row, "need": 9.25 * 2**30}) == "v100 roberta-large-mnli 16x128 fp16: 9.2 of 16 GiB"
-    assert gpu_check.preset_cell({**row, "skipped": "not measured: out of the line's time"}) \
+    assert speed.preset_cell({**row, "need": 9.25 * 2**30}) == "v100 roberta-large-mnli 16x128 fp16: 9.2 of 16 GiB"
+    assert speed.preset_cell({**row, "skipped": "not measured: out of the line's time"}) \
         == "v100 roberta-large-mnli 16x128 fp16: not measured: out of the line's time"
 
 
@@ -67,16 +67,16 @@ def test_stored_dtypes_reads_the_safetensors_header(tmp_path: Path) -> None:
 
     save_file({"a": torch.zeros(2, dtype=torch.float16), "b": torch.zeros(2), "c": torch.zeros(2, dtype=torch.long)},
               tmp_path / "m.safetensors")
-    assert gpu_check.stored_dtypes(tmp_path / "m.safetensors") == ["float16", "float32"]  # integers are not weights
+    assert probes.stored_dtypes(tmp_path / "m.safetensors") == ["float16", "float32"]  # integers are not weights
 
 
 def test_a_report_says_what_ran_where_and_skips_are_not_passes(tmp_path: Path) -> None:
-    lines = [gpu_check.Line("oom", "e. oom", status="skipped: no GPU"),
-             gpu_check.Line("resume", "d. resume", status="fail", detail="exit 1; last line: boom",
+    lines = [subruns.Line("oom", "e. oom", status="skipped: no GPU"),
+             subruns.Line("resume", "d. resume", status="fail", detail="exit 1; last line: boom",
                             logs=["logs.txt: resume-stopped"])]
-    gpu_check.write_report(tmp_path, {"device": "CPU", "ran_on": "cpu", "environment": {"torch": "2.13.0"}}, lines, 3)
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert [line["status"] for line in report["lines"]] == ["skipped: no GPU", "fail"]
+    report.write_report(tmp_path, {"device": "CPU", "ran_on": "cpu", "environment": {"torch": "2.13.0"}}, lines, 3)
+    written = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [line["status"] for line in written["lines"]] == ["skipped: no GPU", "fail"]
     md = (tmp_path / "gpu_check.md").read_text()
     assert "a CPU rehearsal: no GPU figures" in md and "| e. oom | skipped: no GPU |" in md
     assert "| d. resume | fail: exit 1; last line: boom |" in md and "in logs.txt: resume-stopped" in md
@@ -105,26 +105,26 @@ CPU_LINES = ["quickstart_bf16", "quickstart_fp16", "eval_only", "resume", "torch
 def test_the_check_rehearsed_on_the_cpu_with_the_gpu_machines_libraries(machine_python: str, tmp_path: Path) -> None:
     version = subprocess.run([machine_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    kit = tmp_path / "kit"
+    kit_dir = tmp_path / "kit"
     subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "prepare", "--python-version", version,
-                    "--kit", str(kit)], cwd=ROOT, check=True, capture_output=True, timeout=600)
+                    "--kit", str(kit_dir)], cwd=ROOT, check=True, capture_output=True, timeout=600)
     env = {key: value for key, value in process_env().items() if key != "PYTHONPATH"}
     out = tmp_path / "report"
     proc = subprocess.run([machine_python, "-m", "benchmarks.gpu_check", "run", "--out", str(out), "--device", "cpu",
-                           "--kit", str(kit), "--budget", "900"], cwd=ROOT, capture_output=True, text=True, env=env,
+                           "--kit", str(kit_dir), "--budget", "900"], cwd=ROOT, capture_output=True, text=True, env=env,
                           timeout=1200)
-    report = json.loads((out / "gpu_check.json").read_text())
-    status = {line["name"]: line["status"] for line in report["lines"]}
+    written = json.loads((out / "gpu_check.json").read_text())
+    status = {line["name"]: line["status"] for line in written["lines"]}
     assert proc.returncode == 0, (status, proc.stdout, proc.stderr)
-    assert report["ran_on"] == "cpu" and report["environment"]["transformers"] == "5.17.0"
-    assert "step aside" in report["environment"]["fast_paths"]  # written against 5.23: not installed on 5.17
+    assert written["ran_on"] == "cpu" and written["environment"]["transformers"] == "5.17.0"
+    assert "step aside" in written["environment"]["fast_paths"]  # written against 5.23: not installed on 5.17
     fp16 = "skipped: no GPU (fp16 autocast needs CUDA)"
     expected = {**{name: "pass" for name in CPU_LINES}, "quickstart_fp16": fp16}
     assert {name: status[name] for name in CPU_LINES} == expected
     assert all(status[name] == "skipped: no GPU" for name in status if name not in {*CPU_LINES, "syncs", "gpus"})
     assert status["gpus"].startswith("skipped: no GPU (")  # nvidia-smi absent, or listing none
     assert status["syncs"].startswith("skipped: no GPU (counted and read back")  # its plumbing ran
-    lines = {line["name"]: line for line in report["lines"]}
+    lines = {line["name"]: line for line in written["lines"]}
     assert lines["resume"]["figures"]["relative_weight_gap"] == 0  # on the CPU, with its threads fixed: bit for bit
     assert lines["fp16_checkpoint"]["figures"]["bf16"]["exported_dtypes"] == ["float32"]
     assert "a CPU rehearsal: no GPU figures" in (out / "gpu_check.md").read_text()
@@ -136,15 +136,15 @@ def test_the_speed_lines_read_each_systems_figures_from_the_benchmark(tmp_path: 
     train.py's overrides passed after its flags (argparse takes the last --arch and --precision)."""
     (tmp_path / "out").mkdir()
     (tmp_path / "work").mkdir()
-    check = gpu_check.Check(tmp_path / "out", tmp_path / "work", "cpu", process_env(), deadline=time.monotonic() + 600)
-    line = gpu_check.Line("workers", "o. a test")
-    figures = gpu_check.vs_trainer(check, line, "workers_0", ["--arch", "tiny", "--precision", "fp32", "--steps", "4",
+    check = subruns.Check(tmp_path / "out", tmp_path / "work", "cpu", process_env(), deadline=time.monotonic() + 600)
+    line = subruns.Line("workers", "o. a test")
+    figures = speed.vs_trainer(check, line, "workers_0", ["--arch", "tiny", "--precision", "fp32", "--steps", "4",
                                                               "--synthetic-size", "256", "--systems", "ours", "--",
                                                               "data.num_workers=0"], timeout=300)
     assert list(figures) == ["ours"] and figures["ours"]["examples_per_second"] > 0
     assert figures["ours"]["eval_examples_per_second"] > 0 and figures["ours"]["mfu"] is None  # no GPU, no peak
-    report = json.loads((tmp_path / "out" / "benchmarks.json").read_text())["workers_0"]
-    assert report["settings"]["ours_overrides"] == ["data.num_workers=0"] and not line.logs
+    written = json.loads((tmp_path / "out" / "benchmarks.json").read_text())["workers_0"]
+    assert written["settings"]["ours_overrides"] == ["data.num_workers=0"] and not line.logs
     assert "## workers_0" in (tmp_path / "out" / "benchmarks.md").read_text()
     assert {path.name for path in (tmp_path / "out").iterdir()} == {"benchmarks.json", "benchmarks.md"}
 
@@ -164,7 +164,7 @@ for n in range(1, 6):
 
 @pytest.fixture(scope="module")
 def dynamo_log() -> str:
-    env = {**process_env(), "TORCH_LOGS": gpu_check.RECOMPILE_LOGS}
+    env = {**process_env(), "TORCH_LOGS": training.RECOMPILE_LOGS}
     proc = subprocess.run([sys.executable, "-c", RECOMPILING], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
@@ -172,7 +172,7 @@ def dynamo_log() -> str:
 
 def fake_training(monkeypatch: pytest.MonkeyPatch, output: str) -> None:
     results = {"loss": 0.3, "accuracy": 0.9, "train_examples_per_second": 100.0, "peak_memory_bytes": 2**30}
-    monkeypatch.setattr(gpu_check, "train", lambda *args, **kwargs: gpu_check.Proc(0, output, results, None))
+    monkeypatch.setattr(training, "train", lambda *args, **kwargs: subruns.Proc(0, output, results, None))
 
 
 def test_the_compile_line_reads_dynamo_s_own_record_of_recompilations(
@@ -180,9 +180,9 @@ def test_the_compile_line_reads_dynamo_s_own_record_of_recompilations(
     """dynamo logs each line of a record behind its prefix, and words a limit it hits "hit config.recompile_limit
     (N)": the line fails on it, whatever the count."""
     fake_training(monkeypatch, dynamo_log)
-    check = gpu_check.Check(tmp_path, tmp_path, "cuda", {}, deadline=time.monotonic() + 60)
-    line = gpu_check.Line("compile", "b. compile")
-    gpu_check.run_line(check, line, gpu_check.line_compile, lambda: None)
+    check = subruns.Check(tmp_path, tmp_path, "cuda", {}, deadline=time.monotonic() + 60)
+    line = subruns.Line("compile", "b. compile")
+    runner.run_line(check, line, training.line_compile, lambda: None)
     assert line.status == "fail" and "recompile_limit (2)" in line.detail, (line.status, line.detail)
     figures = line.figures
     assert figures["compilations"] == 3 and figures["recompiles"] == 2  # g once; f, then twice more (the 2nd hit it)
@@ -194,9 +194,9 @@ def test_a_compile_line_with_no_compilation_logged_has_no_count(monkeypatch: pyt
                                                                 tmp_path: Path) -> None:
     """No compilation in the log (TORCH_LOGS not honoured, or nothing compiled): not "0 recompilations, pass"."""
     fake_training(monkeypatch, "step 1: loss 0.3\n")
-    check = gpu_check.Check(tmp_path, tmp_path, "cuda", {}, deadline=time.monotonic() + 60)
-    line = gpu_check.Line("compile", "b. compile")
-    gpu_check.run_line(check, line, gpu_check.line_compile, lambda: None)
+    check = subruns.Check(tmp_path, tmp_path, "cuda", {}, deadline=time.monotonic() + 60)
+    line = subruns.Line("compile", "b. compile")
+    runner.run_line(check, line, training.line_compile, lambda: None)
     assert line.status == "fail" and "dynamo logged no compilation" in line.detail
 
 
@@ -228,10 +228,10 @@ def stubborn(tmp_path: Path) -> list:
     return [sys.executable, str(script), str(tmp_path), "launcher"]
 
 
-def running(command: list, timeout: float) -> gpu_check.LineFunction:
+def running(command: list, timeout: float) -> runner.LineFunction:
     """A line that runs ``command`` as a sub-run."""
-    def function(check: gpu_check.Check, line: gpu_check.Line) -> None:
-        gpu_check.sub_run(check, line, "run", command, timeout=timeout)
+    def function(check: subruns.Check, line: subruns.Line) -> None:
+        subruns.sub_run(check, line, "run", command, timeout=timeout)
     return function
 
 
@@ -246,47 +246,47 @@ def wait_for(path: Path) -> int:
 @pytest.mark.process
 def test_a_sub_run_that_ignores_sigterm_is_stopped_whole_at_its_limit(tmp_path: Path) -> None:
     """Its own time limit: SIGTERM, then SIGKILL to it and its worker in another session; the line fails, saying so."""
-    check = gpu_check.Check(tmp_path / "out", tmp_path, "cpu", process_env(), deadline=time.monotonic() + 300)
-    line = gpu_check.Line("torchrun", "f. a test")
+    check = subruns.Check(tmp_path / "out", tmp_path, "cpu", process_env(), deadline=time.monotonic() + 300)
+    line = subruns.Line("torchrun", "f. a test")
     start = time.monotonic()
-    gpu_check.run_line(check, line, running(stubborn(tmp_path), 3), lambda: None)
+    runner.run_line(check, line, running(stubborn(tmp_path), 3), lambda: None)
     seconds = time.monotonic() - start
     launcher, worker = wait_for(tmp_path / "launcher"), wait_for(tmp_path / "worker")
     assert line.status == "fail" and "timed out" in line.detail and "own limit of 3 s" in line.detail, line.detail
-    assert seconds < 3 + gpu_check.KILL_GRACE + 5, seconds
+    assert seconds < 3 + subruns.KILL_GRACE + 5, seconds
     assert not alive(launcher) and not alive(worker) and not check.running
 
 
 @pytest.mark.process
 def test_a_snippet_that_ignores_sigterm_ends_at_the_check_s_deadline(tmp_path: Path) -> None:
     """A snippet (child) stopped at the check's deadline, not at its own 120 s: out of time, not a failure."""
-    check = gpu_check.Check(tmp_path / "out", tmp_path, "cpu", process_env(), deadline=time.monotonic() + 13)
-    line = gpu_check.Line("rng", "m. a test")
+    check = subruns.Check(tmp_path / "out", tmp_path, "cpu", process_env(), deadline=time.monotonic() + 13)
+    line = subruns.Line("rng", "m. a test")
     start = time.monotonic()
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-    gpu_check.run_line(check, line, lambda check, line: print(gpu_check.child(check, code)), lambda: None)
-    assert time.monotonic() - start < 13 + gpu_check.KILL_GRACE + 5
-    assert line.status == gpu_check.OUT_OF_TIME and "--budget ended" in line.detail, (line.status, line.detail)
+    runner.run_line(check, line, lambda check, line: print(subruns.child(check, code)), lambda: None)
+    assert time.monotonic() - start < 13 + subruns.KILL_GRACE + 5
+    assert line.status == subruns.OUT_OF_TIME and "--budget ended" in line.detail, (line.status, line.detail)
 
 
 @pytest.mark.process
 def test_a_line_cut_by_the_budget_is_out_of_time_and_one_killed_by_a_signal_says_which(tmp_path: Path) -> None:
-    check = gpu_check.Check(tmp_path / "out", tmp_path, "cpu", process_env(), deadline=time.monotonic() + 12)
-    cut = gpu_check.Line("workers", "o. cut")
-    gpu_check.run_line(check, cut, running(stubborn(tmp_path), 300), lambda: None)
+    check = subruns.Check(tmp_path / "out", tmp_path, "cpu", process_env(), deadline=time.monotonic() + 12)
+    cut = subruns.Line("workers", "o. cut")
+    runner.run_line(check, cut, running(stubborn(tmp_path), 300), lambda: None)
     assert cut.status == "skipped: out of time" and "the check's --budget ended" in cut.detail, cut.detail
-    killed = gpu_check.Line("oom", "e. killed")
+    killed = subruns.Line("oom", "e. killed")
     check.deadline = time.monotonic() + 300
     suicide = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
-    gpu_check.run_line(check, killed, running(suicide, 60), lambda: None)
+    runner.run_line(check, killed, running(suicide, 60), lambda: None)
     assert killed.status == "fail" and "killed by SIGKILL (signal 9)" in killed.detail, killed.detail
     assert "timed out" not in killed.detail
-    late = gpu_check.Line("mfu", "n. late")
+    late = subruns.Line("mfu", "n. late")
     check.deadline = time.monotonic() + 5
-    gpu_check.run_line(check, late, running(suicide, 60), lambda: None)
+    runner.run_line(check, late, running(suicide, 60), lambda: None)
     assert late.status == "skipped: out of time" and "not started" in late.detail
     header = {"device": "CPU", "ran_on": "cpu", "environment": {}}
-    gpu_check.write_report(tmp_path / "out", header, [cut, killed, late], 9)
+    report.write_report(tmp_path / "out", header, [cut, killed, late], 9)
     md = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "| o. cut | skipped: out of time: run: the check's --budget ended" in md
 
@@ -297,16 +297,16 @@ def test_the_report_s_folder_holds_a_handful_of_files_whatever_fails(tmp_path: P
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
     work.mkdir()
-    check = gpu_check.Check(out, work, "cpu", process_env(), deadline=time.monotonic() + 300)
-    lines = [gpu_check.Line(name, name) for name in ("resume", "torchrun", "checkpointing")]
+    check = subruns.Check(out, work, "cpu", process_env(), deadline=time.monotonic() + 300)
+    lines = [subruns.Line(name, name) for name in ("resume", "torchrun", "checkpointing")]
     for line in lines:
         fails = [sys.executable, "-c", f"print('{line.name} went wrong'); raise SystemExit(3)"]
-        gpu_check.run_line(check, line, running(fails, 60), lambda: None)
+        runner.run_line(check, line, running(fails, 60), lambda: None)
         assert line.status == "fail" and line.logs == [f"logs.txt: {line.name}-run"]
     for label in ("vs_trainer", "workers_0"):
-        gpu_check.keep_benchmark(check, label, {"systems": {}, "label": label}, f"| {label} |\n")
-    gpu_check.write_report(out, {"device": "CPU", "ran_on": "cpu", "environment": {}}, lines, 1)
-    assert sorted(path.name for path in out.iterdir()) == sorted(gpu_check.REPORT_FILES)
+        speed.keep_benchmark(check, label, {"systems": {}, "label": label}, f"| {label} |\n")
+    report.write_report(out, {"device": "CPU", "ran_on": "cpu", "environment": {}}, lines, 1)
+    assert sorted(path.name for path in out.iterdir()) == sorted(report.REPORT_FILES)
     assert all(f"===== {line.name}-run =====\n{line.name} went wrong" in (out / "logs.txt").read_text()
                for line in lines)
     assert list(json.loads((out / "benchmarks.json").read_text())) == ["vs_trainer", "workers_0"]
@@ -322,19 +322,19 @@ def test_the_report_gives_the_gpus_torch_and_nvml_see_and_fails_where_torch_sees
                                         "echo '1, NVIDIA H200, 143771 MiB, 580.0'\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    check = gpu_check.Check(tmp_path, tmp_path, "cpu", {**process_env(), "PATH": os.environ["PATH"]},
+    check = subruns.Check(tmp_path, tmp_path, "cpu", {**process_env(), "PATH": os.environ["PATH"]},
                             deadline=time.monotonic() + 120)
-    nvml = gpu_check.nvidia_smi(check)
+    nvml = environment.nvidia_smi(check)
     assert nvml["gpus_nvml"] == 2 and nvml["nvml"][1] == "1, NVIDIA H200, 143771 MiB, 580.0"
     broken = {"gpus_torch": 0, "cuda_error": "RuntimeError: The NVIDIA driver on your system is too old"}
-    line = gpu_check.gpus_line(broken, nvml)
+    line = environment.gpus_line(broken, nvml)
     assert line.status == "fail" and "nvidia-smi lists 2 GPU(s) and torch sees none" in line.detail
     assert "driver on your system is too old" in line.detail
-    one = gpu_check.gpus_line({"gpus_torch": 1}, nvml)
+    one = environment.gpus_line({"gpus_torch": 1}, nvml)
     assert one.status == "pass" and "they differ" in one.detail and one.figures["torch"] == 1
-    assert gpu_check.gpus_line({"gpus_torch": 0}, {"gpus_nvml": None, "nvml": "nvidia-smi: not found"}).status \
+    assert environment.gpus_line({"gpus_torch": 0}, {"gpus_nvml": None, "nvml": "nvidia-smi: not found"}).status \
         == "skipped: no GPU (nvidia-smi: not found)"
-    gpu_check.write_report(tmp_path, {"device": "NVIDIA H200", "ran_on": "cuda",
+    report.write_report(tmp_path, {"device": "NVIDIA H200", "ran_on": "cuda",
                                       "environment": {"gpus_torch": 1, **nvml}}, [one], 1)
     assert "**They differ:** GPUs: torch sees 1; nvidia-smi (NVML) lists 2" in (tmp_path / "gpu_check.md").read_text()
 
@@ -344,28 +344,27 @@ def test_a_line_that_reads_another_s_output_starts_after_it_whatever_the_order_a
         jobs: int, passes: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """eval_only evaluates the bf16 quickstart's folder: --only eval_only brings that line in, and with one job or
     four, listed first or not, eval_only starts once it has ended; where it did not pass, eval_only is skipped."""
-    assert [entry[0] for entry in gpu_check.choose(gpu_check.plan(), ["eval_only"])] == ["quickstart_bf16", "eval_only"]
-    assert {name for name, *_ in gpu_check.plan()} == set(gpu_check.LINES)
+    assert [entry[0] for entry in runner.choose(runner.plan(), ["eval_only"])] == ["quickstart_bf16", "eval_only"]
     events: list = []
 
-    def quickstart(check: gpu_check.Check, line: gpu_check.Line) -> None:
+    def quickstart(check: subruns.Check, line: subruns.Line) -> None:
         events.append("quickstart starts")
         time.sleep(1)
         events.append("quickstart ends")
-        gpu_check.require(passes, "no")
+        subruns.require(passes, "no")
 
-    def evaluation(check: gpu_check.Check, line: gpu_check.Line) -> None:
+    def evaluation(check: subruns.Check, line: subruns.Line) -> None:
         events.append("eval_only starts")
-        gpu_check.line_eval_only(check, line)
+        training.line_eval_only(check, line)
 
     def evaluated(*args: object, **kwargs: object) -> None:  # the evaluation itself is not under test
-        raise gpu_check.Failed("evaluated")
+        raise subruns.Failed("evaluated")
 
-    monkeypatch.setattr(gpu_check, "train", evaluated)
+    monkeypatch.setattr(training, "train", evaluated)
     entries = [("eval_only", "c", evaluation, "together"), ("quickstart_bf16", "a", quickstart, "together")]
-    check = gpu_check.Check(tmp_path, tmp_path, "cpu", {}, deadline=time.monotonic() + 300)
-    check.lines = {name: gpu_check.Line(name, title) for name, title, *_ in entries}
-    worker = threading.Thread(target=gpu_check.run_lines, args=(check, entries, jobs, lambda: None), daemon=True)
+    check = subruns.Check(tmp_path, tmp_path, "cpu", {}, deadline=time.monotonic() + 300)
+    check.lines = {name: subruns.Line(name, title) for name, title, *_ in entries}
+    worker = threading.Thread(target=runner.run_lines, args=(check, entries, jobs, lambda: None), daemon=True)
     worker.start()
     worker.join(30)
     assert not worker.is_alive(), "the lines never ended"
@@ -379,15 +378,15 @@ def test_the_default_budget_leaves_a_device_call_its_margin_and_the_report_names
         tmp_path: Path) -> None:
     """A device call of about 590 s: the budget (the kit's install in it), the stop of what runs at its end and the
     watchdog after it must end well inside; and the Markdown says which lines the budget cut or never started."""
-    assert gpu_check.BUDGET + gpu_check.KILL_GRACE + gpu_check.WATCHDOG <= 500
+    assert runner.BUDGET + subruns.KILL_GRACE + runner.WATCHDOG <= 500
     help_text = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "run", "--help"], cwd=ROOT,
                                capture_output=True, text=True, timeout=60).stdout
     assert "default 450" in " ".join(help_text.split())
-    lines = [gpu_check.Line("quickstart_bf16", "a. quickstart", status="pass"),
-             gpu_check.Line("workers", "o. workers", status=gpu_check.OUT_OF_TIME, detail="workers_0: the check's "
+    lines = [subruns.Line("quickstart_bf16", "a. quickstart", status="pass"),
+             subruns.Line("workers", "o. workers", status=subruns.OUT_OF_TIME, detail="workers_0: the check's "
                             "--budget ended 40 s into it; stopped"),
-             gpu_check.Line("presets", "h. presets", status=gpu_check.OUT_OF_TIME, detail="not started")]
-    gpu_check.write_report(tmp_path, {"device": "H200", "ran_on": "cuda", "environment": {}, "budget_seconds": 450},
+             subruns.Line("presets", "h. presets", status=subruns.OUT_OF_TIME, detail="not started")]
+    report.write_report(tmp_path, {"device": "H200", "ran_on": "cuda", "environment": {}, "budget_seconds": 450},
                            lines, 460)
     md = (tmp_path / "gpu_check.md").read_text()
     assert "**Skipped for time** (--budget 450 s), cut or never started: o. workers; h. presets." in md
@@ -407,16 +406,16 @@ def test_a_kit_pip_cannot_install_is_unpacked_and_one_that_fails_is_reported_not
         wheel.writestr("gpukitprobe-1.0.data/purelib/gpukitprobe_extra.py", "EXTRA = 1\n")
         wheel.writestr("gpukitprobe-1.0.data/scripts/gpukitprobe", "#!/bin/sh\n")
     no_pip = subprocess.CompletedProcess([], 1, "", "/usr/bin/python3: No module named pip\n")
-    monkeypatch.setattr(gpu_check.subprocess, "run", lambda *args, **kwargs: no_pip)
-    site, how = gpu_check.install(tmp_path / "kit")
+    monkeypatch.setattr(kit.subprocess, "run", lambda *args, **kwargs: no_pip)
+    site, how = kit.install(tmp_path / "kit")
     assert site is not None and "unpacked" in how and "No module named pip" in how
     assert (site / "gpukitprobe" / "__init__.py").read_text() == "ANSWER = 42\n"
     assert (site / "gpukitprobe_extra.py").exists() and (site / "gpukitprobe-1.0.dist-info" / "METADATA").exists()
     assert not (site / "gpukitprobe").joinpath("..", "gpukitprobe-1.0.data").resolve().exists()
     (wheels / "multiprocess-0.70.19-py39-none-any.whl").write_bytes(b"")
-    with pytest.raises(gpu_check.KitError, match="for another Python"):
-        gpu_check.install(tmp_path / "kit")
-    gpu_check.write_report(tmp_path, {"device": "H200", "ran_on": "cuda", "environment": {},
+    with pytest.raises(kit.KitError, match="for another Python"):
+        kit.install(tmp_path / "kit")
+    report.write_report(tmp_path, {"device": "H200", "ran_on": "cuda", "environment": {},
                                       "kit": "failed: the kit is for another Python"}, [], 1)
     assert "**The kit** (Hydra, OmegaConf, datasets) **did not install**" in (tmp_path / "gpu_check.md").read_text()
 
@@ -431,24 +430,24 @@ def test_a_check_told_to_stop_stops_its_sub_runs_and_keeps_its_report(tmp_path: 
                             cwd=ROOT, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for _ in range(1200):
-            report = json.loads((out / "gpu_check.json").read_text()) if (out / "gpu_check.json").exists() else {}
-            if any(line["status"] == "running" for line in report.get("lines", [])):
+            written = json.loads((out / "gpu_check.json").read_text()) if (out / "gpu_check.json").exists() else {}
+            if any(line["status"] == "running" for line in written.get("lines", [])):
                 break
             time.sleep(0.1)
         time.sleep(3)
-        below = gpu_check.descendants(proc.pid)
+        below = subruns.descendants(proc.pid)
         assert below, "the line started no sub-run"
         start = time.monotonic()
         proc.terminate()
         output, _ = proc.communicate(timeout=60)
-        assert time.monotonic() - start < 3 * gpu_check.KILL_GRACE, output
+        assert time.monotonic() - start < 3 * subruns.KILL_GRACE, output
     finally:
         if proc.poll() is None:
             proc.kill()
-    report = json.loads((out / "gpu_check.json").read_text())
-    status = {line["name"]: (line["status"], line["detail"]) for line in report["lines"]}
-    assert status["resume"][0] == gpu_check.OUT_OF_TIME and "told to stop" in status["resume"][1], status
-    assert report["stopped_by"] == "SIGTERM" and proc.returncode != 0
+    written = json.loads((out / "gpu_check.json").read_text())
+    status = {line["name"]: (line["status"], line["detail"]) for line in written["lines"]}
+    assert status["resume"][0] == subruns.OUT_OF_TIME and "told to stop" in status["resume"][1], status
+    assert written["stopped_by"] == "SIGTERM" and proc.returncode != 0
     assert "**The check was stopped by SIGTERM**" in (out / "gpu_check.md").read_text()
     time.sleep(1)
     assert not [pid for pid in below if alive(pid)], "sub-runs outlived the check"
