@@ -17,7 +17,6 @@ from benchmarks.gpu_check.subruns import OUT_OF_TIME, Line
 REPORT_FILES = ("gpu_check.json", "gpu_check.md", "benchmarks.json", "benchmarks.md", "logs.txt")
 
 
-
 def write_report(out: Path, header: Dict[str, Any], lines: List[Line], seconds: float) -> None:
     """gpu_check.json and gpu_check.md, rewritten whole (each write replaces the file atomically)."""
     document = {**header, "seconds": round(seconds, 1), "lines": [asdict(line) for line in lines]}
@@ -44,6 +43,8 @@ def write_report(out: Path, header: Dict[str, Any], lines: List[Line], seconds: 
     if late:
         budget = f" (--budget {header['budget_seconds']:.0f} s)" if header.get("budget_seconds") else ""
         md[4:4] = [f"**Skipped for time**{budget}, cut or never started: " + "; ".join(late) + ".", ""]
+    if header.get("refused"):
+        md[4:4] = [f"**No line ran**: {header['refused']}.", ""]
     if header.get("stopped_by"):
         md[4:4] = [f"**The check was stopped by {header['stopped_by']}**: the lines it ran are below.", ""]
     md += ["", "What passing means, line by line:", ""]

@@ -192,8 +192,6 @@ def main_run(args: argparse.Namespace) -> int:
     nvml = nvidia_smi(check)
     environment.update(nvml)
     device = args.device or ("cuda" if has_gpu else "cpu")
-    if device == "cuda" and not has_gpu:
-        sys.exit("--device cuda: no CUDA GPU here (torch.cuda.is_available() is false)")
     check.device = device
     chosen = choose(plan(), args.only)
     results = {"gpus": gpus_line(environment, nvml), **{name: Line(name, title) for name, title, _, _ in chosen}}
@@ -201,6 +199,11 @@ def main_run(args: argparse.Namespace) -> int:
     header = {"device": environment.get("device", "CPU (a rehearsal: GPU-only lines are skipped)"),
               "ran_on": device, "budget_seconds": args.budget, "environment": environment,
               "kit": kit, "runs": str(work) if args.keep else None}
+    if device == "cuda" and not has_gpu:  # a report all the same: on a GPU machine, it says what torch met there
+        header["refused"] = "--device cuda: no CUDA GPU here (torch.cuda.is_available() is false)"
+        for line in results.values():
+            if line.status == "not run":
+                line.status = "skipped: no CUDA GPU (--device cuda)"
 
     def report() -> None:
         with check.lock:
@@ -211,6 +214,9 @@ def main_run(args: argparse.Namespace) -> int:
     watchdog = threading.Thread(target=last_resort, args=(check, results, report), daemon=True)
     watchdog.start()
     report()
+    if "refused" in header:
+        print(f"{header['refused']}: no line ran; report: {out / 'gpu_check.md'}", file=sys.stderr)
+        return 1
     run_lines(check, chosen, args.jobs, report)
     report()
     if not args.keep:

@@ -83,11 +83,17 @@ def test_a_report_says_what_ran_where_and_skips_are_not_passes(tmp_path: Path) -
 
 
 @pytest.mark.process
-def test_asking_for_cuda_without_a_gpu_is_refused(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "run", "--out", str(tmp_path / "out"),
+def test_asking_for_cuda_without_a_gpu_is_refused_in_a_report(tmp_path: Path) -> None:
+    """On a GPU machine whose GPU torch cannot use, the report is what comes back: it must say so, and why."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "run", "--out", str(out),
                            "--device", "cuda", "--kit", str(tmp_path / "no-kit"), "--only", "torchrun"],
                           cwd=ROOT, capture_output=True, text=True, env=process_env(), timeout=300)
     assert proc.returncode == 1 and "--device cuda: no CUDA GPU here" in proc.stderr
+    written = json.loads((out / "gpu_check.json").read_text())
+    status = {line["name"]: line["status"] for line in written["lines"]}
+    assert status == {"gpus": status["gpus"], "torchrun": "skipped: no CUDA GPU (--device cuda)"}
+    assert "**No line ran**: --device cuda: no CUDA GPU here" in (out / "gpu_check.md").read_text()
 
 
 @pytest.fixture(scope="session")
