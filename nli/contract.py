@@ -45,6 +45,7 @@ MULTIRUN_RECORD = "multirun.yaml"  # what Hydra writes at the top of a sweep's f
 MODEL_DIR = "model"
 EXPORT_FILE = "export.json"  # in model/: the step and evaluation of the exported weights
 CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_MANIFEST = "checkpoint.json"  # in checkpoints/step-N, written last: a checkpoint without it is unfinished
 PREDICTIONS_DIR = "predictions"
 EVAL_PREDICTIONS_DIR = "eval_predictions"  # each eval example's prediction (nli.evaluate.per_class)
 CLASS_FIGURES = ("precision", "recall", "f1", "support")  # each class's, under results.json's per_class

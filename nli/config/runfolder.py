@@ -180,7 +180,6 @@ def _trained(results: Mapping[str, Any]) -> bool:
     return "best_step" in results or "train_steps" in results
 
 
-CHECKPOINT_MANIFEST = "checkpoint.json"  # a checkpoint folder's, written last (nli.train.checkpoint.MANIFEST)
 WEIGHTS = ("*.safetensors", "*.bin")
 
 
@@ -207,7 +206,7 @@ def model_or_checkpoint_above(folder: Path) -> Optional[Tuple[str, Path]]:
         if (each / "config.json").is_file() and ((each / contract.EXPORT_FILE).is_file()
                                                  or any(next(each.glob(kind), None) for kind in WEIGHTS)):
             return "the model folder", each
-        if (each / CHECKPOINT_MANIFEST).is_file():
+        if (each / contract.CHECKPOINT_MANIFEST).is_file():
             return "the checkpoint", each
         if each.name == contract.CHECKPOINTS_DIR and (each.parent / contract.CONFIG_FILE).is_file():
             return "the checkpoints folder", each  # a run's own; a train.checkpoint_dir may be anywhere

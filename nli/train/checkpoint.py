@@ -43,7 +43,7 @@ from nli.runtime.distributed import World
 log = logging.getLogger(__name__)
 
 FORMAT = 2  # of state.pt: a dict of the registered parts' states
-MANIFEST = "checkpoint.json"
+MANIFEST = contract.CHECKPOINT_MANIFEST
 STATE = "state.pt"
 _NAME = re.compile(r"^step-(\d+)$")
 # A train.checkpoint_dir is one run's, as its output folder is: held by its run while it runs (nli.io.claim), in a
