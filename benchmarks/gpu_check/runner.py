@@ -155,40 +155,18 @@ def run_line(check: Check, line: Line, function: LineFunction, report: Callable[
 
 
 def main_run(args: argparse.Namespace) -> int:
-    started = STARTED
+    """The check: the kit installed, the machine probed, every line run within the budget, the report kept."""
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     for name in REPORT_FILES:  # an earlier check's: this one's would be mixed with them
         (out / name).unlink(missing_ok=True)
-    try:
-        site, kit = install(args.kit)
-    except KitError as why:  # said in the report: the lines run, and those that need the kit fail naming what
-        site, kit = None, f"failed: {why}"
-    path = [str(site)] if site else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "1"}  # a failed run's whole traceback, in its log
+    env, kit = _kit_environment(args.kit)
     if args.work is not None:
         args.work.mkdir(parents=True, exist_ok=True)  # a folder named for the runs, made as --out is
     work = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=args.work))
-    check = Check(out, work, "cpu", env, started + args.budget)
-
-    def stop(signum: int, frame: Any) -> None:  # SIGTERM or SIGINT to the check: its sub-runs stopped, the report kept
-        check.stopped_by = signal.Signals(signum).name
-        check.stopping.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):  # from here on: the probes below are sub-runs too
-        signal.signal(signum, stop)
-    environment: Dict[str, Any] = {}
-    try:
-        environment = json.loads(child(check, ENVIRONMENT))
-        has_gpu = "device" in environment
-    except (Failed, OutOfTime, ValueError) as why:  # the lines will say what is wrong; the GPU's presence must not
-        environment = {"error": str(why)}          # hang on it
-        try:
-            has_gpu = child(check, "import torch; print(torch.cuda.is_available())") == "True"
-        except (Failed, OutOfTime):
-            has_gpu = False
+    check = Check(out, work, "cpu", env, STARTED + args.budget)
+    _stop_on_signals(check)  # from here on: the probes below are sub-runs too
+    environment, has_gpu = _probe(check)
     nvml = nvidia_smi(check)
     environment.update(nvml)
     device = args.device or ("cuda" if has_gpu else "cpu")
@@ -209,10 +187,9 @@ def main_run(args: argparse.Namespace) -> int:
         with check.lock:
             if check.stopped_by:
                 header["stopped_by"] = check.stopped_by
-            write_report(out, header, list(results.values()), time.monotonic() - started)
+            write_report(out, header, list(results.values()), time.monotonic() - STARTED)
 
-    watchdog = threading.Thread(target=last_resort, args=(check, results, report), daemon=True)
-    watchdog.start()
+    threading.Thread(target=last_resort, args=(check, results, report), daemon=True).start()
     report()
     if "refused" in header:
         print(f"{header['refused']}: no line ran; report: {out / 'gpu_check.md'}", file=sys.stderr)
@@ -225,8 +202,46 @@ def main_run(args: argparse.Namespace) -> int:
     print(f"GPU check on {header['device']}: {sum(line.status == 'pass' for line in results.values())} passed, "
           f"{len(failed)} failed ({', '.join(failed) or 'none'}), "
           f"{sum(line.status.startswith('skipped') for line in results.values())} skipped, "
-          f"{time.monotonic() - started:.0f} s; report: {out / 'gpu_check.md'} and {out / 'gpu_check.json'}")
+          f"{time.monotonic() - STARTED:.0f} s; report: {out / 'gpu_check.md'} and {out / 'gpu_check.json'}")
     return 1 if failed or header.get("stopped_by") else 0
+
+
+def _kit_environment(kit_dir: Path) -> Tuple[Dict[str, str], str]:
+    """The sub-runs' environment, the kit installed on their path; and what became of the kit, for the report (a kit
+    that failed is said there: the lines run, and those that need it fail naming what)."""
+    try:
+        site, kit = install(kit_dir)
+    except KitError as why:
+        site, kit = None, f"failed: {why}"
+    path = [str(site)] if site else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "1"}  # a failed run's whole traceback, in its log
+    return env, kit
+
+
+def _stop_on_signals(check: Check) -> None:
+    """SIGTERM or SIGINT to the check: its sub-runs stopped, the lines under way cut, the report kept."""
+    def stop(signum: int, frame: Any) -> None:
+        check.stopped_by = signal.Signals(signum).name
+        check.stopping.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+
+
+def _probe(check: Check) -> Tuple[Dict[str, Any], bool]:
+    """The machine and its libraries (:data:`ENVIRONMENT`), and whether torch has a CUDA GPU there. A probe that
+    fails is said in the report; the GPU's presence is then asked alone, so that the check does not hang on it."""
+    try:
+        environment = json.loads(child(check, ENVIRONMENT))
+        return environment, "device" in environment
+    except (Failed, OutOfTime, ValueError) as why:
+        try:
+            has_gpu = child(check, "import torch; print(torch.cuda.is_available())") == "True"
+        except (Failed, OutOfTime):
+            has_gpu = False
+        return {"error": str(why)}, has_gpu
 
 
 WATCHDOG = 30.0  # seconds past the deadline (and the sub-runs' KILL_GRACE) after which the check ends whatever runs
