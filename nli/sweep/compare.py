@@ -29,10 +29,11 @@ import yaml
 from omegaconf import OmegaConf
 
 from nli.config.schema import TaskConfig, task_config
-from nli.contract import CONFIG_FILE
+from nli.contract import CONFIG_FILE, RESULTS_FILE
 from nli.contract import EVAL_PREDICTIONS_DIR as FOLDER
 from nli.errors import UserError
 from nli.evaluate.metrics import METRICS
+from nli.io.claim import live_holder
 from nli.io.storage import Storage
 from nli.sweep import differences
 from nli.sweep import table as sweep
@@ -103,14 +104,21 @@ def predicted(run: Storage) -> List[str]:
 
 
 def _said(run: Storage) -> str:
+    """Why a folder has, or has not, predictions. A run writes them at its end, with its results.json: one still
+    going (its config.yaml not yet written, as it starts), stopped or failed is told so, not sent to predict again
+    with eval.only what it has not finished training."""
+    if (splits := predicted(run)) and run.exists(CONFIG_FILE):
+        return f"{run.url} predicted {', '.join(splits)}"
+    if (holder := live_holder(run)) is not None:
+        return f"a run is still going in {run.url} ({holder}): it writes {FOLDER}/ at its end; compare it then"
     if not run.exists(CONFIG_FILE):
         return f"{run.url} is not a run folder (no {CONFIG_FILE})"
-    splits = predicted(run)
-    if not splits:
-        return (f"{run.url} has no {FOLDER}/: it ran with eval.save_predictions=false, or before predictions were "
-                f"kept; python train.py eval.only=true model.name_or_path={run.url} writes them into a folder of "
-                "its own")
-    return f"{run.url} predicted {', '.join(splits)}"
+    if not run.exists(RESULTS_FILE):
+        return (f"{run.url} has not ended (no {RESULTS_FILE}): it was stopped, or failed, before its final evaluation "
+                f"wrote {FOLDER}/; the same command again continues a stopped run, and its train.log says why one "
+                "failed")
+    return (f"{run.url} has no {FOLDER}/: it ran with eval.save_predictions=false, or before predictions were "
+            f"kept; python train.py eval.only=true model.name_or_path={run.url} writes them into a folder of its own")
 
 
 def _task(run: Storage) -> TaskConfig:

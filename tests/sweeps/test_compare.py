@@ -5,6 +5,8 @@ the same table, and the runs it refuses."""
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
@@ -13,12 +15,13 @@ import pytest
 from sklearn.metrics import f1_score
 from statsmodels.stats.contingency_tables import mcnemar as statsmodels_mcnemar
 
+from nli.contract import CLAIM_FILE, RESULTS_FILE
 from nli.io.storage import Storage
 from nli.sweep import compare, report
 from nli.sweep.compare import Split
 from nli.sweep.differences import verdict
 from tests.support.runs import copy_run, read_results, shared_folder
-from tests.sweeps.test_report import SWEEP, run_sweep
+from tests.sweeps.test_report import SWEEP, claim, run_sweep
 
 PREDICTIONS = Path("eval_predictions", "validation.jsonl")
 
@@ -135,6 +138,23 @@ def test_a_run_without_predictions_is_refused_saying_how_to_make_them(job: Path,
     assert f"{bare} has no eval_predictions/" in said and f"eval.only=true model.name_or_path={bare}" in said
     assert report.main(["compare", str(job), str(job), "--split", "test"]) == 2
     assert "--split test: not a split both runs predicted; they share validation" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("state", ["running", "stopped"])
+def test_a_run_not_ended_is_said_so_not_sent_to_predict_again(state: str, job: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A run still training, or stopped (SIGTERM) before its end, has no predictions and no results.json yet: it was
+    said to have run with eval.save_predictions=false, and sent to predict again with eval.only."""
+    unended = copy_run(job, tmp_path / state)
+    (unended / RESULTS_FILE).unlink()
+    shutil.rmtree(unended / "eval_predictions")
+    if state == "running":
+        claim(unended, time.time(), file=CLAIM_FILE)
+    assert report.main(["compare", str(job), str(unended)]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "eval.only" not in said, said
+    assert (f"a run is still going in {unended} (host " if state == "running" else
+            f"{unended} has not ended (no results.json): it was stopped, or failed, before its final") in said
 
 
 def test_an_extra_sets_split_is_scored_as_that_set() -> None:
