@@ -63,14 +63,17 @@ class Chosen:
 
 
 def runs(paths: Sequence[report.Source], notes: List[str]) -> List[Run]:
-    """Every completed run of ``paths`` with a finite objective and GLUE files in its predictions/."""
-    found: List[Run] = []
+    """Every completed run of ``paths`` with a finite objective and GLUE files in its predictions/, each once: a
+    sweep given with one of its jobs' folders (``sweep sweep/0``) lists that job twice, and a task's run was then
+    'the best of 3 runs' of two."""
+    found: Dict[str, Run] = {}
     for row in report.completed(report.load_rows(paths, notes)):
         objective, folder = float(row["objective"]), str(row.get("output_dir") or "")
-        files = tuple(name for name in Storage(folder, key="DIR").list(PREDICTIONS_DIR) if name in GLUE_FILES)
+        storage = Storage(folder, key="DIR")
+        files = tuple(name for name in storage.list(PREDICTIONS_DIR) if name in GLUE_FILES)
         if files and not math.isnan(objective):
-            found.append(Run(folder, objective, files))
-    return found
+            found.setdefault(storage.absolute(), Run(folder, objective, files))
+    return list(found.values())
 
 
 def choose(candidates: Sequence[Run]) -> Dict[str, Chosen]:

@@ -151,6 +151,18 @@ def test_a_run_given_twice_is_one_run_not_the_best_of_two(tmp_path: Path, capsys
     assert f"  RTE.tsv      {run}  objective 0.5000\n" in capsys.readouterr().out
 
 
+def test_a_sweep_given_with_one_of_its_jobs_counts_that_job_once(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``submission SWEEP SWEEP/0`` (a sweep, and the job a researcher looked at): its row and its folder were two
+    runs, and the zip's one RTE run 'the best of 2 runs'."""
+    sweep_dir = tmp_path / "rte-sweep"
+    assert run_app([*RTE_SWEEP[:-1], "optimizer.lr=1e-3", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path).returncode == 0
+    out = tmp_path / "glue.zip"
+    assert leaderboard.main([str(sweep_dir), str(sweep_dir / "0"), "--out", str(out)]) == 1  # RTE alone
+    printed = capsys.readouterr().out
+    assert f"  RTE.tsv      {sweep_dir / '0'}  objective {read_results(sweep_dir / '0')['objective']:.4f}\n" in printed
+
+
 @pytest.mark.process
 def test_python_m_nli_report_submission_is_this_command(tmp_path: Path) -> None:
     run = glue_sized_runs(tmp_path / "runs")[0]
