@@ -91,7 +91,7 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> Checked:
             overrides = _parsed(typed)
             _check_search_keys(overrides)
             if "-m" in flags:
-                _check_sweep(config_name, overrides, groups)
+                _check_sweep(config_name, overrides, groups, conf_dir)
             elif flags:  # --cfg shows the config as composed: its keys and types checked, the rules are the run's
                 _check_single_values(overrides)
                 _composed_run(config_name, overrides, groups)
@@ -367,7 +367,7 @@ def _quoted(value: str) -> str:
     return "'" + value.replace("'", "\\'") + "'"  # in quotes, a backslash escapes a quote alone
 
 
-def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) -> None:
+def _check_sweep(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path) -> None:
     choices = [_first(o) for o in overrides if _chooses(o, groups)]
     try:  # an option its group lacks (hydra/sweeper/pruner=medain) named with the group's options
         base = _compose(config_name, choices)
@@ -381,7 +381,7 @@ def _check_sweep(config_name: str, overrides: List[Override], groups: set[str]) 
     launched = _compose(config_name, [*choices, *plain])
     _check_slurm_gpus(launched)
     _check_values(config_name, overrides, groups, choices, base)
-    _check_jobs(config_name, overrides, groups, base)
+    _check_jobs(config_name, overrides, groups, base, conf_dir)
     _check_folder("hydra.sweep.dir", str(launched.hydra.sweep.dir))
 
 
@@ -447,7 +447,8 @@ def _check_values(config_name: str, overrides: List[Override], groups: set[str],
                 raise ConfigError(f"{key}={text}, one job of the sweep {_line(override)}: {reason}") from None
 
 
-def _check_jobs(config_name: str, overrides: List[Override], groups: set[str], base: DictConfig) -> None:
+def _check_jobs(config_name: str, overrides: List[Override], groups: set[str], base: DictConfig,
+                conf_dir: Path) -> None:
     """Every job of a sweep that runs a list (Hydra's basic sweeper) checked by the schema's rules, as the job will
     check itself: a value they refuse, alone or beside another swept value (``optimizer.lr=-1``; ``hw=v100`` with a
     global batch no multiple of its per-device batch), stops the sweep here, naming the job, before any job runs or
@@ -463,16 +464,17 @@ def _check_jobs(config_name: str, overrides: List[Override], groups: set[str], b
     jobs = BasicSweeper.split_arguments(typed, None)[0]  # the sweeper's own: its jobs, in its order
     composed: Dict[Tuple[str, ...], DictConfig] = {}
     refused = [(" ".join(_line(o) for o in job if o.get_key_element() in swept), why) for job in
-               map(parser.parse_overrides, jobs) if (why := _job_refused(config_name, job, swept, groups, composed))]
+               map(parser.parse_overrides, jobs)
+               if (why := _job_refused(config_name, job, swept, groups, composed, conf_dir))]
     if refused:
         raise ConfigError(f"{_refusal(refused, len(jobs))}. No job has run: mend the value, or drop it from the sweep")
 
 
 def _job_refused(config_name: str, job: List[Override], swept: set[str], groups: set[str],
-                 composed: Dict[Tuple[str, ...], DictConfig]) -> Optional[str]:
+                 composed: Dict[Tuple[str, ...], DictConfig], conf_dir: Path) -> Optional[str]:
     """Why the schema's rules refuse the sweep's ``job``, if they do: its group options and fixed values composed
     (once for every job that shares them, in ``composed``), its swept values set on a copy. An evaluation of a run
-    folder takes its config from the folder, and checks itself as it starts."""
+    folder is checked with the folder's config taken in, as the job will take it (nli.cli)."""
     values = [o for o in job if o.get_key_element() in swept and not _chooses(o, groups) and not o.is_hydra_override()]
     try:
         choices = tuple(_line(o) for o in job if o not in values)
@@ -484,8 +486,8 @@ def _job_refused(config_name: str, job: List[Override], swept: set[str], groups:
         with open_dict(cfg):
             for value in values:
                 OmegaConf.update(cfg, value.key_or_group, value.value(), merge=True)
-        if not OmegaConf.select(cfg, "eval.only"):
-            _check_config(cfg, rules=True)
+        runfolder.apply(cfg, [_line(o) for o in job], conf_dir)
+        _check_config(cfg, rules=True)
     except UserError as err:
         return str(err)
     except OmegaConfBaseException as err:

@@ -22,6 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from nli.config import runfolder
 from nli.config.identity import check_accepted
 from nli.config.keys import built, unselected_logger
 from nli.errors import ConfigError
@@ -860,12 +861,15 @@ def job_refusal(cfg: DictConfig) -> Optional[str]:
     the config is not this schema's (another app's, under a launcher). ``cfg`` is left as it was. Asked of each
     trial by the Optuna sweeper before it launches it (nli.sweep.search: trials are drawn as the search goes, past
     the command line's check), and of each job by the Vertex launcher before it starts a machine for it."""
-    if OmegaConf.get_type(cfg) is not Config or OmegaConf.select(cfg, "eval.only"):
+    if OmegaConf.get_type(cfg) is not Config:
         return None
     task = copy.deepcopy(cfg)
     with open_dict(task):
         task.pop("hydra", None)
     try:
+        given = OmegaConf.select(cfg, "model.name_or_path")
+        if OmegaConf.select(cfg, "eval.only") and given and runfolder.locate(str(given)) is not None:
+            return None  # an evaluation of a run folder; one of another path is checked as it is
         built(task)  # each node's __post_init__: the rules
     except ConfigError as err:
         return str(err)

@@ -466,3 +466,25 @@ def test_a_value_the_launcher_refuses_is_named_as_the_sweeps_not_as_every_jobs()
                                          r"of \[STANDARD, SPOT, FLEX_START\]$"):
         check(["-m", "hydra/launcher=vertex", "experiment=quickstart", "hydra.launcher.strategy=spot", "seed=1,2"],
               CONF, "train")
+
+
+def test_a_sweep_of_evaluations_is_checked_with_its_run_folders_config_taken_in(
+        shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path) -> None:
+    """A job that evaluates (eval.only) was left to check itself as it started, so that a path that is no run
+    folder under an experiment that builds its model from scratch (quickstart's model.scratch), or a value the
+    rules refuse, failed every job of the sweep after its start (a Slurm queue, a Vertex AI machine). Each job is
+    checked with its run folder's config taken in, as it will take it, and passes where it will."""
+    trained = shared_run("fast", FAST)
+    sweep = f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    assert check(["-m", "eval.only=true", f"model.name_or_path={trained}", "train.eval_batch_size=8,16", sweep],
+                 CONF, "train").extra == []
+    with pytest.raises(SystemExit) as batch:
+        check(["-m", "eval.only=true", f"model.name_or_path={trained}", "train.eval_batch_size=8,0", sweep],
+              CONF, "train")
+    assert str(batch.value).startswith("error: the sweep's job train.eval_batch_size=0 would stop as it starts: "
+                                       "train.eval_batch_size=0 must be positive")
+    with pytest.raises(SystemExit) as nowhere:
+        check(["-m", "experiment=quickstart", "eval.only=true", f"model.name_or_path={tmp_path / 'none'}",
+               "seed=1,2", sweep], CONF, "train")
+    assert str(nowhere.value).startswith("error: every job of the sweep would stop as it starts: set exactly one of "
+                                         "model.name_or_path (a pretrained checkpoint) and model.scratch")

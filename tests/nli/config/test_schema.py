@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Set
+from typing import Callable, List, Sequence, Set
 
 import pytest
 import yaml
@@ -23,7 +23,7 @@ from nli.config.schema import AdamConfig, Config, CsvConfig, SGDConfig, TensorBo
 from nli.contract import job_needs
 from nli.errors import ConfigError
 from tests.conftest import build_config, compose_config
-from tests.support.runs import CONF, GLUE_DATA, ROOT, run_app, run_process
+from tests.support.runs import CONF, FAST, GLUE_DATA, ROOT, run_app, run_process
 
 # Every option of every group of the run's config, nested ones (model/peft) included; not Hydra's own
 # (hydra/launcher's presets, typed by their launchers: tests/clouds/test_vertex_day_one.py, test_local_gpus.py).
@@ -464,10 +464,12 @@ def test_a_key_under_a_node_its_option_fills_composes(tmp_path: Path) -> None:
     assert "r: 16" in proc.stdout and "hidden_size: 64" in proc.stdout
 
 
-def test_a_jobs_refusal_is_the_line_the_job_would_stop_with() -> None:
+def test_a_jobs_refusal_is_the_line_the_job_would_stop_with(
+        shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path) -> None:
     """What a launcher asks before it starts a machine for a job (nli.config.schema.job_refusal): a value or a
     combination the rules refuse, in the job's own words; nothing for a job that passes, for an evaluation of a
-    run folder (checked against that folder's config as it starts) or for another app's config."""
+    run folder (checked against that folder's config as it starts) or for another app's config. An evaluation of
+    anything else is checked as a training run is: it was let through, to fail on the machine started for it."""
     from hydra import compose
     from omegaconf import DictConfig
 
@@ -483,5 +485,11 @@ def test_a_jobs_refusal_is_the_line_the_job_would_stop_with() -> None:
     with pytest.raises(ConfigError) as batch:
         build_config(["experiment=quickstart", "hw=v100", "train.batch_size=24"])
     assert job_refusal(job("hw=v100", "train.batch_size=24")) == str(batch.value)
-    assert job_refusal(job("eval.only=true", "optimizer.lr=-1")) is None
+    assert job_refusal(job("eval.only=true", "optimizer.lr=-1")) == "optimizer.lr=-1.0 must be positive (e.g. " \
+        "optimizer.lr=2e-5)"
+    assert job_refusal(job("eval.only=true", f"model.name_or_path={tmp_path}")).startswith(
+        "set exactly one of model.name_or_path (a pretrained checkpoint) and model.scratch")
+    trained = shared_run("fast", FAST)
+    assert job_refusal(compose("train", overrides=["eval.only=true", f"model.name_or_path={trained}"],
+                               return_hydra_config=True)) is None
     assert job_refusal(OmegaConf.create({"optimizer": {"lr": -1}})) is None
