@@ -516,16 +516,22 @@ class SweepResults(Callback):
         return ended_badly
 
 
+# What a job's folder holds that the closing list names, in this order (a failed job's, its train.log alone).
+JOB_FILES = (RESULTS_FILE, f"{contract.MODEL_DIR}/", f"{contract.EVAL_PREDICTIONS_DIR}/", "train.log")
+
+
 def _job_folders(rows: Sequence[Dict[str, Any]]) -> str:
     """Where the jobs wrote, as the table's output_dir column has it (a search's trial=<n>, a Vertex AI job's
-    folder in the bucket): the first that a job made, for its form. A trial the search refused was never launched,
-    and its row names a folder that does not exist."""
+    folder in the bucket): the first that a job made, one with results where any has them, and what it holds. A
+    trial the search refused was never launched, and its row names a folder that does not exist."""
     folders = [str(row.get("output_dir") or "") for row in rows]
     made = [folder for folder in folders if "://" in folder or (folder and Path(folder).is_dir())]
     if not made:
         return "the table's output_dir column" if not any(folders) else "none: no job made its folder"
-    first = made[0]
-    files = "" if "://" in first else " (results.json, model/, train.log)"
+    first = next((folder for folder in made if "://" not in folder and (Path(folder) / RESULTS_FILE).is_file()),
+                 made[0])
+    held = [name for name in JOB_FILES if "://" not in first and (Path(first) / name).exists()]
+    files = f" ({', '.join(held)})" if held else ""
     return f"{first}{files}, and each job's in the table's output_dir column" if len(rows) > 1 else f"{first}{files}"
 
 

@@ -102,8 +102,8 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
     assert "Traceback" not in output
     assert (sweep_dir / "sweep_results.csv").read_text().count("\n") == 3  # header and two rows
     # Where the jobs wrote, as the table has it (a search's trial=<n>, a Vertex AI job's bucket folder), not a form.
-    assert (f"  jobs     {sweep_dir / '0'} (results.json, model/, train.log), and each job's in the table's "
-            "output_dir column\n") in proc.stdout
+    assert (f"  jobs     {sweep_dir / '1'} (results.json, model/, eval_predictions/, train.log), and each job's in "
+            "the table's output_dir column\n") in proc.stdout  # one that ran: job 0 has its train.log alone
 
     first = rows
 
@@ -561,12 +561,15 @@ def test_a_search_stopped_by_its_failure_rate_ends_with_its_first_failure_and_ke
 
 
 def test_a_sweep_whose_every_job_failed_does_not_say_the_others_ran(tmp_path: Path) -> None:
-    """Its closing list said '2 of the sweep's jobs failed (the others ran)', of a sweep of two jobs."""
+    """Its closing list said '2 of the sweep's jobs failed (the others ran)', of a sweep of two jobs, and that their
+    folders held results.json and model/, of folders that hold a train.log alone."""
     blocker(tmp_path)
     proc = run_app(["-m", *FAST, f"train.checkpoint_dir={BLOCKED}", "seed=1,2",
                     f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "2 of the sweep's jobs failed:\n  #0 " in proc.stdout and "the others ran" not in proc.stdout, proc.stdout
+    assert (f"  jobs     {tmp_path / 'sweep' / '0'} (train.log), and each job's in the table's output_dir column\n"
+            in proc.stdout), proc.stdout
 
 
 def test_a_search_ended_by_a_failed_trial_says_its_error_in_one_line_without_hydras_hint(tmp_path: Path) -> None:
@@ -598,8 +601,8 @@ def test_the_sweeps_files_name_a_folder_a_job_made_not_a_refused_trials(tmp_path
     refused, ran = rows_by_job(sweep_dir).values()
     assert refused["error"].startswith("not launched") and not Path(refused["output_dir"]).exists()
     assert ran["state"] == "COMPLETED"
-    assert (f"  jobs     {ran['output_dir']} (results.json, model/, train.log), and each job's in the table's "
-            "output_dir column\n") in done.stdout
+    assert (f"  jobs     {ran['output_dir']} (results.json, model/, eval_predictions/, train.log), and each job's "
+            "in the table's output_dir column\n") in done.stdout
 
 
 def test_a_trial_that_ends_with_an_undefined_objective_ends_the_search_in_one_line(tmp_path: Path) -> None:
