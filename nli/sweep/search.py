@@ -59,6 +59,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from nli.config.identity import EXCLUDED
 from nli.config.schema import job_refusal
+from nli.contract import MULTIRUN_RECORD
 from nli.errors import ConfigError
 from nli.sweep import table
 from nli.sweep.pruning import Watch, ended_pruned, run_folder
@@ -440,6 +441,15 @@ def job_number(trial: optuna.Trial) -> int:
     return int(trial.user_attrs.get("resumes", trial.number))
 
 
+def record(config: DictConfig) -> None:
+    """Hydra's record of the sweep, multirun.yaml at its top, as Hydra's basic sweeper writes it before its first
+    job: what a search sought (``hydra.sweeper.direction``: the report's best are the lowest where it minimized) and
+    how many trials it runs (nli.sweep.report), and what marks the folder a sweep's (nli.config.command)."""
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(config, sweep_dir / MULTIRUN_RECORD)
+
+
 class OptunaSearch:
     """Asks the study for trials, runs them through the launcher, up to ``n_jobs`` at a time and the next as soon
     as one ends (nli.sweep.slots), has the pruner judge them as they train (nli.sweep.pruning), and tells the
@@ -481,6 +491,7 @@ class OptunaSearch:
         study = open_study(self.settings, sampler, self.pruner)
         check_space(study, space, where)
         check_fixed(study, fixed, where)
+        record(self.config)
         try:
             self._search(study, sampler, space, fixed, n_trials)
         except StudyLocked as error:  # a trial left RUNNING: the next command takes it up, from its folder

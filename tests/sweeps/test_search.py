@@ -1,12 +1,17 @@
-"""The Optuna sweeper's search space (nli/sweep/search.py): Hydra's sweep syntax read as Optuna distributions."""
+"""The Optuna sweeper's search space (nli/sweep/search.py): Hydra's sweep syntax read as Optuna distributions; and
+the record of a search it leaves in the sweep's folder. Its searches run: tests/sweeps/test_sweep.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from nli.errors import ConfigError
 from nli.sweep.search import grid, search_space
+from tests.support.runs import FAST, run_app
 
 
 def test_each_form_of_the_syntax_is_its_distribution() -> None:
@@ -90,3 +95,17 @@ def test_a_sampler_or_pruner_option_it_does_not_take_is_refused_by_name_with_the
 
     assert isinstance(made(OmegaConf.create({"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 2}),
                            "pruner"), optuna.pruners.MedianPruner)
+
+
+def test_a_searchs_folder_holds_hydras_record_of_it_as_a_list_sweeps_does(tmp_path: Path) -> None:
+    """Hydra's basic sweeper writes multirun.yaml at the sweep's top, the project's Optuna sweeper did not: a search's
+    folder had no record of which way it sought its objective nor of its trials (nli.sweep.report reads them), nor
+    the mark by which a run into a sweep's folder is refused (nli.config.command)."""
+    sweep_dir = tmp_path / "search"
+    done = run_app(["-m", *FAST, "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=1",
+                    "hydra.sweeper.direction=minimize", "optimizer.lr=choice(1e-3,2e-3)",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sweeper = yaml.safe_load((sweep_dir / "multirun.yaml").read_text())["hydra"]["sweeper"]
+    assert sweeper["direction"] == "minimize" and sweeper["n_trials"] == 1
+    assert sweeper["_target_"] == "hydra_plugins.nli_optuna_sweeper.optuna_sweeper.OptunaSweeper"
