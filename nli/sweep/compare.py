@@ -91,8 +91,9 @@ def compare_runs(run_a: str, run_b: str, splits: Sequence[str] = ()) -> List[Com
         if split not in common:
             raise CompareError(f"--split {split}: not a split both runs predicted; they share {', '.join(common)}")
     task_a, task_b = _task(a), _task(b)
-    return [compare_split(split, task_of(task_a, split), task_of(task_b, split), read(a, split), read(b, split))
-            for split in (asked or common)]
+    other = _other_examples(a, b)
+    return [compare_split(split, task_of(task_a, split), task_of(task_b, split), read(a, split), read(b, split),
+                          other) for split in (asked or common)]
 
 
 def predicted(run: Storage) -> List[str]:
@@ -127,6 +128,25 @@ def _task(run: Storage) -> TaskConfig:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig), node))  # type: ignore[return-value]
     except (OSError, KeyError, TypeError, yaml.YAMLError) as err:
         raise CompareError(f"{run.describe(CONFIG_FILE)}: the run's task cannot be read ({err!r})") from None
+
+
+def _other_examples(a: Storage, b: Storage) -> str:
+    """The settings that choose a split's examples (sweep.OTHER_EXAMPLES) where the runs' config.yaml differ, as
+    ``data.synthetic_eval_size=1000 and 96``: what makes two runs predict other examples, and what to make the same."""
+    configs = [yaml.safe_load(run.read_bytes(CONFIG_FILE)) for run in (a, b)]  # dicts: _task read them
+    values = {key: [_setting(config, key) for config in configs] for key in sweep.OTHER_EXAMPLES if key != "task"}
+    return "; ".join(f"{key}={_typed(x)} and {_typed(y)}" for key, (x, y) in values.items() if x != y)
+
+
+def _setting(config: Any, key: str) -> Any:
+    for part in key.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
+
+
+def _typed(value: Any) -> str:
+    """A value as the command line types it (null, not None)."""
+    return "null" if value is None else str(value)
 
 
 def task_of(task: TaskConfig, split: str) -> TaskConfig:
@@ -170,14 +190,17 @@ def _column(lines: Sequence[Dict[str, Any]], key: str, kind: type = object) -> n
     return np.array([line[key] for line in lines], dtype=kind)
 
 
-def compare_split(split: str, task_a: TaskConfig, task_b: TaskConfig, a: Split, b: Split) -> Comparison:
+def compare_split(split: str, task_a: TaskConfig, task_b: TaskConfig, a: Split, b: Split,
+                  other: str = "") -> Comparison:
+    """``other``: the runs' settings that choose other examples (:func:`_other_examples`), named if they differ."""
     if (task_a.name, task_a.metrics) != (task_b.name, task_b.metrics):
         raise CompareError(f"{split}: RUN_A's predictions are of task {task_a.name} and RUN_B's of {task_b.name}")
     same = len(a.idx) == len(b.idx) and bool(np.all(a.idx == b.idx)) and bool(np.all(a.labels == b.labels))
     if not same:
+        fix = f"the runs ran with {other}: compare runs evaluated with the same" if other else \
+            "compare runs evaluated on the same split, with the same data.max_eval_samples"
         raise CompareError(f"{split}: the runs predicted different examples ({len(a.idx)} and {len(b.idx)} labelled; "
-                           f"first to differ: {_first_difference(a, b)}): compare runs evaluated on the same split, "
-                           "with the same data.max_eval_samples")
+                           f"first to differ: {_first_difference(a, b)}): {fix}")
     found = [metric_difference(name, a, b) for name in task_a.metrics]
     return Comparison(split, len(a.idx), found, None if task_a.is_regression else mcnemar(a, b))
 

@@ -20,7 +20,7 @@ from nli.io.storage import Storage
 from nli.sweep import compare, report
 from nli.sweep.compare import Split
 from nli.sweep.differences import verdict
-from tests.support.runs import copy_run, read_results, shared_folder
+from tests.support.runs import FAST, copy_run, read_results, run_app, shared_folder
 from tests.sweeps.test_report import SWEEP, claim, run_sweep
 
 PREDICTIONS = Path("eval_predictions", "validation.jsonl")
@@ -115,6 +115,20 @@ def test_runs_of_other_examples_are_refused_naming_the_split(job: Path, tmp_path
     said = capsys.readouterr().err
     assert said.startswith("error: validation: the runs predicted different examples (96 and 80 labelled")
     assert "with the same data.max_eval_samples" in said
+
+
+def test_runs_of_other_data_settings_are_refused_naming_the_settings(job: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Two quickstarts of other synthetic_eval_size were told to use the same data.max_eval_samples, which both
+    had left alone."""
+    other = tmp_path / "other"
+    proc = run_app([*FAST, "data.synthetic_eval_size=64", f"hydra.run.dir={other}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report.main(["compare", str(job), str(other)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("error: validation: the runs predicted different examples (96 and 64 labelled")
+    assert said.endswith(": the runs ran with data.synthetic_eval_size=96 and 64: compare runs evaluated with the "
+                         "same\n") and "max_eval_samples" not in said, said
 
 
 def test_a_damaged_predictions_file_is_refused_naming_its_line(job: Path, tmp_path: Path,
