@@ -32,24 +32,27 @@ CAPTION = ("Reliability diagrams of each run's final evaluation (`calibration` i
 Bins = Mapping[str, Any]  # one split's figures in results.json's calibration
 
 
-def section(done: Sequence[Mapping[str, Any]], keys: Sequence[str], out: Path, written: List[Path]) -> List[str]:
+def section(done: Sequence[Mapping[str, Any]], keys: Sequence[str], out: Path, written: List[Path],
+            direction: str = plots.MAXIMIZE) -> List[str]:
     """The report's calibration section for the completed rows ``done``, its PNG added to ``written``; none
-    where no row has calibration figures. Past :data:`LEGEND_MAX` runs, those of the highest objective are drawn."""
+    where no row has calibration figures. Past :data:`LEGEND_MAX` runs, the best are drawn: those of the highest
+    objective, or the lowest where the sweep minimized it (``direction``, nli.sweep.plots.ranked)."""
     rows = [row for row in done if isinstance(row.get(CALIBRATION), dict) and row[CALIBRATION]]
     if not rows:
         return []
-    best = sorted(rows, key=_objective, reverse=True)[:LEGEND_MAX]  # stable: in their order where alike
-    runs = [(_label(row, keys), row[CALIBRATION]) for row in rows if any(row is each for each in best)]
+    # Of runs alike, the earlier (ranked's sort is stable); drawn in their order.
+    best = set(plots.ranked({i: [_objective(row)] for i, row in enumerate(rows)}, direction)[:LEGEND_MAX])
+    runs = [(_label(row, keys), row[CALIBRATION]) for i, row in enumerate(rows) if i in best]
     plot(runs, out / RELIABILITY)
     written.append(out / RELIABILITY)
-    left = (f" The {LEGEND_MAX} of the {len(rows)} completed runs with the highest objective are drawn."
-            if len(rows) > LEGEND_MAX else "")
+    left = (f" The {LEGEND_MAX} of the {len(rows)} completed runs with the {plots.best(direction, 'highest')} "
+            "objective are drawn." if len(rows) > LEGEND_MAX else "")
     return [f"## Calibration\n\n{CAPTION}{left}\n\n![reliability diagrams]({RELIABILITY})"]
 
 
 def _objective(row: Mapping[str, Any]) -> float:
     value = row.get("objective")
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else -math.inf
+    return float(value) if isinstance(value, (int, float)) else math.nan  # not a number: ranked puts it last
 
 
 def size(panels: int) -> Tuple[float, float]:

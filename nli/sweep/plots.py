@@ -4,8 +4,8 @@ without pyplot: no display is needed and no global backend is switched for the c
 A figure's legend goes below its axes, in room the figure adds for it (:func:`legend_below`): the axes keep the
 size they were given whatever the legend's length, and the legend covers no line. A legend names at most
 :data:`LEGEND_MAX` entries; a figure with more lines colours the best :data:`COLOURED` and draws the rest grey,
-unnamed (:func:`highlighted`). Labels and tick labels are cut to a readable length (:func:`short_label`,
-:func:`category_ticks`)."""
+unnamed (:func:`highlighted`), the best those of the highest objective, or the lowest where the sweep minimized it
+(:func:`ranked`). Labels and tick labels are cut to a readable length (:func:`short_label`, :func:`category_ticks`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import re
 import textwrap
 import weakref
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Hashable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
@@ -33,8 +33,12 @@ VALUE_CHARS = 24  # of a value in a label (a long override: a path, a list), at 
 LABEL_CHARS = 60  # of a label, at most
 TICK_CHARS = 16  # of a category's tick label, at most
 SLANT = 30  # degrees: tick labels slanted where they would run together level
+# Which way a sweep sought its objective (hydra.sweeper.direction): what the report's best are (ranked).
+MAXIMIZE, MINIMIZE = "maximize", "minimize"
 # A number with more figures than a plot can show in a label: a search's drawn value (0.0001854647817151324).
 LONG_NUMBER = re.compile(r"(?<![\w.])-?\d*\.\d{5,}(?:e[-+]?\d+)?(?![\w.])")
+
+K = TypeVar("K", bound=Hashable)  # what ranked ranks: a line's label, a row's index
 
 # The inches at the bottom of a figure kept for its legend (legend_below), left out of the axes' layout (save).
 _reserved: "weakref.WeakKeyDictionary[Figure, float]" = weakref.WeakKeyDictionary()
@@ -150,11 +154,19 @@ def save(drawn: Figure, path: Path) -> None:
     drawn.savefig(path, dpi=DPI)
 
 
-def ranked(objectives: Mapping[str, Sequence[float]]) -> List[str]:
-    """Names best first by the mean of their objectives (higher is better: every objective of the project is); a
-    name with no finite objective last."""
-    def mean(name: str) -> float:
-        finite = [value for value in objectives[name] if math.isfinite(value)]
-        return sum(finite) / len(finite) if finite else -math.inf
+def ranked(objectives: Mapping[K, Sequence[float]], direction: str = MAXIMIZE) -> List[K]:
+    """Names best first by the mean of their objectives: the highest, as every objective of the project is, or the
+    lowest where the sweep minimized it (its ``hydra.sweeper.direction``); a name with no finite objective last."""
+    lowest = direction == MINIMIZE
 
-    return sorted(objectives, key=mean, reverse=True)
+    def mean(name: K) -> float:
+        finite = [value for value in objectives[name] if math.isfinite(value)]
+        return sum(finite) / len(finite) if finite else math.inf if lowest else -math.inf
+
+    return sorted(objectives, key=mean, reverse=not lowest)
+
+
+def best(direction: str, word: str = "best") -> str:
+    """How a plot's text names the lines :func:`ranked` puts first: ``word`` where higher is better, "lowest" where
+    the sweep minimized (its best then are not what "best" of a score reads as)."""
+    return "lowest" if direction == MINIMIZE else word

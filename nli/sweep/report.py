@@ -26,8 +26,10 @@ bucket, ``reports/<sweep name>`` in the current directory), or to ``--out``:
   (nli.sweep.calibration_plot).
 
 Each plot has one legend, below its axes, in room the figure adds for it; past 10 settings (a search's trials)
-the 5 of the highest objective are coloured and named, the others grey (nli.sweep.plots). A report written
-again into the same folder removes the plots of the earlier one that it no longer has (:func:`own_images`).
+the 5 of the highest objective are coloured and named, the others grey (nli.sweep.plots). A search that minimized
+its objective (``hydra.sweeper.direction=minimize``, in the multirun.yaml Hydra writes at the sweep's top) has those
+of the lowest instead, in both, and report.md says so. A report written again into the same folder removes the plots
+of the earlier one that it no longer has (:func:`own_images`).
 
 ``python -m nli.report compare RUN_A RUN_B`` compares two runs on the same eval examples instead
 (nli.sweep.compare); ``python -m nli.report submission DIR...`` makes GLUE's submission zip from runs'
@@ -211,6 +213,29 @@ def _planned_jobs(sweep_dir: Path, *, searches: bool = True) -> Optional[int]:
         return math.prod(len(list(o.sweep_string_iterator())) for o in overrides if o.is_discrete_sweep())
     except Exception:  # a record of another version, or none: the note says less
         return None
+
+
+def sweep_direction(paths: Sequence[Source], notes: List[str]) -> str:
+    """Which way the sweeps of ``paths`` sought their objective, and so which runs the report's plots call the best:
+    minimize where each sweep directory that records a direction (the project's Optuna search) minimized; else
+    maximize, as every objective of the project is higher-is-better (a list sweep, a run folder, a bucket's sweep).
+    A line in ``notes`` where the sweeps given sought it both ways."""
+    recorded = {_direction(path) for path in paths if isinstance(path, Path)} - {None}
+    if len(recorded) > 1:
+        notes.append("the sweeps given sought their objective both ways (hydra.sweeper.direction maximize and "
+                     "minimize): the plots' best are those of the highest objective")
+    return plots.MINIMIZE if recorded == {plots.MINIMIZE} else plots.MAXIMIZE
+
+
+def _direction(sweep_dir: Path) -> Optional[str]:
+    """The direction Hydra's record of the sweep in ``sweep_dir`` (multirun.yaml) gives its sweeper; None where it
+    gives none (Hydra's basic sweeper) or there is no record."""
+    try:
+        sweeper = yaml.safe_load((sweep_dir / MULTIRUN_RECORD).read_text())["hydra"].get("sweeper") or {}
+        direction = sweeper.get("direction")
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):  # a run folder, a record of another kind
+        return None
+    return direction if direction in (plots.MAXIMIZE, plots.MINIMIZE) else None
 
 
 def _planned_by(sweep_dir: Path, rows: Sequence[Row]) -> bool:
@@ -465,16 +490,18 @@ TICKS_TYPED = 8  # values at most given a tick each, as typed; more (a search's 
 TICK_CHARS = 8  # of a value typed, at most, for its tick: a search's drawn values are read from matplotlib's ticks
 
 
-def objective_figure(rows: Sequence[Row], key: str, others: Sequence[str], *, seeds: bool) -> Figure:
+def objective_figure(rows: Sequence[Row], key: str, others: Sequence[str], *, seeds: bool,
+                     direction: str = plots.MAXIMIZE) -> Figure:
     """The objective against ``key``, a line per setting of the ``others``; the axes :data:`OBJECTIVE_SIZE` and the
     legend below them (nli.sweep.plots): up to LEGEND_MAX lines each coloured and named, past that the best
-    COLOURED (by their mean objective) and the others grey, unnamed (a search's trials, a line of one point each)."""
+    COLOURED (by their mean objective, the lowest where ``direction`` is minimize) and the others grey, unnamed (a
+    search's trials, a line of one point each)."""
     lines = objective_points(rows, key, others)
     where, scale = x_axis(list(dict.fromkeys(value for points in lines.values() for value in points)))
     figure = plots.figure(OBJECTIVE_SIZE)
     axes = figure.subplots()
     best = plots.ranked({label: [value for values in points.values() for value in values]
-                         for label, points in lines.items()})
+                         for label, points in lines.items()}, direction)
     colours = plots.highlighted(best)
     handles: List[Any] = []
     labels: List[str] = []
@@ -500,14 +527,15 @@ def objective_figure(rows: Sequence[Row], key: str, others: Sequence[str], *, se
         axes.minorticks_off()
     axes.set(title=f"objective against {key}", xlabel=key,
              ylabel="objective (mean ± sd over seeds)" if seeds else "objective")
-    title = f"the best {len(labels)} of {len(best)} by objective; the others grey" if len(best) > len(labels) \
-        and labels else None
+    title = (f"the {plots.best(direction)} {len(labels)} of {len(best)} by objective; the others grey"
+             if len(best) > len(labels) and labels else None)
     plots.legend_below(figure, handles, labels, title=title)
     return figure
 
 
-def plot_objective(rows: Sequence[Row], key: str, others: Sequence[str], path: Path, *, seeds: bool) -> None:
-    plots.save(objective_figure(rows, key, others, seeds=seeds), path)
+def plot_objective(rows: Sequence[Row], key: str, others: Sequence[str], path: Path, *, seeds: bool,
+                   direction: str = plots.MAXIMIZE) -> None:
+    plots.save(objective_figure(rows, key, others, seeds=seeds, direction=direction), path)
 
 
 # ------------------------------------------------------------------------ learning curves
@@ -580,19 +608,20 @@ PANELS = (("train/loss", "training loss"), (None, "evaluation"), (GRAD_NORM, "gr
           (LR, "learning rate"))  # None: each run's main eval/ metric
 
 
-def curves_figure(runs: Sequence[Run]) -> Figure:
+def curves_figure(runs: Sequence[Run], direction: str = plots.MAXIMIZE) -> Figure:
     """Training loss and the evaluation metric against step, side by side; below them the gradient norm before
     clipping and the learning rate (of the first parameter group). A line per setting, the mean over its seeds
     with a band from their least to their greatest value; up to LEGEND_MAX settings each coloured and named in one
-    legend below the axes, past that the best COLOURED (by their mean objective) and the others grey, unnamed.
-    The axes take :data:`CURVES_SIZE` whatever the legend's length (nli.sweep.plots)."""
+    legend below the axes, past that the best COLOURED (by their mean objective, the lowest where ``direction`` is
+    minimize) and the others grey, unnamed. The axes take :data:`CURVES_SIZE` whatever the legend's length
+    (nli.sweep.plots)."""
     figure = plots.figure(CURVES_SIZE)
     grid = figure.subplots(2, 2, sharex=True)
     panels = [axes for row in grid for axes in row]
     settings: Dict[str, List[Run]] = {}
     for run in runs:
         settings.setdefault(run.setting, []).append(run)
-    best = plots.ranked({setting: [run.objective for run in seeds] for setting, seeds in settings.items()})
+    best = plots.ranked({setting: [run.objective for run in seeds] for setting, seeds in settings.items()}, direction)
     colours = plots.highlighted(best)
     handles: List[Any] = []
     labels: List[str] = []
@@ -609,7 +638,7 @@ def curves_figure(runs: Sequence[Run]) -> Figure:
                GRAD_NORM if logged else f"no {GRAD_NORM} logged", LR]
     for i, (axes, (_, title), ylabel) in enumerate(zip(panels, PANELS, ylabels)):
         axes.set(title=title, ylabel=ylabel, **({"xlabel": "step"} if i >= 2 else {}))
-    notes = [f"the best {len(labels)} of {len(best)} settings by objective; the others grey"] \
+    notes = [f"the {plots.best(direction)} {len(labels)} of {len(best)} settings by objective; the others grey"] \
         if len(best) > len(labels) else []
     if any(len(seeds) > 1 for seeds in settings.values()):
         notes.append("a setting's seeds: their mean, shaded from the least to the greatest")
@@ -640,8 +669,8 @@ def _band(axes: Axes, seeds: Sequence[Mapping[int, float]], colour: Optional[str
     return line
 
 
-def plot_curves(runs: Sequence[Run], path: Path) -> None:
-    plots.save(curves_figure(runs), path)
+def plot_curves(runs: Sequence[Run], path: Path, direction: str = plots.MAXIMIZE) -> None:
+    plots.save(curves_figure(runs, direction), path)
 
 
 # ------------------------------------------------------------------------------ the report
@@ -657,10 +686,10 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
     out.mkdir(parents=True, exist_ok=True)
     keys, metrics = sweep.varying(rows), model_metrics(rows)
     notes += sweep.repeated_seeds(rows) if sweep.SEED in keys else []
-    done = completed(rows)
+    done, direction = completed(rows), sweep_direction(paths, notes)
     sections = [f"# Sweep report\n\n{len(rows)} {'job' if len(rows) == 1 else 'jobs'}, {len(done)} completed, "
                 "from " + ", ".join(f"`{path}`" for path in paths) + "." +
-                "".join(f"\n\n{note}." for note in notes),
+                "".join(f"\n\n{note}." for note in notes) + _minimized(direction),
                 "## Jobs\n\n" + job_table(rows, keys, metrics, folders=len(paths) > 1) + cost.markdown_note(rows),
                 *warnings_section(rows, keys)]
     if sweep.SEED in keys:
@@ -673,8 +702,9 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
         sections.append("## Per class\n\nEach class's precision, recall and F1 on each eval split of the final "
                         "evaluation (`per_class` in results.json), mean ± sample standard deviation over the seeds "
                         "of each setting (completed jobs); support: the split's examples of the class.\n\n" + classes)
-    sections += _objective_section(rows, keys, out, written) + _curves_section(rows, keys, out, written)
-    sections += calibration_plot.section(done, keys, out, written)  # reliability diagrams
+    sections += _objective_section(rows, keys, out, written, direction)
+    sections += _curves_section(rows, keys, out, written, direction)
+    sections += calibration_plot.section(done, keys, out, written, direction)  # reliability diagrams
     report = out / REPORT
     earlier = own_images(report)  # the plots of a report written here before, read before this one replaces it
     sweep.replace(report, "\n\n".join(sections) + "\n")  # a reader, or a report made at once, sees one whole
@@ -735,14 +765,23 @@ def _default_out(paths: Sequence[Source]) -> Path:
     return Path("reports", first.rstrip("/").rpartition("/")[2]) if isinstance(first, str) else first
 
 
-def _objective_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written: List[Path]) -> List[str]:
+def _minimized(direction: str) -> str:
+    """What report.md says of a search that minimized its objective: its plots' best are its lowest (where a reader
+    takes the best of a score for its highest)."""
+    return ("" if direction != plots.MINIMIZE else "\n\nThe sweep minimized its objective (`hydra.sweeper.direction="
+            "minimize`): the plots' best are the runs of the lowest objective.")
+
+
+def _objective_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written: List[Path],
+                       direction: str) -> List[str]:
     settings = [key for key in keys if key != sweep.SEED]
     if not settings or not completed(rows):
         return []
     images = []
     for key in settings:
         path = out / f"objective_vs_{_file_name(key)}.png"
-        plot_objective(rows, key, [other for other in settings if other != key], path, seeds=sweep.SEED in keys)
+        plot_objective(rows, key, [other for other in settings if other != key], path, seeds=sweep.SEED in keys,
+                       direction=direction)
         written.append(path)
         images.append(f"![objective against {key}]({path.name})")
     return ["## Objective against each swept setting\n\n" + "\n\n".join(images)]
@@ -753,11 +792,12 @@ def _file_name(key: str) -> str:
     return re.sub(r"[^\w.-]+", "_", key)
 
 
-def _curves_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written: List[Path]) -> List[str]:
+def _curves_section(rows: Sequence[Row], keys: Sequence[str], out: Path, written: List[Path],
+                    direction: str) -> List[str]:
     runs, notes = load_curves(rows, keys)
     text = "## Learning curves"
     if runs:
-        plot_curves(runs, out / LEARNING_CURVES)
+        plot_curves(runs, out / LEARNING_CURVES, direction)
         written.append(out / LEARNING_CURVES)
         text += f"\n\n![learning curves]({LEARNING_CURVES})"
     if notes:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import matplotlib.image
+import pytest
 from matplotlib.figure import Figure
 
 from nli.sweep import calibration_plot, plots
@@ -49,6 +50,20 @@ def test_runs_past_the_legends_limit_are_left_out_and_said_so(tmp_path: Path) ->
     pixels = matplotlib.image.imread(written[0])  # a panel per split, side by side, and the legend below them
     assert pixels.shape[1] == 800 and pixels.shape[0] > 400 and calibration_plot.size(2) == (8.0, 4.0)
     assert calibration_plot.size(10) == (12.0, 16.0)  # three a row
+
+
+def test_of_a_search_that_minimized_the_runs_of_the_lowest_objective_are_drawn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of 11 runs of a search with hydra.sweeper.direction=minimize, the 10 of the lowest objective: the highest, job
+    10, left out (it drew the 10 of the highest, the search's worst)."""
+    drawn: List[List[str]] = []
+    monkeypatch.setattr(calibration_plot, "plot", lambda runs, path: drawn.append([label for label, _ in runs]))
+    bins = {"validation": figures(COUNT, CONFIDENCE, ACCURACY, 0.1)}
+    runs = [{"job": i, "seed": i, "objective": 0.5 + 0.01 * i, "calibration": bins}
+            for i in range(calibration_plot.LEGEND_MAX + 1)]
+    (text,) = calibration_plot.section(runs, ["seed"], tmp_path, [], plots.MINIMIZE)
+    assert drawn == [[f"seed={i}" for i in range(10)]]
+    assert "The 10 of the 11 completed runs with the lowest objective are drawn." in text
 
 
 def test_one_legend_below_the_panels_names_each_run_once_with_its_ece_on_each_split() -> None:

@@ -24,6 +24,7 @@ import matplotlib.figure
 import matplotlib.image
 import matplotlib.legend
 import pytest
+import yaml
 
 from nli.contract import CLAIM_FILE
 from nli.sweep import calibration_plot, plots, report
@@ -672,6 +673,43 @@ def test_the_learning_curves_of_a_search_colour_the_best_five_trials_and_the_res
     assert legend.get_title().get_text().startswith("the best 5 of 50 settings by objective; the others grey")
     colours = [line.get_color() for line in figure.axes[0].get_lines()]
     assert len(colours) == 50 and colours.count(plots.GREY) == 45
+
+
+def test_settings_rank_by_their_mean_objective_the_lowest_first_where_the_sweep_minimized() -> None:
+    objectives = {"a": [0.2, 0.4], "b": [0.1], "none": [math.nan], "c": [0.5]}
+    assert plots.ranked(objectives) == ["c", "a", "b", "none"]
+    assert plots.ranked(objectives, plots.MINIMIZE) == ["b", "a", "c", "none"]  # no number: last either way
+
+
+def test_the_report_of_a_search_that_minimized_names_its_lowest_trial_its_best(tmp_path: Path) -> None:
+    """A search with hydra.sweeper.direction=minimize picks its lowest trial (optimization_results.yaml); the report
+    took the highest objective for the best whatever the search sought, naming first (and past 10 lines colouring,
+    past 10 runs drawing the reliability of) the trials the search judged its worst."""
+    sweep_dir = tmp_path / "search"
+    done = run_app(["-m", *FAST, "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2",
+                    "hydra.sweeper.direction=minimize", "optimizer.lr=choice(1e-5,3e-3)",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = report.load_rows([sweep_dir])
+    lowest = min(rows, key=lambda row: row["objective"])
+    assert len({row["objective"] for row in rows}) == 2, rows  # the two learning rates end apart
+    assert yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())["best_value"] == lowest["objective"]
+    direction = report.sweep_direction([sweep_dir], [])
+    figure = report.curves_figure(report.load_curves(rows, sweep.varying(rows))[0], direction)
+    (legend,) = figure.legends
+    assert legend.get_texts()[0].get_text() == plots.short_label(f"optimizer.lr={lowest['optimizer.lr']}")  # best first
+    text = report.write_report([sweep_dir])[0].read_text()
+    assert "The sweep minimized its objective (`hydra.sweeper.direction=minimize`): the plots' best are the runs " \
+        "of the lowest objective." in text
+
+
+def test_the_learning_curves_of_a_search_that_minimized_colour_its_lowest_five(tmp_path: Path) -> None:
+    lrs = [f"{1e-5 * 1.1 ** i + 1e-12:.19f}" for i in range(50)]  # the objective grows with the learning rate
+    rows = made_sweep(tmp_path / "search", [{"optimizer.lr": lr} for lr in lrs])
+    figure = report.curves_figure(report.load_curves(rows, sweep.varying(rows))[0], plots.MINIMIZE)
+    (legend,) = figure.legends
+    assert [text.get_text() for text in legend.get_texts()] == [f"optimizer.lr={float(lr):.3g}" for lr in lrs[:5]]
+    assert legend.get_title().get_text() == "the lowest 5 of 50 settings by objective; the others grey"
 
 
 def test_the_objective_plot_cuts_long_values_in_its_legend_and_ticks(tmp_path: Path) -> None:
