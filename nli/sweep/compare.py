@@ -83,9 +83,13 @@ class Comparison:
 def compare_runs(run_a: str, run_b: str, splits: Sequence[str] = ()) -> List[Comparison]:
     """Each split both runs predicted (or those of ``splits``), compared."""
     a, b = Storage(run_a, key="RUN_A"), Storage(run_b, key="RUN_B")
+    for run in (a, b):  # said alone: what the other run predicted does not help
+        if (unusable := _unusable(run)) is not None:
+            raise CompareError(unusable)
     common = [split for split in predicted(a) if split in predicted(b)]
     if not common:
-        raise CompareError(f"{run_a} and {run_b} share no eval split's predictions ({_said(a)}; {_said(b)})")
+        raise CompareError(f"{run_a} and {run_b} share no eval split's predictions ({run_a} predicted "
+                           f"{', '.join(predicted(a))}; {run_b} predicted {', '.join(predicted(b))})")
     asked = list(dict.fromkeys(splits))  # a split given twice is compared once, not printed twice
     for split in asked:
         if split not in common:
@@ -104,22 +108,34 @@ def predicted(run: Storage) -> List[str]:
     return sorted(path[len(root) + 1:-len(SUFFIX)] for path in run.fs.find(root) if path.endswith(SUFFIX))
 
 
-def _said(run: Storage) -> str:
-    """Why a folder has, or has not, predictions. A run writes them at its end, with its results.json: one still
-    going (its config.yaml not yet written, as it starts), stopped or failed is told so, not sent to predict again
-    with eval.only what it has not finished training."""
-    if (splits := predicted(run)) and run.exists(CONFIG_FILE):
-        return f"{run.url} predicted {', '.join(splits)}"
+def _unusable(run: Storage) -> Optional[str]:
+    """Why a folder has no predictions to compare; None where it has. A run writes them at its end, with its
+    results.json: one still going (its config.yaml not yet written, as it starts), stopped or failed is told so, not
+    sent to predict again with eval.only what it has not finished training."""
+    if predicted(run) and run.exists(CONFIG_FILE):
+        return None
     if (holder := live_holder(run)) is not None:
         return f"a run is still going in {run.url} ({holder}): it writes {FOLDER}/ at its end; compare it then"
     if not run.exists(CONFIG_FILE):
-        return f"{run.url} is not a run folder (no {CONFIG_FILE})"
+        return _not_a_run(run)
     if not run.exists(RESULTS_FILE):
         return (f"{run.url} has not ended (no {RESULTS_FILE}): it was stopped, or failed, before its final evaluation "
                 f"wrote {FOLDER}/; the same command again continues a stopped run, and its train.log says why one "
                 "failed")
     return (f"{run.url} has no {FOLDER}/: it ran with eval.save_predictions=false, or before predictions were "
             f"kept; python train.py eval.only=true model.name_or_path={run.url} writes them into a folder of its own")
+
+
+def _not_a_run(run: Storage) -> str:
+    """What a folder without config.yaml is: none (a path mistyped), a sweep directory (its jobs' folders are the
+    runs), or another folder."""
+    expected = f"give a run's output folder (the one holding {CONFIG_FILE} and {FOLDER}/)"
+    if not run.check_readable():
+        return f"{run.url}: no such folder; {expected}"
+    if run.exists(sweep.RESULTS_JSONL):
+        jobs = [run.describe(name) for name in run.list("") if run.exists(f"{name}/{CONFIG_FILE}")]
+        return f"{run.url} is a sweep directory, not a run: give two of its jobs' folders ({', '.join(jobs[:2])}, ...)"
+    return f"{run.url} is not a run folder (no {CONFIG_FILE}): {expected}"
 
 
 def _task(run: Storage) -> TaskConfig:

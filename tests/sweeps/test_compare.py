@@ -154,6 +154,19 @@ def test_a_run_without_predictions_is_refused_saying_how_to_make_them(job: Path,
     assert "--split test: not a split both runs predicted; they share validation" in capsys.readouterr().err
 
 
+def test_a_sweep_directory_or_no_folder_is_said_alone_as_what_it_is(job: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep directory, or a mistyped path, was 'not a run folder (no config.yaml)', inside 'X and Y share no eval
+    split's predictions' with the splits the other run predicted."""
+    sweep_dir, nowhere = job.parent, tmp_path / "nowhere"
+    assert report.main(["compare", str(sweep_dir), str(job)]) == 2
+    assert capsys.readouterr().err == (f"error: {sweep_dir} is a sweep directory, not a run: give two of its jobs' "
+                                       f"folders ({sweep_dir / '0'}, {sweep_dir / '1'}, ...)\n")
+    assert report.main(["compare", str(job), str(nowhere)]) == 2
+    assert capsys.readouterr().err == (f"error: {nowhere}: no such folder; give a run's output folder (the one "
+                                       "holding config.yaml and eval_predictions/)\n")
+
+
 @pytest.mark.parametrize("state", ["running", "stopped"])
 def test_a_run_not_ended_is_said_so_not_sent_to_predict_again(state: str, job: Path, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
