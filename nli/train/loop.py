@@ -14,6 +14,7 @@ import logging
 import math
 import signal
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, cast
@@ -157,6 +158,7 @@ class Loop:
         self.window = _Window(opt.compute.device)
         # Steps skipped on the device, not yet counted (Optimization.skips_on_device); made only where used.
         self._nonfinite = torch.zeros((), dtype=torch.int64, device=opt.compute.device) if opt.skips_on_device else None
+        self._scaler_skips = _ScalerSkips(opt.scaler, opt.compute)
         self._signals: Optional[Callable[[], float]] = None  # the ranks' signals at the last step, to read at this one
         self.memory = PeakMemory(opt.compute.device)
         self._set_to_none = not keeps_gradients(opt.trained)  # DDP's bucket views stay (wrap)
@@ -264,7 +266,7 @@ class Loop:
         if logs:
             lr = cast(float, self.opt.scheduler.get_last_lr()[0])  # typed float | Tensor; our rates are floats
             logged = self.window.flush(lr=lr, epoch=progress.epoch + progress.examples_in_epoch /
-                                       self.plan.examples_per_epoch)
+                                       self.plan.examples_per_epoch, scaler=self._scaler_skips.figures())
         self._call("on_step_end", progress, logged)
         evaluation = None
         if evaluates:
@@ -291,13 +293,17 @@ class Loop:
         if opt.skips_on_device or bool(torch.isfinite(step_loss)):
             opt.world.reduce_gradients(opt.optimizer)
             self.window.grad_norm(self._gradient_norm(logs=self._logs(progress.step + 1)))
-            oom.optimizer_step(opt.optimizer, opt.scaler, opt.compute)  # scaler.step, backed off on its first
-            opt.scaler.update()
+            with self._scaler_skips.counted():
+                oom.optimizer_step(opt.optimizer, opt.scaler, opt.compute)  # scaler.step, backed off on its first
+                opt.scaler.update()
         else:
             self.window.grad_norm(None)  # no gradient to speak of: the step is skipped
             step = progress.step + 1
             self._skip_nonfinite(float(step_loss), progress, step=step, when=f"at step {step}")
-        opt.scheduler.step()  # the schedule keeps time with the steps, skipped or not
+        with warnings.catch_warnings():  # a skipped first step (fp16's scale finding its level) calls no
+            # optimizer.step() before it, which torch's scheduler takes for calls in the wrong order
+            warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
+            opt.scheduler.step()  # the schedule keeps time with the steps, skipped or not
         opt.optimizer.zero_grad(set_to_none=self._set_to_none)
 
     def _gradient_norm(self, *, logs: bool) -> Optional[torch.Tensor]:
@@ -404,6 +410,40 @@ class _Clock:
         return self._before + time.perf_counter() - self._start - self._paused
 
 
+class _ScalerSkips:
+    """The optimizer steps the loss scaler skipped since the last log, its gradients not finite: under fp16 an
+    overflow, which halves the scale (a few at the start, while the scale finds its level, are expected); on a GPU
+    in any precision, a step whose loss was finite and whose gradients were not, which no other count sees (the
+    loss's is train.skip_nonfinite's). Counted on the device, from the scale each step leaves (the scaler lowers
+    it at a skipped step and at no other), and read with the log, where the host waits for the device anyway."""
+
+    def __init__(self, scaler: torch.amp.GradScaler, compute: Compute) -> None:
+        self.scaler, self.fp16 = scaler, compute.dtype == torch.float16
+        self._count: Optional[torch.Tensor] = None  # made at the first step, on the scale's device
+
+    @contextmanager
+    def counted(self) -> Iterator[None]:
+        """Around the scaler's step and update: one more skip where the scale came out lower than it went in."""
+        # The scale as a tensor, unread (get_scale() would wait for the device): torch's own fused optimizers
+        # are handed it this way. None where the scaler is off, or before its first scaled loss.
+        before = self.scaler._get_scale_async() if self.scaler.is_enabled() else None
+        before = None if before is None else before.clone()
+        yield
+        if before is not None:
+            if self._count is None:
+                self._count = torch.zeros((), dtype=torch.int64, device=before.device)
+            self._count += self.scaler._get_scale_async() < before  # type: ignore[operator]
+
+    def figures(self) -> Dict[str, float]:
+        """``train/skipped_steps`` since the last log where the scaler is on, and under fp16 ``train/loss_scale``."""
+        if not self.scaler.is_enabled():
+            return {}
+        skipped = 0 if self._count is None else int(self._count.item())
+        if self._count is not None:
+            self._count.zero_()
+        return {"train/skipped_steps": skipped, **({"train/loss_scale": self.scaler.get_scale()} if self.fp16 else {})}
+
+
 class _Window:
     """Training loss and throughput since the last log, the loss summed on the device."""
 
@@ -445,11 +485,11 @@ class _Window:
         """Leave time spent outside training (evaluation, saving) out of the throughput."""
         self._start += seconds
 
-    def flush(self, *, lr: float, epoch: float) -> Dict[str, float]:
+    def flush(self, *, lr: float, epoch: float, scaler: Dict[str, float]) -> Dict[str, float]:
         seconds = time.perf_counter() - self._start
         # Each step's loss is the mean over its global batch, averaged over the ranks.
         out = {"train/loss": self._loss.item() / max(self._steps, 1), "train/lr": lr,
-               **({"train/grad_norm": self._grad_norm.item()} if self._grad_norm is not None else {}),
+               **({"train/grad_norm": self._grad_norm.item()} if self._grad_norm is not None else {}), **scaler,
                "train/examples_per_second": self._examples / max(seconds, 1e-9),
                "train/tokens_per_second": self._tokens / max(seconds, 1e-9), "train/epoch": epoch}
         if self._loss.device.type == "xla":  # so far: a count that grows after the first epoch means changing shapes

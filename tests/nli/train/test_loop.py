@@ -82,6 +82,8 @@ class Trial:
     objectives: Sequence[float] = ()  # what each evaluation reports, in turn; empty: the loss on all the data
     hooks: List[Hook] = field(default_factory=list)
     scaled: bool = False  # the loss scaled as under fp16 (GradScaler), the gradients unscaled before the step
+    fp16: bool = False  # computed in fp16 (autocast), the loss scaled from init_scale
+    init_scale: float = 2.0**16  # GradScaler's default
     # Non-finite steps skipped by the scaler on the device, as on a GPU (nli.train.loop.grad_scaler).
     on_device: bool = False
     adam: bool = False  # fused AdamW, the default optimizer, instead of SGD
@@ -105,13 +107,15 @@ class Trial:
         self.checkpoints = Checkpoints(Storage(str(self.folder)), keep=self.train.keep_checkpoints, identity={})
 
     def loop(self) -> Loop:
-        world, compute = World(), Compute(device=torch.device("cpu"), dtype=torch.float32)
+        dtype = torch.float16 if self.fp16 else torch.float32
+        world, compute = World(), Compute(device=torch.device("cpu"), dtype=dtype)
         sampler = EpochSampler(len(self.data), seed=1, batch_size=self.train.batch_size)
         loader = DataLoader(self.data, batch_size=self.micro_batch, sampler=sampler)
         plan = Plan.make(self.train, examples_per_epoch=len(self.data), world_size=1,
                          accumulation=math.ceil(self.train.batch_size / self.micro_batch))
+        # The scalers nli.train.loop.grad_scaler makes: a GPU's outside fp16, else fp16's (or none).
         scaler = (torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=2**30) if self.on_device else
-                  torch.amp.GradScaler("cpu", enabled=self.scaled))  # the scalers nli.train.loop.grad_scaler makes
+                  torch.amp.GradScaler("cpu", init_scale=self.init_scale, enabled=self.scaled or self.fp16))
         trained = wrap(self.model, World(world_size=2), compute.device) if self.ddp else self.model
         opt = Optimization(self.model, trained, self.optimizer, self.scheduler, scaler, compute, world,
                            skips_on_device=self.on_device)
@@ -291,6 +295,45 @@ def test_more_non_finite_losses_than_allowed_stop_with_the_last_good_checkpoint(
         trial.run()
     assert stopped.value.step == int(when.split()[-1]) and math.isnan(stopped.value.loss)
     assert all(torch.equal(tensor, before[name]) for name, tensor in trial.model.state_dict().items())
+
+
+class Skips(Hook):
+    """Each log's count of the steps the loss scaler skipped since the last, and its scale (None: not logged)."""
+
+    def __init__(self) -> None:
+        self.rows: List[tuple] = []
+
+    def on_step_end(self, progress: Progress, logged: Optional[Dict[str, float]]) -> None:
+        if logged is not None:
+            self.rows.append((progress.step, logged.get("train/skipped_steps"), logged.get("train/loss_scale")))
+
+
+def test_the_steps_the_loss_scaler_skips_and_its_scale_are_logged(tmp_path: Path, tokenizer: object,
+                                                                  recwarn: pytest.WarningsRecorder) -> None:
+    """Under fp16 the loss scaler skips a step whose scaled gradients overflow, and halves its scale: a few at the
+    start are expected, step after step is a run that has stopped training. Neither was logged anywhere. Each log
+    now gives the steps skipped since the last and the scale, which is the initial one halved once for each. The
+    schedule moves on at a skipped first step without torch's warning that it was stepped before the optimizer."""
+    data, skips = examples(56), Skips()
+    trial = Trial(data, config(max_steps=16, eval_every=100, log_every=4), tmp_path, tokenizer, fp16=True,
+                  init_scale=2.0**26, hooks=[skips])
+    trial.run()
+    steps, skipped, scales = zip(*skips.rows)
+    assert steps == (4, 8, 12, 16) and sum(skipped) > 4 and skipped[-1] == 0, skips.rows  # overflowed, then found
+    assert list(scales) == [2.0**26 * 0.5 ** sum(skipped[:i + 1]) for i in range(4)]     # its level, no growth
+    assert trial.scheduler.last_epoch == 16 and not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["cpu-fp32", "gpu-bf16"])
+def test_a_scaler_skip_outside_fp16_is_counted_and_there_is_no_scale_to_log(tmp_path: Path, tokenizer: object,
+                                                                         on_device: bool) -> None:
+    """On a GPU in bf16 or fp32 the scaler (at scale 1) skips a step whose gradients are not finite: counted in
+    the log as fp16's are, without a scale. On the CPU outside fp16 there is no scaler: neither key."""
+    skips = Skips()
+    trial = Trial(examples(64, poison=[0]), config(max_steps=2, eval_every=100, skip_nonfinite=1, log_every=2),
+                  tmp_path, tokenizer, on_device=on_device, hooks=[skips])
+    trial.run()
+    assert skips.rows == [(2, 1, None)] if on_device else [(2, None, None)]
 
 
 @pytest.mark.parametrize("max_grad_norm", [0.25, None], ids=["clipped", "not-clipped"])
