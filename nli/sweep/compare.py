@@ -83,6 +83,8 @@ class Comparison:
 def compare_runs(run_a: str, run_b: str, splits: Sequence[str] = ()) -> List[Comparison]:
     """Each split both runs predicted (or those of ``splits``), compared."""
     a, b = Storage(run_a, key="RUN_A"), Storage(run_b, key="RUN_B")
+    if a.absolute() == b.absolute():  # a tab completed to the same run: a table of no difference, and no error
+        raise CompareError(f"RUN_B {run_b} is RUN_A's folder again ({a.absolute()}): give the folders of two runs")
     for run in (a, b):  # said alone: what the other run predicted does not help
         if (unusable := _unusable(run)) is not None:
             raise CompareError(unusable)

@@ -42,8 +42,8 @@ def rewrite(run: Path, change: Callable[[int, Dict], None]) -> List[Dict]:
     return lines
 
 
-def test_a_run_against_itself_is_not_told_apart(job: Path) -> None:
-    (found,) = compare.compare_runs(str(job), str(job))
+def test_a_run_against_a_copy_of_itself_is_not_told_apart(job: Path, tmp_path: Path) -> None:
+    (found,) = compare.compare_runs(str(job), str(copy_run(job, tmp_path / "copy")))
     (accuracy,) = found.metrics
     assert found.split == "validation" and found.examples == 96
     assert accuracy.a == accuracy.b == pytest.approx(read_results(job)["accuracy"])  # the file is the run's
@@ -98,9 +98,10 @@ def test_the_printout_is_a_table_of_each_figure_with_what_it_is(job: Path, tmp_p
 
 
 
-def test_a_split_given_twice_is_compared_once(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_split_given_twice_is_compared_once(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--split validation --split validation`` printed the split's lines twice in each table."""
-    assert report.main(["compare", str(job), str(job), "--split", "validation", "--split", "validation"]) == 0
+    copy = copy_run(job, tmp_path / "copy")
+    assert report.main(["compare", str(job), str(copy), "--split", "validation", "--split", "validation"]) == 0
     printed = capsys.readouterr().out
     lines = [line for line in printed.splitlines() if line.startswith("| validation |")]
     assert len(lines) == 2 and lines[0].startswith("| validation | 96 | accuracy |"), printed  # one in each table
@@ -150,7 +151,7 @@ def test_a_run_without_predictions_is_refused_saying_how_to_make_them(job: Path,
     assert report.main(["compare", str(job), str(bare)]) == 2
     said = capsys.readouterr().err
     assert f"{bare} has no eval_predictions/" in said and f"eval.only=true model.name_or_path={bare}" in said
-    assert report.main(["compare", str(job), str(job), "--split", "test"]) == 2
+    assert report.main(["compare", str(job), str(copy_run(job, tmp_path / "copy")), "--split", "test"]) == 2
     assert "--split test: not a split both runs predicted; they share validation" in capsys.readouterr().err
 
 
@@ -165,6 +166,16 @@ def test_a_sweep_directory_or_no_folder_is_said_alone_as_what_it_is(job: Path, t
     assert report.main(["compare", str(job), str(nowhere)]) == 2
     assert capsys.readouterr().err == (f"error: {nowhere}: no such folder; give a run's output folder (the one "
                                        "holding config.yaml and eval_predictions/)\n")
+
+
+def test_one_run_given_twice_is_refused_not_found_equal_to_itself(job: Path, capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compare runA runA/`` (a tab completed to the run given first) printed a table of no difference, 'not told
+    apart', and ended with 0."""
+    monkeypatch.chdir(job.parent)
+    assert report.main(["compare", str(job), "0/"]) == 2
+    assert capsys.readouterr().err == (f"error: RUN_B 0/ is RUN_A's folder again ({job.resolve()}): give the folders "
+                                       "of two runs\n")
 
 
 @pytest.mark.parametrize("state", ["running", "stopped"])
