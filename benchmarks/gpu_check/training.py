@@ -3,6 +3,7 @@ without the fast paths, SIGTERM and resume, a real out-of-memory, torchrun, grad
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -46,10 +47,32 @@ def line_quickstart(check: Check, line: Line, precision: str) -> None:
     line.figures.update(training_figures(proc.results))
     line.figures["device"] = log_says(proc.output, "device: ") or "(no device line)"
     line.figures["fast_paths"] = log_says(proc.output, "fast paths") or "(no fast-paths line)"
+    line.figures.update(scaler := scaler_figures(proc.folder))
     require(math.isfinite(proc.results["loss"]), f"loss {proc.results['loss']} is not finite")
     require(proc.results["accuracy"] >= 0.5, f"accuracy {proc.results['accuracy']:.4f} < 0.5 (chance: 0.33)")
-    line.detail = ("finite loss and accuracy >= 0.5 (3 classes; the README's CPU run: about 0.9); examples/s "
-                   "with other lines beside it on the device: a smoke figure, not a benchmark")
+    if check.gpu:  # the scaler runs on a GPU in every precision (nli.train.loop.grad_scaler)
+        require("skipped_steps" in scaler, "no train/skipped_steps in metrics.csv: the loss scaler's count is missing")
+        require(scaler["skipped_steps"] < proc.results["train_steps"] / 2,
+                f"the loss scaler skipped {scaler['skipped_steps']} of {proc.results['train_steps']} steps")
+    line.detail = ("finite loss and accuracy >= 0.5 (3 classes; the README's CPU run: about 0.9), the loss scaler's "
+                   "skips counted and under half the steps; examples/s with other lines beside it on the device: a "
+                   "smoke figure, not a benchmark")
+
+
+def scaler_figures(folder: Optional[Path]) -> Figures:
+    """What the loss scaler did, from the run's metrics.csv (rows of step, metric, value): the steps it skipped in
+    all (train/skipped_steps, each log's since the last) and its last scale (train/loss_scale, fp16's); none where
+    the run logged neither (the CPU, which has no scaler outside fp16)."""
+    path = folder / "metrics.csv" if folder is not None else None
+    if path is None or not path.is_file():
+        return {}
+    with path.open(newline="") as rows:
+        logged = [(row["metric"], float(row["value"])) for row in csv.DictReader(rows)
+                  if row["metric"] in ("train/skipped_steps", "train/loss_scale")]
+    skipped = [value for metric, value in logged if metric == "train/skipped_steps"]
+    scales = [value for metric, value in logged if metric == "train/loss_scale"]
+    return {**({"skipped_steps": int(sum(skipped))} if skipped else {}),
+            **({"loss_scale": scales[-1]} if scales else {})}
 
 
 # dynamo's own record of its compilations, with TORCH_LOGS="recompiles,dynamo": one "Step 1: torchdynamo start

@@ -136,6 +136,22 @@ def test_the_check_rehearsed_on_the_cpu_with_the_gpu_machines_libraries(machine_
     assert "a CPU rehearsal: no GPU figures" in (out / "gpu_check.md").read_text()
 
 
+def test_the_quickstart_lines_sum_the_loss_scalers_skips_from_the_runs_metrics(tmp_path: Path) -> None:
+    """Line a gives the steps the loss scaler skipped in all and its last scale, read from metrics.csv as the
+    run's CSV logger writes it (each log's count since the last); a CPU run, which logs neither, gives neither."""
+    from nli.tracking.loggers import CsvTracker, RunInfo
+
+    tracker = CsvTracker(run=RunInfo(name="run", group=None, config={}, log_dir=tmp_path, resume_id=None),
+                         file="metrics.csv")
+    for step, skipped, scale in ((20, 3, 8192.0), (40, 1, 4096.0), (60, 0, 4096.0)):
+        tracker.log({"train/loss": 0.5, "train/skipped_steps": skipped, "train/loss_scale": scale}, step=step)
+    assert training.scaler_figures(tmp_path) == {"skipped_steps": 4, "loss_scale": 4096.0}
+    (tmp_path / "cpu").mkdir()
+    CsvTracker(run=RunInfo(name="run", group=None, config={}, log_dir=tmp_path / "cpu", resume_id=None),
+               file="metrics.csv").log({"train/loss": 0.5}, step=20)
+    assert training.scaler_figures(tmp_path / "cpu") == {} and training.scaler_figures(None) == {}
+
+
 @pytest.mark.bench
 def test_the_speed_lines_read_each_systems_figures_from_the_benchmark(tmp_path: Path) -> None:
     """What lines g, n and o run on a GPU, run here on a tiny model: the benchmark's JSON read back per system,
