@@ -183,12 +183,29 @@ def read(run: Storage, split: str) -> Split:
     lines = [_line(line, f"{run.describe(name)}, line {number}", run.url)
              for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     lines = [line for line in lines if line.get("label") is not None]
+    _whole(run, split, len(lines))
     regression = bool(lines) and isinstance(lines[0]["label"], (int, float))
     if regression:
         return Split(_column(lines, "idx"), _column(lines, "label", float), _column(lines, "prediction", float))
     labels = {name: i for i, name in enumerate(_labels(lines))}
     return Split(_column(lines, "idx"), np.array([labels[line["label"]] for line in lines]),
                  np.array([labels[line["prediction"]] for line in lines]))
+
+
+def _whole(run: Storage, split: str, labelled: int) -> None:
+    """Refuse a predictions file with another number of labelled examples than the run scored on ``split``
+    (results.json's per-class support): a copy cut short between two lines, or emptied, read as a run of other
+    examples, and was sent to set data.max_eval_samples. A results.json that does not say (a regression) is no check."""
+    try:
+        results: Any = run.read_json(RESULTS_FILE)
+        scored = sum(int(figures["support"]) for figures in results["per_class"][split].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+    if labelled != scored:
+        raise CompareError(f"{run.describe(FOLDER, split + SUFFIX)}: {labelled} labelled predictions, where the run "
+                           f"scored {scored} ({RESULTS_FILE}): the file was cut short (a copy stopped part-way, a full "
+                           f"disk); copy it again, or python train.py eval.only=true model.name_or_path={run.url} "
+                           "predicts again, into a folder of its own to compare")
 
 
 def _line(line: str, where: str, run: str) -> Dict[str, Any]:

@@ -111,7 +111,11 @@ def test_runs_of_other_examples_are_refused_naming_the_split(job: Path, tmp_path
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     fewer = copy_run(job, tmp_path / "fewer")
     path = fewer / PREDICTIONS
-    path.write_text("".join(path.read_text().splitlines(keepends=True)[:80]))  # data.max_eval_samples=80
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:80]))
+    # Scored on 80 examples under the same settings, as where the data changed under them (another Hub revision).
+    results = read_results(fewer)
+    results["per_class"]["validation"] = {"entailment": {"support": 80}}
+    (fewer / RESULTS_FILE).write_text(json.dumps(results))
     assert report.main(["compare", str(job), str(fewer)]) == 2
     said = capsys.readouterr().err
     assert said.startswith("error: validation: the runs predicted different examples (96 and 80 labelled")
@@ -142,6 +146,21 @@ def test_a_damaged_predictions_file_is_refused_naming_its_line(job: Path, tmp_pa
     said = capsys.readouterr().err
     assert said.startswith(f"error: {path}, line 2: not a prediction's JSON object")
     assert f"eval.only=true model.name_or_path={cut} predicts again" in said
+
+
+@pytest.mark.parametrize("kept", [0, 80], ids=["emptied", "cut-between-lines"])
+def test_a_predictions_file_cut_short_between_lines_is_refused_as_such(kept: int, job: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy stopped part-way (or emptied by a full disk) read as a run of other examples, and was sent to set
+    data.max_eval_samples."""
+    cut = copy_run(job, tmp_path / "cut")
+    path = cut / PREDICTIONS
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:kept]))
+    assert report.main(["compare", str(job), str(cut)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(f"error: {path}: {kept} labelled predictions, where the run scored 96 (results.json): the "
+                           "file was cut short") and said.count("\n") == 1, said
+    assert "max_eval_samples" not in said and f"eval.only=true model.name_or_path={cut} predicts again" in said
 
 
 def test_a_run_without_predictions_is_refused_saying_how_to_make_them(job: Path, tmp_path: Path,
