@@ -133,6 +133,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # Said before anything is read, and of the path given, not a temporary.
         if args.out.is_dir():
             raise UserError(f"--out {args.out} is a folder: give the zip's file name (e.g. {args.out / DEFAULT_OUT})")
+        if args.out.is_file() and not zipfile.is_zipfile(args.out):  # a run's file named by mistake: kept
+            raise UserError(f"--out {args.out} is a file that is not a zip: the submission replaces only an earlier "
+                            f"zip; give a new name (e.g. {args.out.parent / DEFAULT_OUT})")
         if (blocker := file_in_the_way(args.out.parent)) is not None:
             raise UserError(f"--out {args.out}: {blocker} is a file, not a folder: give another path")
         if not args.out.parent.is_dir():

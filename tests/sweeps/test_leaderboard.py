@@ -144,6 +144,21 @@ def test_an_out_that_is_a_folder_or_under_a_file_is_one_line_before_any_run_is_r
 
 
 
+def test_an_out_that_is_a_file_not_a_zip_is_kept_and_refused(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``--out RUN/predictions/RTE.tsv`` (a run's file named as the zip) replaced that file with the zip."""
+    run = next(run for run in glue_sized_runs(tmp_path / "runs") if run.name == "rte")
+    tsv = run / PREDICTIONS_DIR / "RTE.tsv"
+    before = tsv.read_bytes()
+    assert leaderboard.main([str(run), "--out", str(tsv)]) == 2
+    instead = tsv.with_name("glue_submission.zip")
+    assert capsys.readouterr().err == (f"error: --out {tsv} is a file that is not a zip: the submission replaces only "
+                                       f"an earlier zip; give a new name (e.g. {instead})\n")
+    assert tsv.read_bytes() == before
+    out = tmp_path / "glue.zip"  # an earlier submission is replaced, as before
+    assert leaderboard.main([str(run), "--out", str(out)]) == 1 and leaderboard.main([str(run), "--out", str(out)]) == 1
+
+
 def test_a_run_given_twice_is_one_run_not_the_best_of_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = next(run for run in glue_sized_runs(tmp_path / "runs") if run.name == "rte")
     out = tmp_path / "glue.zip"
