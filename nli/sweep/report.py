@@ -317,6 +317,11 @@ def _run_row(run_dir: Path, *, num: int) -> Row:
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file is not None else []
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ReportError(f"{run_dir}: unreadable {RESULTS_FILE} or {OVERRIDES_FILE} ({err})") from None
+    if not isinstance(results, dict):  # JSON, but not what a run writes: a file damaged or replaced
+        raise ReportError(f"{run_dir}: {RESULTS_FILE} is damaged (not a JSON object): run it again, or leave it out")
+    if not isinstance(overrides or [], list):
+        raise ReportError(f"{run_dir}: {OVERRIDES_FILE} is damaged (not a list of overrides): run it again, or "
+                          "leave it out")
     row = sweep.job_row(num=num, state=sweep.COMPLETED, overrides=[str(each) for each in overrides or []],
                         results=results, output_dir=str(run_dir))
     # What ran, not what was typed: two runs typed differently (model=tiny, or through experiment=) compare

@@ -435,6 +435,19 @@ def test_a_path_that_is_neither_a_sweep_nor_a_run_is_one_line_and_status_2(
 
 
 
+@pytest.mark.parametrize("file, text, said", [("results.json", "[1, 2]", "results.json is damaged (not a JSON object)"),
+                                              ("overrides.yaml", "seed: 1\n", "overrides.yaml is damaged (not a list "
+                                                                               "of overrides)")])
+def test_a_run_whose_file_is_json_or_yaml_of_another_shape_is_one_line(
+        file: str, text: str, said: str, sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A results.json that reads as JSON but is no object (a file replaced by mistake) ended the report, and
+    the submission, in a traceback ('list' object has no attribute 'get')."""
+    run = shutil.copytree(sweep_dir / "1", tmp_path / "run")
+    (run / file).write_text(text)
+    assert report.main([str(run), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == f"error: {run}: {said}: run it again, or leave it out\n"
+
+
 @pytest.mark.parametrize("under", [False, True])
 def test_an_out_that_is_a_file_or_under_one_is_one_line_before_any_work(
         under: bool, sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
