@@ -12,7 +12,8 @@ be; a task's files all come from that one run (MNLI-m, MNLI-mm and AX from one m
 The zip is written with what was found. The command lists each file with the run it came from and that
 run's objective, and names what GLUE would not take: a file no run wrote, a task's chosen run that lacks one
 of its files, a file with another number of predictions than GLUE's test set has, or without GLUE's header.
-It then ends with status 1, so that a script does not submit an incomplete zip by mistake.
+It then ends with status 1, so that a script does not submit an incomplete zip by mistake; an earlier zip of
+all eleven files at ``--out`` is kept rather than replaced by such a one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from nli.contract import PREDICTIONS_DIR
 from nli.errors import UserError
-from nli.io.storage import Storage, file_in_the_way
+from nli.io.storage import Storage, file_in_the_way, write_refusal
 from nli.sweep import report
 
 # Each file of a GLUE submission: the task whose run writes it, and the number of examples of GLUE's test set
@@ -96,29 +97,45 @@ def problems(name: str, text: str) -> List[str]:
     return found
 
 
-def write_zip(chosen: Dict[str, Chosen], out: Path) -> Tuple[List[str], List[str]]:
+def write_zip(chosen: Dict[str, Chosen], out: Path) -> Tuple[List[str], List[str], bool]:
     """The chosen runs' files into ``out`` (replaced whole: never half a zip); the lines that say where each
-    came from, and what GLUE would not take."""
+    came from, what GLUE would not take, and whether ``out`` was written: an earlier zip of GLUE's every file is
+    not replaced by one GLUE would not take (a command given fewer runs than the last)."""
+    files: Dict[str, str] = {}
     lines: List[str] = []
     wrong: List[str] = []
+    for name, (task, _) in GLUE_FILES.items():  # read first: a run that cannot be read is not --out's fault
+        pick = chosen.get(task)
+        if pick is None or name not in pick.run.files:
+            wrong.append(f"{name}: no run of {task} given wrote it (train.predict=true writes it)" if pick is
+                         None else f"{name}: the chosen run of {task}, {pick.run.folder}, did not write it")
+            continue
+        files[name] = Storage(pick.run.folder, key="DIR").read_bytes(f"{PREDICTIONS_DIR}/{name}").decode("utf-8")
+        wrong.extend(problems(name, files[name]))
+        best = f" (the best of {pick.of} runs)" if pick.of > 1 else ""
+        lines.append(f"  {name:<12} {pick.run.folder}  objective {pick.run.objective:.4f}{best}")
+    if wrong and whole(out):
+        return lines, wrong, False
     partial = out.with_name(f".{out.name}.{os.getpid()}")
     try:
         with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            for name, (task, _) in GLUE_FILES.items():
-                pick = chosen.get(task)
-                if pick is None or name not in pick.run.files:
-                    wrong.append(f"{name}: no run of {task} given wrote it (train.predict=true writes it)" if pick is
-                                 None else f"{name}: the chosen run of {task}, {pick.run.folder}, did not write it")
-                    continue
-                text = Storage(pick.run.folder, key="DIR").read_bytes(f"{PREDICTIONS_DIR}/{name}").decode("utf-8")
+            for name, text in files.items():
                 archive.writestr(name, text)
-                wrong.extend(problems(name, text))
-                best = f" (the best of {pick.of} runs)" if pick.of > 1 else ""
-                lines.append(f"  {name:<12} {pick.run.folder}  objective {pick.run.objective:.4f}{best}")
         os.replace(partial, out)
+    except OSError as err:  # a full disk, a folder it may not write: said of --out, not of the temporary file
+        raise OSError(f"--out {out} could not be written: {write_refusal(err) or err.strerror or err}") from None
     finally:
         partial.unlink(missing_ok=True)
-    return lines, wrong
+    return lines, wrong, True
+
+
+def whole(path: Path) -> bool:
+    """Whether ``path`` is a zip that holds each of GLUE's files."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return set(GLUE_FILES) <= set(archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -146,7 +163,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UserError(f"no completed run of {', '.join(map(str, args.paths))} wrote GLUE test predictions: "
                             "train with train.predict=true, or evaluate a trained model with eval.only=true "
                             "train.predict=true")
-        lines, wrong = write_zip(choose(found), args.out)
+        lines, wrong, written = write_zip(choose(found), args.out)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -155,7 +172,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    print(f"{args.out}: {len(lines)} of GLUE's {len(GLUE_FILES)} files\n" + "\n".join(lines))
+    if not written:
+        print(f"{args.out} is kept: it holds GLUE's {len(GLUE_FILES)} files, and this zip of {len(lines)}, which GLUE "
+              "would not take, would replace it. Give --out another name to write this one", file=sys.stderr)
+    else:
+        print(f"{args.out}: {len(lines)} of GLUE's {len(GLUE_FILES)} files\n" + "\n".join(lines))
     if wrong:
         print("GLUE would not take this zip as it is:\n" + "\n".join(f"  {line}" for line in wrong), file=sys.stderr)
         return 1

@@ -4,6 +4,7 @@ predictions, read back with zipfile as GLUE's server reads it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from nli.evaluate.evaluation import Predictions
 from nli.output.submission import submission
 from nli.sweep import leaderboard
 from tests.runs.test_glue import TINY, mnli_dir
+from tests.support.diskfull import full, needs_full
 from tests.support.runs import GLUE_DATA, read_results, run_app
 
 RTE_SWEEP = ["-m", "task=rte", f"data.dir={GLUE_DATA}", *TINY, "train.max_steps=4", "train.eval_every=2",
@@ -157,6 +159,36 @@ def test_an_out_that_is_a_file_not_a_zip_is_kept_and_refused(tmp_path: Path,
     assert tsv.read_bytes() == before
     out = tmp_path / "glue.zip"  # an earlier submission is replaced, as before
     assert leaderboard.main([str(run), "--out", str(out)]) == 1 and leaderboard.main([str(run), "--out", str(out)]) == 1
+
+
+def test_a_whole_submission_is_not_replaced_by_one_glue_would_not_take(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The same command given fewer runs than the last (one task's, to check it) replaced a zip of GLUE's eleven
+    files with one of two, and ended 1: the submission that was ready was lost."""
+    runs, out = glue_sized_runs(tmp_path / "runs"), tmp_path / "glue.zip"
+    assert leaderboard.main([*map(str, runs), "--out", str(out)]) == 0
+    ready, _ = out.read_bytes(), capsys.readouterr()
+    rte = next(run for run in runs if run.name == "rte")
+    assert leaderboard.main([str(rte), "--out", str(out)]) == 1
+    said = capsys.readouterr()
+    assert out.read_bytes() == ready and not list(tmp_path.glob(".glue.zip*")) and said.out == ""
+    assert said.err.startswith(f"{out} is kept: it holds GLUE's 11 files, and this zip of 1, which GLUE would not "
+                               "take, would replace it. Give --out another name to write this one\n"
+                               "GLUE would not take this zip as it is:\n")
+    assert leaderboard.main([*map(str, runs), "--out", str(out)]) == 0  # a whole one replaces it
+
+
+@needs_full
+def test_a_zip_the_disk_will_not_take_is_said_of_out_and_leaves_no_file(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A zip the disk refused was said of its temporary file ('[Errno 28] No space left on device: .glue.zip.123')."""
+    rte = next(run for run in glue_sized_runs(tmp_path / "runs") if run.name == "rte")
+    out = tmp_path / "glue.zip"
+    full(tmp_path / f".glue.zip.{os.getpid()}")  # where the zip is written first
+    assert leaderboard.main([str(rte), "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (f"error: --out {out} could not be written: no space left on its disk: make room "
+                                       "there and run the same command again (what was saved is kept)\n")
+    assert not out.exists() and not list(tmp_path.glob(".glue.zip*"))
 
 
 def test_a_run_given_twice_is_one_run_not_the_best_of_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
