@@ -46,6 +46,7 @@ from types import FrameType
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeGuard, TypeVar
 
 from filelock import FileLock
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -54,7 +55,7 @@ from omegaconf import DictConfig, OmegaConf
 import nli.sweep.names  # noqa: F401 - registers the resolver the searches' configs name
 from nli import contract
 from nli.contract import PREEMPTED, RESULTS_FILE
-from nli.errors import StorageError, UserError
+from nli.errors import JobFailed, StorageError, UserError
 from nli.io.claim import Claim, Use
 from nli.io.storage import Storage
 from nli.runtime.signals import exit_now, hold_ctrl_c, started, take_held
@@ -449,6 +450,12 @@ class SweepResults(Callback):
                       "line to that file, then python -m nli.report %s makes the report with it:\n%s", row["job"],
                       sweep_dir / RESULTS_JSONL, type(err).__name__, err, sweep_dir, json.dumps(row))
             self.unrecorded.append(row)  # the sweep ends non-zero where it ran in the sweep's process
+        if _said_by_the_table(config, job_return):
+            # Hydra's basic sweeper raises a failed job's error once the job's batch has run: printed under "Error
+            # executing job with overrides" and its HYDRA_FULL_ERROR advice (a stack trace of nothing), the error
+            # the closing list gives in its line, and a batch after it never ran. Its row says FAILED; the sweeper
+            # is told the job returned NaN, and the sweep ends non-zero from its table (on_multirun_end).
+            job_return.status, job_return.return_value = JobStatus.COMPLETED, math.nan
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = self.sweep_dir
@@ -729,6 +736,16 @@ def _wandb_table(rows: Sequence[Mapping[str, Any]]) -> Any:
 def _plain(value: Any) -> Any:
     """A cell W&B's table takes: lists as their text."""
     return " ".join(map(str, value)) if isinstance(value, list) else value
+
+
+BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__qualname__}"
+
+
+def _said_by_the_table(config: DictConfig, job_return: JobReturn) -> bool:
+    """Whether ``job_return`` is a job of Hydra's basic sweeper stopped by a user's error (JobFailed: one line,
+    no traceback), which the sweep's closing list says in full. A crash's traceback is still Hydra's to print."""
+    return (job_return.status is JobStatus.FAILED and isinstance(job_return._return_value, JobFailed)
+            and OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER)
 
 
 def hydra_job_row(config: DictConfig, job_return: JobReturn, stamp: Mapping[str, Any]) -> Dict[str, Any]:

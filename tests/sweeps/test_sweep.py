@@ -560,6 +560,21 @@ def test_a_search_stopped_by_its_failure_rate_ends_with_its_first_failure_and_ke
 
 
 
+def test_a_failed_job_of_a_list_sweep_is_said_once_and_the_batches_after_it_run(tmp_path: Path) -> None:
+    """Hydra's basic sweeper raised a job's error once its batch had run: printed under 'Error executing job with
+    overrides' and its HYDRA_FULL_ERROR advice beside the closing list's line, and the batches after it
+    (hydra.sweeper.max_batch_size) never ran. The table says it, the other jobs run, and the sweep ends with 1."""
+    blocker(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    proc = run_app(["-m", *FAST, "hydra.sweeper.max_batch_size=1", f"train.checkpoint_dir={BLOCKED},null",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 1, said
+    assert [row["state"] for row in rows_by_job(sweep_dir).values()] == ["FAILED", "COMPLETED"]
+    assert "Error executing job" not in said and "HYDRA_FULL_ERROR" not in said and "Traceback" not in said
+    assert said.count(blocked_error(tmp_path)) == 1, said  # the closing list's line (and the job's train.log)
+
+
 def test_a_sweep_whose_every_job_failed_does_not_say_the_others_ran(tmp_path: Path) -> None:
     """Its closing list said '2 of the sweep's jobs failed (the others ran)', of a sweep of two jobs, and that their
     folders held results.json and model/, of folders that hold a train.log alone."""
