@@ -110,7 +110,7 @@ def test_mnli_reports_both_dev_sets_and_submits_both_test_sets_and_the_diagnosti
     assert sorted(p.name for p in (out / "predictions").iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
     assert not any("AX.tsv" in warning for warning in results.get("warnings", []))
     # Both dev sets compared, each as its own split (python -m nli.report compare).
-    compared = compare.compare_runs(str(out), str(out))
+    compared = compare.compare_runs(str(out), str(shutil.copytree(out, tmp_path / "copy")))
     assert [(c.split, c.examples) for c in compared] == [("validation_matched", 48), ("validation_mismatched", 40)]
     assert [c.metrics[0].a for c in compared] == pytest.approx([results["accuracy"], results["accuracy_mm"]])
 
