@@ -110,7 +110,14 @@ def write_zip(chosen: Dict[str, Chosen], out: Path) -> Tuple[List[str], List[str
             wrong.append(f"{name}: no run of {task} given wrote it (train.predict=true writes it)" if pick is
                          None else f"{name}: the chosen run of {task}, {pick.run.folder}, did not write it")
             continue
-        files[name] = Storage(pick.run.folder, key="DIR").read_bytes(f"{PREDICTIONS_DIR}/{name}").decode("utf-8")
+        raw = Storage(pick.run.folder, key="DIR").read_bytes(f"{PREDICTIONS_DIR}/{name}")
+        try:
+            files[name] = raw.decode("utf-8")
+        except UnicodeDecodeError as err:  # not what the run wrote: changed since, by hand or by another program
+            wrong.append(f"{name}: {pick.run.folder.rstrip('/')}/{PREDICTIONS_DIR}/{name} is not UTF-8 text (byte "
+                         f"{err.start:,}): changed since the run wrote it; predict again (eval.only=true "
+                         "train.predict=true)")
+            continue
         wrong.extend(problems(name, files[name]))
         best = f" (the best of {pick.of} runs)" if pick.of > 1 else ""
         lines.append(f"  {name:<12} {pick.run.folder}  objective {pick.run.objective:.4f}{best}")

@@ -191,6 +191,20 @@ def test_a_zip_the_disk_will_not_take_is_said_of_out_and_leaves_no_file(tmp_path
     assert not out.exists() and not list(tmp_path.glob(".glue.zip*"))
 
 
+def test_a_file_that_is_not_utf8_is_said_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A predictions file changed since its run wrote it (saved in another encoding) ended in a UnicodeDecodeError."""
+    rte = next(run for run in glue_sized_runs(tmp_path / "runs") if run.name == "rte")
+    tsv = rte / PREDICTIONS_DIR / "RTE.tsv"
+    tsv.write_bytes(tsv.read_bytes()[:20] + b"\xff" + tsv.read_bytes()[20:])
+    out = tmp_path / "glue.zip"
+    assert leaderboard.main([str(rte), "--out", str(out)]) == 1
+    said = capsys.readouterr().err.splitlines()
+    assert f"  RTE.tsv: {tsv} is not UTF-8 text (byte 20): changed since the run wrote it; predict again " \
+           "(eval.only=true train.predict=true)" in said
+    with zipfile.ZipFile(out) as archive:
+        assert archive.namelist() == []
+
+
 def test_a_run_given_twice_is_one_run_not_the_best_of_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = next(run for run in glue_sized_runs(tmp_path / "runs") if run.name == "rte")
     out = tmp_path / "glue.zip"
