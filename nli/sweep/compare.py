@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nli.config.schema import TaskConfig, task_config
 from nli.contract import CONFIG_FILE, RESULTS_FILE
@@ -142,10 +143,23 @@ def _not_a_run(run: Storage) -> str:
 
 def _task(run: Storage) -> TaskConfig:
     try:
-        node = yaml.safe_load(run.read_bytes(CONFIG_FILE))["task"]
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig), node))  # type: ignore[return-value]
-    except (OSError, KeyError, TypeError, yaml.YAMLError) as err:
-        raise CompareError(f"{run.describe(CONFIG_FILE)}: the run's task cannot be read ({err!r})") from None
+        config = yaml.safe_load(run.read_bytes(CONFIG_FILE))
+    except OSError as err:
+        raise CompareError(f"{run.describe(CONFIG_FILE)} cannot be read ({err})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise CompareError(f"{run.describe(CONFIG_FILE)} is not valid YAML{where}: changed since the run wrote "
+                           "it; restore it, or compare another run") from None
+    if not isinstance(config, dict) or not isinstance(config.get("task"), dict):
+        raise CompareError(f"{run.describe(CONFIG_FILE)} holds no task: not the config a run writes (emptied or "
+                           "replaced since); restore it, or compare another run")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TaskConfig), config["task"])
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as err:  # a task of another version's keys, or a value its key does not take
+        raise CompareError(f"{run.describe(CONFIG_FILE)}: the run's task cannot be read "
+                           f"({str(err).splitlines()[0]})") from None
 
 
 def _other_examples(a: Storage, b: Storage) -> str:
@@ -229,7 +243,9 @@ def compare_split(split: str, task_a: TaskConfig, task_b: TaskConfig, a: Split, 
                   other: str = "") -> Comparison:
     """``other``: the runs' settings that choose other examples (:func:`_other_examples`), named if they differ."""
     if (task_a.name, task_a.metrics) != (task_b.name, task_b.metrics):
-        raise CompareError(f"{split}: RUN_A's predictions are of task {task_a.name} and RUN_B's of {task_b.name}")
+        raise CompareError(f"{split}: RUN_A's predictions are of task {task_a.name} and RUN_B's of {task_b.name}: "
+                           "compare two runs of one task, or --split a split both predicted of one (an eval.extra "
+                           "set's, such as hans/validation)")
     same = len(a.idx) == len(b.idx) and bool(np.all(a.idx == b.idx)) and bool(np.all(a.labels == b.labels))
     if not same:
         fix = f"the runs ran with {other}: compare runs evaluated with the same" if other else \

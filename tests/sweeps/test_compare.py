@@ -12,10 +12,13 @@ from typing import Callable, Dict, List
 
 import numpy as np
 import pytest
+import yaml
+from omegaconf import OmegaConf
 from sklearn.metrics import f1_score
 from statsmodels.stats.contingency_tables import mcnemar as statsmodels_mcnemar
 
-from nli.contract import CLAIM_FILE, RESULTS_FILE
+from nli.config.schema import task_config
+from nli.contract import CLAIM_FILE, CONFIG_FILE, RESULTS_FILE
 from nli.io.storage import Storage
 from nli.sweep import compare, report
 from nli.sweep.compare import Split
@@ -264,3 +267,30 @@ def test_a_correlation_undefined_on_some_resamples_or_a_run_has_no_interval_and_
     (line,), _ = compare.tables([compare.Comparison("validation", 4, [found], None)])
     assert line[6] == "" and line[7] == verdict(found.difference)
     assert not [w for w in recwarn if "Degenerate" in type(w.message).__name__]
+
+
+@pytest.mark.parametrize("text, said", [
+    ("", "holds no task: not the config a run writes (emptied or replaced since); restore it, or compare another run"),
+    ("task: [rte\n", "is not valid YAML (line 2): changed since the run wrote it; restore it, or compare another run"),
+])
+def test_a_config_that_is_damaged_is_said_so_with_the_fix(text: str, said: str, job: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """An emptied config.yaml was '(TypeError("'NoneType' object is not subscriptable"))', YAML's own error
+    the same way: Python's words, and no fix."""
+    copy = copy_run(job, tmp_path / "copy")
+    (copy / CONFIG_FILE).write_text(text)
+    assert report.main(["compare", str(job), str(copy)]) == 2
+    assert capsys.readouterr().err == f"error: {copy / CONFIG_FILE} {said}\n"
+
+
+def test_runs_of_two_tasks_are_refused_with_what_to_compare(job: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    copy = copy_run(job, tmp_path / "copy")
+    config = yaml.safe_load((copy / CONFIG_FILE).read_text())
+    config["task"] = OmegaConf.to_container(OmegaConf.structured(task_config("rte")))
+    (copy / CONFIG_FILE).write_text(yaml.safe_dump(config))
+    assert report.main(["compare", str(job), str(copy)]) == 2
+    assert capsys.readouterr().err.endswith("validation: RUN_A's predictions are of task synthetic and RUN_B's of "
+                                            "rte: compare two runs of one task, or --split a split both predicted of "
+                                            "one (an eval.extra set's, such as hans/validation)\n")
+
