@@ -300,10 +300,7 @@ class Loop:
             self.window.grad_norm(None)  # no gradient to speak of: the step is skipped
             step = progress.step + 1
             self._skip_nonfinite(float(step_loss), progress, step=step, when=f"at step {step}")
-        with warnings.catch_warnings():  # a skipped first step (fp16's scale finding its level) calls no
-            # optimizer.step() before it, which torch's scheduler takes for calls in the wrong order
-            warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
-            opt.scheduler.step()  # the schedule keeps time with the steps, skipped or not
+        _step_schedule(opt.scheduler)  # the schedule keeps time with the steps, skipped or not
         opt.optimizer.zero_grad(set_to_none=self._set_to_none)
 
     def _gradient_norm(self, *, logs: bool) -> Optional[torch.Tensor]:
@@ -408,6 +405,18 @@ class _Clock:
 
     def training_seconds(self) -> float:
         return self._before + time.perf_counter() - self._start - self._paused
+
+
+def _step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """``scheduler.step()``. A skipped first step (fp16's scale finding its level) calls no optimizer.step() before
+    it, which torch's scheduler takes, at its first step, for calls in the wrong order and warns of: not here. The
+    first step's alone: catch_warnings resets every module's record of the warnings it has shown once."""
+    if scheduler.last_epoch > 0:
+        scheduler.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
+        scheduler.step()
 
 
 class _ScalerSkips:
