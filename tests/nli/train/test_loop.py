@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
@@ -322,6 +323,20 @@ def test_the_steps_the_loss_scaler_skips_and_its_scale_are_logged(tmp_path: Path
     assert steps == (4, 8, 12, 16) and sum(skipped) > 4 and skipped[-1] == 0, skips.rows  # overflowed, then found
     assert list(scales) == [2.0**26 * 0.5 ** sum(skipped[:i + 1]) for i in range(4)]     # its level, no growth
     assert trial.scheduler.last_epoch == 16 and not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
+
+
+def test_a_warning_given_at_every_step_is_shown_once(tmp_path: Path, tokenizer: object) -> None:
+    """Python shows a warning once per place it is given from (its 'default' action); the loop's filter of the
+    scheduler's first-step warning, once set around every step, made each step show it again."""
+    class Warns(Hook):
+        def on_step_end(self, progress: Progress, logged: object) -> None:
+            warnings.warn("the same every step", UserWarning, stacklevel=1)
+
+    trial = Trial(examples(56), config(max_steps=6, eval_every=100), tmp_path, tokenizer, hooks=[Warns()])
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        trial.run()
+    assert [str(each.message) for each in shown].count("the same every step") == 1
 
 
 @pytest.mark.parametrize("on_device", [False, True], ids=["cpu-fp32", "gpu-bf16"])
