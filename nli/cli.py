@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Dict, List, NoReturn, Optional, cast
@@ -96,6 +97,10 @@ def train(raw: DictConfig) -> float:
             raise JobFailed(f"error: {err}") from None
         _remove_if_only_attempt(fresh)
         raise SystemExit(f"error: {err}") from None
+    except Exception as crash:  # a defect, not the user's: Hydra prints its traceback on the console, and the
+        # run's train.log, which else ended at the crash's last log line, says how the run ended too
+        _off_console(logging.ERROR, "the run crashed:\n" + "".join(traceback.format_exception(crash)).rstrip())
+        raise
 
 
 def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:

@@ -116,3 +116,24 @@ def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
         locked.chmod(0o755)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.startswith(f"error: hydra.run.dir={locked / 'run'}: cannot write there (")
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_crash_is_in_the_runs_log_with_its_traceback(sweep: bool, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A defect's exception (not a user's error) was printed by Hydra on the console alone: the run's train.log
+    ended at the last line before it, and a sweep's job folder never said how its run ended."""
+    from nli import recipe
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a defect in the training code")
+
+    monkeypatch.setattr(recipe, "run", crash)
+    folder = tmp_path / ("sweep" if sweep else "run")
+    proc = run_app([*(["-m"] if sweep else []), *FAST, f"hydra.{'sweep' if sweep else 'run'}.dir={folder}"],
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    logged = (folder / ("0" if sweep else "") / "train.log").read_text()
+    assert "the run crashed:\nTraceback (most recent call last):" in logged
+    assert logged.rstrip().endswith("RuntimeError: a defect in the training code"), logged[-500:]
+    assert (proc.stdout + proc.stderr).count("RuntimeError: a defect in the training code") == 1  # Hydra's, as before
