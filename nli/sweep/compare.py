@@ -97,8 +97,9 @@ def compare_runs(run_a: str, run_b: str, splits: Sequence[str] = ()) -> List[Com
     for split in asked:
         if split not in common:
             raise CompareError(f"--split {split}: not a split both runs predicted; they share {', '.join(common)}")
-    task_a, task_b = _task(a), _task(b)
-    other = _other_examples(a, b)
+    configs = _config(a), _config(b)
+    task_a, task_b = (_task(config, run) for config, run in zip(configs, (a, b)))
+    other = _other_examples(*configs)
     return [compare_split(split, task_of(task_a, split), task_of(task_b, split), read(a, split), read(b, split),
                           other) for split in (asked or common)]
 
@@ -141,7 +142,8 @@ def _not_a_run(run: Storage) -> str:
     return f"{run.url} is not a run folder (no {CONFIG_FILE}): {expected}"
 
 
-def _task(run: Storage) -> TaskConfig:
+def _config(run: Storage) -> Dict[str, Any]:
+    """The run's config.yaml; one damaged or replaced (no task in it) refused, saying so and what to do."""
     try:
         config = yaml.safe_load(run.read_bytes(CONFIG_FILE))
     except OSError as err:
@@ -154,6 +156,11 @@ def _task(run: Storage) -> TaskConfig:
     if not isinstance(config, dict) or not isinstance(config.get("task"), dict):
         raise CompareError(f"{run.describe(CONFIG_FILE)} holds no task: not the config a run writes (emptied or "
                            "replaced since); restore it, or compare another run")
+    return config
+
+
+def _task(config: Dict[str, Any], run: Storage) -> TaskConfig:
+    """The task of the run's ``config``."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TaskConfig), config["task"])
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
@@ -162,18 +169,13 @@ def _task(run: Storage) -> TaskConfig:
                            f"({str(err).splitlines()[0]})") from None
 
 
-def _other_examples(a: Storage, b: Storage) -> str:
-    """The settings that choose a split's examples (sweep.OTHER_EXAMPLES) where the runs' config.yaml differ, as
+def _other_examples(config_a: Dict[str, Any], config_b: Dict[str, Any]) -> str:
+    """The settings that choose a split's examples (sweep.OTHER_EXAMPLES) where the runs' configs differ, as
     ``data.synthetic_eval_size=1000 and 96``: what makes two runs predict other examples, and what to make the same."""
-    configs = [yaml.safe_load(run.read_bytes(CONFIG_FILE)) for run in (a, b)]  # dicts: _task read them
-    values = {key: [_setting(config, key) for config in configs] for key in sweep.OTHER_EXAMPLES if key != "task"}
+    configs = [OmegaConf.create(config) for config in (config_a, config_b)]
+    values = {key: [OmegaConf.select(config, key) for config in configs] for key in sweep.OTHER_EXAMPLES
+              if key != "task"}
     return "; ".join(f"{key}={_typed(x)} and {_typed(y)}" for key, (x, y) in values.items() if x != y)
-
-
-def _setting(config: Any, key: str) -> Any:
-    for part in key.split("."):
-        config = config.get(part) if isinstance(config, dict) else None
-    return config
 
 
 def _typed(value: Any) -> str:
