@@ -93,6 +93,8 @@ def summary(results: Mapping[str, Any]) -> str:
     trained += f" in {seconds:.1f} s" if steps is not None and isinstance(seconds, float) else ""
     trained += f", the best at step {best}" if steps is not None and best is not None else ""
     trained += f"; pruned by its search at step {results['pruned_at']}" if "pruned_at" in results else ""
+    skipped = results.get("train_skipped_steps")
+    trained += f"; {skipped} of them skipped, their loss or gradients not finite" if skipped else ""
     return f"{scores}{trained} (every figure in {contract.RESULTS_FILE})"
 
 

@@ -78,8 +78,8 @@ _Row = TypeVar("_Row", bound=Mapping[str, Any])
 PRUNED = "PRUNED"  # a search's trial that its pruner stopped while it trained (its results.json: status pruned)
 SEED = "seed"
 # Columns of a row that are not metrics: its place in the sweep, and counters a mean says nothing of.
-_NOT_METRICS = frozenset({"job", "train_steps", "best_step", "stopped_early", "pruned_at", "trainable_parameters",
-                          SWEEP_STARTED, "started", *cost.COLUMNS})
+_NOT_METRICS = frozenset({"job", "train_steps", "train_skipped_steps", "best_step", "stopped_early", "pruned_at",
+                          "trainable_parameters", SWEEP_STARTED, "started", *cost.COLUMNS})
 # What the printed table shows besides the swept values (the files have every column).
 _SHOWN = ("objective", "train_examples_per_second", "train_seconds")
 

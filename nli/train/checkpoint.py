@@ -96,6 +96,10 @@ class Progress:
     tokens: int = 0  # their real (non-pad) tokens
     seconds: float = 0.0  # time spent in training steps, over every attempt
     nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
+    # Steps the loss scaler skipped (nli.train.loop._ScalerSkips), and how many of them a log has given: a resumed
+    # run's next log gives the rest, as an unbroken run's does, and results.json the whole run's.
+    scaler_skips: int = 0
+    scaler_skips_logged: int = 0
     # The training loss summed over the steps since the last logged one, and their number: a resumed run
     # logs its next mean over the same steps, with the same value, as an unbroken run (nli.train.loop).
     window_loss: float = 0.0
@@ -117,7 +121,7 @@ class Progress:
 
 
 # Progress fields that older checkpoints lack
-_ADDED = {"window_loss", "window_steps", "examples_per_epoch", "eval_every"}
+_ADDED = {"window_loss", "window_steps", "examples_per_epoch", "eval_every", "scaler_skips", "scaler_skips_logged"}
 
 
 class BestEvaluation:

@@ -131,6 +131,7 @@ class TrainResult:
     tokens: int  # their real (non-pad) tokens
     seconds: float  # wall time in training steps, evaluation and saving excluded
     peak_memory_bytes: int = 0  # held by the training steps (nli.runtime.device.PeakMemory)
+    skipped_steps: int = 0  # optimizer steps that left the weights as they were, their loss or gradients not finite
 
     @property
     def examples_per_second(self) -> float:
@@ -183,9 +184,12 @@ class Loop:
         progress.seconds = clock.training_seconds()
         self._call("on_stop", progress, reason or "completed")
         assert best.evaluation is not None  # the last step, and an early stop, always evaluate
+        self._scaler_skips.take(progress)
+        # Where the scaler is on, it skipped every step that was (a non-finite loss's too); else the loss was read.
+        skipped = progress.scaler_skips if self.opt.scaler.is_enabled() else progress.nonfinite_steps
         return TrainResult(best=best.evaluation, steps=progress.step, examples=progress.examples,
                            tokens=progress.tokens, seconds=progress.seconds,
-                           peak_memory_bytes=self.memory.training_peak())
+                           peak_memory_bytes=self.memory.training_peak(), skipped_steps=skipped)
 
     def _epoch(self, progress: Progress, best: BestEvaluation, stop: StopRequest, clock: "_Clock") -> Optional[str]:
         """Train to the end of the epoch, or of the plan; the reason training ended, if it did."""
@@ -266,7 +270,7 @@ class Loop:
         if logs:
             lr = cast(float, self.opt.scheduler.get_last_lr()[0])  # typed float | Tensor; our rates are floats
             logged = self.window.flush(lr=lr, epoch=progress.epoch + progress.examples_in_epoch /
-                                       self.plan.examples_per_epoch, scaler=self._scaler_skips.figures())
+                                       self.plan.examples_per_epoch, scaler=self._scaler_skips.figures(progress))
         self._call("on_step_end", progress, logged)
         evaluation = None
         if evaluates:
@@ -275,6 +279,7 @@ class Loop:
                 self._call("on_evaluation", evaluation, improved=best.update(evaluation))
         if evaluation or progress.step % self.plan.checkpoint_every == 0 or stopping:
             progress.window_loss, progress.window_steps = self.window.partial()
+            self._scaler_skips.take(progress)
             where = self.checkpointer.save(step=progress.step, evaluation=evaluation,
                                            best_step=best.evaluation.step if best.evaluation else None)
             self._call("on_checkpoint", progress.step, where)
@@ -420,15 +425,16 @@ def _step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
 
 
 class _ScalerSkips:
-    """The optimizer steps the loss scaler skipped since the last log, its gradients not finite: under fp16 an
-    overflow, which halves the scale (a few at the start, while the scale finds its level, are expected); on a GPU
-    in any precision, a step whose loss was finite and whose gradients were not, which no other count sees (the
-    loss's is train.skip_nonfinite's). Counted on the device, from the scale each step leaves (the scaler lowers
-    it at a skipped step and at no other), and read with the log, where the host waits for the device anyway."""
+    """The optimizer steps the loss scaler skipped, its gradients not finite: under fp16 an overflow, which halves
+    the scale (a few at the start, while the scale finds its level, are expected); on a GPU in any precision, a
+    step whose loss was finite and whose gradients were not, which no other count sees (the loss's is
+    train.skip_nonfinite's). Counted on the device, from the scale each step leaves (the scaler lowers it at a
+    skipped step and at no other), and taken into the run's :class:`Progress` where the host waits for the device
+    anyway: at a log, which gives those since the last, and at a checkpoint, which keeps them."""
 
     def __init__(self, scaler: torch.amp.GradScaler, compute: Compute) -> None:
         self.scaler, self.fp16 = scaler, compute.dtype == torch.float16
-        self._count: Optional[torch.Tensor] = None  # made at the first step, on the scale's device
+        self._count: Optional[torch.Tensor] = None  # not yet taken; made at the first step, on the scale's device
 
     @contextmanager
     def counted(self) -> Iterator[None]:
@@ -443,13 +449,20 @@ class _ScalerSkips:
                 self._count = torch.zeros((), dtype=torch.int64, device=before.device)
             self._count += self.scaler._get_scale_async() < before  # type: ignore[operator]
 
-    def figures(self) -> Dict[str, float]:
-        """``train/skipped_steps`` since the last log where the scaler is on, and under fp16 ``train/loss_scale``."""
+    def take(self, progress: Progress) -> None:
+        """Add the skips counted on the device to ``progress``'s (reading them waits for the device)."""
+        if self._count is not None:
+            progress.scaler_skips += int(self._count.item())
+            self._count.zero_()
+
+    def figures(self, progress: Progress) -> Dict[str, float]:
+        """``train/skipped_steps`` since the last log (an earlier attempt's too, where the run resumed between two)
+        where the scaler is on, and under fp16 ``train/loss_scale``."""
         if not self.scaler.is_enabled():
             return {}
-        skipped = 0 if self._count is None else int(self._count.item())
-        if self._count is not None:
-            self._count.zero_()
+        self.take(progress)
+        skipped = progress.scaler_skips - progress.scaler_skips_logged
+        progress.scaler_skips_logged = progress.scaler_skips
         return {"train/skipped_steps": skipped, **({"train/loss_scale": self.scaler.get_scale()} if self.fp16 else {})}
 
 

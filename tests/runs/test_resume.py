@@ -459,6 +459,9 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Pa
     proc = run_app([*diverge, "train.skip_nonfinite=100", f"hydra.run.dir={skipping}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "step 4: the loss is nan; skipping this update (1 of train.skip_nonfinite=100)" in proc.stdout
+    skips = proc.stdout.count(": the loss is nan; skipping this update")
+    assert skips > 1 and read_results(skipping)["train_skipped_steps"] == skips
+    assert f"; {skips} of them skipped, their loss or gradients not finite (every figure in" in proc.stdout
     # Its weights diverged before the loss did: what it ends with says so, rather than calling its NaN's argmax a
     # model that predicts one class, or fitting a temperature to NaN.
     results = read_results(skipping)

@@ -39,7 +39,7 @@ from nli.train.checkpoint import (
     TrainingState,
 )
 from nli.train.hooks import EarlyStopping, Hook, Pruning
-from nli.train.loop import Loop, Optimization, Plan, TrainResult
+from nli.train.loop import Loop, Optimization, Plan, Scaler, TrainResult
 
 FEATURES, CLASSES = 4, 3
 
@@ -100,9 +100,12 @@ class Trial:
         self.optimizer = (torch.optim.AdamW(self.model.parameters(), lr=0.1, fused=True) if self.adam else
                           torch.optim.SGD(self.model.parameters(), lr=0.5))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0 / (1 + step))
+        # The scalers nli.train.loop.grad_scaler makes: a GPU's outside fp16, else fp16's (or none).
+        self.scaler = (torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=2**30) if self.on_device else
+                       torch.amp.GradScaler("cpu", init_scale=self.init_scale, enabled=self.scaled or self.fp16))
         self.state = TrainingState()
         for name, part in (("model", self.model), ("optimizer", self.optimizer), ("scheduler", self.scheduler),
-                           ("progress", self.progress), ("best", self.best)):
+                           ("scaler", Scaler(self.scaler)), ("progress", self.progress), ("best", self.best)):
             self.state.register(name, part)
         self.state.register("rng", RandomState(World(), self.progress))
         self.checkpoints = Checkpoints(Storage(str(self.folder)), keep=self.train.keep_checkpoints, identity={})
@@ -114,11 +117,8 @@ class Trial:
         loader = DataLoader(self.data, batch_size=self.micro_batch, sampler=sampler)
         plan = Plan.make(self.train, examples_per_epoch=len(self.data), world_size=1,
                          accumulation=math.ceil(self.train.batch_size / self.micro_batch))
-        # The scalers nli.train.loop.grad_scaler makes: a GPU's outside fp16, else fp16's (or none).
-        scaler = (torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=2**30) if self.on_device else
-                  torch.amp.GradScaler("cpu", init_scale=self.init_scale, enabled=self.scaled or self.fp16))
         trained = wrap(self.model, World(world_size=2), compute.device) if self.ddp else self.model
-        opt = Optimization(self.model, trained, self.optimizer, self.scheduler, scaler, compute, world,
+        opt = Optimization(self.model, trained, self.optimizer, self.scheduler, self.scaler, compute, world,
                            skips_on_device=self.on_device)
         checkpointer = Checkpointer(self.checkpoints, self.state, self.tokenizer, world)  # type: ignore[arg-type]
         return Loop(opt, TrainBatches(loader, sampler), plan, evaluate=self.evaluate, checkpointer=checkpointer,
@@ -323,6 +323,32 @@ def test_the_steps_the_loss_scaler_skips_and_its_scale_are_logged(tmp_path: Path
     assert steps == (4, 8, 12, 16) and sum(skipped) > 4 and skipped[-1] == 0, skips.rows  # overflowed, then found
     assert list(scales) == [2.0**26 * 0.5 ** sum(skipped[:i + 1]) for i in range(4)]     # its level, no growth
     assert trial.scheduler.last_epoch == 16 and not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
+
+
+def test_a_run_resumed_between_two_logs_logs_the_scalers_skips_as_an_unbroken_run(tmp_path: Path,
+                                                                                  tokenizer: object) -> None:
+    """Stopped at step 3 of a log every 4, the skips of steps 1 to 3 were in no log and no checkpoint: the resumed
+    run's log at step 4 gave step 4's alone. The checkpoint keeps them; the whole run's count is its result's."""
+    data, settings = examples(56), config(max_steps=12, eval_every=100, checkpoint_every=100, log_every=4)
+    whole, before, resumed = Skips(), Skips(), Skips()
+    unbroken = Trial(data, settings, tmp_path / "whole", tokenizer, fp16=True, init_scale=2.0**26, hooks=[whole])
+    result = unbroken.run()
+    assert whole.rows[0][1] > 3 and result.skipped_steps == sum(row[1] for row in whole.rows)  # steps 1-3 skipped
+    stop = StopRequest()
+
+    class Signal(Hook):
+        def on_step_end(self, progress: Progress, logged: object) -> None:
+            if progress.step == 2:
+                stop.signal = "SIGTERM"
+
+    first = Trial(data, settings, tmp_path / "run", tokenizer, fp16=True, init_scale=2.0**26, hooks=[Signal(), before])
+    with pytest.raises(Preempted):
+        first.run(stop)
+    snapshot = first.checkpoints.latest()
+    assert snapshot is not None and snapshot.step == 3 and before.rows == []
+    second = Trial(data, settings, tmp_path / "run", tokenizer, fp16=True, init_scale=2.0**26, hooks=[resumed])
+    second.state.load_state_dict(snapshot.state)
+    assert second.run().skipped_steps == result.skipped_steps and resumed.rows == whole.rows
 
 
 def test_a_warning_given_at_every_step_is_shown_once(tmp_path: Path, tokenizer: object) -> None:
