@@ -47,15 +47,13 @@ SYNTHETIC_SEEDS = {"train": 0, "validation": 1}
 
 # The columns a test file (data.files) may keep its own ids in, the first found taken: its predictions keep them.
 ID_COLUMNS = ("idx", "index", "id")
-# A CSV's ids are the text it holds: pandas' guess of a type made 0007 the id 7.0, 1.1 and 1.10 one id, and a
-# 20-digit id an overflow.
-_IDS_AS_TEXT = {"converters": {column: str for column in ID_COLUMNS}}
-# `datasets` builders for the formats data.files accepts, and their reading options.
+# `datasets` builders for the formats data.files accepts, and their reading options. A CSV's or TSV's every column is
+# read as the text it holds (_as_text), not as pandas guesses its type.
 FILE_FORMATS: Dict[str, tuple[str, Dict[str, Any]]] = {
-    ".csv": ("csv", {"keep_default_na": False, **_IDS_AS_TEXT}),  # "NA" and "null" are text, not missing values
+    ".csv": ("csv", {"keep_default_na": False}),  # "NA" and "null" are text, not missing values
     # A quote is text, as in every GLUE file: with quoting on, a field that opens a quote swallowed the rows up to
     # the next one (100 rows read as 98, three merged into one example).
-    ".tsv": ("csv", {"sep": "\t", "keep_default_na": False, "quoting": csv.QUOTE_NONE, **_IDS_AS_TEXT}),
+    ".tsv": ("csv", {"sep": "\t", "keep_default_na": False, "quoting": csv.QUOTE_NONE}),
     ".jsonl": ("json", {}),
     ".json": ("json", {}),
     ".parquet": ("parquet", {}),
@@ -160,7 +158,20 @@ def _unknown(value: Any) -> str:
     if isinstance(value, float) and not value.is_integer():
         return (f"unknown label {value!r} (the label column was read as decimal numbers: a label id is a whole "
                 "number, 0, 1, ...)")
+    if _decimal(value):  # a CSV's or TSV's, read as the text it holds
+        return f"unknown label {value!r} (a decimal number: a label id is a whole number, 0, 1, ...)"
     return f"unknown label {value!r}"
+
+
+def _decimal(value: Any) -> bool:
+    """Whether ``value`` is text of a finite number that is not whole (0.5)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    return math.isfinite(number) and not number.is_integer()
 
 
 # ---------------------------------------------------------------------------- GLUE directory
@@ -552,6 +563,8 @@ def _read_file(path: Path) -> datasets.Dataset:
     if stat.st_size == 0:
         raise DataError(_no_examples(path, "it is empty"))
     builder_name, options = FILE_FORMATS[path.suffix]
+    if builder_name == "csv":
+        options = {**options, "converters": _as_text(path, options)}
     # The config name joins the cache key: `datasets` keys local files by their mtime but not their size.
     builder = datasets.load_dataset_builder(builder_name, name=f"{stat.st_size}-{stat.st_mtime_ns}",
                                             data_files=str(path.resolve()), **options)
@@ -568,6 +581,17 @@ def _read_file(path: Path) -> datasets.Dataset:
         if isinstance(err, DataError):
             raise
         raise DataError(_unreadable(path, err)) from None
+
+
+def _as_text(path: Path, options: Dict[str, Any]) -> Dict[int, Any]:
+    """pandas' converters that keep each of a CSV's or TSV's columns, by position, as the text it holds. Left to guess
+    a type, pandas made a column of numbers or of True/False numbers and booleans, which a text field refused as not
+    text (a sentence "1.10" shown as 1.1), and made ids of 0007 the id 7.0, 1.1 and 1.10 one id, a 20-digit id an
+    overflow. Labels and scores are read from their text (parse_label)."""
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:  # the builder names bytes not UTF-8
+        header = next(csv.reader(f, delimiter=options.get("sep", ","),
+                                 quoting=options.get("quoting", csv.QUOTE_MINIMAL)), [])
+    return {column: str for column in range(len(header))}
 
 
 @contextmanager

@@ -251,6 +251,23 @@ def test_a_csv_test_files_ids_are_the_text_it_holds(tmp_path: Path, datasets_cac
     assert test["idx"] == ids
 
 
+@pytest.mark.parametrize("sep", [",", "\t"], ids=["csv", "tsv"])
+def test_a_csv_or_tsv_text_that_looks_like_a_number_is_the_text_it_holds(tmp_path: Path, datasets_cache: Path,
+                                                                         sep: str) -> None:
+    """pandas guessed each column's type: a column of numbers, or of True and False, was refused as "not text" (its
+    sentence 1.10 named as 1.1), though the file holds text there as every row does."""
+    suffix = ".csv" if sep == "," else ".tsv"
+    texts = [["1.10", "True", "1"], ["007", "False", "not_entailment"], ["1e5", "2", "0"]]
+    for name in ("train", "dev"):
+        (tmp_path / f"{name}{suffix}").write_text(
+            "".join(sep.join(row) + "\n" for row in [["sentence1", "sentence2", "label"], *texts]), encoding="utf-8")
+    splits = load(["task=rte", f"+data.files.train={tmp_path / f'train{suffix}'}",
+                   f"+data.files.validation={tmp_path / f'dev{suffix}'}"])
+    for ds in (splits.train, splits.eval["validation"]):
+        assert ds is not None and rows(ds, ["sentence1", "sentence2"]) == [
+            ("1.10", "True", 1), ("007", "False", 1), ("1e5", "2", 0)]
+
+
 def test_the_hubs_no_label_in_a_file_is_no_label(tmp_path: Path, datasets_cache: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     """A split saved from the Hub writes -1 where there is no gold label: every row of a test split, SNLI's pairs
@@ -680,9 +697,9 @@ def test_labels_written_as_whole_decimals_are_their_ids(tmp_path: Path, datasets
                    f"+data.files.validation={tmp_path / 'as_ids.csv'}"])
     assert as_ids.eval["validation"]["label"] == by_name.eval["validation"]["label"]
     assert set(as_ids.eval["validation"]["label"]) == {0, 1}
-    for value, said in [(0.5, "row 5: unknown label 0.5 (the label column was read as decimal numbers: a label "
-                              "id is a whole number, 0, 1, ...) for task rte"),
-                        (2.0, "row 5: unknown label 2.0 for task rte; known labels: entailment, not_entailment (or "
+    for value, said in [(0.5, "row 5: unknown label '0.5' (a decimal number: a label id is a whole number, 0, 1, "
+                              "...) for task rte"),
+                        (2.0, "row 5: unknown label '2.0' for task rte; known labels: entailment, not_entailment (or "
                               "their ids 0-1)"),
                         ("", "row 5: no label (the label column is empty there) for task rte")]:
         bad = frame.astype({"gold": object})
