@@ -420,6 +420,38 @@ def _first_bad_line(path: Path, *, json_lines: bool = False) -> Optional[Tuple[i
     return None
 
 
+def _first_ragged_row(path: Path, said: str) -> Optional[Tuple[int, str]]:
+    """The line of a CSV's or TSV's first row with more fields than its header, or of a CSV's quote that pandas found
+    never closes (``said``: its error), and the fix. pandas said "Error tokenizing data. C error: Expected 3 fields in
+    line 4, saw 4", and the message went on to name the formats data.files takes, as if the file were of another."""
+    tsv = path.suffix == ".tsv"
+    _lift_csv_field_limit()
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        reader = csv.reader(f, delimiter="\t" if tsv else ",", quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
+        width, line, start = None, 1, 1  # start: the line the last row read began on
+        for row in reader:
+            if width is None:
+                width = len(row)
+            elif len(row) > width:
+                cause = _ragged_cause(tsv, line, reader.line_num)
+                return line, f"{len(row)} fields where the header has {width}; {cause}"
+            start, line = line, reader.line_num + 1
+    if "EOF inside string" in said:  # the quote opened the last row, which ran to the file's end
+        return start, ('a field opens a quote (") that never closes, and takes in every line after it: close it, or '
+                       'write a quote inside a text as two ("")')
+    return None
+
+
+def _ragged_cause(tsv: bool, line: int, end: int) -> str:
+    """Why a row from ``line`` to ``end`` has more fields than the header, and the fix."""
+    if end > line:  # a quote left open joined the lines up to the next one's quote: their fields, one row
+        return (f'a field opens a quote (") that closes only on line {end}, taking in the lines between: close it, or '
+                'write a quote inside a text as two ("")')
+    if tsv:
+        return "the likely cause is a tab inside a text: replace it with a space"
+    return 'the likely cause is a comma inside a text: put that text in double quotes ("a, b"), as a CSV writer does'
+
+
 def _features(task: TaskConfig, *, text_ids: bool = False) -> datasets.Features:
     """The columns every source gives; ``idx`` is text where a test file's own ids are (``text_ids``)."""
     label = datasets.Value("float32") if task.is_regression else datasets.Value("int64")
@@ -610,11 +642,13 @@ def _unreadable(path: Path, err: Exception) -> str:
     """What the builder could not read in ``path``: the line at fault where there is one to find."""
     fmt = FORMAT_NAMES[path.suffix]
     bad = None if path.suffix == ".parquet" else _first_bad_line(path, json_lines=path.suffix == ".jsonl")
+    if bad is None and path.suffix in (".csv", ".tsv"):
+        bad = _first_ragged_row(path, str(err.__cause__ or err))
     if bad is not None:
         return f"{path}, line {bad[0]}: {bad[1]}"
     cause = err.__cause__ or err  # DatasetGenerationError wraps the reader's own error
     formats = ", ".join(FORMAT_NAMES.values())
-    return (f"{path} cannot be read as {fmt}: {str(cause).rstrip('.')}. data.files takes {formats} files, "
+    return (f"{path} cannot be read as {fmt}: {str(cause).strip().rstrip('.')}. data.files takes {formats} files, "
             "named by their extension")
 
 

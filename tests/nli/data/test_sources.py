@@ -464,12 +464,14 @@ def test_a_fixed_glue_file_is_read_again(tmp_path: Path, datasets_cache: Path) -
 
 
 @pytest.mark.parametrize("case", ["header-only csv", "empty csv", "bad jsonl line", "not parquet", "latin-1 tsv",
-                                  "no label column"])
+                                  "no label column", "comma in a csv text", "tab in a tsv text", "quote left open",
+                                  "quote open to the end"])
 def test_a_damaged_own_file_names_the_file_and_line(case: str, tmp_path: Path, datasets_cache: Path) -> None:
     files = custom_files(tmp_path, ".csv")
     frame = pd.read_csv(files["train"])
-    path = tmp_path / {"bad jsonl line": "train.jsonl", "not parquet": "train.parquet",
-                       "latin-1 tsv": "train.tsv"}.get(case, "bad.csv")
+    path = tmp_path / {"bad jsonl line": "train.jsonl", "not parquet": "train.parquet", "latin-1 tsv": "train.tsv",
+                       "tab in a tsv text": "train.tsv"}.get(case, "bad.csv")
+    then = ""  # what the message says after its start, where the start is not all to check
     if case == "header-only csv":
         frame[:0].to_csv(path, index=False)
         expected = f"{path} has no examples: it has a header row and nothing else"
@@ -487,6 +489,28 @@ def test_a_damaged_own_file_names_the_file_and_line(case: str, tmp_path: Path, d
         frame.to_csv(path, index=False, sep="\t")
         damage_line(path, 41, b"e", "é".encode("latin-1"))
         expected = f"{path}, line 41: byte 0xe9 ("
+    elif case in ("comma in a csv text", "tab in a tsv text", "quote left open", "quote open to the end"):
+        # pandas said "Error tokenizing data. C error: Expected 4 fields in line 9, saw 5", and went on to name the
+        # formats data.files takes, as if the file were of another
+        frame.loc[7, "text_a"] = 'He said "stop, now"'
+        frame = frame[:8] if case == "quote open to the end" else frame  # line 9 the last
+        frame.to_csv(path, index=False, sep="\t" if path.suffix == ".tsv" else ",")
+        if case == "comma in a csv text":
+            damage_line(path, 9, b'"He said ""stop, now"""', b"He said stop, now")
+            expected = (f"{path}, line 9: 5 fields where the header has 4; the likely cause is a comma inside a text: "
+                        'put that text in double quotes ("a, b"), as a CSV writer does')
+        elif case == "tab in a tsv text":
+            damage_line(path, 9, b"stop, now", b"stop,\tnow")
+            expected = (f"{path}, line 9: 5 fields where the header has 4; the likely cause is a tab inside a text: "
+                        "replace it with a space")
+        elif case == "quote left open":  # the next line's first quote closes it: their fields make one row
+            damage_line(path, 9, b'"He said ""stop, now"""', b'"He said stop, now')
+            expected = f"{path}, line 9: "
+            then = 'a field opens a quote (") that closes only on line 10, taking in the lines between: close it'
+        else:
+            damage_line(path, 9, b'"He said ""stop, now"""', b'"He said stop, now')
+            expected = (f'{path}, line 9: a field opens a quote (") that never closes, and takes in every line after '
+                        'it: close it, or write a quote inside a text as two ("")')
     else:
         frame.drop(columns="gold").to_csv(path, index=False)
         expected = f"{path} has no column gold (for label); its columns are ['index', 'text_a', 'text_b']. " \
@@ -495,6 +519,7 @@ def test_a_damaged_own_file_names_the_file_and_line(case: str, tmp_path: Path, d
                           "+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b",
                           "+data.columns.label=gold"])
     assert message.startswith(expected), message
+    assert then in message, message
     if case != "no label column":  # that file reads well: what it lacks is found after the read
         assert not list(datasets_cache.rglob("*.arrow"))  # the builder's empty or partial read is not kept
 
