@@ -234,10 +234,11 @@ def _told(study: optuna.Study, trial: Union[optuna.Trial, int], value: Optional[
 
 def _resume_stopped(study: optuna.Study) -> None:
     """Trials an earlier command left RUNNING (stopped by Ctrl-C or SIGTERM, their checkpoints kept) are run again
-    first, with the same values: their folders, named by the values, resume where they stopped. The stopped
-    trial is FAIL in the study; the one that takes it over names it (its ``resumes`` attribute)."""
+    first, with the same values and job number: their folders, named by the number, resume where they stopped. The
+    stopped trial is FAIL in the study; the one that takes it over names it (its ``resumes`` attribute) and keeps its
+    job (``job``: a trial that resumed another and was stopped in turn passes on the first one's folder)."""
     for stopped in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study.enqueue_trial(stopped.params, user_attrs={"resumes": stopped.number})
+        study.enqueue_trial(stopped.params, user_attrs={"resumes": stopped.number, JOB: job_number(stopped)})
         _told(study, stopped.number, state=TrialState.FAIL)
         log.info("trial %d was stopped before it ended (%s): it runs again first, resuming its folder",
                  stopped.number, stopped.params)
@@ -435,10 +436,14 @@ def check_fixed(study: optuna.Study, fixed: Dict[str, str], where: str) -> None:
                           "hydra.sweeper.study_name or hydra.sweeper.storage)")
 
 
-def job_number(trial: optuna.Trial) -> int:
+JOB = "job"  # a trial's user attribute: the job number, and so the folder, of the stopped trial it resumes
+
+
+def job_number(trial: Union[optuna.Trial, optuna.trial.FrozenTrial]) -> int:
     """A trial's job number, and so its folder (``${hydra.job.num}``): its number in the study, unique across the
-    commands that continue it, or that of the stopped trial it resumes, whose folder it takes up again."""
-    return int(trial.user_attrs.get("resumes", trial.number))
+    commands that continue it, or that of the stopped trial it resumes, whose folder it takes up again (a study
+    from before ``job`` was kept names that trial alone, in ``resumes``)."""
+    return int(trial.user_attrs.get(JOB, trial.user_attrs.get("resumes", trial.number)))
 
 
 def record(config: DictConfig) -> None:

@@ -59,9 +59,29 @@ def test_a_trial_left_running_is_run_again_first_with_its_values() -> None:
     stopped = study.ask(space)  # the command stopped here
     _resume_stopped(study)
     again = study.ask(space)
-    assert again.params == stopped.params and again.user_attrs == {"resumes": stopped.number}
+    assert again.params == stopped.params and again.user_attrs == {"resumes": stopped.number, "job": stopped.number}
     assert study.trials[stopped.number].state == optuna.trial.TrialState.FAIL
     assert study.ask(space).params != stopped.params  # then new values
+
+
+def test_a_trial_that_resumed_a_stopped_one_and_was_stopped_in_turn_resumes_the_first_ones_folder() -> None:
+    """Stopped twice (SIGTERM in trial 0, then again in trial 1, which resumed it): the third command's trial took
+    trial 1's number for its folder, trial=1, which no run ever wrote, and trained from scratch there, the
+    checkpoints in trial=0 left behind."""
+    import optuna
+
+    from nli.sweep.search import _resume_stopped, job_number
+
+    space, _ = search_space(["optimizer.lr=tag(log, interval(1e-4, 1e-2))"])
+    study = optuna.create_study(direction="maximize")
+    first = study.ask(space)  # the first command stopped here
+    _resume_stopped(study)  # the second command
+    second = study.ask(space)  # and stopped here, in the trial that resumed it
+    assert job_number(second) == first.number == 0
+    _resume_stopped(study)  # the third command
+    third = study.ask(space)
+    assert (third.number, job_number(third), third.params) == (2, 0, first.params)
+    assert third.user_attrs["resumes"] == second.number  # the trial it took over, as the study records it
 
 
 @pytest.mark.parametrize("settings, message", [
