@@ -58,6 +58,10 @@ FILE_FORMATS: Dict[str, tuple[str, Dict[str, Any]]] = {
     ".json": ("json", {}),
     ".parquet": ("parquet", {}),
 }
+# What a file of each format with no examples holds: a JSON or JSON Lines file was said to have "a header row".
+_EMPTY_AS = {".csv": "it has a header row and nothing else", ".tsv": "it has a header row and nothing else",
+             ".jsonl": "it holds no JSON object, only blank lines",
+             ".json": "it holds no record (an empty list or object)", ".parquet": "it has no rows"}
 # How the messages name each format.
 FORMAT_NAMES = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON Lines", ".json": "JSON", ".parquet": "Parquet"}
 
@@ -605,8 +609,7 @@ def _read_file(path: Path) -> datasets.Dataset:
             builder.download_and_prepare()
         split = (builder.info.splits or {}).get("train")
         if split is None or not split.num_examples:
-            raise DataError(_no_examples(path, "it has no rows" if path.suffix == ".parquet"
-                                         else "it has a header row and nothing else"))
+            raise DataError(_no_examples(path, _EMPTY_AS[path.suffix]))
         return builder.as_dataset(split="train")
     except (DatasetGenerationError, ValueError) as err:  # ValueError: pyarrow's ArrowInvalid, and DataError
         shutil.rmtree(builder.cache_dir, ignore_errors=True)

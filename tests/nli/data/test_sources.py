@@ -465,16 +465,23 @@ def test_a_fixed_glue_file_is_read_again(tmp_path: Path, datasets_cache: Path) -
 
 @pytest.mark.parametrize("case", ["header-only csv", "empty csv", "bad jsonl line", "not parquet", "latin-1 tsv",
                                   "no label column", "comma in a csv text", "tab in a tsv text", "quote left open",
-                                  "quote open to the end"])
+                                  "quote open to the end", "blank jsonl", "empty json list"])
 def test_a_damaged_own_file_names_the_file_and_line(case: str, tmp_path: Path, datasets_cache: Path) -> None:
     files = custom_files(tmp_path, ".csv")
     frame = pd.read_csv(files["train"])
     path = tmp_path / {"bad jsonl line": "train.jsonl", "not parquet": "train.parquet", "latin-1 tsv": "train.tsv",
-                       "tab in a tsv text": "train.tsv"}.get(case, "bad.csv")
+                       "tab in a tsv text": "train.tsv", "blank jsonl": "train.jsonl",
+                       "empty json list": "train.json"}.get(case, "bad.csv")
     then = ""  # what the message says after its start, where the start is not all to check
     if case == "header-only csv":
         frame[:0].to_csv(path, index=False)
         expected = f"{path} has no examples: it has a header row and nothing else"
+    elif case == "blank jsonl":  # said to have "a header row and nothing else", which a JSON Lines file has not
+        path.write_text("\n\n", encoding="utf-8")
+        expected = f"{path} has no examples: it holds no JSON object, only blank lines"
+    elif case == "empty json list":
+        path.write_text("[]\n", encoding="utf-8")
+        expected = f"{path} has no examples: it holds no record (an empty list or object)"
     elif case == "empty csv":
         path.write_bytes(b"")
         expected = f"{path} has no examples: it is empty"
