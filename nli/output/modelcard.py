@@ -12,6 +12,7 @@ for every example, NaN outputs: nli.evaluate.per_class), the card gives it too, 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -121,15 +122,18 @@ def card_data(config: Mapping[str, Any], evaluation: Evaluation) -> ModelCardDat
     task = _task(config)
     dataset = dataset_id(config)
     base = _base_model(config)
-    return ModelCardData(model_name=model_name(config), base_model=base, datasets=[dataset] if dataset else None,
-                         library_name="transformers", pipeline_tag=TASK_TYPE,
-                         tags=["nli-glue", str(task.get("name"))], eval_results=eval_results(config, evaluation),
+    results = eval_results(config, evaluation) or None  # none at all: no model-index, whose results may not be empty
+    return ModelCardData(model_name=model_name(config) if results else None, base_model=base,
+                         datasets=[dataset] if dataset else None, library_name="transformers", pipeline_tag=TASK_TYPE,
+                         tags=["nli-glue", str(task.get("name"))], eval_results=results,
                          metrics=_metric_names(task) or None)
 
 
 def eval_results(config: Mapping[str, Any], evaluation: Evaluation) -> List[EvalResult]:
     """One EvalResult per metric of each eval split (accuracy on validation_matched, accuracy_mm on
-    validation_mismatched), as the run names them; other figures stay in the text's table."""
+    validation_mismatched), as the run names them; other figures stay in the text's table, and so do undefined
+    ones (NaN: STS-B's correlations where the model gives every pair one score, or the gold scores are one): the
+    Hub's model-index takes a number as a score the model reached, and the card's warning says why there is none."""
     task, files = _task(config), _own_files(config)
     # Files of your own are no Hub data set: named by the format the Hub's loader reads them with, and no config of
     # the task's Hub data set (GLUE's `rte`), whose figures these are not.
@@ -139,7 +143,7 @@ def eval_results(config: Mapping[str, Any], evaluation: Evaluation) -> List[Eval
     for split, suffix in (task.get("eval_splits") or {}).items():
         for metric in _metric_names(task):
             key = f"{metric}{suffix}"
-            if key in evaluation.metrics:
+            if key in evaluation.metrics and math.isfinite(evaluation.metrics[key]):
                 found.append(EvalResult(task_type=TASK_TYPE, task_name=str(task.get("name")), dataset_type=dataset,
                                         dataset_name=_dataset_title(config), dataset_config=hub_config,
                                         dataset_split=_split(config, str(split)), metric_type=metric, metric_name=key,

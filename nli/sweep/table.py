@@ -467,7 +467,12 @@ class SweepResults(Callback):
                       sweep_dir and sweep_dir / RESULTS_JSONL, sweep_dir, exc_info=not isinstance(err, OSError))
             raise SystemExit(1) from err
         if failed:  # a sweeper that let the sweep go on past them (Optuna's max_failure_rate)
-            raise SystemExit(1)
+            # The closing list is on stdout with the table; stderr, where a single run's error goes, says it too.
+            lost = len(self.unrecorded)
+            said = [f"{len(failed) - lost} of the sweep's jobs failed"] if len(failed) > lost else []
+            said += [f"{lost} job(s) are missing from its table"] if lost else []
+            raise SystemExit(f"error: {' and '.join(said)}: the lines above say which and why "
+                             f"({sweep_dir / RESULTS_CSV if sweep_dir else 'the table'})")
 
     def stamp(self) -> Dict[str, Any]:
         """The columns that tie a row to this sweep."""

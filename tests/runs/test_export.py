@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from safetensors.torch import load_file
 
 from nli.train.checkpoint import STATE, checkpoint_name
 from tests.runs.test_folder import files
+from tests.support.glue_layouts import stsb_with_one_gold_score
 from tests.support.runs import FAST, GLUE_DATA, copy_run, read_results, run_app
 
 LORA = ["model/peft=lora"]
@@ -332,3 +334,22 @@ def test_under_torchrun_a_model_that_cannot_be_made_again_stops_every_process_in
     told = f"error: process 0 of the run stopped it, and with it process 1: {reason}"
     assert told in proc.stderr, proc.stderr[-3000:]
     assert files(run_dir) == before
+
+
+def test_undefined_correlations_are_no_score_in_the_cards_model_index(tmp_path: Path) -> None:
+    """STS-B dev pairs all scored alike leave Pearson's and Spearman's r undefined (NaN) whatever the model predicts:
+    the card's model-index gave the Hub `value: .nan` for each, as scores the model reached. The model-index leaves
+    them out (none left: no model-index); the text's table and warning still say what the run measured and why."""
+    glue = stsb_with_one_gold_score(tmp_path / "glue_data")
+    out = tmp_path / "run"
+    proc = run_app(["task=stsb", f"data.dir={glue}", "model=tiny", "data.max_seq_length=32", "train.max_steps=2",
+                    "train.progress_bar=false", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = read_results(out)
+    assert math.isnan(results["pearson"]) and math.isnan(results["objective"])
+    text = (out / "model" / "README.md").read_text()
+    assert "nan" not in text.split("\n---\n")[0].lower()  # the metadata block
+    card = ModelCard.load(out / "model" / "README.md")
+    assert not card.data.eval_results and "model-index" not in card.data.to_dict()
+    assert card.data.datasets == ["nyu-mll/glue"] and card.data.metrics == ["pearson", "spearmanr", "combined_score"]
+    assert "| pearson | nan |" in card.text and "the correlations with it are undefined (NaN)" in card.text

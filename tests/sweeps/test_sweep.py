@@ -100,6 +100,9 @@ def test_a_failed_job_is_a_row_the_others_run_and_the_sweep_exits_non_zero(tmp_p
     assert failed[1].startswith("  #0 experiment=quickstart ")
     assert f"train.checkpoint_dir={BLOCKED}: error: {blocked_error(tmp_path)}" in failed[1]
     assert "Traceback" not in output
+    # stderr, where a single run's error goes, says the sweep failed (it was empty: the list is on stdout)
+    assert proc.stderr.strip().splitlines()[-1] == ("error: 1 of the sweep's jobs failed: the lines above say which "
+                                                    f"and why ({sweep_dir / 'sweep_results.csv'})"), proc.stderr
     assert (sweep_dir / "sweep_results.csv").read_text().count("\n") == 3  # header and two rows
     # Where the jobs wrote, as the table has it (a search's trial=<n>, a Vertex AI job's bucket folder), not a form.
     assert (f"  jobs     {sweep_dir / '1'} (results.json, model/, eval_predictions/, train.log), and each job's in "
