@@ -505,13 +505,24 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
     ids = None if labelled else _id_column(ds, path)
     as_text = ids is not None and not _integers(ds.features[ids])
 
+    def file_label(value: Any, where: str) -> float | int:
+        if labelled:
+            return parse_label(_named(value, names), task, lookup, where)
+        # A test split's labels are not read for anything: an empty one (a column kept for labels to come, a JSON
+        # null) is no label, as -1 is; it was refused as a gold label missing, and predicting stopped on it.
+        if _empty(value):
+            return NO_LABEL
+        try:
+            return parse_label(_named(value, names), task, lookup, where)
+        except DataError as err:
+            raise DataError(f"{err}. A test split needs no labels: leave its label column empty, or drop it") from None
+
     def convert(row: Dict[str, Any], i: int) -> Dict[str, Any]:
         for field in task.text_fields:  # a JSON null, a number: the tokenizer's TypeError named no file or row
             if not isinstance(row[wanted[field]], str):
                 raise DataError(f"{path}, row {i + 1}: '{wanted[field]}' (for {field}) is {row[wanted[field]]!r}, not "
                                 "text: give every row its text")
-        label = parse_label(_named(row[wanted["label"]], names), task, lookup, f"{path}, row {i + 1}") \
-            if has_labels else NO_LABEL
+        label = file_label(row[wanted["label"]], f"{path}, row {i + 1}") if has_labels else NO_LABEL
         idx = i if ids is None else str(row[ids]) if as_text else int(row[ids])
         return {**{field: row[wanted[field]] for field in [*task.text_fields, *task.groups]}, "label": label,
                 "idx": idx}

@@ -287,6 +287,30 @@ def test_the_hubs_no_label_in_a_file_is_no_label(tmp_path: Path, datasets_cache:
     assert f"rte validation: 2 of {len(frame)} examples have no gold label (label -1) and are left out" in caplog.text
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_test_files_empty_labels_are_no_labels(tmp_path: Path, datasets_cache: Path, suffix: str) -> None:
+    """A test split's labels are read for nothing: a label column left empty (for labels to come; a JSON null) was
+    refused as a gold label missing, and predicting stopped on it. A label the task does not know is still named,
+    with the fix."""
+    files = custom_files(tmp_path, ".csv")
+    frame = pd.read_csv(files["validation"]).assign(gold=None)
+    test = tmp_path / f"test{suffix}"
+
+    def write(frame: pd.DataFrame) -> None:
+        frame.to_csv(test, index=False) if suffix == ".csv" else frame.to_json(test, orient="records", lines=True)
+
+    write(frame)
+    own = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold",
+           *(f"+data.files.{split}={path}" for split, path in files.items()), f"+data.files.test={test}"]
+    assert load(["task=rte", *own], predict=True).test["test"]["label"] == [-1] * len(frame)
+    frame.loc[2, "gold"] = "?"
+    write(frame)
+    with pytest.raises(DataError) as err:
+        load(["task=rte", *own], predict=True)
+    assert str(err.value).startswith(f"{test}, row 3: unknown label '?' for task rte; ")
+    assert str(err.value).endswith(". A test split needs no labels: leave its label column empty, or drop it")
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_a_text_field_that_is_not_text_names_the_file_and_row(tmp_path: Path, datasets_cache: Path,
                                                               suffix: str) -> None:
