@@ -67,6 +67,8 @@ def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool,
         if task.groups else {}
     test = {split: raw[split] for split in test_splits}
     notes = _diagnostic(task, data, test) if predict and task.diagnostic is not None else []
+    if train_set is not None and not task.is_regression:
+        notes += _labels_not_trained(task, train_set, evals)
     sizes = ", ".join(f"{name}={len(ds)}" for name, ds in evals.items()) + \
         "".join(f"; test {name}={len(ds)}" for name, ds in test.items())
     if train_set is not None:
@@ -85,6 +87,23 @@ def _diagnostic(task: TaskConfig, data: DataConfig, test: Dict[str, datasets.Dat
         return []
     return [f"{task.diagnostic.submission}.tsv, the predictions on GLUE's diagnostic set that a GLUE submission "
             f"takes from the {task.name} model, will not be written: {why}"]
+
+
+def _labels_not_trained(task: TaskConfig, train: datasets.Dataset, evals: Dict[str, datasets.Dataset]) -> List[str]:
+    """A note for each eval split with labels the training set has no example of (a train file without a class, one
+    whose labels were written otherwise, a subsample too small): the model cannot learn them, and it trained and
+    scored with no word of why it never predicts them."""
+    trained = set(pyarrow.compute.unique(train.with_format("arrow")["label"]).to_pylist())
+    notes = []
+    for split, ds in evals.items():
+        counts = pyarrow.compute.value_counts(ds.with_format("arrow")["label"]).to_pylist()
+        absent = sorted((c["values"], c["counts"]) for c in counts if c["values"] not in trained)
+        if absent:
+            named = ", ".join(f"{task.label_names[label]} ({n} of {len(ds)})" for label, n in absent)
+            notes.append(f"{task.name}: the training set ({len(train)} examples) has no example labelled {named}, "
+                         f"which {split} has: the model cannot learn to predict it. Check the training file's labels, "
+                         "or train on more of it (data.max_train_samples, data.fraction_of_train_data)")
+    return notes
 
 
 def _gold(ds: datasets.Dataset, task: TaskConfig, split: str) -> datasets.Dataset:

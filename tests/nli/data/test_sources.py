@@ -697,6 +697,22 @@ def test_predictions_keep_a_test_files_own_ids(tmp_path: Path) -> None:
         [predicted_ids(run_dir, name) for name in ("MNLI-m", "MNLI-mm")]
 
 
+def test_a_label_the_training_set_lacks_is_a_warning_of_the_run(tmp_path: Path) -> None:
+    """A training file without one of the dev set's labels (a class filtered out, written otherwise): the model can
+    never predict it, and the run trained and scored with no word of why."""
+    files = mnli_files(tmp_path / "files", {})
+    train = pd.read_csv(tmp_path / "files" / "train.csv")
+    train[train["label"] != "neutral"].to_csv(tmp_path / "files" / "train.csv", index=False)
+    run_dir = tmp_path / "run"
+    proc = run_app([*OWN_MNLI, "train.predict=false", *files[:3], f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warnings = json.loads((run_dir / "results.json").read_text())["warnings"]
+    lacking = [warning for warning in warnings if "has no example labelled neutral" in warning]
+    assert [warning.split(" (")[0] for warning in lacking] == ["mnli: the training set"] * 2, warnings
+    assert "which validation_matched has: the model cannot learn to predict it" in lacking[0]
+    assert "which validation_mismatched has" in lacking[1]
+
+
 def test_a_test_file_without_ids_is_numbered_by_row_and_says_so_once(tmp_path: Path) -> None:
     def without(frame: pd.DataFrame, root: Path) -> Path:
         frame.to_csv(root / "matched.tsv", sep="\t", index=False)
