@@ -73,9 +73,16 @@ def describe(folder: Path, evaluation: Evaluation, card: Optional[Card] = None) 
     """The model card (``README.md``, nli.output.modelcard) where ``card`` is given, and ``export.json``: the
     weights' ``evaluation`` and the digests of every file of ``folder``, written last."""
     if card is not None:  # before the digests: export.json vouches for the card as for the weights
-        (folder / CARD_FILE).write_text(card.render(evaluation))
+        (folder / CARD_FILE).write_text(card.render(evaluation, adapter=_adapter_config(folder)))
     record = {**asdict(evaluation), "files": integrity.digests(folder)}
     (folder / contract.EXPORT_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _adapter_config(folder: Path) -> Optional[Dict[str, Any]]:
+    """The config of the LoRA adapter saved in ``folder`` (nli.model.lora.save_merged), for the card; None
+    without LoRA."""
+    written = folder / lora.ADAPTER_DIR / lora.ADAPTER_CONFIG
+    return json.loads(written.read_text()) if written.exists() else None
 
 
 _RUST_IO_ERROR = re.compile(r"\(os error (\d+)\)$")

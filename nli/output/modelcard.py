@@ -46,10 +46,14 @@ class Card:
     # Where the run went on from a checkpoint with new values (train.accept_changes): results.json's `continued`.
     continued: Sequence[Mapping[str, Any]] = ()
 
-    def render(self, evaluation: Evaluation) -> str:
-        """The card of the weights that scored ``evaluation``, as ``README.md`` holds it."""
+    def render(self, evaluation: Evaluation, adapter: Optional[Mapping[str, Any]] = None) -> str:
+        """The card of the weights that scored ``evaluation``, as ``README.md`` holds it; ``adapter``: the config
+        of the LoRA adapter merged into them, as peft wrote it beside them (``adapter/adapter_config.json``)."""
         data = card_data(self.config, evaluation)
-        sections = [self._summary(evaluation), self._warnings(evaluation), _metrics_table(evaluation),
+        if adapter is not None:
+            data.tags = [*(data.tags or []), "lora"]
+        summary = self._summary(evaluation) + (f" {_lora(adapter)}" if adapter is not None else "")
+        sections = [summary, self._warnings(evaluation), _metrics_table(evaluation),
                     self._hyperparameters(), self._framework(), self._reproduce()]
         body = "\n\n".join(section for section in sections if section)
         return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}\n"))
@@ -115,6 +119,17 @@ class Card:
         code = f"the code of commit `{commit}`" if commit else "the installed nli-glue " + str(
             (self.provenance.get("versions") or {}).get("nli-glue") or "")
         return (f"## Reproduce\n\nWith {code}:{note}\n\n```bash\n" + "\n".join(lines) + "\n```")
+
+
+def _lora(adapter: Mapping[str, Any]) -> str:
+    """What LoRA trained, as the adapter's config records it: model.peft.target_modules=null names no module, and
+    the family's default it stands for is what a reader needs (nli.model.lora.DEFAULT_TARGETS)."""
+    targets = adapter.get("target_modules")
+    named = ", ".join(f"`{name}`" for name in (sorted(targets) if isinstance(targets, list) else [targets]))
+    return (f"Trained with LoRA (Hu et al. 2021) through peft: rank {adapter.get('r')}, alpha "
+            f"{adapter.get('lora_alpha')}, dropout {adapter.get('lora_dropout')}, on the modules {named}; the "
+            "classification head trained in full and every other weight frozen. The adapters are merged into these "
+            "weights, which load without peft; the adapter itself is in `adapter/`.")
 
 
 def card_data(config: Mapping[str, Any], evaluation: Evaluation) -> ModelCardData:

@@ -290,6 +290,23 @@ def test_a_lora_run_logs_and_records_what_trains_and_checkpoints_only_that(lora_
     assert (lora_run / "checkpoints" / newest / "state.pt").stat().st_size < 0.25 * weights
 
 
+def test_the_card_says_what_lora_trained_as_the_adapter_records_it(lora_run: Path) -> None:
+    """The card said nothing of LoRA but its hyperparameters' model.peft, whose target_modules=null names no module:
+    a reader of the Hub's card took the model for one fine-tuned in full. It says LoRA trained, with the rank, alpha
+    and the modules the family's default stands for (RoBERTa's query and value), as the adapter's config records."""
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(lora_run / "model" / "README.md")
+    adapter = json.loads((lora_run / "model" / "adapter" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"], sorted(adapter["target_modules"])) == (8, 8, ["query", "value"])
+    assert ("Trained with LoRA (Hu et al. 2021) through peft: rank 8, alpha 8, dropout 0.0, on the modules `query`, "
+            "`value`; the classification head trained in full and every other weight frozen.") in card.text
+    assert "lora" in card.data.tags
+    record = json.loads((lora_run / "model" / "export.json").read_text())
+    assert hashlib.sha256((lora_run / "model" / "README.md").read_bytes()).hexdigest() == \
+        record["files"]["README.md"]["sha256"]  # export.json vouches for the card as written
+
+
 @pytest.mark.process
 def test_the_lora_export_is_merged_and_loads_and_predicts_without_peft(lora_run: Path) -> None:
     """model/ loads with transformers alone (peft made unimportable), and its final evaluation (the merged
