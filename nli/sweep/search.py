@@ -61,6 +61,7 @@ from nli.config.identity import EXCLUDED
 from nli.config.schema import job_refusal
 from nli.contract import MULTIRUN_RECORD
 from nli.errors import ConfigError
+from nli.io.storage import Storage
 from nli.sweep import table
 from nli.sweep.pruning import Watch, ended_pruned, run_folder
 from nli.sweep.slots import Launched, Slots
@@ -455,6 +456,30 @@ def record(config: DictConfig) -> None:
     OmegaConf.save(config, sweep_dir / MULTIRUN_RECORD)
 
 
+def _holds_a_run(folder: str) -> bool:
+    """Whether a run has written into ``folder`` (local, or in a bucket)."""
+    return bool(Storage(folder, key="the trial's folder").list(""))
+
+
+def _free_job(trial: optuna.Trial, folder_of: Callable[[int], str]) -> int:
+    """A new trial's job number: its number in the study, or past it where that folder holds a run another study
+    left in the sweep's folder (a study file moved aside, a study in memory run again, one Optuna named anew):
+    there the trial would fail on that run's settings, or, drawn the same values, take its results for its own.
+    Recorded on the trial (``job``), for a command that resumes it to find its folder. A folder the number does not
+    name (one output_dir for every trial) is left to the run's own check."""
+    taken = {job_number(each) for each in trial.study.get_trials(deepcopy=False) if each.number != trial.number}
+    num = trial.number
+    if folder_of(num) == folder_of(num + 1):
+        return num
+    while num in taken or _holds_a_run(folder_of(num)):
+        num += 1
+    if num != trial.number:
+        log.info("trial %d: %s holds a run of another study (or another trial of this study is job %d): the trial is "
+                 "job %d", trial.number, folder_of(trial.number), trial.number, num)
+        _patient(lambda: trial.set_user_attr(JOB, num), f"recording trial {trial.number}'s job number")
+    return num
+
+
 class OptunaSearch:
     """Asks the study for trials, runs them through the launcher, up to ``n_jobs`` at a time and the next as soon
     as one ends (nli.sweep.slots), has the pruner judge them as they train (nli.sweep.pruning), and tells the
@@ -560,7 +585,7 @@ class OptunaSearch:
         folder that never existed. (Ctrl-C leaves it RUNNING, as it leaves the trials in flight.)"""
         try:
             trial = study.ask(space)
-            return self._job(trial, fixed, job_number(trial))
+            return self._job(trial, fixed)
         except Exception:
             for running in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 if running.number not in jobs:  # this command's trials in flight are in jobs; earlier ones were told
@@ -581,8 +606,9 @@ class OptunaSearch:
                      len(untried))
         return min(n_trials, len(untried))
 
-    def _job(self, trial: optuna.Trial, fixed: Dict[str, str], num: int) -> Launched:
-        """The trial's job: its overrides, and the folder it writes (where the pruner reads its evaluations)."""
+    def _job(self, trial: optuna.Trial, fixed: Dict[str, str]) -> Launched:
+        """The trial's job: its number, its overrides, and the folder it writes (where the pruner reads its
+        evaluations)."""
         assert self.config is not None and self.hydra_context is not None
         overrides = [*(f"{key}={value}" for key, value in trial.params.items()),
                      *(f"{key}={value}" for key, value in fixed.items())]
@@ -593,7 +619,12 @@ class OptunaSearch:
             raise ConfigError(f"trial {trial.number}: {what}: give that key a range of values its type takes (an "
                               "integer key: choice() or range())") from None
         own = getattr(self.launcher, "run_folder", None)  # the Vertex launcher's: the job's folder in the bucket
-        folder = own(overrides, num) if own else run_folder(self.config, config, num)
+        folder_of: Callable[[int], str] = ((lambda n: own(overrides, n)) if own else
+                                           (lambda n: run_folder(cast(DictConfig, self.config), config, n)))
+        num = job_number(trial)
+        if JOB not in trial.user_attrs and "resumes" not in trial.user_attrs:  # not resuming a stopped trial
+            num = _free_job(trial, folder_of)
+        folder = folder_of(num)
         log.info("trial %d is job %d: %s", trial.number, num, " ".join(overrides))
         job = Launched(trial, num, overrides, folder)
         refused = job_refusal(config)
