@@ -436,6 +436,9 @@ def _first_ragged_row(path: Path, said: str) -> Optional[Tuple[int, str]]:
         for row in reader:
             if width is None:
                 width = len(row)
+                other = _other_separator(path, row)  # a row's text with our separator, not the cause, would be blamed
+                if other:
+                    return 1, f"the header reads as one column, {row[0]!r}. {other}"
             elif len(row) > width:
                 cause = _ragged_cause(tsv, line, reader.line_num)
                 return line, f"{len(row)} fields where the header has {width}; {cause}"
@@ -494,8 +497,9 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
                if column not in ds.column_names and (field != "label" or labelled)]
     if missing:
         named = ", ".join(f"{wanted[field]} (for {field})" for field in missing)
-        raise DataError(f"{path} has no column {named}; its columns are {ds.column_names}. "
-                        f"Map them with data.columns, e.g. +data.columns.{missing[0]}=<column>")
+        raise DataError(f"{path} has no column {named}; its columns are {ds.column_names}. " +
+                        (_other_separator(path, ds.column_names) or
+                         f"Map them with data.columns, e.g. +data.columns.{missing[0]}=<column>"))
     lookup = label_lookup(task)
     has_labels = wanted["label"] in ds.column_names
     # A file that keeps its labels' names beside their ids (a Parquet file saved by `datasets`, its ClassLabel):
@@ -529,6 +533,25 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
 
     return ds.map(convert, with_indices=True, remove_columns=ds.column_names,
                   features=_features(task, text_ids=as_text), desc=f"read {path.name}")
+
+
+# The characters a CSV or TSV may have been written with instead of its own separator, as the messages name them.
+_SEPARATORS = {",": "commas", "\t": "tabs", ";": "semicolons", "|": "pipes"}
+_OWN_SEPARATOR = {".csv": ",", ".tsv": "\t"}
+
+
+def _other_separator(path: Path, columns: List[str]) -> Optional[str]:
+    """The fix for a CSV or TSV whose header read as one column, its fields separated by another character (Excel
+    writes semicolons where a comma is the decimal mark): the message said to map the columns with data.columns,
+    and there was one to map."""
+    own = _OWN_SEPARATOR.get(path.suffix)
+    found = next((sep for sep in _SEPARATORS if sep != own and sep in columns[0]), None) if len(columns) == 1 else None
+    if own is None or found is None:
+        return None
+    other = next((suffix for suffix, sep in _OWN_SEPARATOR.items() if sep == found), None)
+    fix = f"name it {other}" if other else "save it with commas as a .csv, or with tabs as a .tsv"
+    return f"Its fields are separated by {_SEPARATORS[found]}, where a {path.suffix} file's are by " \
+        f"{_SEPARATORS[own]}: {fix}"
 
 
 def _named(value: Any, names: Optional[List[str]]) -> Any:

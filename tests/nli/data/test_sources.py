@@ -208,6 +208,29 @@ def test_own_files_errors(tmp_path: Path, datasets_cache: Path) -> None:
         load(["task=rte", *mapped, f"data.files.train={tmp_path}/nowhere.csv"])
 
 
+@pytest.mark.parametrize("name, sep, fix", [
+    ("dev.csv", ";", "Its fields are separated by semicolons, where a .csv file's are by commas: save it with "
+                     "commas as a .csv, or with tabs as a .tsv"),
+    ("dev.csv", "\t", "Its fields are separated by tabs, where a .csv file's are by commas: name it .tsv"),
+    ("dev.tsv", ",", "Its fields are separated by commas, where a .tsv file's are by tabs: name it .csv")],
+    ids=["semicolons", "tabs in a csv", "commas in a tsv"])
+def test_a_file_of_another_separator_says_so(tmp_path: Path, datasets_cache: Path, name: str, sep: str,
+                                             fix: str) -> None:
+    """Excel writes a CSV with semicolons where a comma is the decimal mark; a TSV named .csv, a CSV named .tsv: the
+    header read as one column, and the message said to map the columns with data.columns, which there were none of."""
+    files = custom_files(tmp_path, ".csv")
+    pd.read_csv(files["validation"]).to_csv(tmp_path / name, index=False, sep=sep)
+    message = load_error(["task=rte", f"+data.files.train={files['train']}",
+                          f"+data.files.validation={tmp_path / name}", "+data.columns.sentence1=text_a",
+                          "+data.columns.sentence2=text_b", "+data.columns.label=gold"])
+    header = f"index{sep}text_a{sep}text_b{sep}gold"
+    if name.endswith(".csv"):  # the header one column, and a row's text with a comma more fields: pandas' error
+        assert message == f"{tmp_path / name}, line 1: the header reads as one column, {header!r}. {fix}"
+    else:  # no tab anywhere: every line one column, read
+        assert message == (f"{tmp_path / name} has no column text_a (for sentence1), text_b (for sentence2), gold (for "
+                           f"label); its columns are [{header!r}]. {fix}")
+
+
 def test_a_tsv_of_your_own_reads_quotes_as_text_as_glue_files_do(tmp_path: Path, datasets_cache: Path) -> None:
     """A field that opens a quote is text; with quoting on, it swallowed the rows up to the next quote."""
     rows = [["sentence1", "sentence2", "label"], *([f"premise {n}", f"hypothesis {n}", "entailment"]
