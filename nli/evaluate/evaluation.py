@@ -7,11 +7,12 @@ in rank order, are the split in its own order, so every rank gets the metrics on
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import datasets
 import numpy as np
@@ -89,13 +90,18 @@ def predict(model: torch.nn.Module, loader: DataLoader, task: TaskConfig, comput
     outputs: List[torch.Tensor] = []
     labels: List[torch.Tensor] = []
     idx: List[Any] = []
+    # A regression's prediction is the model's output itself, not an argmax of it: under bf16 autocast it would be
+    # rounded to 8 significant bits (steps of 1/32 between 4 and 5 on STS-B's scale), tying pairs the model tells
+    # apart in its correlations and writing those steps to the predictions and the submission. Computed in fp32,
+    # as the exported model computes it under from_pretrained and pipeline.
+    precision: Callable[[], ContextManager[Any]] = contextlib.nullcontext if task.is_regression else compute.autocast
     for batch in loader:
         labels.append(batch.pop("labels"))
         if "idx" in batch:  # a tensor of numbers, or a list of text ids (data.TextIds)
             ids = batch.pop("idx")
             idx.extend(ids.tolist() if isinstance(ids, torch.Tensor) else ids)
         batch = {k: v.to(compute.device, non_blocking=True) for k, v in batch.items()}
-        with compute.autocast():
+        with precision():
             logits = model(**batch).logits  # (batch, num_labels)
         outputs.append(logits.float())  # exact: argmax of these is that of the autocast dtype's logits
         compute.sync()  # XLA: one graph per batch shape, not one for the whole split

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import json
 import os
 import random
 from pathlib import Path
@@ -214,6 +215,30 @@ def test_grouped_evaluation_scores_and_submits_what_the_splits_order_does(tmp_pa
     # Written with 3 decimals: a last digit may round the other way.
     assert all(abs(files[0][key] - files[1][key]) <= 1.001e-3 for key in files[0])
     assert len(set(files[0].values())) > 10  # scores that tell the rows apart: a reordering would show
+
+
+def test_a_regressions_scores_under_bf16_are_the_models_own_not_rounded_to_bf16(tmp_path: Path) -> None:
+    """Under bf16 autocast a regressor's score was its head's bf16 output: 8 significant bits, steps of 1/64 between
+    2 and 4 on STS-B's scale, written so to the predictions and the submission file (every test pair 2.875 for a
+    model whose fp32 scores differ in the 4th decimal) and correlated so, tied pairs and all. A score is the model's
+    output itself, not an argmax of it: it is computed in fp32, what the exported model gives under from_pretrained
+    and pipeline, whatever the run's precision."""
+    glue = stsb_varied(tmp_path / "glue_data")
+    model = random_stsb_model(tmp_path / "model", glue)
+    scores, results = {}, {}
+    for precision in ("bf16", "fp32"):
+        out = tmp_path / f"eval-{precision}"
+        proc = run_app([*EVAL, "task=stsb", f"model.name_or_path={model}", f"data.dir={glue}", "data.max_seq_length=64",
+                        "hw=cpu", f"precision={precision}", "train.predict=true", f"hydra.run.dir={out}"], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"precision {precision}" in proc.stdout + proc.stderr  # the run computed in it, as asked
+        rows = [json.loads(line) for line in (out / "eval_predictions" / "validation.jsonl").read_text().splitlines()]
+        scores[precision], results[precision] = np.array([row["prediction"] for row in rows]), read_results(out)
+        assert submitted(out / "predictions" / "STS-B.tsv") == pytest.approx(
+            submitted(tmp_path / "eval-bf16" / "predictions" / "STS-B.tsv"), abs=1.001e-3)
+    assert len(set(scores["fp32"])) > 30 and np.abs(scores["bf16"] - scores["fp32"]).max() < 1e-5
+    for key in ("pearson", "spearmanr", "loss"):
+        assert results["bf16"][key] == pytest.approx(results["fp32"][key], abs=1e-6)
 
 
 def test_a_regressor_that_gives_every_pair_one_score_has_undefined_correlations_said_once(tmp_path: Path) -> None:
