@@ -40,6 +40,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -450,11 +451,13 @@ class SweepResults(Callback):
                       "line to that file, then python -m nli.report %s makes the report with it:\n%s", row["job"],
                       sweep_dir / RESULTS_JSONL, type(err).__name__, err, sweep_dir, json.dumps(row))
             self.unrecorded.append(row)  # the sweep ends non-zero where it ran in the sweep's process
-        if _said_by_the_table(config, job_return):
-            # Hydra's basic sweeper raises a failed job's error once the job's batch has run: printed under "Error
-            # executing job with overrides" and its HYDRA_FULL_ERROR advice (a stack trace of nothing), the error
-            # the closing list gives in its line, and a batch after it never ran. Its row says FAILED; the sweeper
-            # is told the job returned NaN, and the sweep ends non-zero from its table (on_multirun_end).
+        if _failed_in_a_list_sweep(config, job_return):
+            # Hydra's basic sweeper raises a failed job's error once the job's batch has run: a user's error printed
+            # under "Error executing job with overrides" and its HYDRA_FULL_ERROR advice (a stack trace of nothing),
+            # the error the closing list gives in its line; and a batch after it never ran. Its row says FAILED; a
+            # crash's traceback is printed now; the sweeper is told the job returned NaN, and the sweep ends
+            # non-zero from its table (on_multirun_end).
+            _show_crash(row, job_return._return_value)
             job_return.status, job_return.return_value = JobStatus.COMPLETED, math.nan
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -746,11 +749,18 @@ def _plain(value: Any) -> Any:
 BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__qualname__}"
 
 
-def _said_by_the_table(config: DictConfig, job_return: JobReturn) -> bool:
-    """Whether ``job_return`` is a job of Hydra's basic sweeper stopped by a user's error (JobFailed: one line,
-    no traceback), which the sweep's closing list says in full. A crash's traceback is still Hydra's to print."""
-    return (job_return.status is JobStatus.FAILED and isinstance(job_return._return_value, JobFailed)
-            and OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER)
+def _failed_in_a_list_sweep(config: DictConfig, job_return: JobReturn) -> bool:
+    """Whether ``job_return`` is a failed job of Hydra's basic sweeper: a user's error (JobFailed: one line, which
+    the sweep's closing list gives in full) or a crash (:func:`_show_crash`)."""
+    return job_return.status is JobStatus.FAILED and OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER
+
+
+def _show_crash(row: Mapping[str, Any], error: BaseException) -> None:
+    """A crashed job's traceback on stderr, where Hydra printed it (its train.log ends with it too: nli.cli); a
+    user's error is the closing list's line alone."""
+    if not isinstance(error, JobFailed):
+        shown = "".join(traceback.format_exception(error)).rstrip()
+        print(f"job #{row['job']} {' '.join(row['overrides'])} crashed:\n{shown}", file=sys.stderr, flush=True)
 
 
 def hydra_job_row(config: DictConfig, job_return: JobReturn, stamp: Mapping[str, Any]) -> Dict[str, Any]:

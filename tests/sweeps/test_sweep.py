@@ -578,6 +578,33 @@ def test_a_failed_job_of_a_list_sweep_is_said_once_and_the_batches_after_it_run(
     assert said.count(blocked_error(tmp_path)) == 1, said  # the closing list's line (and the job's train.log)
 
 
+def test_a_crashed_job_of_a_list_sweep_shows_its_traceback_once_and_the_batches_after_it_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A defect's exception in one job (not a user's error) was raised by Hydra's basic sweeper once the job's batch
+    had run: under hydra.sweeper.max_batch_size the batches after it never ran, though the docs say the other jobs
+    still run. Its traceback is printed once as the job ends, the other jobs run, and the sweep ends with 1."""
+    from nli import recipe
+
+    trains = recipe.run
+
+    def crash_seed_1(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        if cfg.seed == 1:
+            raise RuntimeError("a defect in the training code")
+        return trains(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(recipe, "run", crash_seed_1)
+    sweep_dir = tmp_path / "sweep"
+    proc = run_app(["-m", *FAST, "hydra.sweeper.max_batch_size=1", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"],
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert [row["state"] for row in rows_by_job(sweep_dir).values()] == ["FAILED", "COMPLETED"]
+    assert proc.stderr.count("Traceback (most recent call last):") == 1, proc.stderr
+    crashed = proc.stderr[re.search(r"job #0 experiment=quickstart .*seed=1 crashed:\nTraceback", proc.stderr).start():]
+    assert "RuntimeError: a defect in the training code\n" in crashed and "HYDRA_FULL_ERROR" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: 1 of the sweep's jobs failed: "), proc.stderr
+    assert "#0 " in proc.stdout[proc.stdout.index("1 of the sweep's jobs failed (the others ran):"):]
+
+
 def test_a_sweep_whose_every_job_failed_does_not_say_the_others_ran(tmp_path: Path) -> None:
     """Its closing list said '2 of the sweep's jobs failed (the others ran)', of a sweep of two jobs, and that their
     folders held results.json and model/, of folders that hold a train.log alone."""
