@@ -11,7 +11,8 @@ The study is ``hydra.sweeper.storage`` (SQLite: ``sqlite:///<sweep dir>/optuna.d
 machines share, ``journal:<file>``), so the same command again continues it, its sampler seeing every earlier
 trial: ``hydra.sweeper.n_trials`` is the trials each command runs (a continued study gains as many), and a
 trial an earlier command left unfinished runs again first, resuming its folder. One command at a time
-works on a study: a second would take the first's running trials for stopped ones.
+works on a study (a second would take the first's running trials for stopped ones): a study kept in a file is
+claimed while a search runs (:func:`claim_study`).
 
 Trials run through the configured launcher, up to ``n_jobs`` at once and the next as soon as one ends
 (nli.sweep.slots); ``hydra/sweeper/pruner`` stops those the study gives up while they train
@@ -27,6 +28,7 @@ Light on purpose (no torch): the sweep's own process runs it, before any job.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -60,7 +62,8 @@ from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from nli.config.identity import EXCLUDED
 from nli.config.schema import job_refusal
 from nli.contract import MULTIRUN_RECORD
-from nli.errors import ConfigError
+from nli.errors import ConfigError, StorageError
+from nli.io.claim import Claim, ClaimedError, Use
 from nli.io.storage import Storage
 from nli.sweep import table
 from nli.sweep.pruning import Watch, ended_pruned, run_folder
@@ -348,6 +351,43 @@ def open_study(settings: Settings, sampler: optuna.samplers.BaseSampler, pruner:
     return study
 
 
+def study_file(storage: Optional[str]) -> Optional[Path]:
+    """The file that holds the study: SQLite's database or Optuna's journal; None for a study in memory or on a
+    database server."""
+    if storage is None:
+        return None
+    if storage.startswith(JOURNAL):
+        return Path(storage[len(JOURNAL):])
+    try:
+        url = make_url(storage)
+    except ArgumentError:  # open_study refuses it first
+        return None
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database)
+
+
+def claim_study(settings: Settings, study_name: str) -> Optional[Claim]:
+    """One command at a time on a study kept in a file: a claim beside the file, by study (the one a sweep takes
+    of its folder, nli.io.claim), held while the search runs. A second command on the study, from another sweep
+    folder, would take the first one's running trials for stopped ones: fail them in the study (the first then
+    fails as it tells their end), and run them again in its own folder. A claim its command left behind (killed
+    outright) is taken over as a sweep's is."""
+    path = study_file(settings.storage)
+    if path is None:
+        return None
+    use = Use("search", f".{path.name}.{re.sub(r'[^A-Za-z0-9_.-]', '_', study_name)}.claim.json",
+              "give this search another hydra.sweeper.study_name or hydra.sweeper.storage")
+    where = f"hydra.sweeper.storage={settings.storage}"
+    try:
+        return Claim.take(Storage(str(path.parent.absolute()), key="hydra.sweeper.storage"), use=use)
+    except ClaimedError as error:
+        holder = str(error).partition(f"in use by another {use.holder}: ")[2] or str(error)
+        raise ConfigError(f"{where}: the study {study_name} is in use by another search: {holder}") from None
+    except StorageError as error:
+        raise ConfigError(f"{where}: the study {study_name} cannot be claimed for this search: {error}") from None
+
+
 # The packages that give SQLAlchemy a database's driver, by the module it imports, where their names differ.
 DRIVERS = {"psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient", "pymysql": "PyMySQL"}
 
@@ -519,13 +559,17 @@ class OptunaSearch:
         sampler, n_trials = self._sampler(space)
         where = f"hydra.sweeper.storage={self.settings.storage}"
         study = open_study(self.settings, sampler, self.pruner)
-        check_space(study, space, where)
-        check_fixed(study, fixed, where)
-        record(self.config)
-        try:
-            self._search(study, sampler, space, fixed, n_trials)
-        except StudyLocked as error:  # a trial left RUNNING: the next command takes it up, from its folder
-            raise ConfigError(f"{where}: {error}") from None
+        with contextlib.ExitStack() as held:
+            claim = claim_study(self.settings, study.study_name)
+            if claim is not None:
+                held.enter_context(claim)
+            check_space(study, space, where)
+            check_fixed(study, fixed, where)
+            record(self.config)
+            try:
+                self._search(study, sampler, space, fixed, n_trials)
+            except StudyLocked as error:  # a trial left RUNNING: the next command takes it up, from its folder
+                raise ConfigError(f"{where}: {error}") from None
 
     def _search(self, study: optuna.Study, sampler: optuna.samplers.BaseSampler, space: Space,
                 fixed: Dict[str, str], n_trials: int) -> None:
