@@ -53,7 +53,7 @@ class Card:
         if adapter is not None:
             data.tags = [*(data.tags or []), "lora"]
         summary = self._summary(evaluation) + (f" {_lora(adapter)}" if adapter is not None else "")
-        sections = [summary, self._warnings(evaluation), _metrics_table(evaluation),
+        sections = [summary, self._warnings(evaluation), _metrics_table(evaluation), _use(self.config),
                     self._hyperparameters(), self._framework(), self._reproduce()]
         body = "\n\n".join(section for section in sections if section)
         return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}\n"))
@@ -119,6 +119,23 @@ class Card:
         code = f"the code of commit `{commit}`" if commit else "the installed nli-glue " + str(
             (self.provenance.get("versions") or {}).get("nli-glue") or "")
         return (f"## Reproduce\n\nWith {code}:{note}\n\n```bash\n" + "\n".join(lines) + "\n```")
+
+
+def _use(config: Mapping[str, Any]) -> str:
+    """How to predict as the evaluation did: its examples were cut to data.max_seq_length tokens, which pipeline does
+    only when asked (a longer pair is otherwise scored whole, or refused past the model's positions)."""
+    task, length = _task(config), (config.get("data") or {}).get("max_seq_length")
+    if not length:
+        return ""
+    fields = [str(field) for field in task.get("text_fields") or ["text"]]
+    given = f'{{"text": {fields[0]}, "text_pair": {fields[1]}}}' if len(fields) > 1 else fields[0]
+    extra = ", top_k=None" if task.get("label_names") else ""  # every label's probability; a regression: its score
+    return ("## Use\n\n```python\nfrom transformers import pipeline\n\n"
+            'predict = pipeline("text-classification", model="path/to/this/model")\n'
+            f"predict({given}, truncation=True, max_length={length}{extra})\n```\n\n"
+            f"The evaluation above scored each example cut to {length} tokens (data.max_seq_length), as "
+            f"`truncation=True, max_length={length}` cuts it; without them pipeline scores a longer example whole, "
+            "or fails past the model's positions.")
 
 
 def _lora(adapter: Mapping[str, Any]) -> str:

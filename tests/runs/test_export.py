@@ -353,3 +353,27 @@ def test_undefined_correlations_are_no_score_in_the_cards_model_index(tmp_path: 
     assert not card.data.eval_results and "model-index" not in card.data.to_dict()
     assert card.data.datasets == ["nyu-mll/glue"] and card.data.metrics == ["pearson", "spearmanr", "combined_score"]
     assert "| pearson | nan |" in card.text and "the correlations with it are undefined (NaN)" in card.text
+
+
+def test_the_cards_use_predicts_what_the_runs_evaluation_predicted(tmp_path: Path) -> None:
+    """RTE's premises run past data.max_seq_length=64 tokens, which the run's evaluation cut them to: pipeline on the
+    exported model, as a card without a word of it left users to call it, scored them whole (other probabilities) or
+    failed past the model's positions. The card's call, run as it says, gives each dev example's probabilities as
+    eval_predictions/ has them."""
+    from transformers import pipeline
+
+    out = tmp_path / "run"
+    proc = run_app(["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "data.max_seq_length=64", "train.batch_size=16",
+                    "data.max_train_samples=64", "data.max_eval_samples=16", "train.max_steps=2", "precision=fp32",
+                    "train.progress_bar=false", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = ModelCard.load(out / "model" / "README.md").text
+    call = 'predict({"text": sentence1, "text_pair": sentence2}, truncation=True, max_length=64, top_k=None)'
+    assert 'pipeline("text-classification", model="path/to/this/model")' in text and call in text
+    predict = pipeline("text-classification", model=str(out / "model"))
+    rows = [json.loads(line) for line in (out / "eval_predictions" / "validation.jsonl").read_text().splitlines()]
+    for row in rows:  # the card's call, as it reads
+        scored = predict({"text": row["sentence1"], "text_pair": row["sentence2"]}, truncation=True, max_length=64,
+                         top_k=None)
+        assert {each["label"]: each["score"] for each in scored} == pytest.approx(
+            {label: row[f"probability_{label}"] for label in ("entailment", "not_entailment")}, abs=1e-5)
