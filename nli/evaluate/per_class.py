@@ -66,6 +66,22 @@ def one_class(analysis: SplitAnalysis) -> Optional[str]:
             "not give. Train longer or at another learning rate, or start from a pretrained model")
 
 
+def absent(analysis: SplitAnalysis) -> Optional[str]:
+    """A warning where some of the task's labels have no gold example in the split (a few examples kept by
+    data.max_eval_samples, a file of your own): their recall and F1 are 0 in per_class, scikit-learn's word for 0 of
+    0, which reads as a model that never finds them."""
+    missing = [label for label, row in zip(analysis.labels, analysis.matrix) if not sum(row)]
+    total = sum(map(sum, analysis.matrix))
+    if not missing or not total:
+        return None
+    which, named = ("that label's" if len(missing) == 1 else "those labels'"), " or ".join(missing)
+    none = (f"its one example is not labelled {named}" if total == 1 else
+            f"none of its {total} examples is labelled {named}")
+    return (f"{analysis.split}: {none}, so {which} recall and "
+            "F1 (0 in results.json's per_class) say nothing of the model: evaluate on more of the split "
+            "(data.max_eval_samples) or on examples of every label")
+
+
 def non_finite(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Dict[str, str]:
     """A warning for each split (by its key) where the model's outputs are NaN or infinite for some examples: their
     predictions are the argmax of NaN, and every figure that counts them says nothing of the model. A run whose
@@ -107,11 +123,13 @@ def _examples(count: int) -> str:
 
 
 def warnings_of(evaluated: Sequence[Tuple[Evaluator, Evaluation]], analyses: Sequence[SplitAnalysis]) -> List[str]:
-    """Every warning the predictions call for (``analyses``: theirs, :func:`analyse`): NaN outputs, one class, one
-    score. A split whose outputs are NaN predicts one class for that reason alone: its warning is the NaN's."""
+    """Every warning the predictions call for (``analyses``: theirs, :func:`analyse`): NaN outputs, one class, a
+    label without gold examples, one score. A split whose outputs are NaN predicts one class for that reason alone:
+    its warning is the NaN's."""
     diverged = non_finite(evaluated)
     one = [one_class(each) for each in analyses if each.split not in diverged]
-    return [warning for warning in [*diverged.values(), *one, *one_score(evaluated).values()] if warning]
+    missing = [absent(each) for each in analyses]
+    return [warning for warning in [*diverged.values(), *one, *missing, *one_score(evaluated).values()] if warning]
 
 
 def _splits(evaluated: Sequence[Tuple[Evaluator, Evaluation]]) -> Iterator[Tuple[Evaluator, str, Predictions]]:

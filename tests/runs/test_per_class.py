@@ -200,3 +200,33 @@ def test_a_model_that_predicts_several_classes_gets_no_such_warning() -> None:
     alone = per_class.SplitAnalysis(split="validation", labels=["a", "b", "c"], per_class={},
                                     matrix=[[0, 5, 0], [0, 0, 0], [0, 0, 0]])  # one gold class: nothing to tell apart
     assert per_class.one_class(alone) is None
+
+
+def test_a_label_without_gold_examples_in_the_evaluated_slice_is_said_so(tmp_path: Path) -> None:
+    """RTE's first three dev pairs are all not_entailment: on them entailment's recall and F1 are 0 of 0, which
+    per_class gives as 0, a model that never finds entailment to a reader of results.json, the report or the card. The
+    run says the split has no example of the label, in its log, results.json's warnings and the card."""
+    out = tmp_path / "rte"
+    proc = run_app(["task=rte", f"data.dir={GLUE_DATA}", "model=tiny", "data.max_seq_length=64",
+                    "data.max_train_samples=32", "data.max_eval_samples=3", "train.max_steps=2",
+                    "train.progress_bar=false", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = read_results(out)
+    assert results["per_class"]["validation"]["entailment"]["support"] == 0
+    assert results["per_class"]["validation"]["entailment"]["recall"] == 0.0
+    said = ("validation: none of its 3 examples is labelled entailment, so that label's recall and F1 (0 in "
+            "results.json's per_class) say nothing of the model: evaluate on more of the split (data.max_eval_samples) "
+            "or on examples of every label")
+    assert said in results["warnings"] and f"[WARNING] - {said}\n" in proc.stdout
+    assert f"- {said}\n" in ModelCard.load(out / "model" / "README.md").text
+
+
+def test_every_label_with_gold_examples_gets_no_such_warning() -> None:
+    whole = per_class.SplitAnalysis(split="validation", labels=["a", "b", "c"], per_class={},
+                                    matrix=[[3, 0, 1], [0, 0, 2], [1, 1, 1]])
+    assert per_class.absent(whole) is None
+    one = per_class.SplitAnalysis(split="hans/validation", labels=["a", "b", "c"], per_class={},
+                                  matrix=[[0, 0, 0], [0, 0, 1], [0, 0, 0]])
+    assert per_class.absent(one) == ("hans/validation: its one example is not labelled a or c, so those labels' "
+                                     "recall and F1 (0 in results.json's per_class) say nothing of the model: evaluate "
+                                     "on more of the split (data.max_eval_samples) or on examples of every label")
