@@ -23,12 +23,14 @@ import math
 import os
 import shutil
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import datasets
 from datasets.exceptions import DatasetGenerationError
+from pandas.errors import ParserWarning
 
 from nli.config.schema import DIAGNOSTIC_SPLIT, DataConfig, GlueFilesConfig, TaskConfig
 from nli.data import synthetic
@@ -50,10 +52,13 @@ ID_COLUMNS = ("idx", "index", "id")
 # `datasets` builders for the formats data.files accepts, and their reading options. A CSV's or TSV's every column is
 # read as the text it holds (_as_text), not as pandas guesses its type.
 FILE_FORMATS: Dict[str, tuple[str, Dict[str, Any]]] = {
-    ".csv": ("csv", {"keep_default_na": False}),  # "NA" and "null" are text, not missing values
+    # "NA" and "null" are text, not missing values. index_col=False: where each row had a field more than the header
+    # (a comma at each line's end, an id after the label), pandas made the first column the index, and read every
+    # other field into the column before its own: the second text as the first, the id as the label.
+    ".csv": ("csv", {"keep_default_na": False, "index_col": False}),
     # A quote is text, as in every GLUE file: with quoting on, a field that opens a quote swallowed the rows up to
     # the next one (100 rows read as 98, three merged into one example).
-    ".tsv": ("csv", {"sep": "\t", "keep_default_na": False, "quoting": csv.QUOTE_NONE}),
+    ".tsv": ("csv", {"sep": "\t", "keep_default_na": False, "quoting": csv.QUOTE_NONE, "index_col": False}),
     ".jsonl": ("json", {}),
     ".json": ("json", {}),
     ".parquet": ("parquet", {}),
@@ -439,7 +444,7 @@ def _first_ragged_row(path: Path, said: str) -> Optional[Tuple[int, str]]:
                 other = _other_separator(path, row)  # a row's text with our separator, not the cause, would be blamed
                 if other:
                     return 1, f"the header reads as one column, {row[0]!r}. {other}"
-            elif len(row) > width:
+            elif len(row) > width and any(field.strip() for field in row[width:]):  # an empty one shifts nothing
                 cause = _ragged_cause(tsv, line, reader.line_num)
                 return line, f"{len(row)} fields where the header has {width}; {cause}"
             start, line = line, reader.line_num + 1
@@ -639,8 +644,12 @@ def _read_file(path: Path) -> datasets.Dataset:
     builder = datasets.load_dataset_builder(builder_name, name=f"{stat.st_size}-{stat.st_mtime_ns}",
                                             data_files=str(path.resolve()), **options)
     try:
-        with _quiet_builders():
+        with _quiet_builders(), _parser_warnings() as said:
             builder.download_and_prepare()
+        # pandas leaves out the fields past the header's of a first row that has more, with a warning alone
+        bad = _first_ragged_row(path, "") if said else None
+        if bad is not None:
+            raise DataError(f"{path}, line {bad[0]}: {bad[1]}")
         split = (builder.info.splits or {}).get("train")
         if split is None or not split.num_examples:
             raise DataError(_no_examples(path, _EMPTY_AS[path.suffix]))
@@ -661,6 +670,23 @@ def _as_text(path: Path, options: Dict[str, Any]) -> Dict[int, Any]:
         header = next(csv.reader(f, delimiter=options.get("sep", ","),
                                  quoting=options.get("quoting", csv.QUOTE_MINIMAL)), [])
     return {column: str for column in range(len(header))}
+
+
+@contextmanager
+def _parser_warnings() -> Iterator[List[warnings.WarningMessage]]:
+    """pandas' ParserWarnings while a CSV or TSV is read, kept to look into; any other warning is given as ever."""
+    said: List[warnings.WarningMessage] = []
+    caught: List[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ParserWarning)
+            yield said
+    finally:
+        for each in caught:
+            if issubclass(each.category, ParserWarning):
+                said.append(each)
+            else:
+                warnings.warn_explicit(each.message, each.category, each.filename, each.lineno)
 
 
 @contextmanager

@@ -231,6 +231,39 @@ def test_a_file_of_another_separator_says_so(tmp_path: Path, datasets_cache: Pat
                            f"label); its columns are [{header!r}]. {fix}")
 
 
+@pytest.mark.parametrize("sep", [",", "\t"], ids=["csv", "tsv"])
+def test_rows_with_a_field_more_than_the_header_are_not_read_shifted(tmp_path: Path, datasets_cache: Path,
+                                                                     sep: str) -> None:
+    """Where every row had one field more than the header, pandas took the first column for the index and read each
+    field into the column before its own: a separator at each line's end left the label empty, and an id after the
+    label became the label, the second text the first. The first is read as it is meant; the second is refused."""
+    files = custom_files(tmp_path, ".csv")
+    frame = pd.read_csv(files["validation"])[["text_a", "text_b", "gold"]]
+    suffix = ".csv" if sep == "," else ".tsv"
+
+    def write(name: str, ends: Callable[[int], str]) -> Path:
+        """The dev rows, each line after the header ended by one more field: ``ends(row)``."""
+        path = tmp_path / f"{name}{suffix}"
+        if sep == ",":
+            frame.to_csv(path, index=False)
+        else:  # a quote is text in a tsv: written as it is
+            write_tsv(path, [list(frame.columns), *frame.values.tolist()])
+        header, *lines = path.read_text(encoding="utf-8").splitlines()
+        path.write_text("".join(f"{line}\n" for line in [header, *(f"{line}{sep}{ends(i)}" for i, line in
+                                                                   enumerate(lines))]), encoding="utf-8")
+        return path
+
+    own = ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold",
+           f"+data.files.train={files['train']}"]
+    trailing = load(["task=rte", *own, f"+data.files.validation={write('trailing', lambda i: '')}"])
+    expected = load(["task=rte", *own, f"+data.files.validation={files['validation']}"])
+    assert rows(trailing.eval["validation"], ["sentence1", "sentence2"]) == \
+        rows(expected.eval["validation"], ["sentence1", "sentence2"])
+    ids = write("ids", lambda i: str(i % 2))
+    message = load_error(["task=rte", *own, f"+data.files.validation={ids}"])
+    assert message.startswith(f"{ids}, line 2: 4 fields where the header has 3; "), message
+
+
 def test_a_tsv_of_your_own_reads_quotes_as_text_as_glue_files_do(tmp_path: Path, datasets_cache: Path) -> None:
     """A field that opens a quote is text; with quoting on, it swallowed the rows up to the next quote."""
     rows = [["sentence1", "sentence2", "label"], *([f"premise {n}", f"hypothesis {n}", "entailment"]
