@@ -503,7 +503,7 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
     if missing:
         named = ", ".join(f"{wanted[field]} (for {field})" for field in missing)
         raise DataError(f"{path} has no column {named}; its columns are {ds.column_names}. " +
-                        (_other_separator(path, ds.column_names) or
+                        (_other_separator(path, ds.column_names) or _no_header(path, task, ds.column_names, wanted) or
                          f"Map them with data.columns, e.g. +data.columns.{missing[0]}=<column>"))
     lookup = label_lookup(task)
     has_labels = wanted["label"] in ds.column_names
@@ -538,6 +538,21 @@ def _from_local_file(task: TaskConfig, path: Path, columns: Dict[str, str], *, l
 
     return ds.map(convert, with_indices=True, remove_columns=ds.column_names,
                   features=_features(task, text_ids=as_text), desc=f"read {path.name}")
+
+
+def _no_header(path: Path, task: TaskConfig, columns: List[str], wanted: Dict[str, str]) -> Optional[str]:
+    """The fix for a CSV or TSV without a header line, whose first example was read as the columns' names: said
+    where one of those names is a label of the task. The message said to map the columns with data.columns, to the
+    names of a first example's texts."""
+    if path.suffix not in _OWN_SEPARATOR or task.is_regression:
+        return None
+    lookup = label_lookup(task)
+    label = next((column for column in columns if column.strip() in lookup), None)
+    if label is None:
+        return None
+    return (f"Its first line holds an example, not a header: {label!r} is a label of task {task.name}. Add a header "
+            f"line naming the columns ({', '.join(wanted.values())}), separated by "
+            f"{_SEPARATORS[_OWN_SEPARATOR[path.suffix]]}")
 
 
 # The characters a CSV or TSV may have been written with instead of its own separator, as the messages name them.

@@ -264,6 +264,24 @@ def test_rows_with_a_field_more_than_the_header_are_not_read_shifted(tmp_path: P
     assert message.startswith(f"{ids}, line 2: 4 fields where the header has 3; "), message
 
 
+@pytest.mark.parametrize("sep", [",", "\t"], ids=["csv", "tsv"])
+def test_a_file_without_a_header_line_says_so(tmp_path: Path, datasets_cache: Path, sep: str) -> None:
+    """A CSV or TSV written without its header line: its first example was read as the columns' names, and the
+    message said to map the columns with data.columns, to the texts of that example."""
+    files = custom_files(tmp_path, ".csv")
+    dev = tmp_path / ("dev.csv" if sep == "," else "dev.tsv")
+    frame = pd.read_csv(files["validation"])[["text_a", "text_b", "gold"]]
+    frame.to_csv(dev, index=False, header=False, sep=sep)
+    message = load_error(["task=rte", f"+data.files.train={files['train']}", f"+data.files.validation={dev}",
+                          "+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b",
+                          "+data.columns.label=gold"])
+    assert message.startswith(f"{dev} has no column text_a (for sentence1), text_b (for sentence2), gold (for label); "
+                              "its columns are ["), message
+    assert message.endswith(f"]. Its first line holds an example, not a header: {frame['gold'][0]!r} is a label of "
+                            "task rte. Add a header line naming the columns (text_a, text_b, gold), separated by "
+                            f"{'commas' if sep == ',' else 'tabs'}"), message
+
+
 def test_a_tsv_of_your_own_reads_quotes_as_text_as_glue_files_do(tmp_path: Path, datasets_cache: Path) -> None:
     """A field that opens a quote is text; with quoting on, it swallowed the rows up to the next quote."""
     rows = [["sentence1", "sentence2", "label"], *([f"premise {n}", f"hypothesis {n}", "entailment"]
