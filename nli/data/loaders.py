@@ -69,6 +69,8 @@ def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool,
     notes = _diagnostic(task, data, test) if predict and task.diagnostic is not None else []
     if train_set is not None and not task.is_regression:
         notes += _labels_not_trained(task, train_set, evals)
+    if train_set is not None:
+        notes += _trained_on(task, data)
     sizes = ", ".join(f"{name}={len(ds)}" for name, ds in evals.items()) + \
         "".join(f"; test {name}={len(ds)}" for name, ds in test.items())
     if train_set is not None:
@@ -87,6 +89,17 @@ def _diagnostic(task: TaskConfig, data: DataConfig, test: Dict[str, datasets.Dat
         return []
     return [f"{task.diagnostic.submission}.tsv, the predictions on GLUE's diagnostic set that a GLUE submission "
             f"takes from the {task.name} model, will not be written: {why}"]
+
+
+def _trained_on(task: TaskConfig, data: DataConfig) -> List[str]:
+    """A note for each eval split that data.files reads from the training file: its score, on examples the model
+    learnt, was reported as the model's with no word of it."""
+    if task.train_split not in data.files:
+        return []
+    train = sources.same_file_key(data.files[task.train_split])
+    return [f"data.files.{split}={data.files[split]} is the training file: its score is on examples the model trained "
+            "on, and says nothing of how it does on others. Give it a file of examples held out of training"
+            for split in task.eval_splits if split in data.files and sources.same_file_key(data.files[split]) == train]
 
 
 def _labels_not_trained(task: TaskConfig, train: datasets.Dataset, evals: Dict[str, datasets.Dataset]) -> List[str]:

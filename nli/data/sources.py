@@ -86,6 +86,12 @@ def load(task: TaskConfig, data: DataConfig, splits: List[str], *,
     return _from_hub(task, splits, dir_key)
 
 
+def same_file_key(name: str) -> str:
+    """What tells two of data.files' names of one file apart from two files: a local file's real path (another
+    spelling, a link), a bucket's URL as it is."""
+    return name if remote.is_remote(name) else str(Path(name).expanduser().resolve())
+
+
 # ------------------------------------------------------------------------------------- labels
 
 

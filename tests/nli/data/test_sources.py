@@ -787,6 +787,24 @@ def test_a_label_the_training_set_lacks_is_a_warning_of_the_run(tmp_path: Path) 
     assert "which validation_mismatched has" in lacking[1]
 
 
+def test_a_dev_split_read_from_the_training_file_is_a_warning_of_the_run(tmp_path: Path) -> None:
+    """data.files.validation_matched naming the training file (another spelling of its path): its score, on examples
+    the model learnt, was the run's objective with no word of it."""
+    files = mnli_files(tmp_path / "files", {})
+    train = tmp_path / "files" / "train.csv"
+    again = f"+data.files.validation_matched={tmp_path / 'files' / '..' / 'files' / 'train.csv'}"
+    run_dir = tmp_path / "run"
+    proc = run_app([*OWN_MNLI, "train.predict=false", files[0], again, files[2], f"hydra.run.dir={run_dir}"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warnings = json.loads((run_dir / "results.json").read_text())["warnings"]
+    said = [warning for warning in warnings if "is the training file" in warning]
+    assert said == [f"data.files.validation_matched={tmp_path / 'files' / '..' / 'files' / 'train.csv'} is the "
+                    "training file: its score is on examples the model trained on, and says nothing of how it does on "
+                    "others. Give it a file of examples held out of training"], warnings
+    assert train.is_file() and files[0] == f"+data.files.train={train}"
+
+
 def test_a_test_file_without_ids_is_numbered_by_row_and_says_so_once(tmp_path: Path) -> None:
     def without(frame: pd.DataFrame, root: Path) -> Path:
         frame.to_csv(root / "matched.tsv", sep="\t", index=False)
