@@ -216,6 +216,13 @@ class EpochSampler(Sampler[int]):
         self._orders: Dict[int, List[int]] = {}
 
     def set_epoch(self, epoch: int, *, start: int = 0) -> None:
+        if start and start >= self.size:
+            # A resumed run's place in its epoch, past the end of a training set that shrank since its checkpoint:
+            # the epoch held no batch, and the loop waited on one for ever, deaf to a signal to stop.
+            raise DataError(f"the run's checkpoint is {start} examples into an epoch, and its training set now has "
+                            f"{self.size}: the training data changed since the checkpoint was written (data.dir's or "
+                            "data.files' training file). Put the training data back as it was, or start the run "
+                            "afresh in another output_dir")
         self.epoch, self.start = epoch, start
 
     def step_examples(self, done: int) -> int:
