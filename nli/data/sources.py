@@ -206,6 +206,11 @@ def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: st
     path = folder / glue.files[split]
     if not path.is_file():
         where = f"{folder} does not exist" if not folder.is_dir() else f"{path} does not exist"
+        inside = Path(root).expanduser() / glue.files[split]
+        if not folder.is_dir() and inside.is_file():  # data.dir=glue_data/RTE: the task's folder, not the one above
+            raise DataError(f"{key}={root}: {where}, and {inside} does: {key} names the folder that holds "
+                            f"{glue.folder}/, not {glue.folder}/ itself. Set {key}="
+                            f"{Path(root).expanduser().resolve().parent}")
         raise DataError(_not_glue_dir(task, glue, root, where, key, needed))
     return _read_glue_file(task, glue, path, split)
 

@@ -181,6 +181,18 @@ def test_a_missing_task_folder_or_split_names_the_path(tmp_path: Path, datasets_
         load(["task=rte", f"data.dir={tmp_path}"])
 
 
+def test_data_dir_naming_the_tasks_own_folder_says_to_name_the_one_above(tmp_path: Path, datasets_cache: Path) -> None:
+    """data.dir=glue_data/RTE, the folder of the files: the message said RTE/RTE does not exist and laid out GLUE's
+    folders, not that the files are there and data.dir names the folder above."""
+    shutil.copytree(GLUE_DATA / "RTE", tmp_path / "glue_data" / "RTE")
+    with pytest.raises(DataError) as err:
+        load(["task=rte", f"data.dir={tmp_path / 'glue_data' / 'RTE'}"])
+    assert str(err.value) == (
+        f"data.dir={tmp_path / 'glue_data' / 'RTE'}: {tmp_path / 'glue_data' / 'RTE' / 'RTE'} does not exist, and "
+        f"{tmp_path / 'glue_data' / 'RTE' / 'train.tsv'} does: data.dir names the folder that holds RTE/, not RTE/ "
+        f"itself. Set data.dir={(tmp_path / 'glue_data').resolve()}")
+
+
 def test_an_unknown_label_names_file_line_and_known_labels(tmp_path: Path, datasets_cache: Path) -> None:
     shutil.copytree(GLUE_DATA / "RTE", tmp_path / "RTE")
     dev = tmp_path / "RTE" / "dev.tsv"
