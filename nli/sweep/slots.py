@@ -16,22 +16,31 @@ it.
 Ctrl-C reaches the main thread alone: it is passed on to every launch in flight, so that each ends as it
 would in the main thread (joblib stops its workers, the Vertex launcher cancels its jobs; submitit's launcher
 cancels none, so its jobs are cancelled here), and the trials stay RUNNING in the study for the same command to
-resume (nli.sweep.search).
+resume (nli.sweep.search). SIGTERM to the sweep's process alone is passed on to the runs of the trials in flight
+on this machine, which a signal to that process does not reach, before the sweep ends.
 
 Light on purpose (no torch): the sweep's own process runs it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
+import os
 import queue
+import signal
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Set
+from pathlib import Path
+from types import FrameType
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
+
+from nli.contract import CLAIM_FILE
+from nli.io.claim import HOST, Owner
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +119,7 @@ class Slots:
         self.width = 1 if self.kind == "basic" else min(width, self.cap or width)
         self.waiting: List[Launched] = []  # batched: the batch to launch at the next wait()
         self.running: Dict[int, threading.Thread] = {}  # apart: trial's job number -> the thread that launched it
+        self.jobs: Dict[int, Launched] = {}  # apart: the jobs of those threads
         self.ended: "queue.Queue[Launched]" = queue.Queue()
 
     def describe(self) -> str:
@@ -136,7 +146,7 @@ class Slots:
             self.waiting.append(job)
             return
         thread = threading.Thread(target=self._launch, args=(job,), name=f"trial-{job.num}", daemon=True)
-        self.running[job.num] = thread
+        self.running[job.num], self.jobs[job.num] = thread, job
         thread.start()
 
     def wait(self) -> List[Launched]:
@@ -149,7 +159,8 @@ class Slots:
                     job.result = result
             return batch
         try:
-            ended = [self._next()]
+            with self._sigterm_passed_on():
+                ended = [self._next()]
             while not self.ended.empty():
                 ended.append(self.ended.get_nowait())
         except KeyboardInterrupt:
@@ -157,7 +168,43 @@ class Slots:
             raise
         for job in ended:
             self.running.pop(job.num).join()
+            self.jobs.pop(job.num, None)
         return ended
+
+    @contextlib.contextmanager
+    def _sigterm_passed_on(self) -> Iterator[None]:
+        """While the trials run, SIGTERM to the sweep is passed on to their runs on this machine first (joblib's
+        workers, submitit's local jobs: processes of their own, which a SIGTERM to the sweep's process alone does
+        not reach), each found by the claim it holds on its folder; then the sweep's own handler ends it at once.
+        Each run stops as a run stops at SIGTERM, its checkpoint written, for the same command to resume. Else the
+        sweep ended and its trials trained on to their ends, with no sweep to tell the study, and the same command
+        again found their folders held by runs still going. The sweep does not wait for them: the first run to
+        end would have joblib end the others' processes, mid-checkpoint."""
+        before = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is not threading.main_thread() or not callable(before):
+            yield
+            return
+
+        def stop(signum: int, frame: Optional[FrameType]) -> None:
+            signal.signal(signal.SIGTERM, before)  # a second SIGTERM ends the sweep at once
+            self._stop_runs(signal.SIGTERM)
+            before(signum, frame)
+
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            yield
+        finally:
+            if signal.getsignal(signal.SIGTERM) is stop:
+                signal.signal(signal.SIGTERM, before)
+
+    def _stop_runs(self, signum: int) -> None:
+        """Passes ``signum`` to the run of each trial in flight that runs on this machine."""
+        stopped = [(job, pid) for job in list(self.jobs.values()) if (pid := _run_pid(job.folder)) is not None]
+        for job, pid in stopped:
+            log.info("%s: passed on to trial %d's run (job %d, pid %d), which stops with a checkpoint",
+                     signal.Signals(signum).name, job.trial.number, job.num, pid)
+            with contextlib.suppress(OSError):  # ended meanwhile
+                os.kill(pid, signum)
 
     def _next(self) -> Launched:
         while True:
@@ -188,6 +235,19 @@ class Slots:
                 stopped = self.ended.get_nowait().error
                 if isinstance(stopped, KeyboardInterrupt):
                     _cancel_submitted(stopped)
+
+
+def _run_pid(folder: Optional[str]) -> Optional[int]:
+    """The process of the run that holds ``folder`` (its claim, nli.io.claim), where it runs on this machine."""
+    if folder is None or "://" in folder:
+        return None
+    try:
+        owner = Owner.decode((Path(folder) / CLAIM_FILE).read_bytes())
+    except OSError:  # not claimed yet, or ended
+        return None
+    if owner is None or owner.host != HOST or owner.pid == os.getpid():
+        return None
+    return owner.pid
 
 
 def _cancel_submitted(stopped: KeyboardInterrupt) -> None:

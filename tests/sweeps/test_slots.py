@@ -5,6 +5,7 @@ take as long as their number says (tests/sweeps/timed_app.py), the project's swe
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -18,7 +19,7 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 
 from nli.sweep.slots import Slots, kind
-from tests.support.runs import ROOT, process_env
+from tests.support.runs import FAST, ROOT, process_env
 from tests.sweeps.test_local_gpus import alive
 
 APP = Path(__file__).with_name("timed_app.py")
@@ -162,3 +163,44 @@ def test_asked_for_batches_each_batch_waits_for_its_slowest_trial(tmp_path: Path
     jobs = timed_search(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                         "hydra.sweeper.asynchronous=false", "others=0", "long=2")
     assert all(jobs[num]["started"] >= jobs[0]["ended"] for num in (2, 3)), jobs
+
+
+@pytest.mark.process
+def test_sigterm_to_a_search_stops_the_runs_of_its_trials_in_flight_with_their_checkpoints(tmp_path: Path) -> None:
+    """SIGTERM to the sweep's process alone (a scheduler's, `kill`), as joblib's workers run two trials: the sweep
+    ended with status 75 and its trials trained on to their ends, their folders held by runs no sweep would tell the
+    study of. Each run is now passed the SIGTERM, and stops with its checkpoint, for the same command to resume."""
+    sweep_dir = tmp_path / "search"
+    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", *FAST, "train.max_steps=3000",
+                              "train.eval_every=20", "train.log_every=20", "hparams_search=quickstart",
+                              "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2", "hydra/launcher=joblib",
+                              "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep_dir}"],
+                             cwd=tmp_path, env=process_env(), stdout=(tmp_path / "sweep.log").open("w"),
+                             stderr=subprocess.STDOUT)
+    runs: List[int] = []  # the runs' processes: joblib's workers, which this test started
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(sweep_dir.glob("*/checkpoints/step-*/checkpoint.json"))) < 2 and time.monotonic() < deadline:
+            assert first.poll() is None, (tmp_path / "sweep.log").read_text()
+            time.sleep(0.2)
+        claims = sorted(sweep_dir.glob("*/.claim.json"))
+        runs = [json.loads(claim.read_text())["pid"] for claim in claims]
+        assert len(runs) == 2
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=120)
+        output = (tmp_path / "sweep.log").read_text()
+        assert first.returncode == 75, output
+        deadline = time.monotonic() + 30
+        while [claim for claim in claims if claim.exists()] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [claim for claim in claims if claim.exists()], output  # no run trains on
+        for folder in (claim.parent for claim in claims):
+            assert "preempted, resumable: SIGTERM at step" in (folder / "train.log").read_text()
+        with sqlite3.connect(sweep_dir / "optuna.db") as db:
+            assert [state for (state,) in db.execute("SELECT state FROM trials")] == ["RUNNING", "RUNNING"]
+    finally:
+        for pid in runs:  # the workers, idle once their runs ended, or still training where they outlived the sweep
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if first.poll() is None:
+            first.kill()
