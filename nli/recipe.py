@@ -474,7 +474,8 @@ def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: 
     evaluation the best's own), ``model/`` is already what this would write: nothing is read or written
     again, and there is no model to evaluate. Under LoRA the exported model merges the adapters, which can
     round a prediction otherwise than the adapters beside the weights did in training (under bf16): it is
-    evaluated here, every rank at once, so that the model card and export.json give what ``model/`` scores."""
+    evaluated here, every rank at once, so that the model card and export.json give what ``model/`` scores; so is
+    a best checkpoint of an earlier attempt, whose evaluation kept no predictions for the card's warnings."""
     out = run.out
     if training.export_best is not None and training.export_best.exported == result.best \
             and not _evaluates_again(training, loaded, result):
@@ -483,9 +484,12 @@ def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: 
     exported = lora.exported_adapters if merges else export.exported_weights
     result.best, weights = export.best_weights(out.checkpoints, out.storage, result.best, exported=exported)
     training.weights.load_state_dict(weights)
+    # The card's warnings come from the predictions of the evaluation it describes: a best checkpoint from an earlier
+    # attempt kept its figures alone, so the export is evaluated here, not after (its card would have none).
+    evaluates = merges or not loaded.evaluate.made(result.best)
     if not out.world.is_main:  # under LoRA, merged as rank 0 exports it
         mine = lora.merged(cast(Any, model)) if merges else model
-        return Exported(mine, loaded.evaluate(mine, result.best.step) if merges else None)
+        return Exported(mine, loaded.evaluate(mine, result.best.step) if evaluates else None)
     if out.claim is not None:
         out.claim.check()
     card = Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator, continued=out.checkpoints.continued)
@@ -493,7 +497,7 @@ def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: 
         export.save_weights(folder, model, loaded.tokenizer)
         read_back = load_export(folder).to(run.compute.device)
         fastpaths.install(read_back, device=run.compute.device, enabled=run.cfg.model.fast_paths, trains=False)
-        final = loaded.evaluate(read_back, result.best.step) if merges else None
+        final = loaded.evaluate(read_back, result.best.step) if evaluates else None
         export.describe(folder, final or result.best, card)
     return Exported(read_back, final)
 

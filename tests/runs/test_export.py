@@ -377,3 +377,22 @@ def test_the_cards_use_predicts_what_the_runs_evaluation_predicted(tmp_path: Pat
                          top_k=None)
         assert {each["label"]: each["score"] for each in scored} == pytest.approx(
             {label: row[f"probability_{label}"] for label in ("entailment", "not_entailment")}, abs=1e-5)
+
+
+def test_a_continued_runs_card_keeps_the_warnings_of_a_best_checkpoint_from_before(tmp_path: Path) -> None:
+    """Continued past its end, a run whose best checkpoint came from its first attempt wrote a card without its
+    Warnings: the card described the best's evaluation as the checkpoint kept it, without the predictions its
+    warnings come from, while results.json, evaluating the export again, still gave them."""
+    run_dir = tmp_path / "run"
+    # Two examples of three labels: a label without a gold example, a warning of every evaluation; a learning rate
+    # that changes no prediction, so that the best stays the first attempt's first evaluation.
+    args = [*FAST, "optimizer.lr=1e-30", "data.max_eval_samples=2", f"hydra.run.dir={run_dir}"]
+    assert run_app(args, cwd=tmp_path).returncode == 0
+    card = (run_dir / "model" / "README.md").read_text()
+    assert read_results(run_dir)["warnings"] and "## Warnings" in card
+    more = run_app([*args, "train.max_steps=18", "train.accept_changes=[train.max_steps]"], cwd=tmp_path)
+    assert more.returncode == 0, more.stdout + more.stderr
+    results = read_results(run_dir)
+    assert results["train_steps"] == 18 and results["best_step"] == 6  # the best from the first attempt
+    card = (run_dir / "model" / "README.md").read_text()
+    assert "## Warnings" in card and all(warning in card for warning in results["warnings"]), card
