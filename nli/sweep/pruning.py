@@ -78,11 +78,13 @@ class Watch:
 
     def last(self, trial: optuna.Trial) -> None:
         """A last look at an ended trial, before the study is told its end (a pruner compares trials by the
-        values each reported at each step), and no more."""
+        values each reported at each step), and no more. Its values are reported, not judged: a run that has
+        ended cannot be stopped, and a prune.json written into its folder would stop it, pruned, if it were ever
+        continued (more train.max_steps), as it would say it was given up when the study has it complete."""
         with self.lock:
             watched = self.trials.pop(trial.number, None)
             if watched is not None:
-                self._look(watched)
+                self._look(watched, judge=False)
 
     def _run(self) -> None:
         while not self.done.wait(self.interval):
@@ -94,7 +96,7 @@ class Watch:
                         log.warning("trial %d: its evaluations could not reach the study (%s); trying again in "
                                     "%g s", watched.trial.number, error, self.interval)
 
-    def _look(self, watched: _Watched) -> None:
+    def _look(self, watched: _Watched, *, judge: bool = True) -> None:
         try:
             text = watched.storage.read_bytes(EVALUATIONS_FILE).decode()
         except FileNotFoundError:
@@ -112,7 +114,7 @@ class Watch:
                 continue
             watched.trial.report(value, step)
             watched.reported.add(step)
-            if not watched.pruned and watched.trial.should_prune():
+            if judge and not watched.pruned and watched.trial.should_prune():
                 self._prune(watched, step, value)
 
     def _prune(self, watched: _Watched, step: int, value: float) -> None:

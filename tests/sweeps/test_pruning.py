@@ -69,6 +69,25 @@ def test_a_pruned_trial_stops_at_its_next_evaluation_and_says_so_everywhere(tmp_
     assert new["output_dir"] not in {row["output_dir"] for row in rows}
 
 
+def test_a_trial_that_ended_before_the_sweeper_looked_is_not_given_up_after_its_end(tmp_path: Path) -> None:
+    """Runs shorter than hydra.sweeper.poll_interval: the sweeper's last look at each, after it ended, judged its
+    evaluations, said the pruner gave it up ('it stops at its next evaluation') and wrote prune.json into the finished
+    run's folder, where a continued run (more train.max_steps) would stop at once, pruned; the study had it
+    complete."""
+    sweep_dir = tmp_path / "search"
+    proc = run_app(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=2",
+                    "hydra/sweeper/pruner=threshold", "hydra.sweeper.pruner.lower=2.0",
+                    "hydra.sweeper.poll_interval=600", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert trial_states(sweep_dir) == ["COMPLETE", "COMPLETE"]
+    assert "gave trial" not in proc.stdout + proc.stderr
+    for row in sweep.read_rows(sweep_dir):
+        folder = Path(row["output_dir"])
+        assert (folder / "evaluations.jsonl").is_file() and not (folder / "prune.json").exists()
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:  # its evaluations reached the study all the same
+        assert db.execute("SELECT COUNT(*) FROM trial_intermediate_values").fetchone()[0] == 4
+
+
 def _study_trial(pruner: optuna.pruners.BasePruner) -> optuna.Trial:
     study = optuna.create_study(direction="maximize", pruner=pruner)
     return study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
