@@ -477,13 +477,16 @@ def check_fixed(study: optuna.Study, fixed: Dict[str, str], where: str) -> None:
                           "hydra.sweeper.study_name or hydra.sweeper.storage)")
 
 
-JOB = "job"  # a trial's user attribute: the job number, and so the folder, of the stopped trial it resumes
+# A trial's user attribute: its job number, and so its folder, where that is not its number in the study: the
+# stopped trial's it resumes, or the next free one past a folder another study's run holds (_free_job).
+JOB = "job"
 
 
 def job_number(trial: Union[optuna.Trial, optuna.trial.FrozenTrial]) -> int:
     """A trial's job number, and so its folder (``${hydra.job.num}``): its number in the study, unique across the
-    commands that continue it, or that of the stopped trial it resumes, whose folder it takes up again (a study
-    from before ``job`` was kept names that trial alone, in ``resumes``)."""
+    commands that continue it, or that of the stopped trial it resumes, whose folder it takes up again, or the
+    free number it took past another study's folders (``job``; a study from before ``job`` was kept names the
+    stopped trial alone, in ``resumes``)."""
     return int(trial.user_attrs.get(JOB, trial.user_attrs.get("resumes", trial.number)))
 
 
