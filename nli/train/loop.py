@@ -24,7 +24,7 @@ import torch
 from nli.config.identity import own_folder
 from nli.config.schema import TrainConfig
 from nli.data.loaders import TrainBatches
-from nli.errors import ConfigError, Diverged
+from nli.errors import ConfigError, DataError, Diverged
 from nli.evaluate import oom
 from nli.evaluate.evaluation import Evaluation
 from nli.runtime import xla
@@ -167,6 +167,7 @@ class Loop:
     def run(self, progress: Progress, best: BestEvaluation, stop: StopRequest) -> TrainResult:
         self.opt.trained.train()
         clock = _Clock(progress.seconds)
+        _same_training_set(progress, self.plan)
         if progress.step > self.plan.total_steps:  # only a new train.max_steps or train.epochs can make it so
             raise ConfigError(f"this run already trained {progress.step} steps, more than the {self.plan.total_steps} "
                               "that train.max_steps or train.epochs now plan: a run cannot be shortened. Start it "
@@ -410,6 +411,17 @@ class _Clock:
 
     def training_seconds(self) -> float:
         return self._before + time.perf_counter() - self._start - self._paused
+
+
+def _same_training_set(progress: Progress, plan: Plan) -> None:
+    """Refuse to resume on a training set of another size: the checkpoint's place in its epoch, its order and the
+    epochs the plan counts are of the examples it trained on (a checkpoint from before the size was kept: 0)."""
+    before, now = progress.examples_per_epoch, plan.examples_per_epoch
+    if before and before != now:
+        raise DataError(f"this run trained on {before} training examples an epoch, and its training set now has {now}: "
+                        f"the training data changed since its checkpoint of step {progress.step} (data.dir's or "
+                        "data.files' training file). Put the training data back as it was, or start the run afresh "
+                        f"in another {own_folder()}")
 
 
 def _step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
