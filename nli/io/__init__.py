@@ -6,6 +6,6 @@ from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
     "storage": ["Storage", "TIMEOUT", "digest", "file_in_the_way", "write_failed", "write_refusal"],
-    "claim": ["Claim", "ClaimedError", "Use", "held_since", "live_holder"],
+    "claim": ["Claim", "ClaimedError", "HOST", "Owner", "Use", "held_since", "live_holder"],
     "hub": ["hub_download"],
 }, ["remote"])
