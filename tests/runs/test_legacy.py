@@ -73,10 +73,10 @@ def test_a_run_stopped_by_the_old_code_resumes_to_the_old_codes_uninterrupted_ru
     whole = LEGACY / "run-finished"
     ours = figures(read_results(stopped))
     # What today's code says of the same model that the old code did not: it predicts one class (results.json's
-    # warnings, nli.evaluate.per_class.one_class), how well calibrated it is (nli.evaluate.reliability), and the
-    # task it resolved; the figures are the old code's.
+    # warnings, nli.evaluate.per_class.one_class), how well calibrated it is (nli.evaluate.reliability), the task
+    # it resolved, and the steps whose update was skipped (none); the figures are the old code's.
     assert [warning.split(":")[0] for warning in ours.pop("warnings")] == ["validation"]
-    assert ours.pop("task") == "synthetic"
+    assert ours.pop("task") == "synthetic" and ours.pop("train_skipped_steps") == 0
     assert set(ours.pop("calibration")) == {"validation"} and ours.pop("ece") >= 0 and ours.pop("brier") >= 0
     assert ours == figures(read_results(whole))
     ours, theirs = (load_file(folder / "model" / "model.safetensors") for folder in (stopped, whole))
