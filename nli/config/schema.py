@@ -743,6 +743,7 @@ class Config:
         _require(not data.columns or bool(data.files), "data.columns maps the columns of data.files; "
                  "set data.files too (a GLUE directory's columns are known)")
         self._check_columns()
+        self._check_file_splits()
         _require(not self.train.predict or bool(task.test_splits),
                  f"train.predict=true needs a test split, and task={task.name} has none "
                  "(task.test_splits)")
@@ -752,6 +753,21 @@ class Config:
             missing = [split for split in needed if split not in data.files]
             _require(not missing, f"data.files must name a file for the split(s) {missing} of "
                      f"task={task.name}: add +data.files.{missing[0] if missing else ''}=path/to/file.csv")
+
+    def _check_file_splits(self) -> None:
+        """Each key of data.files is a split of the task: another (dev, beside validation) was never read, and the run
+        scored the split of the task's own name, or stopped for want of it, with no word of the key."""
+        import difflib
+
+        task = self.task
+        known = [task.train_split, *task.eval_splits, *task.test_splits]
+        for key in self.data.files:
+            # GLUE names its validation files dev: the name a user brings from its folders
+            near = [next(iter(task.eval_splits))] if key in ("dev", "val", "valid", "eval") else \
+                difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            meant = f"did you mean data.files.{near[0]}? " if near else ""
+            _require(key in known, f"data.files.{key} names no split of task={task.name}, so no run would read it: "
+                     f"{meant}data.files takes {', '.join(known)}")
 
     def _check_columns(self) -> None:
         """Each key of data.columns is a column the task reads: a misspelt one (lable) was never read, and the run

@@ -295,6 +295,12 @@ OWN_RTE = ["task=rte", "model=tiny", "train.max_steps=2", f"+data.files.train={G
                                               "would read it: did you mean data.columns.label? data.columns maps "
                                               "sentence1, sentence2, label to the files' columns"]),
     ([*OWN_RTE, "+data.columns.premise=text_a"], ["error: data.columns.premise names no column task=rte reads"]),
+    # A data.files key that names no split of the task was never read: the run scored data.files.validation.
+    ([*OWN_RTE, f"+data.files.dev={GLUE_DATA}/RTE/dev.tsv"],
+     ["error: data.files.dev names no split of task=rte, so no run would read it: did you mean "
+      "data.files.validation? data.files takes train, validation, test"]),
+    ([*OWN_RTE, f"+data.files.tset={GLUE_DATA}/RTE/test.tsv"],
+     ["error: data.files.tset names no split of task=rte, so no run would read it: did you mean data.files.test?"]),
 ])
 def test_bad_input_on_the_command_line(tmp_path: Path, args: list[str], expected: list[str]) -> None:
     """What a user sees: a non-zero exit and the key, and nothing written."""
