@@ -517,8 +517,9 @@ def _free_job(trial: optuna.Trial, folder_of: Callable[[int], str]) -> int:
     while num in taken or _holds_a_run(folder_of(num)):
         num += 1
     if num != trial.number:
-        log.info("trial %d: %s holds a run of another study (or another trial of this study is job %d): the trial is "
-                 "job %d", trial.number, folder_of(trial.number), trial.number, num)
+        why = (f"another trial of this study is job {trial.number}" if trial.number in taken
+               else f"{folder_of(trial.number)} holds a run of another study")
+        log.info("trial %d: %s: the trial is job %d", trial.number, why, num)
         _patient(lambda: trial.set_user_attr(JOB, num), f"recording trial {trial.number}'s job number")
     return num
 

@@ -470,12 +470,13 @@ class SweepResults(Callback):
                       sweep_dir and sweep_dir / RESULTS_JSONL, sweep_dir, exc_info=not isinstance(err, OSError))
             raise SystemExit(1) from err
         if failed:  # a sweeper that let the sweep go on past them (Optuna's max_failure_rate)
+            assert sweep_dir is not None  # a sweep with no folder has no table, and so no failed rows (_finish)
             # The closing list is on stdout with the table; stderr, where a single run's error goes, says it too.
             lost = len(self.unrecorded)
             said = [f"{len(failed) - lost} of the sweep's jobs failed"] if len(failed) > lost else []
             said += [f"{lost} job(s) are missing from its table"] if lost else []
             raise SystemExit(f"error: {' and '.join(said)}: the lines above say which and why "
-                             f"({sweep_dir / RESULTS_CSV if sweep_dir else 'the table'})")
+                             f"({sweep_dir / RESULTS_CSV})")
 
     def stamp(self) -> Dict[str, Any]:
         """The columns that tie a row to this sweep."""
