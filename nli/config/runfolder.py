@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
+import re
+import shlex
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +96,8 @@ def apply(cfg: DictConfig, typed: Sequence[str], conf_dir: Path) -> Optional[str
 
 def locate(name_or_path: str) -> Optional[Storage]:
     """The run folder ``name_or_path`` is (one with config.yaml), or whose ``model/`` it is; None where it
-    is neither (a checkpoint directory, a Hub id). A run folder that never exported a model is refused."""
+    is neither (a checkpoint directory, a Hub id). A run folder without a whole model of a finished run
+    is refused (:func:`_check_export`)."""
     if "://" not in name_or_path and not Path(name_or_path).expanduser().is_dir():
         return None  # a Hub id, or a path the model's loading names as missing (nli.model.build)
     if "://" in name_or_path:
@@ -117,7 +120,8 @@ def locate(name_or_path: str) -> Optional[Storage]:
 
 def _check_export(here: Storage, name_or_path: str) -> None:
     """Refuses the run folder ``here`` (given as ``name_or_path``: the folder, or its model/) where it has no model
-    to score: its run still training (its model/ is the best so far), none exported, or its config.json lost."""
+    to score: its run still training (its model/ is the best so far), none exported, its config.json or its
+    export.json lost, or its run stopped before it finished (:func:`_check_finished`)."""
     holder = live_holder(here)
     if holder is not None:  # its model/ is the best so far, replaced at each better evaluation
         raise ConfigError(f"model.name_or_path={name_or_path} is the folder of a run still in progress ({holder}): "
@@ -133,10 +137,75 @@ def _check_export(here: Storage, name_or_path: str) -> None:
         if evaluated is not None:
             raise ConfigError(f"model.name_or_path={name_or_path} is the folder of an evaluation-only run, which "
                               f"exports no model: it evaluated {evaluated}. Point model.name_or_path there")
+        stopped = None if here.exists(contract.RESULTS_FILE) else _newest_checkpoint(here)
         raise ConfigError(f"model.name_or_path={name_or_path} is a run folder whose run never exported a model "
                           f"({here.describe(contract.MODEL_DIR)} holds no config.json): a run exports its best model "
-                          "at its first evaluation. Run its training command again to let it get there, or point "
-                          "model.name_or_path at a checkpoint directory or a Hub id")
+                          "at its first evaluation"
+                          + (f", and this one stopped before it, at its checkpoint {stopped}. Finish it with its "
+                             f"own command, {_finishing_command(here)}" if stopped else
+                             ". Run its training command again to let it get there")
+                          + ", or point model.name_or_path at a checkpoint directory or a Hub id")
+    if not here.exists(f"{contract.MODEL_DIR}/{contract.EXPORT_FILE}"):
+        # What tells a run's export from a save_pretrained folder is the run folder around it: its export.json, the
+        # record of its files, is written last, so an export without it was cut short (or a copy left it out), and
+        # nothing vouches for the files it has. A model folder of no run never had one: it loads unchecked.
+        raise ConfigError(f"model.name_or_path={here.describe(contract.MODEL_DIR)} is an exported model that is "
+                          f"damaged ({here.describe(contract.MODEL_DIR, contract.EXPORT_FILE)} is missing: the record "
+                          "of its files, which the export writes last, so it was cut short or a copy left it out): "
+                          "export it again (run its training command again with the same output folder), or give "
+                          "another model")
+    _check_finished(here, name_or_path)
+
+
+def _check_finished(here: Storage, name_or_path: str) -> None:
+    """Refuses the run folder ``here`` where its run never finished (no results.json, which a run writes last): it
+    was stopped (a SIGTERM, a preemption, a crash), and its model/ is the best of the steps it got to, or of an
+    earlier attempt, not the run's result. Scored, its figures would pass for the run's."""
+    if here.exists(contract.RESULTS_FILE):
+        return
+    stopped = _newest_checkpoint(here)
+    step = _export_step(here)
+    raise ConfigError(f"model.name_or_path={name_or_path} is the folder of a run that never finished (it has no "
+                      f"{contract.RESULTS_FILE}, which a run writes last"
+                      + (f"; it stopped at its checkpoint {stopped}" if stopped else "")
+                      + f"): its model/ is the best{f' of step {step}' if step is not None else ''} before it "
+                      "stopped, not the run's result. Nothing was changed. Finish the run with its own command, "
+                      f"{_finishing_command(here)}, then evaluate it; or, to score those weights as they are, "
+                      "evaluate a copy of its model/ (a folder of its own)")
+
+
+def _newest_checkpoint(here: Storage) -> Optional[str]:
+    """Where the run folder ``here``'s newest whole checkpoint is (its manifest written), in its checkpoints/; None
+    where it has none there."""
+    steps = [name for name in here.list(contract.CHECKPOINTS_DIR) if _CHECKPOINT.fullmatch(name)
+             and here.exists(f"{contract.CHECKPOINTS_DIR}/{name}/{contract.CHECKPOINT_MANIFEST}")]
+    return here.describe(contract.CHECKPOINTS_DIR, max(steps)) if steps else None
+
+
+_CHECKPOINT = re.compile(r"step-\d+")  # a checkpoint's folder: zero-padded, so the newest sorts last
+
+
+def _export_step(here: Storage) -> Optional[int]:
+    """The step of the weights in the run folder ``here``'s model/, as its export.json says; None where it cannot."""
+    try:
+        step = json.loads(here.read_bytes(f"{contract.MODEL_DIR}/{contract.EXPORT_FILE}")).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def _finishing_command(here: Storage) -> str:
+    """The command that takes the run of folder ``here`` on from its checkpoint to its end: the overrides it was
+    started with (its overrides.yaml) and the folder itself, where they do not name it."""
+    try:
+        recorded = yaml.safe_load(here.read_bytes(contract.OVERRIDES_FILE))
+    except (OSError, ValueError, yaml.YAMLError):
+        recorded = None
+    overrides = [str(each) for each in recorded] if isinstance(recorded, list) else []
+    if not any(each.startswith(("output_dir=", "hydra.run.dir=")) for each in overrides):
+        overrides.append(f"{'hydra.run.dir' if here.local else 'output_dir'}={here.describe()}")
+    unknown = [] if isinstance(recorded, list) else ["<its overrides>"]  # its overrides.yaml lost: they are the user's
+    return " ".join(["python train.py", *unknown, *(shlex.quote(each) for each in overrides)])
 
 
 def check_evaluation_folder(folder: Storage, where: str) -> None:

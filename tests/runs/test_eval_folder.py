@@ -8,7 +8,9 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
 import socket
 import time
 from pathlib import Path
@@ -17,9 +19,12 @@ from typing import Any, Callable, Dict, List, Sequence
 import pytest
 import yaml
 
+from nli.contract import PREEMPTED
 from nli.errors import ConfigError
 from nli.io.claim import CLAIM_FILE
 from nli.io.storage import Storage
+from nli.train.checkpoint import Progress
+from nli.train.hooks import Revisit
 from tests.conftest import build_config
 from tests.nli.model.test_pretrained import MINILM
 from tests.runs.test_folder import files
@@ -149,7 +154,8 @@ def test_a_run_folder_in_a_bucket_is_read_there(shared_run: ShareRun, tmp_path: 
     trained = shared_run("fast", FAST)
     url = "gs://test-bucket/runs/evaluated"
     bucket = Storage(url)
-    bucket.write_bytes("config.yaml", (trained / "config.yaml").read_bytes())
+    for name in ("config.yaml", "results.json"):  # a finished run's: one without its results is refused
+        bucket.write_bytes(name, (trained / name).read_bytes())
     bucket.upload_dir(trained / "model", "model")
     out = tmp_path / "eval"
     log = evaluate([f"model.name_or_path={url}/model", f"hydra.run.dir={out}"], tmp_path, env=gcs_emulator)
@@ -241,6 +247,98 @@ def test_an_export_changed_since_it_was_written_is_refused_and_a_whole_one_recor
     export = json.loads((trained / "model" / "export.json").read_text())
     assert read_results(out)["evaluated_weights"] == {
         "step": export["step"], "sha256": {"model.safetensors": export["files"]["model.safetensors"]["sha256"]}}
+
+
+@pytest.mark.parametrize("given", ["", "/model"], ids=["run-folder", "its-model"])
+def test_a_runs_export_without_its_record_is_refused_and_a_model_folder_of_no_run_loads(
+        shared_run: ShareRun, tmp_path: Path, given: str) -> None:
+    """A run's model/ without export.json (written last: an export cut short, a copy that left it out) was scored
+    unchecked, where one without a file export.json names was refused. A save_pretrained folder of no run never had
+    one: it loads as it did. The advice holds: the run's command exports the model again."""
+    trained = shared_run("fast", FAST)
+    cut = copy_run(trained, tmp_path / "cut")
+    (cut / "model" / "export.json").unlink()
+    out = tmp_path / "eval"
+    proc = run_app([*EVAL, f"model.name_or_path={cut}{given}", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"error: model.name_or_path={cut}/model is an exported model that is damaged "
+                                  f"({cut}/model/export.json is missing: the record of its files, which the export "
+                                  "writes last, so it was cut short or a copy left it out): export it again (run its "
+                                  "training command again with the same output folder)"), proc.stderr
+    assert not out.exists()
+    plain = shutil.copytree(cut / "model", tmp_path / "saved")  # config.json and weights: any save_pretrained folder
+    evaluate([f"model.name_or_path={plain}", "task=synthetic", "data.synthetic_eval_size=96",
+              "data.max_seq_length=64", f"hydra.run.dir={tmp_path / 'plain'}"], tmp_path)
+    assert metrics(read_results(tmp_path / "plain")) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
+    again = run_app([*FAST, f"hydra.run.dir={cut}"], cwd=tmp_path)
+    assert again.returncode == 0 and "Exporting it again from the best checkpoint" in again.stdout + again.stderr, \
+        again.stdout + again.stderr
+    evaluate([f"model.name_or_path={cut}{given}", f"hydra.run.dir={out}"], tmp_path)
+    assert metrics(read_results(out)) == pytest.approx(metrics(read_results(trained)), abs=1e-9)
+
+
+def stop_at(run_dir: Path, args: Sequence[str], step: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run of ``args`` in ``run_dir``, in this process, stopped by SIGTERM at its step ``step`` as a scheduler
+    stops it: sent as the step before ends, it is acted on at the next step boundary, where the run checkpoints and
+    exits PREEMPTED."""
+    looked = Revisit.on_step_end
+
+    def on_step_end(self: Revisit, progress: Progress, logged: Any) -> None:
+        looked(self, progress, logged)
+        if progress.step == step - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Revisit, "on_step_end", on_step_end)
+        proc = run_app([*args, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    assert proc.returncode == PREEMPTED and f"SIGTERM at step {step}, checkpoint written" in proc.stderr, proc.stderr
+
+
+def tree(folder: Path) -> Dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("when", ["before-its-first-evaluation", "after-it", "continued-after-its-end"])
+def test_the_folder_of_a_stopped_run_is_refused_naming_its_checkpoint_and_the_command_that_finishes_it(
+        shared_run: ShareRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """A run stopped by SIGTERM after its first evaluation (model/: the best so far), or a finished one going on
+    with new values stopped after its first new checkpoint (model/: its earlier end's), was scored without a word
+    that it never finished; one stopped before its first evaluation was told to run its training command, no
+    checkpoint named. Each is refused, the folder untouched, and the command it names finishes the run."""
+    trained = shared_run("fast", FAST)
+    if when == "continued-after-its-end":
+        run_dir, args = copy_run(trained, tmp_path / "run"), [*FAST, "train.max_steps=18",
+                                                              "train.accept_changes=[train.max_steps]"]
+        stop_at(run_dir, args, 14, monkeypatch)
+        expected = (f"is the folder of a run that never finished (it has no results.json, which a run writes last; "
+                    f"it stopped at its checkpoint {run_dir}/checkpoints/step-000014): its model/ is the best of "
+                    f"step {read_results(trained)['best_step']} before it stopped, not the run's result. Nothing was "
+                    "changed. Finish the run with its own command, ")
+    else:
+        run_dir, args = tmp_path / "run", FAST
+        step = 3 if when == "before-its-first-evaluation" else 8  # FAST evaluates at step 6
+        stop_at(run_dir, args, step, monkeypatch)
+        expected = (f"is a run folder whose run never exported a model ({run_dir}/model holds no config.json): a run "
+                    "exports its best model at its first evaluation, and this one stopped before it, at its "
+                    f"checkpoint {run_dir}/checkpoints/step-000003. Finish it with its own command, " if step == 3 else
+                    "is the folder of a run that never finished (it has no results.json, which a run writes last; it "
+                    f"stopped at its checkpoint {run_dir}/checkpoints/step-000008): its model/ is the best of step 6 "
+                    "before it stopped, not the run's result. Nothing was changed. Finish the run with its own "
+                    "command, ")
+    before = tree(run_dir)
+    out = tmp_path / "eval"
+    proc = run_app([*EVAL, f"model.name_or_path={run_dir}", f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"error: model.name_or_path={run_dir} {expected}"), proc.stderr
+    assert tree(run_dir) == before and not out.exists()
+    command = re.search(r"own command, (python train\.py .*?)(?:,| then evaluate it;)", proc.stderr)
+    assert command is not None, proc.stderr
+    typed = shlex.split(command[1])[2:]
+    assert typed == [*args, f"hydra.run.dir={run_dir}"]
+    finished = run_app(typed, cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    evaluate([f"model.name_or_path={run_dir}", f"hydra.run.dir={out}"], tmp_path)
+    assert metrics(read_results(out)) == pytest.approx(metrics(read_results(run_dir)), abs=1e-9)
 
 
 @pytest.mark.parametrize("given", ["", "/model"], ids=["run-folder", "its-model"])
