@@ -128,6 +128,7 @@ class Data:
     evaluate: oom.Evaluations  # the eval splits' metrics, in smaller batches where they run out of memory
     test: Dict[str, DataLoader]  # test split -> this rank's slice, when predicting
     examples_per_epoch: int
+    contents: data.Contents  # of the training set's examples, which a resumed run checks (nli.train.loop)
     extras: List[oom.Evaluations]  # eval.extra's sets, scored at the end (nli.evaluate.evalsets)
 
 
@@ -298,6 +299,7 @@ def load_data(run: Run) -> Data:
     cfg, out = run.cfg, run.out
     task, source, train = cfg.task, cfg.data, cfg.train
     splits = data.load_splits(task, source, seed=cfg.seed, predict=train.predict)
+    contents = splits.train_contents(task.text_fields)  # of the text as loaded: the same with any tokenizer
     tokenizer = (tokenizer_from_files(out.snapshot.tokenizer_files) if out.snapshot else
                  build_tokenizer(cfg.model, splits.train_texts(task.text_fields), max_seq_length=source.max_seq_length))
     scoring = _scoring(run, share_tokenizer(tokenizer, run.world), task.label_names, f"the model of task={task.name}")
@@ -314,7 +316,7 @@ def load_data(run: Run) -> Data:
     for note in own.notes:
         out.warn(note)
     return Data(scoring.tokenizer, batches, own.evaluate, own.test, examples_per_epoch=len(splits.train),
-                extras=extras)
+                contents=contents, extras=extras)
 
 
 def _scoring(run: Run, tokenizer: PreTrainedTokenizerBase, labels: List[str], model: str) -> evalsets.Scoring:
@@ -360,7 +362,7 @@ def optimization(run: Run, model: torch.nn.Module, loaded: Data) -> Training:
     train, micro_batch_size = cfg.train, run.micro_batch_size
     accumulation = cfg.accumulation_steps(world.world_size)
     plan = Plan.make(train, examples_per_epoch=loaded.examples_per_epoch, world_size=world.world_size,
-                     accumulation=accumulation)
+                     accumulation=accumulation, contents=loaded.contents)
     processes = f" x {world.world_size} processes" if world.distributed else ""
     warmup = cfg.schedule.num_warmup_steps(plan.total_steps)
     log.info("training: %d steps of %d examples (%d x %d accumulated%s), warming up for %d", plan.total_steps,
@@ -400,6 +402,7 @@ def optimization(run: Run, model: torch.nn.Module, loaded: Data) -> Training:
     state.register("rng", RandomState(world, progress))  # last: nothing restored after it draws from it
     if out.snapshot is not None:
         state.load_state_dict(out.snapshot.state)
+        plan.check_training_set(progress)  # before the folder records this attempt: a refusal leaves it as it was
         log.info("resuming from checkpoint %s: step %d of %d", out.checkpoints.where(out.snapshot.name),
                  progress.step, plan.total_steps)
         if progress.eval_every and progress.eval_every != plan.eval_every:

@@ -4,6 +4,6 @@ tokenized once, and batched with dynamic padding."""
 from nli._face import face
 
 __all__, __getattr__, __dir__ = face(__name__, {
-    "loaders": ["Batching", "EpochSampler", "LengthGroups", "Loader", "TrainBatches", "Workers",
+    "loaders": ["Batching", "Contents", "EpochSampler", "LengthGroups", "Loader", "TrainBatches", "Workers",
                 "release_workers"],
 }, ["loaders", "sources", "synthetic"])

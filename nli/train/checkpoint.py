@@ -107,6 +107,10 @@ class Progress:
     # The training set's size, so that a continuation's new train.epochs is checked before its data loads, in the
     # first epoch too (nli.output.folder); 0: a checkpoint from before it was kept.
     examples_per_epoch: int = 0
+    # Digests of the training set's text and labels (nli.data.loaders.contents_of): a resume on a training file edited
+    # at the same size is refused too (nli.train.loop); "": a checkpoint from before they were kept.
+    text_digest: str = ""
+    labels_digest: str = ""
     # Steps between evaluations: early stopping, a search's pruning and the best checkpoint count the evaluations
     # made, so a resume at another cadence is said (nli.recipe); 0: a checkpoint from before it was kept.
     eval_every: int = 0
@@ -121,7 +125,8 @@ class Progress:
 
 
 # Progress fields that older checkpoints lack
-_ADDED = {"window_loss", "window_steps", "examples_per_epoch", "eval_every", "scaler_skips", "scaler_skips_logged"}
+_ADDED = {"window_loss", "window_steps", "examples_per_epoch", "eval_every", "scaler_skips", "scaler_skips_logged",
+          "text_digest", "labels_digest"}
 
 
 class BestEvaluation:

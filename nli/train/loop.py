@@ -23,7 +23,7 @@ import torch
 
 from nli.config.identity import own_folder
 from nli.config.schema import TrainConfig
-from nli.data.loaders import TrainBatches
+from nli.data.loaders import Contents, TrainBatches
 from nli.errors import ConfigError, DataError, Diverged
 from nli.evaluate import oom
 from nli.evaluate.evaluation import Evaluation
@@ -45,6 +45,10 @@ def training_loss(output: Any, labels: torch.Tensor, label_smoothing: float) -> 
     return torch.nn.functional.cross_entropy(output.logits.float(), labels, label_smoothing=label_smoothing)
 
 
+# The contents of a training set that no checkpoint records (a test's own loop); a resume is not checked against it.
+_NOT_KNOWN = Contents(text="", labels="")
+
+
 @dataclass(frozen=True)
 class Plan:
     """How much to train and how often to look, in optimizer steps."""
@@ -58,9 +62,12 @@ class Plan:
     max_grad_norm: float | None
     skip_nonfinite: int  # steps with a non-finite loss to skip before stopping
     label_smoothing: float  # cross-entropy's label smoothing; 0: the model's own loss
+    # What the training set holds (nli.data.loaders.contents_of), which a resumed run's must too
+    contents: Contents = _NOT_KNOWN
 
     @classmethod
-    def make(cls, train: TrainConfig, *, examples_per_epoch: int, world_size: int, accumulation: int) -> "Plan":
+    def make(cls, train: TrainConfig, *, examples_per_epoch: int, world_size: int, accumulation: int,
+             contents: Contents = _NOT_KNOWN) -> "Plan":
         last = examples_per_epoch % train.batch_size
         if 0 < last < world_size:  # a process with no example would stall the others' gradient all-reduce
             raise ConfigError(f"each epoch ends with a batch of {last} example(s), fewer than the {world_size} "
@@ -71,7 +78,26 @@ class Plan:
                    examples_per_epoch=examples_per_epoch, accumulation=accumulation,
                    eval_every=train.eval_every or steps_per_epoch, log_every=train.log_every,
                    checkpoint_every=train.checkpoint_every, max_grad_norm=train.max_grad_norm,
-                   skip_nonfinite=train.skip_nonfinite, label_smoothing=train.label_smoothing)
+                   skip_nonfinite=train.skip_nonfinite, label_smoothing=train.label_smoothing, contents=contents)
+
+    def check_training_set(self, progress: Progress) -> None:
+        """Refuse to resume on a training set of another size, or of the same size with other text or labels: the
+        checkpoint's ``progress`` (its place in its epoch, its order, the epochs the plan counts) is of the examples it
+        trained on (a checkpoint from before the size was kept: 0; before the digests were: ""). Called as the
+        checkpoint is restored, before the folder records this attempt's config (nli.output.folder.record_run)."""
+        before, now = progress.examples_per_epoch, self.examples_per_epoch
+        if before and before != now:
+            raise DataError(f"this run trained on {before} training examples an epoch, and its training set now has "
+                            f"{now}: the training data changed since its checkpoint of step {progress.step} "
+                            "(data.dir's or data.files' training file). Put the training data back as it was, or start "
+                            f"the run afresh in another {own_folder()}")
+        changed = _changed(Contents(text=progress.text_digest, labels=progress.labels_digest), self.contents)
+        if changed:
+            raise DataError(f"this run trained on {now} training examples an epoch, and its training set now has "
+                            f"{now} that are not those ({changed}): the training data changed since its checkpoint "
+                            f"of step {progress.step} (data.dir's or data.files' training file), and the run would go "
+                            "on with other examples than it trained on. Put the training data back as it was, or start "
+                            f"the run afresh in another {own_folder()}")
 
     @property
     def evaluations(self) -> int:
@@ -167,12 +193,12 @@ class Loop:
     def run(self, progress: Progress, best: BestEvaluation, stop: StopRequest) -> TrainResult:
         self.opt.trained.train()
         clock = _Clock(progress.seconds)
-        _same_training_set(progress, self.plan)
         if progress.step > self.plan.total_steps:  # only a new train.max_steps or train.epochs can make it so
             raise ConfigError(f"this run already trained {progress.step} steps, more than the {self.plan.total_steps} "
                               "that train.max_steps or train.epochs now plan: a run cannot be shortened. Start it "
                               f"afresh in another {own_folder()}")
         progress.examples_per_epoch, progress.eval_every = self.plan.examples_per_epoch, self.plan.eval_every
+        progress.text_digest, progress.labels_digest = self.plan.contents
         # A resumed run logs the loss over the same steps as an unbroken one: the checkpoint kept the partial window.
         self.window.resume(progress.window_loss, progress.window_steps)
         self._call("on_start", progress, best)
@@ -413,15 +439,16 @@ class _Clock:
         return self._before + time.perf_counter() - self._start - self._paused
 
 
-def _same_training_set(progress: Progress, plan: Plan) -> None:
-    """Refuse to resume on a training set of another size: the checkpoint's place in its epoch, its order and the
-    epochs the plan counts are of the examples it trained on (a checkpoint from before the size was kept: 0)."""
-    before, now = progress.examples_per_epoch, plan.examples_per_epoch
-    if before and before != now:
-        raise DataError(f"this run trained on {before} training examples an epoch, and its training set now has {now}: "
-                        f"the training data changed since its checkpoint of step {progress.step} (data.dir's or "
-                        "data.files' training file). Put the training data back as it was, or start the run afresh "
-                        f"in another {own_folder()}")
+def _changed(before: Contents, now: Contents) -> Optional[str]:
+    """What differs between the training set a checkpoint recorded and this one; None where nothing does, or where
+    either is not known."""
+    if not (before.text and now.text) or before == now:
+        return None
+    if before.labels == now.labels:
+        return "their text differs, their labels do not"
+    if before.text == now.text:
+        return "their labels differ, their text does not"
+    return "their text and labels differ: other examples, or the same ones in another order"
 
 
 def _step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:

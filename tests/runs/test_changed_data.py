@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 from pathlib import Path
+from typing import Callable, Dict, List
 
 import pytest
 
-from tests.support.runs import GLUE_DATA, run_app, run_process
+from tests.support.runs import GLUE_DATA, read_results, run_app, run_process
 
 RUN = ["task=rte", "model=tiny", "data.max_seq_length=32", "data.max_eval_samples=16", "train.batch_size=16",
        "train.eval_every=2", "train.progress_bar=false", "hw=cpu"]
@@ -17,7 +21,7 @@ def test_a_training_set_of_another_size_than_the_checkpoints_is_refused(tmp_path
     """The checkpoint was 32 examples into an epoch of 100. A training file of 20 now: the epoch held no batch, and
     the resumed run waited on one for ever, spinning a core, deaf to SIGTERM's stop. Of 120: it went on without a
     word, its place, order and epochs counted in examples that are no longer the ones it trained on. Each is refused,
-    naming both counts, with the checkpoints as they were."""
+    naming both counts, with every file of the folder as it was."""
     train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
     lines = (GLUE_DATA / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
     train.write_text("".join(lines[:101]), encoding="utf-8")
@@ -26,7 +30,7 @@ def test_a_training_set_of_another_size_than_the_checkpoints_is_refused(tmp_path
     args = [*RUN, f"+data.files.train={train}", f"+data.files.validation={dev}", f"hydra.run.dir={run_dir}"]
     first = run_app([*args, "train.max_steps=2"], cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
-    checkpoints = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
+    kept = files_of(run_dir)
     train.write_text("".join(lines[:lines_now]), encoding="utf-8")
     resumed = run_process([*args, "train.max_steps=4", "train.accept_changes=[train.max_steps]"], cwd=tmp_path,
                           timeout=120)
@@ -34,4 +38,85 @@ def test_a_training_set_of_another_size_than_the_checkpoints_is_refused(tmp_path
     assert resumed.stderr.startswith(f"error: this run trained on 100 training examples an epoch, and its training "
                                      f"set now has {lines_now - 1}: the training data changed since its checkpoint "
                                      "of step 2"), resumed.stderr
-    assert sorted(path.name for path in (run_dir / "checkpoints").iterdir()) == checkpoints
+    assert files_of(run_dir) == kept  # its config.yaml too: refused before this attempt's was recorded
+
+
+def label_fixed(lines: List[str]) -> List[str]:
+    """The first example's label corrected, its text as it was."""
+    index, first, second, label = lines[1].rstrip("\n").split("\t")
+    other = "not_entailment" if label == "entailment" else "entailment"
+    return [lines[0], "\t".join([index, first, second, other]) + "\n", *lines[2:]]
+
+
+def sentence_corrected(lines: List[str]) -> List[str]:
+    """A word of the last example's hypothesis corrected, its label as it was."""
+    index, first, second, label = lines[-1].rstrip("\n").split("\t")
+    return [*lines[:-1], "\t".join([index, first, second + " Indeed.", label]) + "\n"]
+
+
+def rows_shuffled(lines: List[str]) -> List[str]:
+    """The same examples, last first."""
+    return [lines[0], *reversed(lines[1:])]
+
+
+def files_of(run_dir: Path) -> Dict[str, str]:
+    """Each file a finished run keeps (its log aside, which an attempt adds to) -> its SHA-256."""
+    return {str(path.relative_to(run_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(run_dir.rglob("*")) if path.is_file() and path.name != "train.log"}
+
+
+@pytest.mark.parametrize("edit, changed", [
+    (label_fixed, "their labels differ, their text does not"),
+    (sentence_corrected, "their text differs, their labels do not"),
+    (rows_shuffled, "their text and labels differ: other examples, or the same ones in another order"),
+], ids=["label-fixed", "sentence-corrected", "rows-shuffled"])
+def test_a_training_file_edited_at_the_same_size_is_refused(tmp_path: Path, edit: Callable[[List[str]], List[str]],
+                                                            changed: str) -> None:
+    """The checkpoint was 32 examples into an epoch of 100, and the training file was edited in place, keeping its
+    100 examples: the run went on without a word, its place and order pointing at other examples (or the same with
+    other labels), its results of two datasets under one folder's name. It is refused, naming what differs, with
+    every file of the folder as it was."""
+    train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+    lines = (GLUE_DATA / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)[:101]
+    train.write_text("".join(lines), encoding="utf-8")
+    dev.write_text((GLUE_DATA / "RTE" / "dev.tsv").read_text(encoding="utf-8"), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    args = [*RUN, f"+data.files.train={train}", f"+data.files.validation={dev}", f"hydra.run.dir={run_dir}"]
+    first = run_app([*args, "train.max_steps=2"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    kept = files_of(run_dir)
+    edited = edit(lines)
+    assert len(edited) == len(lines) and edited != lines
+    train.write_text("".join(edited), encoding="utf-8")
+    resumed = run_app([*args, "train.max_steps=4", "train.accept_changes=[train.max_steps]"], cwd=tmp_path)
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    assert resumed.stderr.startswith("error: this run trained on 100 training examples an epoch, and its training "
+                                     f"set now has 100 that are not those ({changed}): the training data changed "
+                                     "since its checkpoint of step 2"), resumed.stderr
+    assert "Put the training data back as it was, or start the run afresh in another" in resumed.stderr
+    assert files_of(run_dir) == kept
+
+
+@pytest.mark.parametrize("how", ["touched", "copied-elsewhere"])
+def test_the_same_training_file_touched_or_copied_elsewhere_resumes(tmp_path: Path, how: str) -> None:
+    """What the training set's digest must not see: the same examples in a file written again (a new modification
+    time) or read from a copy in another folder (the same relative data.files, from another working directory)."""
+    first_dir, other_dir, run_dir = tmp_path / "first", tmp_path / "other", tmp_path / "run"
+    first_dir.mkdir()
+    lines = (GLUE_DATA / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)[:101]
+    (first_dir / "train.tsv").write_text("".join(lines), encoding="utf-8")
+    shutil.copy(GLUE_DATA / "RTE" / "dev.tsv", first_dir / "dev.tsv")
+    args = [*RUN, "+data.files.train=train.tsv", "+data.files.validation=dev.tsv", f"hydra.run.dir={run_dir}"]
+    first = run_app([*args, "train.max_steps=2"], cwd=first_dir)
+    assert first.returncode == 0, first.stdout + first.stderr
+    if how == "touched":
+        later = (first_dir / "train.tsv").stat().st_mtime_ns + 10**9
+        os.utime(first_dir / "train.tsv", ns=(later, later))
+        cwd = first_dir
+    else:
+        shutil.copytree(first_dir, other_dir, copy_function=shutil.copy)  # new files, new times
+        cwd = other_dir
+    resumed = run_app([*args, "train.max_steps=4", "train.accept_changes=[train.max_steps]"], cwd=cwd)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "step 2 of 4" in resumed.stderr + resumed.stdout
+    assert read_results(run_dir)["train_steps"] == 4

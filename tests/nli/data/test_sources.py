@@ -145,6 +145,40 @@ def assert_same_tokens(tokenized: Dict[str, data.Splits], reference: data.Splits
                 assert ours[column] == theirs[column], (name, column)
 
 
+def test_a_training_sets_contents_are_of_its_examples_not_of_how_they_are_held(tmp_path: Path,
+                                                                              datasets_cache: Path) -> None:
+    """What a resumed run checks its training set against (data.Contents): the same examples give the same from the
+    Hub, a GLUE dir or a file of their own, from the ``datasets`` cache or afresh, and in a selection out of the file's
+    order (data.fraction_of_train_data) as written in that order; a label, a text or the order changed give others."""
+    fields = ["sentence1", "sentence2"]
+    rte = ["task=rte", f"data.dir={GLUE_DATA}"]
+    reference = load(rte).train_contents(fields)
+    own = [f"+data.files.{split}={path}" for split, path in custom_files(tmp_path, ".csv").items()] + \
+        ["+data.columns.sentence1=text_a", "+data.columns.sentence2=text_b", "+data.columns.label=gold"]
+    for overrides in ([f"task.hub_dataset={hub_copy(tmp_path / 'hub', 'rte')}"], own, rte):  # rte again: cached
+        assert load(["task=rte", *overrides]).train_contents(fields) == reference, overrides
+
+    def from_tsv(rows: List[Dict[str, str]]) -> data.Contents:
+        write_tsv(tmp_path / "train.tsv", [["index", *fields, "label"], *([row[k] for k in ["index", *fields, "label"]]
+                                                                         for row in rows)])
+        return load(["task=rte", f"+data.files.train={tmp_path / 'train.tsv'}",
+                     f"+data.files.validation={GLUE_DATA / 'RTE' / 'dev.tsv'}"]).train_contents(fields)
+
+    half = load([*rte, "data.fraction_of_train_data=0.5"]).train
+    assert half is not None and half._indices is not None  # read through datasets' indices: out of the file's order
+    names = build_config(rte).task.label_names
+    assert from_tsv([{"index": str(i), **{k: row[k] for k in fields}, "label": names[row["label"]]}
+                     for i, row in enumerate(half)]) == data.contents_of(half, fields)
+    raw = read_glue_tsv(GLUE_DATA / "RTE" / "train.tsv")
+    assert from_tsv(raw) == reference
+    other_label = {"entailment": "not_entailment", "not_entailment": "entailment"}[raw[0]["label"]]
+    for rows, differs in [([{**raw[0], "label": other_label}, *raw[1:]], (False, True)),
+                          ([*raw[:-1], {**raw[-1], "sentence2": raw[-1]["sentence2"] + " Indeed."}], (True, False)),
+                          ([*reversed(raw)], (True, True))]:
+        now = from_tsv(rows)
+        assert (now.text != reference.text, now.labels != reference.labels) == differs
+
+
 def test_tokenization_is_cached_and_truncation_counted(datasets_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     cfg = build_config(["task=rte", f"data.dir={GLUE_DATA}", "data.max_seq_length=32"])
