@@ -7,7 +7,10 @@ Each argument is a sweep directory (one with ``sweep_results.jsonl``, written by
 nli/sweep/table.py), a single run folder (one with ``results.json``), or a Vertex AI sweep's folder in a
 bucket (``gs://<staging_bucket>/<sweep name>``: its jobs' folders, or the table ``python -m nli.cloud
 attach`` wrote there). Of a directory that several sweeps ran in (one after another: a sweep run
-again), the report is of the newest sweep's jobs, and says how many older sweeps' rows it left out.
+again), the report is of the newest sweep's jobs, and says how many older sweeps' rows it left out; where
+the newest is a command that continued an Optuna search's study, of the study's trials, every command's
+(nli.sweep.table.of_study). Of a sweep stopped part-way it says how many of its jobs, or of a search's
+trials, ended.
 The report goes to the first sweep directory given (else the first run folder; for a sweep in a
 bucket, ``reports/<sweep name>`` in the current directory), or to ``--out``:
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import itertools
 import json
 import math
 import re
@@ -106,9 +110,9 @@ class ReportError(UserError):
 
 
 def load_rows(paths: Sequence[Source], notes: Optional[List[str]] = None) -> List[Row]:
-    """Every job of every sweep directory (its newest sweep's) and run folder given, in order; a line
-    in ``notes`` for each directory whose older sweeps' rows were left out. A ``gs://`` URL is a Vertex
-    AI sweep's folder in a bucket (:func:`bucket_rows`)."""
+    """Every job of every sweep directory (its newest sweep's, with its study's earlier commands') and run folder
+    given, in order; a line in ``notes`` for each directory whose older sweeps' rows were left out. A ``gs://`` URL
+    is a Vertex AI sweep's folder in a bucket (:func:`bucket_rows`)."""
     rows: List[Row] = []
     for path in once(paths):
         if isinstance(path, str):
@@ -153,26 +157,25 @@ def _not_a_source(path: Path) -> ReportError:
 
 
 def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
-    """The rows of the newest sweep in the directory: two sweeps' rows under one job number would pass
-    one sweep's result off as the other's."""
+    """The rows of the newest sweep in the directory, with those of the earlier commands of its study where it is a
+    search's: two unrelated sweeps' rows under one job number would pass one sweep's result off as the other's."""
     every = sweep.read_rows(sweep_dir, notes)
-    rows = _newest(str(sweep_dir), every, notes)
+    rows, own = _newest(str(sweep_dir), every, notes)
     storage = Storage(str(sweep_dir), key="DIR")
     holder = live_holder(storage, use=sweep.CLAIM)
     since = held_since(storage, use=sweep.CLAIM) if holder is not None else None
-    if holder is not None and since is not None and all(row.get(sweep.SWEEP_STARTED) != since for row in rows):
+    if holder is not None and since is not None and all(row.get(sweep.SWEEP_STARTED) != since for row in own):
         notes.append(f"{sweep_dir}: a sweep is running there ({holder}) and none of its jobs has ended yet; the "
-                     f"report is of the sweep before it ({_sweep_name(rows[0])})")
+                     f"report is of the sweep before it ({_sweep_name(own[0])})")
     elif holder is not None:  # a sweep still running: its table so far, said as such
-        planned = _planned_jobs(sweep_dir)
+        planned = _planned_jobs(sweep_dir, rows, own)
         of = f"of its {planned} jobs " if planned else ""
-        notes.append(f"{sweep_dir}: the sweep is still running ({holder}); {len(rows)} job(s) {of}have ended, and "
+        notes.append(f"{sweep_dir}: the sweep is still running ({holder}); {len(own)} job(s) {of}have ended, and "
                      "the report is of those: make it again once the sweep ends")
-    elif (planned := _planned_jobs(sweep_dir, searches=False)) and len(rows) < planned and _planned_by(sweep_dir, rows):
+    elif (planned := _planned_jobs(sweep_dir, rows, own)) and len(own) < planned and _planned_by(sweep_dir, own) \
+            and not _failed_too_often(sweep_dir, own, planned):
         # A sweep stopped part-way (Ctrl-C, SIGTERM, a lost machine) has no claim left: its table alone looks whole.
-        notes.append(f"{sweep_dir}: {len(rows)} of the sweep's {planned} jobs have ended, and the report is of those: "
-                     "the others never ended (the sweep was stopped, or they still run under a launcher elsewhere); "
-                     "the same command again runs them")
+        notes.append(_stopped(sweep_dir, planned, rows, own))
     for row in rows:
         # A sweep copied from elsewhere (a cluster, a bucket) names job folders that are not here:
         # its metrics.csv files are then read from the same subfolder of the copy.
@@ -199,20 +202,71 @@ def _name_as_resolved(rows: List[Row]) -> None:
         row.update({key: found[(key, str(row[key]))] for key in ("task", "model") if (key, str(row.get(key))) in found})
 
 
-def _planned_jobs(sweep_dir: Path, *, searches: bool = True) -> Optional[int]:
-    """How many jobs the sweep in ``sweep_dir`` runs, from Hydra's record of it (multirun.yaml): an Optuna
-    search's trials (None unless ``searches``: a grid search may end before them), or the product of the lengths
-    of a list sweep's values; None where it cannot tell."""
+def _planned_jobs(sweep_dir: Path, rows: Sequence[Row], own: Sequence[Row]) -> Optional[int]:
+    """How many jobs the newest sweep in ``sweep_dir`` runs, from Hydra's record of it (multirun.yaml): the product of
+    the lengths of a list sweep's values, or an Optuna search's trials (:func:`_planned_trials`); None where it cannot
+    tell."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         record = yaml.safe_load((sweep_dir / MULTIRUN_RECORD).read_text())["hydra"]
         if "n_trials" in (record.get("sweeper") or {}):
-            return int(record["sweeper"]["n_trials"]) if searches else None
+            return _planned_trials(record["sweeper"], list(record["overrides"]["task"]), rows, len(own))
         overrides = OverridesParser.create().parse_overrides(list(record["overrides"]["task"]))
         return math.prod(len(list(o.sweep_string_iterator())) for o in overrides if o.is_discrete_sweep())
     except Exception:  # a record of another version, or none: the note says less
         return None
+
+
+GRID_SAMPLER = "optuna.samplers.GridSampler"  # conf/hydra/sweeper/sampler/grid.yaml
+
+
+def _planned_trials(sweeper: Mapping[str, Any], overrides: Sequence[str], rows: Sequence[Row], ran: int) -> int:
+    """The trials a search's command runs: its ``n_trials``; a grid search's, no more than the points its study had not
+    tried as the command started (nli.sweep.search: the grid sampler runs out, where the others never do). Those are
+    the ones it ``ran`` and those no row of the study's (``rows``, every command's) has tried: of a grid search that
+    ran out, its ``ran`` alone."""
+    n_trials = int(sweeper["n_trials"])
+    if (sweeper.get("sampler") or {}).get("_target_") != GRID_SAMPLER:
+        return n_trials
+    from nli.sweep.search import grid, search_space  # Optuna: only for a grid search's report
+
+    params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
+    points = grid(search_space([*params, *overrides])[0])
+    # Each point as the trial's row writes its values (the search's overrides, as Hydra writes them back).
+    every = {tuple(sweep.override_columns([f"{key}={value}" for key, value in zip(points, point)]).values())
+             for point in itertools.product(*points.values())}
+    tried = {tuple(str(row.get(key)) for key in points) for row in rows}
+    return min(n_trials, ran + len(every - tried))
+
+
+def _failed_too_often(sweep_dir: Path, own: Sequence[Row], planned: int) -> bool:
+    """Whether a search ended itself before its trials, once more than its ``max_failure_rate`` of them failed (the
+    command said so as it ended, with the first failure's error): not a search stopped part-way."""
+    rate = _sweeper(sweep_dir).get("max_failure_rate")
+    return sweep.is_number(rate) and len(sweep.failed(own)) / planned > rate
+
+
+def _stopped(sweep_dir: Path, planned: int, rows: Sequence[Row], own: Sequence[Row]) -> str:
+    """What the report says of a sweep stopped part-way: how many of its jobs ended, and what runs the others."""
+    if "n_trials" not in _sweeper(sweep_dir):
+        return (f"{sweep_dir}: {len(own)} of the sweep's {planned} jobs have ended, and the report is of those: the "
+                "others never ended (the sweep was stopped, or they still run under a launcher elsewhere); the same "
+                "command again runs them")
+    earlier = f", with the study's {len(rows) - len(own)} trials of earlier commands" if len(rows) > len(own) else ""
+    return (f"{sweep_dir}: {len(own)} of the {planned} trials of the search's last command have ended, and the report "
+            f"is of those{earlier}: the others never ended (the search was stopped, or they still run under a launcher "
+            "elsewhere); the same command again continues its study, first resuming a trial stopped mid-way, if any")
+
+
+def _sweeper(sweep_dir: Path) -> Dict[str, Any]:
+    """Hydra's record of the sweeper of the sweep in ``sweep_dir`` (multirun.yaml's ``hydra.sweeper``); empty where
+    there is no record, or one of another kind (a run folder)."""
+    try:
+        sweeper = yaml.safe_load((sweep_dir / MULTIRUN_RECORD).read_text())["hydra"].get("sweeper") or {}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return {}
+    return sweeper if isinstance(sweeper, dict) else {}
 
 
 def sweep_direction(paths: Sequence[Source], notes: List[str]) -> str:
@@ -230,11 +284,7 @@ def sweep_direction(paths: Sequence[Source], notes: List[str]) -> str:
 def _direction(sweep_dir: Path) -> Optional[str]:
     """The direction Hydra's record of the sweep in ``sweep_dir`` (multirun.yaml) gives its sweeper; None where it
     gives none (Hydra's basic sweeper) or there is no record."""
-    try:
-        sweeper = yaml.safe_load((sweep_dir / MULTIRUN_RECORD).read_text())["hydra"].get("sweeper") or {}
-        direction = sweeper.get("direction")
-    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):  # a run folder, a record of another kind
-        return None
+    direction = _sweeper(sweep_dir).get("direction")
     return direction if direction in (plots.MAXIMIZE, plots.MINIMIZE) else None
 
 
@@ -248,15 +298,30 @@ def _planned_by(sweep_dir: Path, rows: Sequence[Row]) -> bool:
     return float(started) <= written <= min(float(each) for each in ended if sweep.is_number(each))
 
 
-def _newest(where: str, every: List[Row], notes: List[str]) -> List[Row]:
+def _newest(where: str, every: List[Row], notes: List[str]) -> Tuple[List[Row], List[Row]]:
+    """The rows of the newest sweep in ``every`` with those of the earlier commands of its study where it is a
+    search's (nli.sweep.table.of_study), and the newest sweep's own rows. A line in ``notes`` where the rows of
+    other sweeps are left out."""
     if not every:
         raise ReportError(f"{where}/{sweep.RESULTS_JSONL} holds no jobs yet")
-    rows, older = sweep.newest_sweep(every)
-    if older:
+    own, older = sweep.newest_sweep(every)
+    rows = sweep.of_study(every, own[0].get(sweep.SWEEP_ID))
+    studies = {row.get(sweep.STUDY) for row in own} - {None}
+    others = {row.get(sweep.SWEEP_ID) for row in every if row.get(sweep.SWEEP_ID) in older
+              and row.get(sweep.STUDY) not in studies}
+    if others:
+        continued = len(older) - len(others)
+        of = f" and the {continued} earlier command(s) of its study ({_study_name(studies)})" if continued else ""
+        left_out = sum(row.get(sweep.SWEEP_ID) in others for row in every)
         notes.append(f"{where} holds the rows of {len(older) + 1} sweeps: the report is of the newest "
-                     f"({_sweep_name(rows[0])}); the {len(every) - len(rows)} rows of the older ones are left out "
+                     f"({_sweep_name(own[0])}){of}; the {left_out} rows of the older ones are left out "
                      f"(they stay in {sweep.RESULTS_JSONL})")
-    return rows
+    return rows, own
+
+
+def _study_name(studies: Set[Any]) -> str:
+    """A study as the rows name it (nli.sweep.search.study_key: its name, then its token), by its name."""
+    return ", ".join(f"study {str(study).rpartition(' ')[0] or study}" for study in sorted(studies, key=str))
 
 
 # ------------------------------------------------------------------------- a sweep in a bucket
@@ -274,7 +339,7 @@ def bucket_rows(url: str, notes: List[str]) -> List[Row]:
                               "<sweep name> (gcloud storage ls lists it)")
         if folder.exists(sweep.RESULTS_JSONL):
             text = folder.read_bytes(sweep.RESULTS_JSONL).decode()
-            return _newest(folder.url, sweep.parse_rows(text, f"{folder.url}/{sweep.RESULTS_JSONL}", notes), notes)
+            return _newest(folder.url, sweep.parse_rows(text, f"{folder.url}/{sweep.RESULTS_JSONL}", notes), notes)[0]
         recorded = {int(job["num"]): job for job in (folder.read_json(VERTEX_JOBS_FILE) or {}).get("jobs", [])}
         numbers = sorted(int(name) for name in folder.list("") if name.isdigit())
         rows = [_job_folder_row(folder, num, recorded.get(num)) for num in numbers]

@@ -12,7 +12,9 @@ machines share, ``journal:<file>``), so the same command again continues it, its
 trial: ``hydra.sweeper.n_trials`` is the trials each command runs (a continued study gains as many), and a
 trial an earlier command left unfinished runs again first, resuming its folder. One command at a time
 works on a study (a second would take the first's running trials for stopped ones): a study kept in a file is
-claimed while a search runs (:func:`claim_study`).
+claimed while a search runs (:func:`claim_study`). Each row of the sweep's table names its study (``study``:
+:func:`study_key`), so that the table printed at a command's end, and the report, are of every command's trials of
+it (nli.sweep.table.of_study).
 
 Trials run through the configured launcher, up to ``n_jobs`` at once and the next as soon as one ends
 (nli.sweep.slots); ``hydra/sweeper/pruner`` stops those the study gives up while they train
@@ -36,6 +38,7 @@ import json
 import logging
 import math
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union, cast
@@ -477,6 +480,20 @@ def check_fixed(study: optuna.Study, fixed: Dict[str, str], where: str) -> None:
                           "hydra.sweeper.study_name or hydra.sweeper.storage)")
 
 
+TOKEN = "token"  # a study's user attribute: made by the first command that opens it (study_key)
+
+
+def study_key(study: optuna.Study) -> str:
+    """What the sweep's rows call the study (their ``study`` column, nli.sweep.table), the same for every command
+    that continues it: its name and a token it keeps. Not its name and storage alone: a study begun anew under both
+    (its file moved aside, as a refused file's message advises) is another study, whose trials are not its."""
+    token = study.user_attrs.get(TOKEN)
+    if token is None:
+        token = secrets.token_hex(4)
+        _patient(lambda: study.set_user_attr(TOKEN, token), "recording the study's token")
+    return f"{study.study_name} {token}"
+
+
 # A trial's user attribute: its job number, and so its folder, where that is not its number in the study: the
 # stopped trial's it resumes, or the next free one past a folder another study's run holds (_free_job).
 JOB = "job"
@@ -570,6 +587,7 @@ class OptunaSearch:
             check_space(study, space, where)
             check_fixed(study, fixed, where)
             record(self.config)
+            table.join_study(Path(str(self.config.hydra.sweep.dir)), study_key(study))
             try:
                 self._search(study, sampler, space, fixed, n_trials)
             except StudyLocked as error:  # a trial left RUNNING: the next command takes it up, from its folder
@@ -732,9 +750,10 @@ class OptunaSearch:
             log.info("best of this command's trials: job %d of the sweep's table, %s, objective %s",
                      jobs[here.number], here.params, here.value)
         best = study.best_trial
-        if best.number not in jobs:
-            log.info("the study's best (of %d completed trials): trial %d of an earlier command (its row is in "
-                     "sweep_results.jsonl), %s, objective %s", len(done), best.number, best.params, best.value)
+        if best.number not in jobs:  # in the table printed next, where its row says the study (table.of_study)
+            log.info("the study's best (of %d completed trials): trial %d of an earlier command (job %d; its row is in "
+                     "sweep_results.jsonl), %s, objective %s", len(done), best.number, job_number(best), best.params,
+                     best.value)
         self._save_best(study)
 
     def _save_best(self, study: optuna.Study) -> None:

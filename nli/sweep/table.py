@@ -9,11 +9,12 @@ that the next sweep takes over (its process gone, or its heartbeat stale).
 Each sweep gets an id as it starts (``sweep``, with its start time ``sweep_started``), and every row
 carries it. Rows go to ``<sweep dir>/sweep_results.jsonl``, which keeps every sweep's rows (a sweep
 run again in the directory adds its own; within one sweep, a job folder's row replaces that job's
-earlier one), and ``sweep_results.csv``, which is this sweep's table alone, as printed at the end;
-jobs of this sweep that differ only in ``seed`` are summed up in ``sweep_summary.csv`` (n, mean and
+earlier one), and ``sweep_results.csv``, which is this sweep's table alone, as printed at the end
+(a search's command that continued its study: the study's trials, every command's, each row saying its
+``study``); jobs of this sweep that differ only in ``seed`` are summed up in ``sweep_summary.csv`` (n, mean and
 sd), and every two settings that differ in one swept value are compared in ``sweep_differences.csv`` (the
 difference of their objectives with its uncertainty, nli.sweep.differences). ``python -m nli.report``
-reports a directory's newest sweep (nli.sweep.report).
+reports a directory's newest sweep, with the earlier commands of its study (nli.sweep.report).
 
 Hydra's own and submitit's launchers call :class:`SweepResults` (a Hydra callback, named in
 conf/train.yaml) where each job runs, so a job on a Slurm node writes its own row, under a file
@@ -72,6 +73,9 @@ DIFFERENCES_CSV = "sweep_differences.csv"
 _LOCK = ".sweep_results.lock"
 CLAIM = Use("sweep", ".sweep_claim.json", "give this sweep another hydra.sweep.dir")
 SWEEP_ID, SWEEP_STARTED = "sweep", "sweep_started"  # the columns that say which sweep a row belongs to
+# The column that says which Optuna study a search's row is a trial of (nli.sweep.search.study_key): the sweeps of
+# the commands that continued one study are one table of its trials (:func:`of_study`).
+STUDY = "study"
 PROVENANCE, COMMIT, DIRTY = "provenance", "commit", "dirty"  # a job's code: results.json's, the row's columns
 
 COMPLETED, FAILED = JobStatus.COMPLETED.name, JobStatus.FAILED.name
@@ -150,7 +154,7 @@ def record(sweep_dir: Path, row: Dict[str, Any]) -> None:
             rows.append(row)
         replace(sweep_dir / RESULTS_JSONL, "".join(json.dumps(each) + "\n" for each in rows))
         # The row is kept: the table is made from the rows, and again at the sweep's end.
-        write_table(sweep_dir / RESULTS_CSV, of_sweep(rows, row.get(SWEEP_ID)))
+        write_table(sweep_dir / RESULTS_CSV, of_study(rows, row.get(SWEEP_ID)))
 
 
 def read_rows(sweep_dir: Path, notes: Optional[List[str]] = None) -> List[Dict[str, Any]]:
@@ -188,8 +192,33 @@ def parse_rows(text: str, where: str, notes: Optional[List[str]] = None) -> List
 def of_sweep(rows: Iterable[Mapping[str, Any]], sweep_id: Optional[str]) -> List[Dict[str, Any]]:
     """The rows of one sweep (None: the rows written before rows said their sweep), by job number: jobs that run
     side by side (joblib, the local GPUs, Vertex AI) end, and write their rows, in any order."""
-    ours = [dict(row) for row in rows if row.get(SWEEP_ID) == sweep_id]
-    return sorted(ours, key=lambda row: (0, row["job"]) if isinstance(row.get("job"), int) else (1, 0))
+    return _by_job([dict(row) for row in rows if row.get(SWEEP_ID) == sweep_id])
+
+
+def _by_job(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return sorted(rows, key=lambda row: (0, row["job"]) if isinstance(row.get("job"), int) else (1, 0))
+
+
+def of_study(rows: Iterable[Mapping[str, Any]], sweep_id: Optional[str]) -> List[Dict[str, Any]]:
+    """The rows of one sweep and, where it is a command that continued a search's study (its rows' ``study``), those
+    of the earlier commands of that study too: one table of the study's trials, whose best may be any command's. Each
+    job once, by its newest row: a trial one command stopped and the next resumed is one job in one folder. A sweep
+    of another study, or of no study (a list sweep, rows written before rows said their study), is not taken."""
+    rows = list(rows)
+    ours = of_sweep(rows, sweep_id)
+    studies = {row.get(STUDY) for row in ours} - {None}
+    if not studies:
+        return ours
+    newest: Dict[Any, Dict[str, Any]] = {}
+    for row in sorted((row for row in rows if row.get(STUDY) in studies), key=_written_when):
+        newest[row.get("job")] = dict(row)  # a later command's row of the job replaces an earlier one's
+    return _by_job(list(newest.values()))
+
+
+def _written_when(row: Mapping[str, Any]) -> Tuple[float, float]:
+    """When a row's sweep started, then when its job ended: the order in which a study's commands wrote its rows."""
+    return (float(row[SWEEP_STARTED]) if is_number(row.get(SWEEP_STARTED)) else 0.0,
+            float(row["ended"]) if is_number(row.get("ended")) else 0.0)
 
 
 def newest_sweep(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Optional[str]]]:
@@ -408,6 +437,7 @@ class SweepResults(Callback):
         self.sweep_id: Optional[str] = None  # plain values only: the callback travels pickled to the jobs
         self.started = 0.0
         self.wandb: Optional[DictConfig] = None  # the sweep's W&B logger, if it has one
+        self.study: Optional[str] = None  # the study a search's sweep runs trials of (join_study)
         self.job: Dict[str, Any] = {}  # where a job runs: when it started, and the GPUs nli.sweep.local_gpus gave it
         self.unrecorded: List[Dict[str, Any]] = []  # the rows of jobs that ran here and could not be recorded
 
@@ -479,8 +509,8 @@ class SweepResults(Callback):
                              f"({sweep_dir / RESULTS_CSV})")
 
     def stamp(self) -> Dict[str, Any]:
-        """The columns that tie a row to this sweep."""
-        return {SWEEP_ID: self.sweep_id, SWEEP_STARTED: self.started}
+        """The columns that tie a row to this sweep, and to its study where it is a search's (:func:`join_study`)."""
+        return {SWEEP_ID: self.sweep_id, SWEEP_STARTED: self.started, **({STUDY: self.study} if self.study else {})}
 
     def _finish(self) -> List[Dict[str, Any]]:
         """Prints the table once, and lets the directory go; the jobs of this sweep that failed."""
@@ -500,7 +530,8 @@ class SweepResults(Callback):
         return [*ended_badly, *self.unrecorded]
 
     def _report(self, sweep_dir: Path) -> List[Dict[str, Any]]:
-        rows = of_sweep(read_rows(sweep_dir), self.sweep_id)
+        # A search's command: its study's trials, every command's (the best may be an earlier one's).
+        rows = of_study(read_rows(sweep_dir), self.sweep_id)
         if not rows:
             return []
         replace(sweep_dir / RESULTS_CSV, to_csv(rows))
@@ -517,7 +548,8 @@ class SweepResults(Callback):
         if pairs:
             log.info("Differences between settings (%s):\n%s\n%s", sweep_dir / DIFFERENCES_CSV, format_pairs(pairs),
                      differences.EXPLAINED)
-        ended_badly = failed(rows)
+        # This command's alone: an earlier command of the study said its own, and ended non-zero for them.
+        ended_badly = [row for row in failed(rows) if row.get(SWEEP_ID) == self.sweep_id]
         if self.wandb is not None:
             to_wandb(self.wandb, sweep_dir, rows, groups)
         if ended_badly:
@@ -584,6 +616,7 @@ class _Held:
     sigterm: Any = None  # the handler the sweep replaced; None: it replaced none
     sigint: Any = None  # likewise, where the sweep holds Ctrl-C (its jobs run in this process)
     made: Optional[Path] = None  # the outermost folder the sweep made for its directory (None: it was there)
+    study: Optional[str] = None  # the study whose trials the sweep runs, where it is a search's (join_study)
 
 
 _HELD: Dict[str, _Held] = {}  # sweep id -> the directory this process holds for it
@@ -684,8 +717,21 @@ def running_sweep(sweep_dir: Path) -> Dict[str, Any]:
     records its jobs' rows itself); none where it runs none there."""
     for sweep_id, held in _HELD.items():
         if held.directory == sweep_dir.absolute():
-            return {SWEEP_ID: sweep_id, SWEEP_STARTED: held.started}
+            return {SWEEP_ID: sweep_id, SWEEP_STARTED: held.started, **({STUDY: held.study} if held.study else {})}
     return {}
+
+
+def join_study(sweep_dir: Path, study: str) -> None:
+    """Marks the rows of the sweep this process runs in ``sweep_dir`` as trials of ``study`` (their ``study``
+    column): the search calls it before its first trial, so that the table and the report take the rows of the
+    commands that continued the study together (:func:`of_study`). Set on the sweep's callback too, which travels
+    pickled to where each job runs (a Slurm node) and stamps its row there."""
+    for sweep_id, held in _HELD.items():
+        if held.directory == sweep_dir.absolute():
+            held.study = study
+            for callback in _OPEN:
+                if callback.sweep_id == sweep_id:
+                    callback.study = study
 
 
 def _stop_at_once(signum: int, frame: Optional[FrameType]) -> None:

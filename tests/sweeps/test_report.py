@@ -602,6 +602,79 @@ def test_a_job_that_failed_as_it_loaded_is_named_as_its_sweeps_other_jobs(sweep_
     assert groups == {"0.001": (2, 1), "0.003": (2, 0)}
 
 
+# --------------------------------------------------------------- a search continued by a second command, and stopped
+
+# A job of a list sweep, then a grid search of three weight decays whose first command runs two trials and whose second
+# (the same command again, n_trials=2) the one point left: the grid runs out after one. Into one hydra.sweep.dir.
+LIST_SWEEP = ["-m", *FAST, "optimizer.lr=1e-3"]
+GRID_SEARCH = ["-m", *FAST, "hparams_search=quickstart", "hydra/sweeper/sampler=grid",
+               "~hydra.sweeper.sampler.n_startup_trials", "hydra.sweeper.n_trials=2", "optimizer.lr=1e-3",
+               "train.batch_size=32", "schedule.warmup_ratio=0.1", "optimizer.weight_decay=choice(0.0,0.01,0.1)"]
+
+
+def continued_search(root: Path) -> Path:
+    """The list sweep, then the grid search's two commands, each command's output kept beside (shared, read only)."""
+
+    def make(folder: Path) -> None:
+        for name, args in (("list", LIST_SWEEP), ("first", GRID_SEARCH), ("second", GRID_SEARCH)):
+            proc = run_app([*args, f"hydra.sweep.dir={folder}"], cwd=root)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            (folder / f"output-{name}.txt").write_text(proc.stdout + proc.stderr)
+
+    return shared_folder(root, "continued-search", [" ".join(LIST_SWEEP), " ".join(GRID_SEARCH)], make)
+
+
+def test_a_search_continued_by_a_second_command_is_reported_as_its_studys_trials(
+        shared_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The report, and the table printed at the second command's end, were of the second command's one trial alone,
+    saying the first's rows were left out: the study's best may be one of them. Both take the study's three trials
+    (every command's), each once; the list sweep run there before is left out, as it was."""
+    sweep_dir = copy_run(continued_search(shared_root), tmp_path / "search")
+    listed, *trials = sweep.read_rows(sweep_dir)
+    assert [(row["job"], sweep.STUDY in row) for row in [listed, *trials]] == [(0, False), (0, True), (1, True),
+                                                                                (2, True)]
+    assert len({row["study"] for row in trials}) == 1 and len({row["sweep"] for row in trials}) == 2
+    assert report.main([str(sweep_dir)]) == 0
+    markdown, err = (sweep_dir / report.REPORT).read_text(), capsys.readouterr().err
+    jobs = tables(markdown)["Jobs"]
+    assert [(line["job"], line["optimizer.weight_decay"]) for line in jobs] == \
+        [(str(row["job"]), row["optimizer.weight_decay"]) for row in trials]
+    assert sorted(line["optimizer.weight_decay"] for line in jobs) == ["0.0", "0.01", "0.1"]
+    left_out = (f"{sweep_dir} holds the rows of 3 sweeps: the report is of the newest (sweep {trials[-1]['sweep']}) "
+                "and the 1 earlier command(s) of its study (study quickstart); the 1 rows of the older ones are left "
+                f"out (they stay in {sweep.RESULTS_JSONL})")
+    assert err == f"note: {left_out}\n" and f"\n\n{left_out}.\n\n" in markdown  # the grid ran out: none stopped
+    assert markdown.startswith("# Sweep report\n\n3 jobs, 3 completed, ")
+
+    # The table printed at the second command's end, and its sweep_results.csv: the study's trials too.
+    output = (sweep_dir / "output-second.txt").read_text()
+    printed = output[output.index("Sweep results"):output.index("The sweep's files")].splitlines()[2:-1]  # its jobs
+    assert [line.split()[:2] for line in printed] == [[str(row["job"]), "COMPLETED"] for row in trials], printed
+    with open(sweep_dir / sweep.RESULTS_CSV) as stream:
+        assert [line["job"] for line in csv.DictReader(stream)] == ["0", "1", "2"]
+
+
+def test_a_search_stopped_part_way_is_reported_with_the_trials_that_never_ended_said(
+        shared_root: Path, tmp_path: Path) -> None:
+    """A search stopped between trials (Ctrl-C, SIGTERM: no claim left) was reported as if whole: the note a list sweep
+    gets was skipped for every search, as a grid search may end before its n_trials. Here the second command ran one
+    of the two trials it had to run (its grid's two points the first command had not tried: the first's second row
+    is taken out, as if it had run one trial), and the note says so, of the search's trials; the grid that ran out
+    (test above) has none."""
+    stopped = copy_run(continued_search(shared_root), tmp_path / "stopped")  # multirun.yaml's time kept
+    lines = (stopped / sweep.RESULTS_JSONL).read_text().splitlines()
+    (stopped / sweep.RESULTS_JSONL).write_text("\n".join([*lines[:2], lines[3]]) + "\n")
+    notes: List[str] = []
+    report.write_report([stopped], tmp_path / "report", notes)
+    said = (f"{stopped}: 1 of the 2 trials of the search's last command have ended, and the report is of those, with "
+            "the study's 1 trials of earlier commands: the others never ended (the search was stopped, or they still "
+            "run under a launcher elsewhere); the same command again continues its study, first resuming a trial "
+            "stopped mid-way, if any")
+    assert said in notes, notes
+    assert said in (tmp_path / "report" / report.REPORT).read_text()
+    assert [line["job"] for line in tables((tmp_path / "report" / report.REPORT).read_text())["Jobs"]] == ["0", "2"]
+
+
 # ------------------------------------------------------------------- many runs: a 3x3x3 grid, a search's 50 trials
 
 

@@ -9,6 +9,7 @@ from typing import List
 
 import pytest
 
+from nli.sweep import report
 from nli.sweep import table as sweep
 from tests.support.runs import FAST, run_app
 
@@ -39,3 +40,10 @@ def test_a_new_study_in_a_searchs_folder_leaves_the_earlier_studys_trials_and_ru
     assert row["state"] == sweep.COMPLETED and row["job"] == 1 and row["output_dir"] != earlier["output_dir"]
     assert json.loads((Path(row["output_dir"]) / "results.json").read_text())["status"] == "completed"
     assert (Path(earlier["output_dir"]) / "results.json").read_text() == results  # the earlier run as it was
+    # Another study, under the same name and storage where its file was moved aside: its report leaves the earlier
+    # study's trial out, as a sweep's run before it in the folder.
+    notes: List[str] = []
+    assert [(each["sweep"], each["job"]) for each in report.load_rows([sweep_dir], notes)] == [(row["sweep"], 1)]
+    assert earlier["study"] != row["study"]
+    assert notes == [f"{sweep_dir} holds the rows of 2 sweeps: the report is of the newest (sweep {row['sweep']}); "
+                     f"the 1 rows of the older ones are left out (they stay in {sweep.RESULTS_JSONL})"]

@@ -361,6 +361,13 @@ def test_a_search_stopped_between_trials_keeps_its_best_so_far(tmp_path: Path, p
     [row] = sweep.read_rows(sweep_dir)  # trial 0's; the stop came before trial 1 began
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert row["state"] == "COMPLETED" and best["best_value"] == row["objective"], proc.stdout
+    # Its report says that it stopped: it was read as a search of one trial.
+    notes: List[str] = []
+    assert [each["ended"] for each in report.load_rows([sweep_dir], notes)] == [row["ended"]]
+    assert notes == [f"{sweep_dir}: 1 of the 3 trials of the search's last command have ended, and the report is of "
+                     "those: the others never ended (the search was stopped, or they still run under a launcher "
+                     "elsewhere); the same command again continues its study, first resuming a trial stopped mid-way, "
+                     "if any"]
 
 
 RERUN = (["-m", *FAST, "optimizer.lr=1e-3,3e-3"], ["-m", *FAST, "optimizer.lr=1e-3,5e-4"])
@@ -792,6 +799,12 @@ def test_a_study_locked_as_a_trial_ends_is_one_line_and_the_next_command_keeps_t
     again = run_app(args, cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "trial 0 was stopped before it ended" in again.stdout
+    # Both commands' rows are of job 0, one trial of the study: the report and the table hold it once, the newest row.
+    first, taken_up = sweep.read_rows(sweep_dir)
+    assert (first["job"], first["study"]) == (taken_up["job"], taken_up["study"]) == (0, first["study"])
+    assert sweep.of_study([first, taken_up], taken_up["sweep"]) == [taken_up]
+    assert [(row["sweep"], row["ended"]) for row in report.load_rows([sweep_dir])] == [(taken_up["sweep"],
+                                                                                        taken_up["ended"])]
     objective = sweep.read_rows(sweep_dir)[0]["objective"]
     with sqlite3.connect(sweep_dir / "optuna.db") as db:  # n_trials=1: the trial taken up, its run's objective
         assert db.execute("SELECT t.state, v.value FROM trials t LEFT JOIN trial_values v USING (trial_id) "
