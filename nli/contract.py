@@ -32,6 +32,7 @@ Light on purpose (no torch): the launcher imports it while Hydra starts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Optional
 
@@ -45,6 +46,7 @@ MULTIRUN_RECORD = "multirun.yaml"  # what Hydra writes at the top of a sweep's f
 MODEL_DIR = "model"
 EXPORT_FILE = "export.json"  # in model/: the step and evaluation of the exported weights
 CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_NAME = re.compile(r"^step-(\d+)$")  # a checkpoint's folder in checkpoints/: step-000120
 CHECKPOINT_MANIFEST = "checkpoint.json"  # in checkpoints/step-N, written last: a checkpoint without it is unfinished
 PREDICTIONS_DIR = "predictions"
 EVAL_PREDICTIONS_DIR = "eval_predictions"  # each eval example's prediction (nli.evaluate.per_class)

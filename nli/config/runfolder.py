@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
-import re
 import shlex
 import typing
 from dataclasses import dataclass, field
@@ -177,12 +176,10 @@ def _check_finished(here: Storage, name_or_path: str) -> None:
 def _newest_checkpoint(here: Storage) -> Optional[str]:
     """Where the run folder ``here``'s newest whole checkpoint is (its manifest written), in its checkpoints/; None
     where it has none there."""
-    steps = [name for name in here.list(contract.CHECKPOINTS_DIR) if _CHECKPOINT.fullmatch(name)
-             and here.exists(f"{contract.CHECKPOINTS_DIR}/{name}/{contract.CHECKPOINT_MANIFEST}")]
-    return here.describe(contract.CHECKPOINTS_DIR, max(steps)) if steps else None
-
-
-_CHECKPOINT = re.compile(r"step-\d+")  # a checkpoint's folder: zero-padded, so the newest sorts last
+    steps = {int(found.group(1)): name for name in here.list(contract.CHECKPOINTS_DIR)
+             if (found := contract.CHECKPOINT_NAME.match(name))
+             and here.exists(f"{contract.CHECKPOINTS_DIR}/{name}/{contract.CHECKPOINT_MANIFEST}")}
+    return here.describe(contract.CHECKPOINTS_DIR, steps[max(steps)]) if steps else None
 
 
 def _export_step(here: Storage) -> Optional[int]:

@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import random
-import re
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -45,7 +44,7 @@ log = logging.getLogger(__name__)
 FORMAT = 2  # of state.pt: a dict of the registered parts' states
 MANIFEST = contract.CHECKPOINT_MANIFEST
 STATE = "state.pt"
-_NAME = re.compile(r"^step-(\d+)$")
+_NAME = contract.CHECKPOINT_NAME
 # A train.checkpoint_dir is one run's, as its output folder is: held by its run while it runs (nli.io.claim), in a
 # file of its own (a checkpoint_dir may be an output folder too).
 CHECKPOINTS_CLAIM = Use("run", ".checkpoints_claim.json", "give this run another train.checkpoint_dir")
