@@ -496,7 +496,8 @@ def finish_export(run: Run, model: torch.nn.Module, training: Training, loaded: 
     if out.claim is not None:
         out.claim.check()
     card = Card(out.context.resolved, out.provenance, loaded.evaluate.evaluator, continued=out.checkpoints.continued)
-    with out.storage.staged_dir(contract.MODEL_DIR) as folder:  # read back before it is swapped in: no download
+    # The export is read back from its staging folder, before it is swapped in: no download.
+    with out.storage.staged_dir(contract.MODEL_DIR, record=contract.EXPORT_FILE) as folder:
         export.save_weights(folder, model, loaded.tokenizer)
         read_back = load_export(folder).to(run.compute.device)
         fastpaths.install(read_back, device=run.compute.device, enabled=run.cfg.model.fast_paths, trains=False)

@@ -299,11 +299,12 @@ class Storage:
             raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
 
     @contextlib.contextmanager
-    def staged_dir(self, name: str) -> Iterator[Path]:
+    def staged_dir(self, name: str, *, record: Optional[str] = None) -> Iterator[Path]:
         """A local folder to write ``name``'s files into, which becomes ``name`` when the block ends without an
         error, as upload_dir would copy it, but with no copy where the folder is local: the staging folder
         beside ``name`` is swapped in (a model of gigabytes is written once). On Cloud Storage, a temporary
-        folder uploaded file by file. An error leaves what was there before and no staging folder."""
+        folder uploaded file by file (:meth:`_upload_staged`), ``record`` (the file that vouches for the others:
+        an export's export.json) last. An error leaves what was there before and no staging folder."""
         try:
             if self.local:
                 with _staged_local_dir(Path(self.path(name))) as staging:
@@ -311,9 +312,24 @@ class Storage:
             else:
                 with tempfile.TemporaryDirectory() as folder:
                     yield Path(folder)
-                    self._upload_files(Path(folder), name)
+                    self._upload_staged(Path(folder), name, record)
         except OSError as err:
             raise StorageError(f"could not write {self.describe(name)}: {_reason(err)}") from err
+
+    def _upload_staged(self, local: Path, name: str, record: Optional[str]) -> None:
+        """``local``'s files uploaded to ``name`` as the folder it becomes. No object store swaps a folder in whole:
+        the old ``record`` goes first and the new one is uploaded last, so that an upload cut short (a lost machine,
+        a failed call) leaves a folder without its record, which its reader refuses as damaged, not an old record
+        beside new files; then the old folder's files the new one lacks go, as a local folder swapped in drops them."""
+        if record is not None:
+            self.remove(posixpath.join(name, record))
+        files = sorted((p for p in local.rglob("*") if p.is_file()),
+                       key=lambda p: (p.relative_to(local).as_posix() == record, p.as_posix()))
+        for file in files:
+            self.fs.put_file(str(file), self.path(name, file.relative_to(local).as_posix()))
+        kept = {posixpath.join(name, file.relative_to(local).as_posix()) for file in files}
+        for stale in set(self.files_under(name)) - kept:
+            self.fs.rm(self.path(stale))
 
     def _upload_files(self, local: Path, name: str) -> None:
         for file in sorted(p for p in local.rglob("*") if p.is_file()):

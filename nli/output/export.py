@@ -46,7 +46,7 @@ def write(storage: Storage, model: torch.nn.Module, tokenizer: PreTrainedTokeniz
           card: Optional[Card] = None) -> None:
     """``model/`` (:func:`fill`), written straight into the folder's staging copy and swapped in whole where
     the folder is local (nli.io.storage.Storage.staged_dir)."""
-    with storage.staged_dir(contract.MODEL_DIR) as folder:
+    with storage.staged_dir(contract.MODEL_DIR, record=contract.EXPORT_FILE) as folder:
         fill(folder, model, tokenizer, evaluation, card)
 
 

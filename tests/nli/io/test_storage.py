@@ -558,8 +558,7 @@ def test_a_staged_folder_becomes_the_folder_whole_or_leaves_it_as_it_was(folder:
     with folder.staged_dir("model") as staging:
         (staging / "model.safetensors").write_bytes(b"second weights")
     assert folder.read_bytes("model/model.safetensors") == b"second weights"
-    if folder.local:  # Cloud Storage replaces each file as it uploads (upload_dir's contract)
-        assert folder.list("model") == ["model.safetensors"]
+    assert folder.list("model") == ["model.safetensors"]  # on Cloud Storage too: the first's other files removed
 
     with pytest.raises(StorageError, match="could not write .*model: no space left on its disk: make room"):
         with folder.staged_dir("model") as staging:
@@ -573,6 +572,53 @@ def test_a_staged_folder_becomes_the_folder_whole_or_leaves_it_as_it_was(folder:
     assert folder.read_bytes("model/model.safetensors") == b"second weights"
     if folder.local:
         assert os.listdir(Path(folder.path())) == ["model"]
+
+
+def test_an_upload_cut_short_leaves_a_folder_without_its_record_not_an_old_record_over_new_files(
+        gcs_emulator: Dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Cloud Storage a staged folder is uploaded file by file: the file that vouches for the others (an
+    export's export.json, ``record``) goes up last, and the old one is removed before the first, so that an upload
+    a failed call cut short leaves a folder its reader refuses as damaged (nli.config.runfolder), never the last
+    export's record beside the new export's weights. Uploaded in name order, export.json went before the weights."""
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.handlers import objects
+
+    folder = Storage(f"gs://test-bucket/folders/{uuid.uuid4().hex}")
+    with folder.staged_dir("model", record="export.json") as staging:
+        (staging / "config.json").write_text("{}")
+        (staging / "export.json").write_text("first record")
+        (staging / "model.safetensors").write_bytes(b"first weights")
+
+    uploaded: List[str] = []
+    for _, handlers in server.HANDLERS:
+        for method, handler in list(handlers.items()):
+            if handler is objects.insert:
+                monkeypatch.setitem(handlers, method, _failing_at("model.safetensors", handler, uploaded))
+    with pytest.raises(StorageError, match="could not write .*model"):
+        with folder.staged_dir("model", record="export.json") as staging:
+            (staging / "config.json").write_text("{}")
+            (staging / "export.json").write_text("second record")
+            (staging / "model.safetensors").write_bytes(b"second weights")
+    assert uploaded == ["config.json", "model.safetensors"]  # the record was to go last
+    assert not folder.exists("model/export.json")
+    assert folder.read_bytes("model/model.safetensors") == b"first weights"
+
+
+def _failing_at(name: str, handler: Callable[..., Any], uploaded: List[str]) -> Callable[..., Any]:
+    """An emulator upload handler that answers 403 for the object ``name`` (a call Cloud Storage refuses, which
+    gcsfs does not retry), recording each object it was asked for."""
+    from http import HTTPStatus
+
+    def refusing(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
+        asked = (request.query.get("name") or [""])[0] or request.data["meta"]["name"]
+        uploaded.append(asked.rsplit("/", 1)[-1])
+        if asked.endswith(name):
+            response.status = HTTPStatus.FORBIDDEN
+            response.json({"error": {"code": 403, "message": "refused by the test"}})
+            return None
+        return handler(request, response, storage, *args, **kwargs)
+
+    return refusing
 
 
 def test_a_staged_folder_is_not_copied_where_the_folder_is_local(tmp_path: Path) -> None:
