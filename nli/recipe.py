@@ -129,6 +129,7 @@ class Data:
     test: Dict[str, DataLoader]  # test split -> this rank's slice, when predicting
     examples_per_epoch: int
     contents: data.Contents  # of the training set's examples, which a resumed run checks (nli.train.loop)
+    eval_contents: data.Contents  # of the main eval split's examples as scored, which pick the best: checked too
     extras: List[oom.Evaluations]  # eval.extra's sets, scored at the end (nli.evaluate.evalsets)
 
 
@@ -300,6 +301,7 @@ def load_data(run: Run) -> Data:
     task, source, train = cfg.task, cfg.data, cfg.train
     splits = data.load_splits(task, source, seed=cfg.seed, predict=train.predict)
     contents = splits.train_contents(task.text_fields)  # of the text as loaded: the same with any tokenizer
+    evaluated = splits.eval_contents(task.main_split, task.text_fields)
     tokenizer = (tokenizer_from_files(out.snapshot.tokenizer_files) if out.snapshot else
                  build_tokenizer(cfg.model, splits.train_texts(task.text_fields), max_seq_length=source.max_seq_length))
     scoring = _scoring(run, share_tokenizer(tokenizer, run.world), task.label_names, f"the model of task={task.name}")
@@ -316,7 +318,7 @@ def load_data(run: Run) -> Data:
     for note in own.notes:
         out.warn(note)
     return Data(scoring.tokenizer, batches, own.evaluate, own.test, examples_per_epoch=len(splits.train),
-                contents=contents, extras=extras)
+                contents=contents, eval_contents=evaluated, extras=extras)
 
 
 def _scoring(run: Run, tokenizer: PreTrainedTokenizerBase, labels: List[str], model: str) -> evalsets.Scoring:
@@ -362,7 +364,8 @@ def optimization(run: Run, model: torch.nn.Module, loaded: Data) -> Training:
     train, micro_batch_size = cfg.train, run.micro_batch_size
     accumulation = cfg.accumulation_steps(world.world_size)
     plan = Plan.make(train, examples_per_epoch=loaded.examples_per_epoch, world_size=world.world_size,
-                     accumulation=accumulation, contents=loaded.contents)
+                     accumulation=accumulation, contents=loaded.contents, main_split=cfg.task.main_split,
+                     eval_contents=loaded.eval_contents)
     processes = f" x {world.world_size} processes" if world.distributed else ""
     warmup = cfg.schedule.num_warmup_steps(plan.total_steps)
     log.info("training: %d steps of %d examples (%d x %d accumulated%s), warming up for %d", plan.total_steps,
@@ -402,7 +405,7 @@ def optimization(run: Run, model: torch.nn.Module, loaded: Data) -> Training:
     state.register("rng", RandomState(world, progress))  # last: nothing restored after it draws from it
     if out.snapshot is not None:
         state.load_state_dict(out.snapshot.state)
-        plan.check_training_set(progress)  # before the folder records this attempt: a refusal leaves it as it was
+        plan.check_resume(progress)  # before the folder records this attempt: a refusal leaves it as it was
         log.info("resuming from checkpoint %s: step %d of %d", out.checkpoints.where(out.snapshot.name),
                  progress.step, plan.total_steps)
         if progress.eval_every and progress.eval_every != plan.eval_every:

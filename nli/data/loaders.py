@@ -53,6 +53,11 @@ class Splits:
         assert self.train is not None, "an evaluation-only run reads no training set"
         return contents_of(self.train, text_fields)
 
+    def eval_contents(self, split: str, text_fields: List[str]) -> Contents:
+        """What a resumed run checks eval split ``split`` against (:func:`contents_of`): its examples as scored,
+        the first data.max_eval_samples of them."""
+        return contents_of(self.eval[split], text_fields)
+
 
 def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool, train: bool = True,
                 dir_key: str = "data.dir") -> Splits:
@@ -170,7 +175,7 @@ def _first(ds: datasets.Dataset, limit: int | None) -> datasets.Dataset:
 
 
 class Contents(NamedTuple):
-    """Digests of a training set's examples (:func:`contents_of`): of their text, and of their labels."""
+    """Digests of a set's examples (:func:`contents_of`): of their text, and of their labels."""
 
     text: str
     labels: str
@@ -182,11 +187,11 @@ _PIECE = 65_536
 
 
 def contents_of(ds: datasets.Dataset, text_fields: Sequence[str]) -> Contents:
-    """What a resumed run checks its training set against (nli.train.loop): its examples' text (``text_fields``) and
-    labels, example by example in the set's order, as loaded. Of the values alone: not of the file they came from
-    (its path, its time), of how arrow holds them (chunks, a selection's indices), of the tokenizer, or of the
-    processes (each holds the whole set). 0.1 s for MNLI's 393k examples; 2 s where they are a selection out of the
-    file's order (data.fraction_of_train_data), which ``datasets`` gathers example by example."""
+    """What a resumed run checks its training set and its main eval split against (nli.train.loop): their examples'
+    text (``text_fields``) and labels, example by example in the set's order, as loaded. Of the values alone: not
+    of the file they came from (its path, its time), of how arrow holds them (chunks, a selection's indices), of the
+    tokenizer, or of the processes (each holds the whole set). 0.1 s for MNLI's 393k examples; 2 s where they are a
+    selection out of the file's order (data.fraction_of_train_data), which ``datasets`` gathers example by example."""
     columns = {name: _ColumnHash() for name in [*text_fields, "label"]}
     for piece in ds.select_columns(list(columns)).with_format("arrow").iter(batch_size=_PIECE):
         piece = piece.combine_chunks()  # a piece gathered out of order comes as one chunk per example

@@ -110,6 +110,10 @@ class Progress:
     # at the same size is refused too (nli.train.loop); "": a checkpoint from before they were kept.
     text_digest: str = ""
     labels_digest: str = ""
+    # The same of the main eval split's examples as scored, whose main metric picks the best checkpoint: a resume on
+    # an edited one would compare its scores with the best so far on the old one (nli.train.loop); "": not kept.
+    eval_text_digest: str = ""
+    eval_labels_digest: str = ""
     # Steps between evaluations: early stopping, a search's pruning and the best checkpoint count the evaluations
     # made, so a resume at another cadence is said (nli.recipe); 0: a checkpoint from before it was kept.
     eval_every: int = 0
@@ -125,7 +129,7 @@ class Progress:
 
 # Progress fields that older checkpoints lack
 _ADDED = {"window_loss", "window_steps", "examples_per_epoch", "eval_every", "scaler_skips", "scaler_skips_logged",
-          "text_digest", "labels_digest"}
+          "text_digest", "labels_digest", "eval_text_digest", "eval_labels_digest"}
 
 
 class BestEvaluation:

@@ -64,10 +64,13 @@ class Plan:
     label_smoothing: float  # cross-entropy's label smoothing; 0: the model's own loss
     # What the training set holds (nli.data.loaders.contents_of), which a resumed run's must too
     contents: Contents = _NOT_KNOWN
+    # The eval split whose main metric picks the best checkpoint, and what it holds as scored: a resumed run's too
+    main_split: str = ""
+    eval_contents: Contents = _NOT_KNOWN
 
     @classmethod
     def make(cls, train: TrainConfig, *, examples_per_epoch: int, world_size: int, accumulation: int,
-             contents: Contents = _NOT_KNOWN) -> "Plan":
+             contents: Contents = _NOT_KNOWN, main_split: str = "", eval_contents: Contents = _NOT_KNOWN) -> "Plan":
         last = examples_per_epoch % train.batch_size
         if 0 < last < world_size:  # a process with no example would stall the others' gradient all-reduce
             raise ConfigError(f"each epoch ends with a batch of {last} example(s), fewer than the {world_size} "
@@ -78,13 +81,30 @@ class Plan:
                    examples_per_epoch=examples_per_epoch, accumulation=accumulation,
                    eval_every=train.eval_every or steps_per_epoch, log_every=train.log_every,
                    checkpoint_every=train.checkpoint_every, max_grad_norm=train.max_grad_norm,
-                   skip_nonfinite=train.skip_nonfinite, label_smoothing=train.label_smoothing, contents=contents)
+                   skip_nonfinite=train.skip_nonfinite, label_smoothing=train.label_smoothing, contents=contents,
+                   main_split=main_split, eval_contents=eval_contents)
 
-    def check_training_set(self, progress: Progress) -> None:
+    def check_resume(self, progress: Progress) -> None:
+        """Refuse to resume from a checkpoint's ``progress`` that this plan cannot go on from: one past its end, or
+        of other training or evaluation data. Called as the checkpoint is restored, before the folder records this
+        attempt's config (nli.output.folder.record_run), so that a refusal leaves the folder as it was."""
+        self._check_length(progress)
+        self._check_training_set(progress)
+        self._check_eval_set(progress)
+
+    def _check_length(self, progress: Progress) -> None:
+        """Only a new train.max_steps or train.epochs can end the plan before the checkpoint's step. The folder refuses
+        it before anything loads (nli.output.folder.check_continuation) where the checkpoint tells an epoch's size;
+        this is for the ones that cannot (from before it was kept, written in the first epoch)."""
+        if progress.step > self.total_steps:
+            raise ConfigError(f"this run already trained {progress.step} steps, more than the {self.total_steps} "
+                              "that train.max_steps or train.epochs now plan: a run cannot be shortened. Start it "
+                              f"afresh in another {own_folder()}")
+
+    def _check_training_set(self, progress: Progress) -> None:
         """Refuse to resume on a training set of another size, or of the same size with other text or labels: the
         checkpoint's ``progress`` (its place in its epoch, its order, the epochs the plan counts) is of the examples it
-        trained on (a checkpoint from before the size was kept: 0; before the digests were: ""). Called as the
-        checkpoint is restored, before the folder records this attempt's config (nli.output.folder.record_run)."""
+        trained on (a checkpoint from before the size was kept: 0; before the digests were: "")."""
         before, now = progress.examples_per_epoch, self.examples_per_epoch
         if before and before != now:
             raise DataError(f"this run trained on {before} training examples an epoch, and its training set now has "
@@ -97,6 +117,23 @@ class Plan:
                             f"{now} that are not those ({changed}): the training data changed since its checkpoint "
                             f"of step {progress.step} (data.dir's or data.files' training file), and the run would go "
                             "on with other examples than it trained on. Put the training data back as it was, or start "
+                            f"the run afresh in another {own_folder()}")
+
+    def _check_eval_set(self, progress: Progress) -> None:
+        """Refuse to resume on a main eval split with other text or labels than the checkpoint's evaluations scored
+        (one of another size among them): the best so far, which picks the checkpoint to export and which early
+        stopping and a search's pruning measure each evaluation against, is a score on those examples. Its other
+        splits (MNLI's mismatched) and eval.extra's sets only report, scored once more at the end on the files as they
+        are then: they are not checked. data.max_eval_samples, part of the run's identity, is the same as the
+        checkpoint's (nli.output.folder), so the examples compared are those the evaluations scored."""
+        changed = _changed(Contents(text=progress.eval_text_digest, labels=progress.eval_labels_digest),
+                           self.eval_contents)
+        if changed:
+            raise DataError(f"this run was evaluated on {self.main_split} examples up to its checkpoint of step "
+                            f"{progress.step}, and its {self.main_split} split now holds others ({changed}): the "
+                            f"evaluation data changed since (data.dir's or data.files' {self.main_split} file, or the "
+                            "Hub's split), and the run would pick its best checkpoint, and judge early stopping and a "
+                            "search's pruning, by scores on two sets. Put the evaluation data back as it was, or start "
                             f"the run afresh in another {own_folder()}")
 
     @property
@@ -193,12 +230,10 @@ class Loop:
     def run(self, progress: Progress, best: BestEvaluation, stop: StopRequest) -> TrainResult:
         self.opt.trained.train()
         clock = _Clock(progress.seconds)
-        if progress.step > self.plan.total_steps:  # only a new train.max_steps or train.epochs can make it so
-            raise ConfigError(f"this run already trained {progress.step} steps, more than the {self.plan.total_steps} "
-                              "that train.max_steps or train.epochs now plan: a run cannot be shortened. Start it "
-                              f"afresh in another {own_folder()}")
+        assert progress.step <= self.plan.total_steps, "refused as the checkpoint is restored (Plan.check_resume)"
         progress.examples_per_epoch, progress.eval_every = self.plan.examples_per_epoch, self.plan.eval_every
         progress.text_digest, progress.labels_digest = self.plan.contents
+        progress.eval_text_digest, progress.eval_labels_digest = self.plan.eval_contents
         # A resumed run logs the loss over the same steps as an unbroken one: the checkpoint kept the partial window.
         self.window.resume(progress.window_loss, progress.window_steps)
         self._call("on_start", progress, best)
@@ -440,8 +475,8 @@ class _Clock:
 
 
 def _changed(before: Contents, now: Contents) -> Optional[str]:
-    """What differs between the training set a checkpoint recorded and this one; None where nothing does, or where
-    either is not known."""
+    """What differs between the set a checkpoint recorded and this one; None where nothing does, or where either is
+    not known."""
     if not (before.text and now.text) or before == now:
         return None
     if before.labels == now.labels:

@@ -104,6 +104,24 @@ def test_an_old_run_is_not_continued_on_the_synthetic_tasks_new_version(tmp_path
     assert after.pop(log).startswith(before.pop(log)) and after == before
 
 
+def test_an_old_run_shortened_below_its_checkpoint_in_its_first_epoch_is_refused_with_its_folder_as_it_was(
+        tmp_path: Path) -> None:
+    """Its checkpoint (step 8, in its first epoch of 10 steps) is from before checkpoints kept an epoch's size, so the
+    folder cannot count train.epochs=0.5's steps before the data loads: the loop refused them (5, fewer than the 8
+    trained), but only after the refused command's config.yaml and overrides.yaml had become the folder's. Refused as
+    the checkpoint is restored, nothing changed but the refusal's line in its log."""
+    stopped = copy_run(LEGACY / "run-stopped", tmp_path / "run")
+    before = {path: path.read_bytes() for path in stopped.rglob("*") if path.is_file()}
+    proc = run_app([*overrides(stopped), f"hydra.run.dir={stopped}", "train.max_steps=null", "train.epochs=0.5",
+                    "train.accept_changes=[train.max_steps,train.epochs]"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: this run already trained 8 steps, more than the 5 that train.max_steps or "
+                                  "train.epochs now plan: a run cannot be shortened."), proc.stderr
+    after = {path: path.read_bytes() for path in stopped.rglob("*") if path.is_file()}
+    log = stopped / "train.log"
+    assert after.pop(log).startswith(before.pop(log)) and after == before
+
+
 def test_a_finished_old_run_answers_with_its_results_and_continues_with_accepted_changes(tmp_path: Path) -> None:
     finished = copy_run(LEGACY / "run-finished", tmp_path / "run")
     recorded = read_results(finished)
