@@ -18,22 +18,29 @@ RUN = ["task=rte", "model=tiny", "data.max_seq_length=32", "data.max_eval_sample
        "train.eval_every=2", "train.progress_bar=false", "hw=cpu"]
 
 
+def run_of_100_examples(tmp_path: Path) -> Tuple[Path, List[str], Dict[str, str]]:
+    """A run of the first 100 of RTE's training examples stopped at step 2 (32 examples into its epoch), read from
+    ``tmp_path``'s train.tsv and dev.tsv: its folder, its arguments, and its files' digests (:func:`files_of`)."""
+    (tmp_path / "train.tsv").write_text("".join((GLUE_DATA / "RTE" / "train.tsv").read_text(encoding="utf-8")
+                                                .splitlines(keepends=True)[:101]), encoding="utf-8")
+    shutil.copy(GLUE_DATA / "RTE" / "dev.tsv", tmp_path / "dev.tsv")
+    run_dir = tmp_path / "run"
+    args = [*RUN, f"+data.files.train={tmp_path / 'train.tsv'}", f"+data.files.validation={tmp_path / 'dev.tsv'}",
+            f"hydra.run.dir={run_dir}"]
+    first = run_app([*args, "train.max_steps=2"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    return run_dir, args, files_of(run_dir)
+
+
 @pytest.mark.parametrize("lines_now", [21, 121], ids=["shrunk-below-its-place", "grown"])
 def test_a_training_set_of_another_size_than_the_checkpoints_is_refused(tmp_path: Path, lines_now: int) -> None:
     """The checkpoint was 32 examples into an epoch of 100. A training file of 20 now: the epoch held no batch, and
     the resumed run waited on one for ever, spinning a core, deaf to SIGTERM's stop. Of 120: it went on without a
     word, its place, order and epochs counted in examples that are no longer the ones it trained on. Each is refused,
     naming both counts, with every file of the folder as it was."""
-    train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+    run_dir, args, kept = run_of_100_examples(tmp_path)
     lines = (GLUE_DATA / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-    train.write_text("".join(lines[:101]), encoding="utf-8")
-    dev.write_text((GLUE_DATA / "RTE" / "dev.tsv").read_text(encoding="utf-8"), encoding="utf-8")
-    run_dir = tmp_path / "run"
-    args = [*RUN, f"+data.files.train={train}", f"+data.files.validation={dev}", f"hydra.run.dir={run_dir}"]
-    first = run_app([*args, "train.max_steps=2"], cwd=tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
-    kept = files_of(run_dir)
-    train.write_text("".join(lines[:lines_now]), encoding="utf-8")
+    (tmp_path / "train.tsv").write_text("".join(lines[:lines_now]), encoding="utf-8")
     resumed = run_process([*args, "train.max_steps=4", "train.accept_changes=[train.max_steps]"], cwd=tmp_path,
                           timeout=120)
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr
@@ -78,18 +85,11 @@ def test_a_training_file_edited_at_the_same_size_is_refused(tmp_path: Path, edit
     100 examples: the run went on without a word, its place and order pointing at other examples (or the same with
     other labels), its results of two datasets under one folder's name. It is refused, naming what differs, with
     every file of the folder as it was."""
-    train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
-    lines = (GLUE_DATA / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)[:101]
-    train.write_text("".join(lines), encoding="utf-8")
-    dev.write_text((GLUE_DATA / "RTE" / "dev.tsv").read_text(encoding="utf-8"), encoding="utf-8")
-    run_dir = tmp_path / "run"
-    args = [*RUN, f"+data.files.train={train}", f"+data.files.validation={dev}", f"hydra.run.dir={run_dir}"]
-    first = run_app([*args, "train.max_steps=2"], cwd=tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
-    kept = files_of(run_dir)
+    run_dir, args, kept = run_of_100_examples(tmp_path)
+    lines = (tmp_path / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
     edited = edit(lines)
     assert len(edited) == len(lines) and edited != lines
-    train.write_text("".join(edited), encoding="utf-8")
+    (tmp_path / "train.tsv").write_text("".join(edited), encoding="utf-8")
     resumed = run_app([*args, "train.max_steps=4", "train.accept_changes=[train.max_steps]"], cwd=tmp_path)
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr
     assert resumed.stderr.startswith("error: this run trained on 100 training examples an epoch, and its training "
