@@ -904,6 +904,7 @@ def _cell(value: Any) -> str:
     if value is None:
         return ""
     text = f"{value:.4f}" if isinstance(value, float) else str(value)
+    text = " ".join(text.split())  # a row is one line: an error of several lines would break the table's columns
     return text if len(text) <= 80 else text[:77] + "..."
 
 

@@ -409,6 +409,19 @@ def test_a_sweep_run_again_with_other_overrides_has_a_table_of_its_own_jobs(shar
     assert "0.003" not in table and re.search(r"\n1 +FAILED +0\.0005 ", table), table
 
 
+def test_a_failed_jobs_error_of_several_lines_is_one_line_of_the_printed_table(tmp_path: Path) -> None:
+    """Job 0's error (its folder holds another run: a line naming the folder, then the setting and what to do) was
+    printed as it is, its second line at the table's left edge, where a job's number stands."""
+    for lr, status in (("1e-3", 0), ("5e-4", 1)):
+        proc = run_app(["-m", *FAST, f"optimizer.lr={lr}", "seed=1", "output_dir=s${seed}",
+                        f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+        assert proc.returncode == status, proc.stdout + proc.stderr
+    lines = proc.stdout[proc.stdout.index("Sweep results"):].splitlines()[1:]
+    table = lines[:next(i for i, line in enumerate(lines) if line.startswith("["))]  # up to the next log line
+    assert [line.split()[:2] for line in table] == [["job", "state"], ["0", "FAILED"]], table
+    assert "s1 holds a finished run with other settings: optimizer.lr: 0.001 ->" in table[1], table
+
+
 def test_a_row_holds_the_results_of_the_job_that_returned_them(caplog: pytest.LogCaptureFixture) -> None:
     """results.json read after the job returned: another run's objective there is not this job's row."""
     mine = {"objective": 0.75, "accuracy": 0.75}
