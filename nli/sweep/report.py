@@ -761,7 +761,7 @@ def write_report(paths: Sequence[Source], out: Optional[Path] = None, notes: Opt
                 "from " + ", ".join(f"`{path}`" for path in paths) + "." +
                 "".join(f"\n\n{note}." for note in notes) + _minimized(direction),
                 "## Jobs\n\n" + job_table(rows, keys, metrics, folders=len(paths) > 1) + cost.markdown_note(rows),
-                *warnings_section(rows, keys)]
+                *warnings_section(rows, keys, folders=len(paths) > 1)]
     if sweep.SEED in keys:
         sections.append("## Over seeds\n\nMean ± sample standard deviation over the seeds of each setting "
                         "(completed jobs).\n\n" + seed_table(rows, keys, metrics))
@@ -799,12 +799,15 @@ def own_images(report: Path) -> Set[str]:
     return {name for name in re.findall(r"!\[[^\]]*\]\(([^)/\\]+)\)", text) if OWN_IMAGE.fullmatch(name)}
 
 
-def warnings_section(rows: Sequence[Row], keys: Sequence[str]) -> List[str]:
+def warnings_section(rows: Sequence[Row], keys: Sequence[str], *, folders: bool = False) -> List[str]:
     """What each run said of its own figures (results.json's ``warnings``: a model that predicts one class, outputs
-    that are NaN), under its job's swept values; nothing where no run warned."""
+    that are NaN), under its job's swept values; nothing where no run warned. ``folders`` names each job's folder
+    too, as the jobs' table does for reports over several directories, whose job numbers repeat."""
     def job(row: Row) -> str:
-        values = " ".join(f"{key}={row.get(key)}" for key in keys)
-        return f"job {row['job']} ({values})" if values else f"job {row['job']}"
+        # The keys this job was given: another sweep's key is none of its settings ("seed=None" it never ran with).
+        values = " ".join(f"{key}={row[key]}" for key in keys if row.get(key) is not None)
+        name = f"job {row['job']} of {_tail(str(row.get('output_dir') or ''), 2)}" if folders else f"job {row['job']}"
+        return f"{name} ({values})" if values else name
 
     lines = [f"- {job(row)}: {warning}" for row in rows for warning in row.get("warnings") or []]
     if not lines:

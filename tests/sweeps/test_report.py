@@ -297,6 +297,23 @@ def test_a_setting_whose_seeds_have_a_nan_figure_has_no_mean_of_it_and_its_runs_
         f"- job {3 + seed} (optimizer.lr=0.1 seed={seed}): {diverged}" for seed in (1, 2)]
 
 
+def test_the_warnings_of_two_sweeps_name_each_jobs_folder_and_only_the_settings_it_was_given(
+        sweep_dir: Path, shared_root: Path, tmp_path: Path) -> None:
+    """Two sweeps reported together, each with a job 0 whose model predicts one class: both warnings were under
+    "job 0", and the sweep that swept no seed's under "seed=None", a setting it never ran with."""
+    other = rerun_sweep(shared_root)
+    report.write_report([sweep_dir, other], tmp_path / "report")
+    markdown = (tmp_path / "report" / report.REPORT).read_text()
+    said = [line.split(": ", 1)[0] for line in markdown.splitlines() if "that class's share" in line]
+    ours = [row for row in report.load_rows([sweep_dir]) if row.get("warnings")]
+    theirs = [row for row in report.load_rows([other]) if row.get("warnings")]
+    assert ours and theirs and len(said) == len(ours) + len(theirs), said
+    assert said[:len(ours)] == [f"- job {row['job']} of {sweep_dir.name}/{row['job']} (optimizer.lr="
+                                f"{row['optimizer.lr']} seed={row['seed']})" for row in ours]
+    assert said[len(ours):] == [f"- job {row['job']} of {other.name}/{row['job']} (optimizer.lr="
+                                f"{row['optimizer.lr']})" for row in theirs]
+
+
 @pytest.mark.process
 def test_python_m_nli_report(sweep_dir: Path, tmp_path: Path) -> None:
     """The command as a user types it, in its own process, with a sweep and a run folder at once."""
