@@ -153,6 +153,15 @@ def _not_a_source(path: Path) -> ReportError:
     if (holder := live_holder(storage)) is not None:  # a run's claim of its output folder
         return ReportError(f"{path}: a run is still going there ({holder}): its {RESULTS_FILE} is written at its "
                            "end; make the report then")
+    # Hydra's record of a sweep, and a run's of itself, are written as each starts; their tables at their ends.
+    if (path / MULTIRUN_RECORD).is_file():
+        return ReportError(f"{path}: the sweep there stopped before any of its jobs ended (its {MULTIRUN_RECORD}, no "
+                           f"{sweep.RESULTS_JSONL}): the same command again runs them, a job stopped mid-way resuming "
+                           "from its checkpoint; make the report once one has ended")
+    if (path / CONFIG_FILE).is_file():
+        return ReportError(f"{path}: the run there has not ended (its {CONFIG_FILE}, no {RESULTS_FILE}): it was "
+                           "stopped, or failed, before its final evaluation; the same command again continues a "
+                           "stopped run, and its train.log says why one failed")
     return ReportError(f"{path}: holds neither {sweep.RESULTS_JSONL} nor {RESULTS_FILE}; {expected}")
 
 

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -18,7 +19,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import matplotlib.figure
 import matplotlib.image
@@ -26,9 +27,11 @@ import matplotlib.legend
 import pytest
 import yaml
 
-from nli.contract import CLAIM_FILE
+from nli.contract import CLAIM_FILE, PREEMPTED
 from nli.sweep import calibration_plot, plots, report
 from nli.sweep import table as sweep
+from nli.train.checkpoint import Progress
+from nli.train.hooks import Revisit
 from tests.support.runs import FAST, ROOT, copy_run, read_results, run_app, shared_folder
 from tests.sweeps.test_sweep import rerun_sweep
 
@@ -450,6 +453,35 @@ def test_a_path_that_is_neither_a_sweep_nor_a_run_is_one_line_and_status_2(
     assert "expected a sweep directory (with sweep_results.jsonl) or a run folder (with results.json)" in err
     assert not (path / report.REPORT).exists() and not (tmp_path / report.REPORT).exists()
 
+
+
+def test_a_sweep_stopped_before_any_job_ended_and_its_jobs_folder_are_said_so_not_to_be_neither(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep stopped by SIGTERM in its first job (its train.py -m in this process, as a scheduler stops it): its
+    folder and its job's were each refused as holding "neither sweep_results.jsonl nor results.json", expected to be
+    a sweep directory or a run folder, which they are."""
+    looked = Revisit.on_step_end
+
+    def on_step_end(self: Revisit, progress: Progress, logged: Any) -> None:
+        looked(self, progress, logged)
+        if progress.step == 2:  # acted on at the next step's end, where the run checkpoints and stops
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    sweep_dir = tmp_path / "sweep"
+    with monkeypatch.context() as patched:
+        patched.setattr(Revisit, "on_step_end", on_step_end)
+        proc = run_app(["-m", *FAST, "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert proc.returncode == PREEMPTED and "SIGTERM at step 3" in proc.stderr, proc.stdout + proc.stderr
+    assert not (sweep_dir / sweep.RESULTS_JSONL).exists() and not (sweep_dir / "0" / "results.json").exists()
+    capsys.readouterr()
+    for path, said in ((sweep_dir, "the sweep there stopped before any of its jobs ended (its multirun.yaml, no "
+                                   "sweep_results.jsonl): the same command again runs them"),
+                       (sweep_dir / "0", "the run there has not ended (its config.yaml, no results.json): it was "
+                                         "stopped, or failed, before its final evaluation")):
+        assert report.main([str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"error: {path}: {said}"), err
+        assert not (path / report.REPORT).exists()
 
 
 @pytest.mark.parametrize("file, text, said", [("results.json", "[1, 2]", "results.json is damaged (not a JSON object)"),
