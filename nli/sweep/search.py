@@ -751,9 +751,8 @@ class OptunaSearch:
                      jobs[here.number], here.params, here.value)
         best = study.best_trial
         if best.number not in jobs:  # in the table printed next, where its row says the study (table.of_study)
-            log.info("the study's best (of %d completed trials): trial %d of an earlier command (job %d; its row is in "
-                     "sweep_results.jsonl), %s, objective %s", len(done), best.number, job_number(best), best.params,
-                     best.value)
+            log.info("the study's best (of %d completed trials): trial %d of an earlier command, job %d of the sweep's "
+                     "table, %s, objective %s", len(done), best.number, job_number(best), best.params, best.value)
         self._save_best(study)
 
     def _save_best(self, study: optuna.Study) -> None:

@@ -462,6 +462,26 @@ def test_an_optuna_search_runs_its_trials_and_continues_its_study(tmp_path: Path
     assert [row["job"] for row in rows] == [0, 1, 2]
 
 
+def test_the_studys_best_from_an_earlier_command_is_named_by_its_row_of_the_table_printed(tmp_path: Path) -> None:
+    """A grid of two learning rates, one trial a command: the first command's (0.001) completes, the second's (-1)
+    is refused, so the study's best is the first command's. The second command said its row was in
+    sweep_results.jsonl, as if the table it printed next (the study's trials, every command's) left it out."""
+    args = ["-m", *FAST, "hparams_search=quickstart", "hydra/sweeper/sampler=grid",
+            "~hydra.sweeper.sampler.n_startup_trials", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=1",
+            "optimizer.lr=choice(-1,0.001)", "train.batch_size=32", "schedule.warmup_ratio=0.1",
+            "optimizer.weight_decay=0.0",
+            f"hydra.sweep.dir={tmp_path / 'search'}"]
+    first = run_app(args, cwd=tmp_path)
+    assert first.returncode == 0 and "trial 0 is job 0: optimizer.lr=0.001 " in first.stdout, first.stdout  # seed 0's
+    again = run_app(args, cwd=tmp_path)
+    assert again.returncode == 1 and "trial 1 failed: not launched" in again.stdout, again.stdout + again.stderr
+    (said,) = [line for line in again.stdout.splitlines() if "the study's best" in line]
+    assert "the study's best (of 1 completed trials): trial 0 of an earlier command, job 0 of the sweep's table, " \
+           "{'optimizer.lr': 0.001}" in said and "sweep_results.jsonl" not in said, said
+    lines = again.stdout[again.stdout.index("Sweep results"):].splitlines()[2:]
+    assert [line.split()[:3] for line in lines[:2]] == [["0", "COMPLETED", "0.001"], ["1", "FAILED", "-1"]], lines
+
+
 def test_trials_that_share_their_named_values_each_run_in_a_folder_and_a_row_of_their_own(tmp_path: Path) -> None:
     """A trial's folder was named by four keys and the seed: trials apart only in another searched key shared a
     folder, the second failing on the first's run ("holds a finished run with other settings") and its row
