@@ -80,6 +80,7 @@ def apply(cfg: DictConfig, typed: Sequence[str], conf_dir: Path) -> Optional[str
     saved, left_out = _known(read_config(storage, str(given)), cfg)
     command = decided(typed, conf_dir)
     taken = _take(cfg, saved, command)
+    _check_data_found(cfg, command, storage, str(given))
     forced = _as_trained(cfg, command)
     where = storage.describe(contract.CONFIG_FILE)
     said = ", ".join(taken) if taken else "nothing: the command's config agrees with it"
@@ -374,6 +375,38 @@ def _take(cfg: DictConfig, saved: Mapping[str, Any], command: Command) -> List[s
         if _plain(OmegaConf.select(cfg, key)) != before:
             taken.append(f"{key}={_show(key, OmegaConf.select(cfg, key))}")
     return taken
+
+
+def _check_data_found(cfg: DictConfig, command: Command, storage: Storage, given: str) -> None:
+    """Refuses a local data path the evaluation took from the folder's config.yaml (data.dir, an eval split's
+    data.files) where it is not found from this command's working directory. A run records its paths as typed, and a
+    relative one is of the folder its run was started in: read from elsewhere, the data's loading would say only that
+    data.dir=glue holds no RTE/, a value the command never typed, and to put GLUE's files there."""
+    found = [("data.dir", OmegaConf.select(cfg, "data.dir"))]
+    evaluated = OmegaConf.select(cfg, "task.eval_splits") or {}  # an evaluation reads no training file
+    files = OmegaConf.select(cfg, "data.files") or {}
+    found += [(f"data.files.{split}", path) for split, path in files.items() if split in evaluated]
+    for key, path in found:
+        if not path or command.decides(key) or "://" in str(path) or Path(str(path)).expanduser().exists():
+            continue
+        above = None if Path(str(path)).expanduser().is_absolute() else _started_in(storage, str(path))
+        why = ("moved or deleted since, or of another machine" if Path(str(path)).expanduser().is_absolute() else
+               "a relative path, of the folder its run was started in" + (f", likely {above}" if above else ""))
+        where = above / str(path) if above else "<where it is now>"
+        typed = f"+{key}" if key.startswith("data.files.") else key  # Hydra adds a free mapping's key with a +
+        raise ConfigError(f"model.name_or_path={given} is a run folder whose {storage.describe(contract.CONFIG_FILE)} "
+                          f"gives {key}={path}, which is not found from {Path.cwd()}: {why}. Nothing was read: give "
+                          f"{typed}={where} (a value the command types wins over the folder's)"
+                          + ("" if Path(str(path)).expanduser().is_absolute() else
+                             f", or run this command from {'there' if above else 'that folder'}"))
+
+
+def _started_in(storage: Storage, path: str) -> Optional[Path]:
+    """The nearest folder above the local run folder ``storage`` from which the relative ``path`` is found (a run's
+    default folder, outputs/<task>/<time>, is below the one it started in); None where none is."""
+    if not storage.local:
+        return None
+    return next((above for above in Path(storage.absolute()).parents if (above / path).exists()), None)
 
 
 def _set(cfg: DictConfig, key: str, value: Any) -> None:

@@ -117,6 +117,34 @@ def test_a_typed_task_is_the_runs_and_the_models_labels_are_checked_against_it(s
             "and task sst2 has the labels ['negative', 'positive']") in proc.stderr
 
 
+@pytest.mark.parametrize("key, data", [
+    ("data.dir", ["data.dir=glue"]),
+    ("data.files.validation", ["+data.files.train=glue/RTE/train.tsv", "+data.files.validation=glue/RTE/dev.tsv"]),
+], ids=["data-dir", "data-files"])
+def test_a_folders_relative_data_path_not_found_from_here_is_refused_naming_where_it_is(tmp_path: Path, key: str,
+                                                                                        data: List[str]) -> None:
+    lab = tmp_path / "lab"  # the folder the run was started in, its data beside it, typed as a relative path
+    lab.mkdir()
+    (lab / "glue").symlink_to(GLUE_DATA)
+    trained = lab / "runs" / "rte"
+    proc = run_app(["model=tiny", "task=rte", *data, "train.max_steps=1", "train.progress_bar=false", "hw=cpu",
+                    "hydra.run.dir=runs/rte"], cwd=lab)
+    assert proc.returncode == 0, proc.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = elsewhere / "eval"
+    proc = run_app([*EVAL, f"model.name_or_path={trained}", f"hydra.run.dir={out}"], cwd=elsewhere)
+    typed, given = data[-1].split("=", 1)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"error: model.name_or_path={trained} is a run folder whose {trained}/config.yaml gives {key}={given}, "
+            f"which is not found from {elsewhere}: a relative path, of the folder its run was started in, likely "
+            f"{lab}. Nothing was read: give {typed}={lab / given} (a value the command types wins over the folder's), "
+            "or run this command from there\n") in proc.stderr
+    assert not out.exists()  # said by the command line's check, before Hydra made the folder
+    evaluate([f"model.name_or_path={trained}", f"{typed}={lab / given}", f"hydra.run.dir={out}"], elsewhere)
+    assert read_results(out)["objective"] == pytest.approx(read_results(trained)["objective"], abs=1e-9)
+
+
 def test_a_pretrained_models_folder_gives_its_attention_and_length(shared_run: ShareRun, tmp_path: Path) -> None:
     trained = shared_run("minilm-eager", MINILM_FAST)
     out = tmp_path / "eval"
