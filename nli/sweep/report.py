@@ -181,6 +181,11 @@ def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
         of = f"of its {planned} jobs " if planned else ""
         notes.append(f"{sweep_dir}: the sweep is still running ({holder}); {len(own)} job(s) {of}have ended, and "
                      "the report is of those: make it again once the sweep ends")
+    elif _started_since(sweep_dir, own) and (planned := _planned_jobs(sweep_dir, rows, [])):
+        # A sweep stopped in its first job (Ctrl-C, SIGTERM) wrote no row: the table's newest sweep looks the last.
+        notes.append(f"{sweep_dir}: a sweep started there since ({MULTIRUN_RECORD} is its record) stopped before any "
+                     f"of its {planned} job(s) ended; the report is of the sweep before it ({_sweep_name(own[0])}): "
+                     "the same command again runs that sweep's jobs, one stopped mid-way resuming from its checkpoint")
     elif (planned := _planned_jobs(sweep_dir, rows, own)) and len(own) < planned and _planned_by(sweep_dir, own) \
             and not _failed_too_often(sweep_dir, own, planned):
         # A sweep stopped part-way (Ctrl-C, SIGTERM, a lost machine) has no claim left: its table alone looks whole.
@@ -305,6 +310,25 @@ def _planned_by(sweep_dir: Path, rows: Sequence[Row]) -> bool:
         return False  # rows written before they said their sweep
     written = (sweep_dir / MULTIRUN_RECORD).stat().st_mtime
     return float(started) <= written <= min(float(each) for each in ended if sweep.is_number(each))
+
+
+def _started_since(sweep_dir: Path, rows: Sequence[Row]) -> bool:
+    """Whether Hydra's record of a sweep (multirun.yaml, written once as each sweep starts, not by one refused before
+    it starts) is of a sweep started there since the jobs of ``rows`` ended, none of whose jobs has: written after
+    them, and naming a key that none of them was given (a sweep copied from elsewhere has its files' times new)."""
+    ended = [float(row["ended"]) for row in rows if sweep.is_number(row.get("ended"))]
+    try:
+        written = (sweep_dir / MULTIRUN_RECORD).stat().st_mtime
+        typed = yaml.safe_load((sweep_dir / MULTIRUN_RECORD).read_text())["hydra"]["overrides"]["task"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return False
+    given = {_key(str(override)) for row in rows for override in row.get("overrides") or []}
+    return bool(ended) and written > max(ended) and not {_key(str(override)) for override in typed or []} <= given
+
+
+def _key(override: str) -> str:
+    """An override's key, as typed or as Hydra writes a job's back (+data.files.train=a.csv: data.files.train)."""
+    return override.partition("=")[0].lstrip("+~")
 
 
 def _newest(where: str, every: List[Row], notes: List[str]) -> Tuple[List[Row], List[Row]]:

@@ -455,11 +455,9 @@ def test_a_path_that_is_neither_a_sweep_nor_a_run_is_one_line_and_status_2(
 
 
 
-def test_a_sweep_stopped_before_any_job_ended_and_its_jobs_folder_are_said_so_not_to_be_neither(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """A sweep stopped by SIGTERM in its first job (its train.py -m in this process, as a scheduler stops it): its
-    folder and its job's were each refused as holding "neither sweep_results.jsonl nor results.json", expected to be
-    a sweep directory or a run folder, which they are."""
+def stopped_in_its_first_job(args: List[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train.py -m`` of ``args`` in this process, stopped by SIGTERM at step 3 of its first job, as a scheduler
+    stops it: the run checkpoints and exits, and the sweep with it, no job's row written."""
     looked = Revisit.on_step_end
 
     def on_step_end(self: Revisit, progress: Progress, logged: Any) -> None:
@@ -467,11 +465,19 @@ def test_a_sweep_stopped_before_any_job_ended_and_its_jobs_folder_are_said_so_no
         if progress.step == 2:  # acted on at the next step's end, where the run checkpoints and stops
             os.kill(os.getpid(), signal.SIGTERM)
 
-    sweep_dir = tmp_path / "sweep"
     with monkeypatch.context() as patched:
         patched.setattr(Revisit, "on_step_end", on_step_end)
-        proc = run_app(["-m", *FAST, "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+        proc = run_app(args, cwd=cwd)
     assert proc.returncode == PREEMPTED and "SIGTERM at step 3" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_a_sweep_stopped_before_any_job_ended_and_its_jobs_folder_are_said_so_not_to_be_neither(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep stopped by SIGTERM in its first job (its train.py -m in this process, as a scheduler stops it): its
+    folder and its job's were each refused as holding "neither sweep_results.jsonl nor results.json", expected to be
+    a sweep directory or a run folder, which they are."""
+    sweep_dir = tmp_path / "sweep"
+    stopped_in_its_first_job(["-m", *FAST, "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], tmp_path, monkeypatch)
     assert not (sweep_dir / sweep.RESULTS_JSONL).exists() and not (sweep_dir / "0" / "results.json").exists()
     capsys.readouterr()
     for path, said in ((sweep_dir, "the sweep there stopped before any of its jobs ended (its multirun.yaml, no "
@@ -482,6 +488,31 @@ def test_a_sweep_stopped_before_any_job_ended_and_its_jobs_folder_are_said_so_no
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"error: {path}: {said}"), err
         assert not (path / report.REPORT).exists()
+
+
+def test_a_search_stopped_in_its_first_trial_after_a_sweep_in_its_folder_is_said_not_to_have_ended(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A list sweep, then a search into its folder stopped by SIGTERM in its first trial (no row): the report was of
+    the list sweep as if it were the folder's last, without a word of the search, whose trial the same command
+    resumes."""
+    sweep_dir = tmp_path / "sweep"
+    listed = run_app(["-m", *FAST, "seed=1", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    (row,) = sweep.read_rows(sweep_dir)
+    capsys.readouterr()
+    assert report.main([str(sweep_dir)]) == 0 and capsys.readouterr().err == ""  # the list sweep, whole
+    copy = shutil.copytree(sweep_dir, tmp_path / "copy", copy_function=shutil.copy)  # its files' times new
+    assert report.main([str(copy)]) == 0 and capsys.readouterr().err == ""  # no sweep started there since
+    stopped_in_its_first_job(["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=2",
+                              f"hydra.sweep.dir={sweep_dir}"], tmp_path, monkeypatch)
+    assert sweep.read_rows(sweep_dir) == [row]
+    assert report.main([str(sweep_dir)]) == 0
+    said = (f"{sweep_dir}: a sweep started there since (multirun.yaml is its record) stopped before any of its 2 "
+            f"job(s) ended; the report is of the sweep before it (sweep {row['sweep']}): the same command again runs "
+            "that sweep's jobs, one stopped mid-way resuming from its checkpoint")
+    assert capsys.readouterr().err == f"note: {said}\n"
+    markdown = (sweep_dir / report.REPORT).read_text()
+    assert f"\n\n{said}.\n\n" in markdown and [line["job"] for line in tables(markdown)["Jobs"]] == ["0"]
 
 
 @pytest.mark.parametrize("file, text, said", [("results.json", "[1, 2]", "results.json is damaged (not a JSON object)"),
