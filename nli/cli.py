@@ -91,12 +91,13 @@ def train(raw: DictConfig) -> float:
     except Interrupted as stop:
         _stop(f"stopped by {stop.signal} {INTERRUPTED[stop.stage]}")
     except UserError as err:
+        said = f"{err}{_held_by_the_same_second(err, raw)}"
         # The console gets it once, on stderr, as the exit's message; a folder another run holds keeps that run's log.
-        _off_console(logging.ERROR, str(err), files=not isinstance(err, ClaimedError))
+        _off_console(logging.ERROR, said, files=not isinstance(err, ClaimedError))
         if in_sweep():  # one job's mistake: the sweep goes on, and ends non-zero naming it (nli.sweep.table)
-            raise JobFailed(f"error: {err}") from None
+            raise JobFailed(f"error: {said}") from None
         _remove_if_only_attempt(fresh)
-        raise SystemExit(f"error: {err}") from None
+        raise SystemExit(f"error: {said}") from None
     except Exception as crash:  # a defect, not the user's: Hydra prints its traceback on the console, and the
         # run's train.log, which else ended at the crash's last log line, says how the run ended too
         _off_console(logging.ERROR, "the run crashed:\n" + "".join(traceback.format_exception(crash)).rstrip())
@@ -169,6 +170,22 @@ def run_context(cfg: Config, raw: DictConfig, site: platform.Site) -> RunContext
         return dataclasses.replace(context, name=name, command=command)
     return dataclasses.replace(context, name=name, command=command, group=Path(str(hydra.sweep.dir)).name,
                                overrides=sweep.override_columns(list(hydra.overrides.task)))
+
+
+def _held_by_the_same_second(err: UserError, raw: DictConfig) -> str:
+    """What to add to the refusal ``err`` where another run holds the folder that Hydra named for this command, none
+    typed: the default, outputs/<task>/<time>, is named to the second, so two commands started in the same second (a
+    shell loop's ``&``, two terminals) share it, and "in use by another run" names a run never pointed there."""
+    if not isinstance(err, ClaimedError) or not HydraConfig.initialized() or in_sweep() or \
+            OmegaConf.select(raw, "output_dir"):  # a local output_dir is Hydra's run directory too: typed
+        return ""
+    hydra = HydraConfig.get()
+    if any(str(each).lstrip("+~").startswith("hydra.run.dir=") for each in hydra.overrides.hydra):
+        return ""
+    if not str(err).startswith(f"{hydra.runtime.output_dir} is in use"):  # a train.checkpoint_dir's, the platform's
+        return ""
+    return (f". This command named no folder, and Hydra's default, {hydra.run.dir}, is named to the second: commands "
+            "started in the same second share it. Give each its own hydra.run.dir (or output_dir)")
 
 
 def _typed() -> List[str]:

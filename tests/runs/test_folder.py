@@ -289,6 +289,45 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_is_untouched
     assert saved["optimizer"]["lr"] == 1e-3 and saved["train"]["max_steps"] == 100000  # the first run's own
 
 
+# Holds the default run folders (outputs/synthetic/<time>) of the next minute, as a run started in the same second
+# as the command under test holds the one Hydra names for both; until its standard input closes.
+HOLD_DEFAULT_FOLDERS = """
+import contextlib, sys
+from datetime import datetime, timedelta
+from nli.io.claim import Claim
+from nli.io.storage import Storage
+with contextlib.ExitStack() as held:
+    start = datetime.now()
+    for second in range(60):
+        name = (start + timedelta(seconds=second)).strftime("%Y-%m-%d_%H-%M-%S")
+        held.enter_context(Claim.take(Storage(f"outputs/synthetic/{name}")))
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_default_folder_a_run_of_the_same_second_holds_is_refused_saying_why(tmp_path: Path) -> None:
+    """Two commands started in the same second (a shell loop's &, two terminals), neither naming a folder, get the
+    one Hydra names to the second: the later one was told that folder was in use by another run, and to wait for
+    it, as if it had been pointed at a folder in use. It now says why, and the way out."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_DEFAULT_FOLDERS], cwd=tmp_path, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=process_env())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n", holder.communicate()
+        default = run_app([*FAST, "train.max_steps=2"], cwd=tmp_path)
+        held = next((tmp_path / "outputs" / "synthetic").iterdir())
+        named = run_app([*FAST, "train.max_steps=2", f"hydra.run.dir={held}"], cwd=tmp_path)
+    finally:
+        holder.communicate()
+    assert default.returncode == 1 and "Traceback" not in default.stderr, default.stderr
+    assert re.search(rf"error: {tmp_path}/outputs/synthetic/(\S+) is in use by another run: host \S+, "
+                     rf"pid {holder.pid}, started .*\.claim\.json\. This command named no folder, and Hydra's default, "
+                     r"outputs/synthetic/\1, is named to the second: commands started in the same second share it\. "
+                     r"Give each its own hydra.run.dir \(or output_dir\)\n", default.stderr), default.stderr
+    assert named.returncode == 1 and "in use by another run" in named.stderr  # a folder typed: refused as before
+    assert "This command named no folder" not in named.stderr
+
+
 @pytest.mark.process
 def test_a_finished_run_going_on_with_new_values_is_not_said_done_until_it_ends_again(finished: Path,
                                                                                     tmp_path: Path) -> None:
