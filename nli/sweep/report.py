@@ -190,6 +190,11 @@ def _sweep_rows(sweep_dir: Path, notes: List[str]) -> List[Row]:
             and not _failed_too_often(sweep_dir, own, planned):
         # A sweep stopped part-way (Ctrl-C, SIGTERM, a lost machine) has no claim left: its table alone looks whole.
         notes.append(_stopped(sweep_dir, planned, rows, own))
+    elif unended := _unended_jobs(sweep_dir, every):
+        # A search continued by the same command again and stopped in its first trial: its record is as the last's.
+        notes.append(f"{sweep_dir}: {', '.join(unended)}: a run that began and never ended, a job of no row of the "
+                     "table (a job's row is written as it ends: one stopped mid-way by Ctrl-C or SIGTERM has none); "
+                     "the report is of the jobs that ended, and the command that ran it, run again, resumes it")
     for row in rows:
         # A sweep copied from elsewhere (a cluster, a bucket) names job folders that are not here:
         # its metrics.csv files are then read from the same subfolder of the copy.
@@ -324,6 +329,16 @@ def _started_since(sweep_dir: Path, rows: Sequence[Row]) -> bool:
         return False
     given = {_key(str(override)) for row in rows for override in row.get("overrides") or []}
     return bool(ended) and written > max(ended) and not {_key(str(override)) for override in typed or []} <= given
+
+
+def _unended_jobs(sweep_dir: Path, every: Sequence[Row]) -> List[str]:
+    """The folders in ``sweep_dir`` of runs that began (config.yaml) and never ended (no results.json), that no row of
+    any sweep there names and no live run holds: jobs stopped mid-way, which the command that ran them resumes."""
+    named = {_tail(str(row.get("output_dir") or ""), 1) for row in every}  # by name: a copy's folders too
+    return sorted(folder.name for folder in sweep_dir.iterdir()
+                  if folder.is_dir() and folder.name not in named and (folder / CONFIG_FILE).is_file()
+                  and not (folder / RESULTS_FILE).is_file()
+                  and live_holder(Storage(str(folder), key="DIR")) is None)
 
 
 def _key(override: str) -> str:

@@ -515,6 +515,28 @@ def test_a_search_stopped_in_its_first_trial_after_a_sweep_in_its_folder_is_said
     assert f"\n\n{said}.\n\n" in markdown and [line["job"] for line in tables(markdown)["Jobs"]] == ["0"]
 
 
+def test_a_search_continued_by_the_same_command_and_stopped_in_its_first_trial_is_said_not_to_have_ended(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A search's second command, the first's again, stopped by SIGTERM in its first trial (trial 1: no row): the
+    report was of the first command's trial alone, as if the search were whole, without a word of the trial the same
+    command resumes."""
+    sweep_dir = tmp_path / "search"
+    args = ["-m", *FAST, "hparams_search=quickstart", "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={sweep_dir}"]
+    first = run_app(args, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    stopped_in_its_first_job(args, tmp_path, monkeypatch)
+    assert [row["job"] for row in sweep.read_rows(sweep_dir)] == [0]
+    assert (sweep_dir / "trial=1" / "checkpoints").is_dir()  # its checkpoint, for the same command to resume
+    capsys.readouterr()
+    assert report.main([str(sweep_dir)]) == 0
+    said = (f"{sweep_dir}: trial=1: a run that began and never ended, a job of no row of the table (a job's row is "
+            "written as it ends: one stopped mid-way by Ctrl-C or SIGTERM has none); the report is of the jobs that "
+            "ended, and the command that ran it, run again, resumes it")
+    assert capsys.readouterr().err == f"note: {said}\n"
+    markdown = (sweep_dir / report.REPORT).read_text()
+    assert f"\n\n{said}.\n\n" in markdown and [line["job"] for line in tables(markdown)["Jobs"]] == ["0"]
+
+
 @pytest.mark.parametrize("file, text, said", [("results.json", "[1, 2]", "results.json is damaged (not a JSON object)"),
                                               ("overrides.yaml", "seed: 1\n", "overrides.yaml is damaged (not a list "
                                                                                "of overrides)")])
