@@ -33,6 +33,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -94,7 +95,7 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> Checked:
                 _check_sweep(config_name, overrides, groups, conf_dir)
             elif flags:  # --cfg shows the config as composed: its keys and types checked, the rules are the run's
                 _check_single_values(overrides)
-                _composed_run(config_name, overrides, groups)
+                _say_what_a_folder_gives(_composed_run(config_name, overrides, groups), overrides, conf_dir)
             else:
                 return _check_run(config_name, overrides, groups, conf_dir)
             return Checked()
@@ -102,6 +103,19 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> Checked:
         raise SystemExit(f"error: {err}") from None
     except yaml.YAMLError as err:  # a config file edited by hand (a user's conf/local/): the file, the line
         raise SystemExit(f"error: a config file is not valid YAML: {_yaml_problem(err)}") from None
+
+
+def _say_what_a_folder_gives(cfg: DictConfig, overrides: List[Override], conf_dir: Path) -> None:
+    """``--cfg`` of an evaluation of a run folder shows the config as composed (the default task=mnli, data.dir=null),
+    and the run takes the folder's task, data and lengths as it starts (nli.config.runfolder): said on stderr, the
+    config on stdout staying one to pipe, lest the config shown pass for the one the evaluation runs with."""
+    try:
+        said = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir)
+    except ConfigError as err:  # the run refuses the folder: the config it would compose is none
+        said = f"the run would refuse it: {err}"
+    if said is not None:
+        print(f"note: the config shown is as composed; an evaluation of a run folder takes more from it as it starts: "
+              f"{said}", file=sys.stderr)
 
 
 COMPLETION = ("--shell-completion", "-sc")

@@ -72,6 +72,20 @@ def test_the_quickstarts_folder_is_evaluated_from_its_path_alone(shared_run: Sha
     assert (config["task"]["name"], config["data"]["max_seq_length"]) == ("synthetic", 64)
 
 
+def test_cfg_job_of_an_evaluation_of_a_run_folder_says_what_the_folder_gives(shared_run: ShareRun,
+                                                                           tmp_path: Path) -> None:
+    """``--cfg job`` showed the config as composed, task mnli and the default lengths, for an evaluation that runs on
+    the folder's task and lengths, with no word of them: the config shown passed for the one that runs."""
+    trained = shared_run("fast", FAST)
+    shown = run_app(["--cfg", "job", *EVAL, f"model.name_or_path={trained}"], cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert yaml.safe_load(shown.stdout)["task"]["name"] == "mnli"  # stdout: the config as composed, to pipe
+    assert ("note: the config shown is as composed; an evaluation of a run folder takes more from it as it starts: "
+            f"model.name_or_path={trained} is a run folder: from {trained}/config.yaml, task=synthetic, "
+            "data.synthetic_eval_size=96, data.max_seq_length=64\n") in shown.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_its_default_run_directory_is_named_after_the_folders_task(shared_run: ShareRun, tmp_path: Path) -> None:
     trained = shared_run("fast", FAST)
     evaluate([f"model.name_or_path={trained}"], tmp_path)  # outputs/${task.name}/<time>: the folder's task
