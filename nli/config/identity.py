@@ -14,6 +14,7 @@ where continuing makes sense (:data:`CONTINUABLE`), and the log says so.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -71,6 +72,12 @@ def digest(ident: Mapping[str, Any]) -> str:
 def check_accepted(keys: Sequence[str]) -> None:
     """``train.accept_changes`` may name only keys where continuing makes sense."""
     refused = [key for key in keys if key not in CONTINUABLE]
+    # A misspelt key (train.max_step) is no setting the run refuses to change: it is one of those, typed wrong.
+    meant = {key: near[0] for key in refused if (near := difflib.get_close_matches(key, CONTINUABLE, n=1, cutoff=0.8))}
+    if meant:
+        raise ConfigError(f"train.accept_changes={list(keys)}: "
+                          + ", ".join(f"{key} is no key: did you mean {near}?" for key, near in meant.items())
+                          + f" A run continues with new values of {list(CONTINUABLE)}")
     if refused:
         raise ConfigError(f"train.accept_changes={list(keys)}: a run cannot continue with new values of {refused}; "
                           f"only of {list(CONTINUABLE)}. Start a new run in another output_dir instead")

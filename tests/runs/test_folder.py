@@ -218,6 +218,17 @@ def test_only_keys_where_continuing_makes_sense_can_be_accepted(keys: List[str])
     assert "train.max_steps" in CONTINUABLE and "optimizer.lr" not in CONTINUABLE
 
 
+@pytest.mark.parametrize("typed, meant", [("train.max_step", "train.max_steps"),
+                                          ("train.early_stopping.patients", "train.early_stopping.patience")])
+def test_a_misspelt_key_to_accept_is_named_with_the_one_meant(tmp_path: Path, typed: str, meant: str) -> None:
+    """A typo was told 'a run cannot continue with new values of ['train.max_step']', as if it were a setting the
+    run refuses to change, and to start a new run in another output_dir."""
+    proc = run_app([*FAST, "train.max_steps=30", f"train.accept_changes=[{typed}]"], cwd=tmp_path)
+    assert proc.returncode == 1 and not list(tmp_path.iterdir())
+    assert proc.stderr == (f"error: train.accept_changes=['{typed}']: {typed} is no key: did you mean {meant}? A run "
+                           f"continues with new values of {list(CONTINUABLE)}\n")
+
+
 @pytest.fixture
 def stalled(shared_run: Callable[[str, Sequence[str]], Path], tmp_path: Path) -> Path:
     """A finished run whose best is its first evaluation, step 3, with results.json removed: as if it had
