@@ -587,7 +587,7 @@ class OptunaSearch:
             check_space(study, space, where)
             check_fixed(study, fixed, where)
             record(self.config)
-            table.join_study(Path(str(self.config.hydra.sweep.dir)), study_key(study))
+            table.join_study(Path(str(self.config.hydra.sweep.dir)), study_key(study), claim)
             try:
                 self._search(study, sampler, space, fixed, n_trials)
             except StudyLocked as error:  # a trial left RUNNING: the next command takes it up, from its folder

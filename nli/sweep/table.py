@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeGuard, TypeVar
@@ -617,6 +617,9 @@ class _Held:
     sigint: Any = None  # likewise, where the sweep holds Ctrl-C (its jobs run in this process)
     made: Optional[Path] = None  # the outermost folder the sweep made for its directory (None: it was there)
     study: Optional[str] = None  # the study whose trials the sweep runs, where it is a search's (join_study)
+    # The claims the sweep holds besides its folder's (a search's of its study, join_study), let go with it: SIGTERM
+    # ends the sweep at once (_stop_at_once), past the code that would let them go.
+    also: List[Claim] = field(default_factory=list)
 
 
 _HELD: Dict[str, _Held] = {}  # sweep id -> the directory this process holds for it
@@ -671,6 +674,8 @@ def release(sweep_id: Optional[str]) -> None:
     held = _HELD.pop(sweep_id or "", None)
     if held is None:
         return
+    for claim in held.also:
+        claim.release()
     held.claim.release()
     _give_back(held.sigterm, held.sigint)
     if held.made is not None:
@@ -721,14 +726,16 @@ def running_sweep(sweep_dir: Path) -> Dict[str, Any]:
     return {}
 
 
-def join_study(sweep_dir: Path, study: str) -> None:
+def join_study(sweep_dir: Path, study: str, claim: Optional[Claim] = None) -> None:
     """Marks the rows of the sweep this process runs in ``sweep_dir`` as trials of ``study`` (their ``study``
     column): the search calls it before its first trial, so that the table and the report take the rows of the
     commands that continued the study together (:func:`of_study`). Set on the sweep's callback too, which travels
-    pickled to where each job runs (a Slurm node) and stamps its row there."""
+    pickled to where each job runs (a Slurm node) and stamps its row there. The search's ``claim`` of its study is
+    let go as the sweep's directory is, however the sweep ends."""
     for sweep_id, held in _HELD.items():
         if held.directory == sweep_dir.absolute():
             held.study = study
+            held.also += [claim] if claim is not None else []
             for callback in _OPEN:
                 if callback.sweep_id == sweep_id:
                     callback.study = study

@@ -351,7 +351,8 @@ def test_ctrl_c_anywhere_in_a_sweep_stops_it_in_one_line(tmp_path: Path, point: 
 @pytest.mark.parametrize("point, status", [("between-jobs", 130), ("sigterm-between-trials", 75)])
 def test_a_search_stopped_between_trials_keeps_its_best_so_far(tmp_path: Path, point: str, status: int) -> None:
     """optimization_results.yaml was written only at a search's clean end: one stopped by Ctrl-C or SIGTERM after a
-    trial had completed left none."""
+    trial had completed left none. And SIGTERM, which ends the sweep at once, left the search's claim of its study
+    behind: the same command again warned of a search that held it and was gone, and took it over."""
     sweep_dir = tmp_path / "search"
     proc = subprocess.run([sys.executable, "-c", CTRL_C_AT, point, str(ROOT / "train.py"), "-m", *FAST,
                            "hparams_search=quickstart", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"],
@@ -361,6 +362,7 @@ def test_a_search_stopped_between_trials_keeps_its_best_so_far(tmp_path: Path, p
     [row] = sweep.read_rows(sweep_dir)  # trial 0's; the stop came before trial 1 began
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert row["state"] == "COMPLETED" and best["best_value"] == row["objective"], proc.stdout
+    assert not (sweep_dir / SWEEP_CLAIM).exists() and not list(sweep_dir.glob(".optuna.db.*.claim.json"))  # let go
     # Its report says that it stopped: it was read as a search of one trial.
     notes: List[str] = []
     assert [each["ended"] for each in report.load_rows([sweep_dir], notes)] == [row["ended"]]
