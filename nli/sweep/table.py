@@ -199,14 +199,17 @@ def _by_job(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return sorted(rows, key=lambda row: (0, row["job"]) if isinstance(row.get("job"), int) else (1, 0))
 
 
-def of_study(rows: Iterable[Mapping[str, Any]], sweep_id: Optional[str]) -> List[Dict[str, Any]]:
+def of_study(rows: Iterable[Mapping[str, Any]], sweep_id: Optional[str], study: Optional[str] = None
+             ) -> List[Dict[str, Any]]:
     """The rows of one sweep and, where it is a command that continued a search's study (its rows' ``study``), those
     of the earlier commands of that study too: one table of the study's trials, whose best may be any command's. Each
     job once, by its newest row: a trial one command stopped and the next resumed is one job in one folder. A sweep
-    of another study, or of no study (a list sweep, rows written before rows said their study), is not taken."""
+    of another study, or of no study (a list sweep, rows written before rows said their study), is not taken. A
+    command of ``study`` that ran no trial (its grid ran out, or it was stopped before the first ended) has the
+    study's rows alone."""
     rows = list(rows)
     ours = of_sweep(rows, sweep_id)
-    studies = {row.get(STUDY) for row in ours} - {None}
+    studies = {row.get(STUDY) for row in ours} - {None} or ({study} if study else set())
     if not studies:
         return ours
     newest: Dict[Any, Dict[str, Any]] = {}
@@ -531,7 +534,7 @@ class SweepResults(Callback):
 
     def _report(self, sweep_dir: Path) -> List[Dict[str, Any]]:
         # A search's command: its study's trials, every command's (the best may be an earlier one's).
-        rows = of_study(read_rows(sweep_dir), self.sweep_id)
+        rows = of_study(read_rows(sweep_dir), self.sweep_id, self.study)
         if not rows:
             return []
         replace(sweep_dir / RESULTS_CSV, to_csv(rows))

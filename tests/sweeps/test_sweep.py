@@ -504,6 +504,10 @@ def test_trials_that_share_their_named_values_each_run_in_a_folder_and_a_row_of_
     assert "2 untried" not in done.stdout + done.stderr and "0 untried in study quickstart" in done.stdout
     with sqlite3.connect(sweep_dir / "optuna.db") as db:
         assert db.execute("SELECT COUNT(*) FROM trials").fetchone() == (2,)
+    # The command that ran none named the study's best by its job in the sweep's table, and printed no table: the
+    # table is the study's trials, every command's.
+    lines = done.stdout[done.stdout.index("Sweep results"):].splitlines()[1:4]
+    assert [line.split()[:2] for line in lines] == [["job", "state"], ["0", "COMPLETED"], ["1", "COMPLETED"]], lines
 
 
 def test_trials_the_sampler_gives_the_same_values_each_have_a_row(tmp_path: Path) -> None:
