@@ -66,8 +66,9 @@ def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool,
     subsampled as ``data`` asks; examples without a gold label (SNLI's) left out of training and
     evaluation. ``dir_key`` names the key that set ``data.dir``, for the messages."""
     test_splits = list(task.test_splits) if predict else []
+    notes: List[str] = []  # what a run asked for and will not get, or got otherwise: its warnings
     raw = sources.load(task, data, [*([task.train_split] if train else []), *task.eval_splits, *test_splits],
-                       dir_key=dir_key)
+                       dir_key=dir_key, notes=notes)
     train_set = None
     if train:
         train_set = _subsample_train(_gold(raw[task.train_split], task, task.train_split), data, seed=seed)
@@ -78,7 +79,7 @@ def load_splits(task: TaskConfig, data: DataConfig, *, seed: int, predict: bool,
     groups = {split: {column: ds[column] for column in task.groups} for split, ds in evals.items()} \
         if task.groups else {}
     test = {split: raw[split] for split in test_splits}
-    notes = _diagnostic(task, data, test) if predict and task.diagnostic is not None else []
+    notes += _diagnostic(task, data, test) if predict and task.diagnostic is not None else []
     if train_set is not None and not task.is_regression:
         notes += _labels_not_trained(task, train_set, evals)
     if train_set is not None:

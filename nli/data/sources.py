@@ -71,16 +71,18 @@ _EMPTY_AS = {".csv": "it has a header row and nothing else", ".tsv": "it has a h
 FORMAT_NAMES = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON Lines", ".json": "JSON", ".parquet": "Parquet"}
 
 
-def load(task: TaskConfig, data: DataConfig, splits: List[str], *,
-         dir_key: str = "data.dir") -> Dict[str, datasets.Dataset]:
+def load(task: TaskConfig, data: DataConfig, splits: List[str], *, dir_key: str = "data.dir",
+         notes: Optional[List[str]] = None) -> Dict[str, datasets.Dataset]:
     """``splits`` of ``task`` from the source ``data`` selects: files, a folder of original downloads
-    (a GLUE dir), or the Hub. ``dir_key`` is the key that set ``data.dir``, for the messages."""
+    (a GLUE dir), or the Hub. ``dir_key`` is the key that set ``data.dir``, for the messages; ``notes`` gets a line
+    for each GLUE file whose rows were skipped (:func:`_say_skipped`)."""
     if data.files:
         return {split: _from_file(task, data.files[split], data.columns, labelled=split not in task.test_splits)
                 for split in splits}
     if data.dir is not None:
         assert task.glue is not None  # the config checked it
-        return {split: _from_glue_dir(task, task.glue, data.dir, split, dir_key, splits) for split in splits}
+        said = notes if notes is not None else []
+        return {split: _from_glue_dir(task, task.glue, data.dir, split, dir_key, splits, said) for split in splits}
     if task.is_generated:
         return {split: _synthetic(data, split) for split in splits}
     return _from_hub(task, splits, dir_key)
@@ -193,7 +195,7 @@ def _decimal(value: Any) -> bool:
 
 
 def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: str, key: str,
-                   needed: List[str]) -> datasets.Dataset:
+                   needed: List[str], notes: List[str]) -> datasets.Dataset:
     """``needed``: every split this run reads from the folder, which a missing file's message lists."""
     if remote.is_remote(root):  # a bucket has no folders to check: the file is there or not
         url = f"{root.rstrip('/')}/{glue.folder}/{glue.files[split]}"
@@ -201,7 +203,7 @@ def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: st
             raise DataError(_not_glue_dir(task, glue, root, f"{url} does not exist", key, needed))
         path = remote.local_copy(url)
         with remote.named_as(url, path):
-            return _read_glue_file(task, glue, path, split)
+            return _say_skipped(_read_glue_file(task, glue, path, split), path, url, _glue_header(glue, split), notes)
     folder = Path(root).expanduser() / glue.folder
     path = folder / glue.files[split]
     if not path.is_file():
@@ -212,7 +214,7 @@ def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: st
                             f"{glue.folder}/, not {glue.folder}/ itself. Set {key}="
                             f"{Path(root).expanduser().resolve().parent}")
         raise DataError(_not_glue_dir(task, glue, root, where, key, needed))
-    return _read_glue_file(task, glue, path, split)
+    return _say_skipped(_read_glue_file(task, glue, path, split), path, str(path), _glue_header(glue, split), notes)
 
 
 def _not_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, where: str, key: str, needed: List[str]) -> str:
@@ -237,8 +239,7 @@ def _read_glue_file(task: TaskConfig, glue: GlueFilesConfig, path: Path, split: 
     if path.suffix == ".jsonl":
         reader: Any = _read_jsonl
     else:
-        # A tuple: from_generator would split a list into shards.
-        reader, kwargs["header"] = _read_glue_tsv, tuple(glue.header) if split in glue.headerless else None
+        reader, kwargs["header"] = _read_glue_tsv, _glue_header(glue, split)
     try:
         # A reader that fails leaves nothing in the cache: the builder writes into a temporary folder.
         return datasets.Dataset.from_generator(reader, gen_kwargs=kwargs, features=_features(task),
@@ -268,13 +269,9 @@ def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tup
             has_labels = _check_glue_columns(path, task, reader.fieldnames, labelled)
             for n, row in enumerate(reader):
                 line = n + (1 if header is not None else 2)
-                if None in row.values():  # fewer fields than the header; the Hub's copy drops these too
-                    skipped.append(line)
-                    continue
-                # csv's key for fields past the header's (an empty one, a tab at the line's end, shifts nothing): each
-                # column after a tab inside a text held the one before it (MRPC's second sentence the first's end)
-                if any(field.strip() for field in row.get(None) or ()):
-                    extra.append(line)
+                fault = _row_fault(row)
+                if fault is not None:
+                    (skipped if fault == _MISSING else extra).append(line)
                     continue
                 examples += 1
                 if not labelled:
@@ -289,16 +286,61 @@ def _read_glue_tsv(path: str, stamp: str, task: TaskConfig, header: Optional[Tup
             raise DataError(_not_utf8(Path(path), err)) from None
         except csv.Error as err:
             raise DataError(f"{path}, line {reader.line_num}: {err}") from None
-    for lines, what in ((skipped, "with missing fields"),
-                        (extra, "with more fields than the header (a tab inside a text shifts the columns after it)")):
-        if lines:
-            log.warning("%s: skipped %d row(s) %s (lines %s)", path, len(lines), what,
-                        ", ".join(map(str, lines[:10])) + (", ..." if len(lines) > 10 else ""))
     if not examples:
         why = ("it is empty" if os.path.getsize(path) == 0 else
                f"each of its {len(skipped) + len(extra)} row(s) has missing or extra fields" if skipped or extra else
                "it has a header row and nothing else")
         raise DataError(_no_examples(Path(path), why))
+
+
+# Why a GLUE file's row is skipped (_row_fault), as the messages say it
+_MISSING = "with missing fields"
+_EXTRA = "with more fields than the header (a tab inside a text shifts the columns after it)"
+
+
+def _row_fault(row: Dict[Any, Any]) -> Optional[str]:
+    """Why a GLUE file's row (as csv.DictReader reads it) is skipped, as the Hub's copy drops it; None: it is not."""
+    if None in row.values():  # fewer fields than the header
+        return _MISSING
+    # csv's key for fields past the header's (an empty one, a tab at the line's end, shifts nothing): each column
+    # after a tab inside a text held the one before it (MRPC's second sentence the first's end)
+    if any(field.strip() for field in row.get(None) or ()):
+        return _EXTRA
+    return None
+
+
+def _glue_header(glue: GlueFilesConfig, split: str) -> Optional[Tuple[str, ...]]:
+    """The columns of ``split``'s GLUE file where its first row is no header (CoLA's train and dev); None: it is.
+    A tuple: from_generator would split a list into shards."""
+    return tuple(glue.header) if split in glue.headerless else None
+
+
+def _say_skipped(ds: datasets.Dataset, path: Path, shown: str, header: Optional[Tuple[str, ...]],
+                 notes: List[str]) -> datasets.Dataset:
+    """``ds``, read from the GLUE file at ``path`` (``shown``: its name for the user), with a line in ``notes`` (the
+    run's warnings: log and results.json) for each kind of row its reader skipped (:func:`_row_fault`). Counted
+    from the file on every run: the reader runs on the first alone, ``datasets`` caching what it read, and a later
+    run said nothing. The rows are looked for only where the file has more than ``ds`` (its header and blank lines
+    aside), as it seldom does."""
+    if path.suffix == ".jsonl":
+        return ds
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        rows = sum(1 for line in f if line.strip("\r\n"))
+    if rows <= len(ds) + (header is None):
+        return ds
+    faults: Dict[str, List[int]] = {_MISSING: [], _EXTRA: []}
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        reader = csv.DictReader(f, fieldnames=header, delimiter="\t", quoting=csv.QUOTE_NONE)
+        for row in reader:
+            fault = _row_fault(row)
+            if fault is not None:
+                faults[fault].append(reader.line_num)  # one line a row: no field is quoted
+    for what, lines in faults.items():
+        if lines:
+            shown_lines = ", ".join(map(str, lines[:10])) + (", ..." if len(lines) > 10 else "")
+            notes.append(f"{shown}: skipped {len(lines)} row(s) {what} (lines {shown_lines}): the run read "
+                         f"{len(ds)} examples from it. Restore the file from its download, or mend those lines")
+    return ds
 
 
 def _check_glue_id(row: Dict[str, Any], task: TaskConfig, where: str) -> None:
