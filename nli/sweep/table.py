@@ -758,11 +758,27 @@ def _stop_at_once(signum: int, frame: Optional[FrameType]) -> None:
                "command again to continue")
     log.warning("%s", message)
     print(message, file=sys.stderr)
+    _tables_so_far()
     for sweep_id in list(_HELD):
         release(sweep_id)
     for handler in logging.getLogger().handlers:
         handler.flush()
     exit_now(PREEMPTED)
+
+
+def _tables_so_far() -> None:
+    """The table of each sweep this process runs, of the jobs that ended, as the sweep stops at once (its end's own
+    table, files and W&B run are never made): printed alone, its rows already kept as each job ended."""
+    for callback in list(_OPEN):
+        if callback.sweep_dir is None:
+            continue
+        try:
+            rows = of_study(read_rows(callback.sweep_dir), callback.sweep_id, callback.study)
+        except Exception as err:  # a damaged table is the report's to name; the sweep stops all the same
+            log.warning("the sweep's table so far could not be read (%s)", err)
+            continue
+        if rows:
+            log.info("Sweep results so far (%s):\n%s", callback.sweep_dir / RESULTS_CSV, format_rows(rows))
 
 
 def to_wandb(logger: DictConfig, sweep_dir: Path, rows: Sequence[Mapping[str, Any]],

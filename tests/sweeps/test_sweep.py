@@ -363,6 +363,9 @@ def test_a_search_stopped_between_trials_keeps_its_best_so_far(tmp_path: Path, p
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert row["state"] == "COMPLETED" and best["best_value"] == row["objective"], proc.stdout
     assert not (sweep_dir / SWEEP_CLAIM).exists() and not list(sweep_dir.glob(".optuna.db.*.claim.json"))  # let go
+    # Its table so far, as the docs say a sweep SIGTERM stops ends (a Ctrl-C's is its end's own): trial 0's row.
+    table = proc.stdout[proc.stdout.index("Sweep results"):].splitlines()[1:3]
+    assert [line.split()[:2] for line in table] == [["job", "state"], ["0", "COMPLETED"]], proc.stdout
     # Its report says that it stopped: it was read as a search of one trial.
     notes: List[str] = []
     assert [each["ended"] for each in report.load_rows([sweep_dir], notes)] == [row["ended"]]
