@@ -60,6 +60,7 @@ import yaml
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from nli.config.keys import key_of
 from nli.contract import (
     CONFIG_FILE,
     MULTIRUN_RECORD,
@@ -327,8 +328,8 @@ def _started_since(sweep_dir: Path, rows: Sequence[Row]) -> bool:
         typed = yaml.safe_load((sweep_dir / MULTIRUN_RECORD).read_text())["hydra"]["overrides"]["task"]
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return False
-    given = {_key(str(override)) for row in rows for override in row.get("overrides") or []}
-    return bool(ended) and written > max(ended) and not {_key(str(override)) for override in typed or []} <= given
+    given = {key_of(str(override)) for row in rows for override in row.get("overrides") or []}
+    return bool(ended) and written > max(ended) and not {key_of(str(override)) for override in typed or []} <= given
 
 
 def _unended_jobs(sweep_dir: Path, every: Sequence[Row]) -> List[str]:
@@ -339,11 +340,6 @@ def _unended_jobs(sweep_dir: Path, every: Sequence[Row]) -> List[str]:
                   if folder.is_dir() and folder.name not in named and (folder / CONFIG_FILE).is_file()
                   and not (folder / RESULTS_FILE).is_file()
                   and live_holder(Storage(str(folder), key="DIR")) is None)
-
-
-def _key(override: str) -> str:
-    """An override's key, as typed or as Hydra writes a job's back (+data.files.train=a.csv: data.files.train)."""
-    return override.partition("=")[0].lstrip("+~")
 
 
 def _newest(where: str, every: List[Row], notes: List[str]) -> Tuple[List[Row], List[Row]]:
