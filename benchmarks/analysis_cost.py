@@ -20,7 +20,8 @@ import datasets
 import numpy as np
 import torch
 
-from nli.config.schema import TaskConfig, compose
+from nli.config.command import compose
+from nli.config.schema import TaskConfig
 from nli.evaluate import metrics, per_class
 from nli.evaluate.evaluation import Predictions
 

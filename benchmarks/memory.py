@@ -7,7 +7,7 @@ sequence length, in the precision ``precision=auto`` picks on that GPU, against 
     python -m benchmarks.memory --json memory.json      # every figure, in bytes
     python -m benchmarks.memory --hw v100 t4 --experiment deberta-v3-large-mnli
 
-Each row is what ``train.py experiment=RECIPE hw=PRESET`` composes (nli.config.schema.compose, each recipe once, on
+Each row is what ``train.py experiment=RECIPE hw=PRESET`` composes (nli.config.command.compose, each recipe once, on
 each preset): the micro-batch is ``Config.micro_batch_size``, ``hw.per_device_batch_size`` capped by the
 process's share of ``train.batch_size``; the dtype is what ``precision=auto`` resolves to on the preset's GPU
 (bf16 from compute capability 8.0, A100 and H100; fp16 on V100 and T4). A pair the config refuses (a global
@@ -643,7 +643,7 @@ class Refused:
 def rows(presets: Sequence[str], recipes: Sequence[str], *,
          cuda_kernels: bool = True) -> Tuple[List[Row], List[Refused]]:
     """Every preset x recipe, preset by preset."""
-    from nli.config.schema import compose
+    from nli.config.command import compose
     from nli.errors import UserError
 
     hardware = {hw: preset(hw) for hw in presets}

@@ -92,7 +92,7 @@ def count_syncs(folder: Path) -> None:
 
     import torch
 
-    from nli.config.schema import compose
+    from nli.config.command import compose
     from nli.recipe import run
     from nli.runtime.context import local
 

@@ -119,7 +119,7 @@ def measure_presets(budget: float) -> None:
     import torch
 
     from benchmarks import memory
-    from nli.config.schema import compose
+    from nli.config.command import compose
     from nli.errors import UserError
 
     start = time.monotonic()

@@ -8,7 +8,8 @@ __all__, __getattr__, __dir__ = face(__name__, {
                "DiagnosticConfig", "EvalConfig", "GlueFilesConfig", "HardwareConfig", "LoggerConfig", "LoraConfig",
                "METRIC_NAMES", "ModelConfig", "OptimizerConfig", "Precision", "PrecisionConfig", "SGDConfig",
                "ScheduleConfig", "ScratchArchitecture", "TaskConfig", "TrainConfig", "WandbConfig", "WandbMode",
-               "checked", "compose", "config_dir", "job_refusal", "register_configs", "task_config"],
+               "checked", "config_dir", "job_refusal", "register_configs", "task_config"],
     "keys": ["built", "check_known", "key_of"],
     "help": ["answer_help"],
-}, ["command", "identity", "runfolder"])
+    "command": ["compose"],
+}, ["command", "identity", "paths", "runfolder"])

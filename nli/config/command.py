@@ -11,6 +11,9 @@ line alone is answered here, in a fraction of a second, with one line on stderr 
   evaluation of a run folder fills from that folder (nli.config.runfolder), as the run will;
 - a launcher (``hydra/launcher=vertex``, ``submitit_slurm``) is chosen for a sweep (``-m``): a single run
   ignores it and would train here, on this machine;
+- the local folders and files the run's data is read from are there (nli.config.paths), with the loading's own
+  messages: for each job of a sweep, and the data a search's trials share, too (a Slurm sweep's said as a warning:
+  its nodes may have a disk this machine lacks; a Vertex AI sweep's are of its containers);
 - the run's (or the sweep's) directory is given (not empty), is not a folder of the other kind (a sweep's for
   a run, a run's for a sweep), and can be made and written: for such an evaluation, the one its default names
   after the folder's task, handed to Hydra (:func:`check` returns it).
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 import os
 import re
 import shlex
@@ -38,10 +42,11 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 import yaml
-from hydra import compose, initialize_config_dir
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -51,8 +56,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from nli.config import runfolder
+from nli.config import paths, runfolder
 from nli.config.keys import as_typed, built, check_known, check_override_key, key_of
+from nli.config.schema import Config, config_dir, register_configs
 from nli.contract import CHECKPOINTS_DIR, CLAIM_FILE, CONFIG_FILE, MULTIRUN_RECORD, RESULTS_FILE
 from nli.errors import ConfigError, UserError
 from nli.io.storage import Storage, file_in_the_way
@@ -60,7 +66,9 @@ from nli.io.storage import Storage, file_in_the_way
 MULTIRUN = ("-m", "--multirun")
 HYDRA_LAUNCHER = "basic"  # Hydra's own: runs a sweep's jobs here, one after another
 HYDRA_SWEEPER = "basic"  # Hydra's own: runs a list of jobs, every combination of the values typed
-SLURM_LAUNCHER = "submitit_slurm"  # hydra-submitit-launcher's: submits the jobs with sbatch, from a Slurm machine
+SLURM_LAUNCHER = paths.SLURM_LAUNCHER  # hydra-submitit-launcher's: submits the jobs with sbatch, from a Slurm machine
+# The keys that decide where a job's data is (nli.config.paths): a search that draws one of them checks no data here.
+DATA_KEYS = ("task", "data", "eval", "train.predict", "model.name_or_path")
 
 
 @dataclass(frozen=True)
@@ -223,16 +231,34 @@ def _check_search_keys(overrides: List[Override]) -> None:
                               "for it, and one value takes it out of the search")
 
 
+def compose(overrides: Sequence[str] = ()) -> Config:
+    """The typed config ``python train.py OVERRIDES`` runs, composed from the project's config by Hydra's
+    compose API, every rule checked: for a run started from Python (``nli.recipe.run``). Hydra's global
+    state is used where something (a test session) already initialised it, and left as it was."""
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        check_overrides(overrides, config_dir(), "train")  # the command line's messages, not Hydra's exceptions
+        raw = hydra_compose("train", overrides=list(overrides))
+    else:
+        with initialize_config_dir(str(config_dir()), version_base="1.3"):
+            check_overrides(overrides, config_dir(), "train")
+            raw = hydra_compose("train", overrides=list(overrides))
+    # eval.only=true of a run folder (nli.config.runfolder)
+    if (taken := runfolder.apply(raw, overrides, config_dir())) is not None:
+        logging.getLogger(__name__).info("%s", taken)
+    return cast(Config, built(raw))
+
+
 def check_overrides(overrides: Sequence[str], conf_dir: Path, config_name: str) -> None:
     """What :func:`check` asks of a single run's overrides, for a config composed from Python
-    (nli.config.schema.compose): a UserError with the command line's message (a misspelt key with the key meant,
+    (:func:`compose`): a UserError with the command line's message (a misspelt key with the key meant,
     an unknown option, a value of the wrong type), not Hydra's exceptions. The run's folder is not checked:
     a run from Python names its own."""
     parsed = _parsed(list(overrides))
     groups = {path.relative_to(conf_dir).as_posix() for path in conf_dir.rglob("*") if path.is_dir()}
     try:
         with _hydra(conf_dir):
-            _checked_run(config_name, parsed, groups, conf_dir, launcher=False)
+            _checked_run(config_name, parsed, groups, conf_dir, command_line=False)
     except yaml.YAMLError as err:
         raise ConfigError(f"a config file is not valid YAML: {_yaml_problem(err)}") from None
 
@@ -287,20 +313,25 @@ def _check_run(config_name: str, overrides: List[Override], groups: set[str], co
 
 
 def _checked_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path, *,
-                 launcher: bool = True) -> Tuple[str, str, bool, Optional[RunMode], Optional[str]]:
-    """A single run's config checked, as the run will check it (and its ``launcher``, which a run from Python
-    never starts); its run directory and the key that names it (:func:`_run_dir`), whether it evaluates a run
-    folder (nli.config.runfolder), its hydra.mode, and for an evaluation-only run its output folder where it is
-    local (output_dir, else the run directory)."""
+                 command_line: bool = True) -> Tuple[str, str, bool, Optional[RunMode], Optional[str]]:
+    """A single run's config checked, as the run will check it; from the ``command_line``, its launcher (which a run
+    from Python never starts) and its data's local paths (nli.config.paths: a config composed from Python may never
+    run, and a run from Python loads its data in a second or two). Its run directory and the key that names it
+    (:func:`_run_dir`), whether it evaluates a run folder (nli.config.runfolder), its hydra.mode, and for an
+    evaluation-only run its output folder where it is local (output_dir, else the run directory)."""
     _check_single_values(overrides)
     cfg = _composed_run(config_name, overrides, groups)
     _check_no_op_mappings(cfg, overrides, groups)
-    if launcher:
+    if command_line:
         _check_launcher(cfg, overrides)
     from_folder = runfolder.apply(cfg, [_line(o) for o in overrides], conf_dir) is not None  # as the run will (nli.cli)
     (run_dir, key), mode = _run_dir(cfg, overrides), cfg.hydra.mode  # read before the check takes the hydra node
     output_dir = str(cfg.output_dir or run_dir) if OmegaConf.select(cfg, "eval.only") else None
-    _check_config(cfg, rules=True)
+    chdir = bool(cfg.hydra.job.chdir)
+    config = _check_config(cfg, rules=True)
+    # Where Hydra changes into the run's folder, a relative path is of that folder, not made yet.
+    if command_line and not chdir:
+        paths.check(config)
     return run_dir, key, from_folder, mode, output_dir if output_dir and "://" not in output_dir else None
 
 
@@ -330,7 +361,7 @@ def _composed_run(config_name: str, overrides: List[Override], groups: set[str])
     plain = all(_chooses(o, groups) or o.type == OverrideType.CHANGE for o in overrides)
     if plain:
         try:
-            return compose(config_name, overrides=lines, return_hydra_config=True)
+            return hydra_compose(config_name, overrides=lines, return_hydra_config=True)
         # Hydra's assertion: a key under a null node; OmegaConf's AttributeError: a mapping merged into one.
         except (HydraException, OmegaConfBaseException, AssertionError, AttributeError):
             pass
@@ -395,7 +426,10 @@ def _check_sweep(config_name: str, overrides: List[Override], groups: set[str], 
     launched = _compose(config_name, [*choices, *plain])
     _check_slurm_gpus(launched)
     _check_values(config_name, overrides, groups, choices, base)
-    _check_jobs(config_name, overrides, groups, base, conf_dir)
+    data = _DataCheck.of(launched)
+    _check_jobs(config_name, overrides, groups, base, conf_dir, data)
+    _check_search_data(config_name, overrides, base, conf_dir, data)
+    data.say()
     _check_folder("hydra.sweep.dir", str(launched.hydra.sweep.dir))
 
 
@@ -461,8 +495,40 @@ def _check_values(config_name: str, overrides: List[Override], groups: set[str],
                 raise ConfigError(f"{key}={text}, one job of the sweep {_line(override)}: {reason}") from None
 
 
+@dataclass
+class _DataCheck:
+    """A sweep's jobs' data paths looked for here, as :func:`nli.config.paths.how_checked` says: a job whose data is
+    missing refused, or said in a warning (``missing``) once its checks are done."""
+
+    mode: str  # paths.REFUSE, WARN or SKIP
+    missing: Dict[str, List[str]] = field(default_factory=dict)  # WARN: the jobs (by their swept values) by why
+
+    @classmethod
+    def of(cls, launched: DictConfig) -> _DataCheck:
+        return cls(paths.how_checked(launched))
+
+    def job(self, config: Any, which: str) -> None:
+        """Check the paths of the job ``which`` (its swept values), whose config ``config`` passed the rules."""
+        if self.mode == paths.SKIP:
+            return
+        try:
+            paths.check(config)
+        except UserError as err:
+            if self.mode == paths.REFUSE:
+                raise
+            self.missing.setdefault(str(err), []).append(which)
+
+    def say(self) -> None:
+        """The paths not found here, once each, on stderr: the sweep goes on."""
+        for why, jobs in self.missing.items():
+            one = len(jobs) == 1 and jobs[0]
+            who, start = (f"the sweep's job {jobs[0]}", "it starts") if one else ("the sweep's jobs", "they start")
+            print(f"warning: {why} (on this machine; {who} will read it on the cluster's nodes, and stop as {start} "
+                  "on a node without it)", file=sys.stderr)
+
+
 def _check_jobs(config_name: str, overrides: List[Override], groups: set[str], base: DictConfig,
-                conf_dir: Path) -> None:
+                conf_dir: Path, data: _DataCheck) -> None:
     """Every job of a sweep that runs a list (Hydra's basic sweeper) checked by the schema's rules, as the job will
     check itself: a value they refuse, alone or beside another swept value (``optimizer.lr=-1``; ``hw=v100`` with a
     global batch no multiple of its per-device batch), stops the sweep here, naming the job, before any job runs or
@@ -479,16 +545,40 @@ def _check_jobs(config_name: str, overrides: List[Override], groups: set[str], b
     composed: Dict[Tuple[str, ...], DictConfig] = {}
     refused = [(" ".join(_line(o) for o in job if o.get_key_element() in swept), why) for job in
                map(parser.parse_overrides, jobs)
-               if (why := _job_refused(config_name, job, swept, groups, composed, conf_dir))]
+               if (why := _job_refused(config_name, job, swept, groups, composed, conf_dir, data))]
     if refused:
         raise ConfigError(f"{_refusal(refused, len(jobs))}. No job has run: mend the value, or drop it from the sweep")
 
 
+def _check_search_data(config_name: str, overrides: List[Override], base: DictConfig, conf_dir: Path,
+                       data: _DataCheck) -> None:
+    """A search's trials, drawn as it goes, check themselves as they start; the data they all read, where no key the
+    search draws decides it, is checked here once: a missing folder stopped every trial, one after another."""
+    if _sweeper(base) == HYDRA_SWEEPER or data.mode == paths.SKIP:
+        return
+    drawn = [*(o.get_key_element() for o in overrides if o.is_sweep_override()),
+             *(OmegaConf.select(base, "hydra.sweeper.params") or {})]
+    if any(key == each or key.startswith(f"{each}.") for key in map(str, drawn) for each in DATA_KEYS):
+        return
+    fixed = [_line(o) for o in overrides if not o.is_sweep_override() and not o.is_hydra_override()]
+    try:
+        cfg = _compose(config_name, fixed)
+        runfolder.apply(cfg, fixed, conf_dir)
+        config = _check_config(cfg, rules=True)
+    except (UserError, OmegaConfBaseException):
+        return  # a rule the fixed values break is the trials' to name, each with its drawn values
+    try:
+        data.job(config, "")
+    except UserError as err:
+        raise ConfigError(f"every trial of the search would stop as it starts: {err}. No trial has run") from None
+
+
 def _job_refused(config_name: str, job: List[Override], swept: set[str], groups: set[str],
-                 composed: Dict[Tuple[str, ...], DictConfig], conf_dir: Path) -> Optional[str]:
+                 composed: Dict[Tuple[str, ...], DictConfig], conf_dir: Path, data: _DataCheck) -> Optional[str]:
     """Why the schema's rules refuse the sweep's ``job``, if they do: its group options and fixed values composed
     (once for every job that shares them, in ``composed``), its swept values set on a copy. An evaluation of a run
-    folder is checked with the folder's config taken in, as the job will take it (nli.cli)."""
+    folder is checked with the folder's config taken in, as the job will take it (nli.cli). Its data's paths are
+    looked for as ``data`` says: a missing one refuses it, or is kept for the warning."""
     values = [o for o in job if o.get_key_element() in swept and not _chooses(o, groups) and not o.is_hydra_override()]
     try:
         choices = tuple(_line(o) for o in job if o not in values)
@@ -501,7 +591,7 @@ def _job_refused(config_name: str, job: List[Override], swept: set[str], groups:
             for value in values:
                 OmegaConf.update(cfg, value.key_or_group, value.value(), merge=True)
         runfolder.apply(cfg, [_line(o) for o in job], conf_dir)
-        _check_config(cfg, rules=True)
+        data.job(_check_config(cfg, rules=True), " ".join(_line(o) for o in job if o.get_key_element() in swept))
     except UserError as err:
         return str(err)
     except OmegaConfBaseException as err:
@@ -541,7 +631,7 @@ def _launcher(cfg: DictConfig) -> str:
 
 def _compose(config_name: str, overrides: List[str]) -> DictConfig:
     try:
-        return compose(config_name, overrides=overrides, return_hydra_config=True)
+        return hydra_compose(config_name, overrides=overrides, return_hydra_config=True)
     except MissingConfigException as err:
         raise ConfigError(_missing_option(err)) from None
     except HydraException as err:  # an unknown option, a value of the wrong type: Hydra's words, once
@@ -596,13 +686,14 @@ def _check_added(base: DictConfig, override: Override, value: Any) -> None:
                           f"drop the + to set it ({line[1:]})")
 
 
-def _check_config(cfg: DictConfig, *, rules: bool) -> None:
+def _check_config(cfg: DictConfig, *, rules: bool) -> Any:
+    """``cfg``'s keys checked and, with ``rules``, the schema's rules: its typed config (None without)."""
     with open_dict(cfg):
         cfg.pop("hydra", None)
     if rules:
-        built(cfg)  # the schema's rules (nli.config.schema): ConfigError names the key and the fix
-    else:
-        check_known(cfg)
+        return built(cfg)  # the schema's rules (nli.config.schema): ConfigError names the key and the fix
+    check_known(cfg)
+    return None
 
 
 def _line(override: Override) -> str:

@@ -3,7 +3,7 @@
 OmegaConf keeps a key added with ``+`` or ``++`` in a typed node, and ``OmegaConf.to_object`` then
 sets it as a plain attribute of the dataclass, where nothing reads it: ``+optimizer.lrr=1e-3`` would
 train to the end at the old rate. These checks run on the composed config (``python train.py``'s
-command line before Hydra starts the run, each job of a sweep, ``nli.config.schema.compose``) and on each
+command line before Hydra starts the run, each job of a sweep, ``nli.config.command.compose``) and on each
 override's key against the config it overrides. A node typed by a dataclass takes that dataclass's
 fields only; a free-form mapping (a ``Dict`` field: ``data.files``, ``data.columns``,
 ``task.glue.columns``) takes any key, and ``logger``'s values are each a logger's own schema.

@@ -11,7 +11,6 @@ imported on that path.
 from __future__ import annotations
 
 import copy
-import logging
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -822,31 +821,6 @@ def task_config(name: str) -> TaskConfig:
         return cast(TaskConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig), node)))
     except (OSError, OmegaConfBaseException) as err:
         raise ConfigError(f"{path}: task {name} cannot be read: {err}") from None
-
-
-def compose(overrides: Sequence[str] = ()) -> Config:
-    """The typed config ``python train.py OVERRIDES`` runs, composed from the project's config by Hydra's
-    compose API, every rule checked: for a run started from Python (``nli.recipe.run``). Hydra's global
-    state is used where something (a test session) already initialised it, and left as it was."""
-    from hydra import compose as compose_config
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from nli.config.command import check_overrides
-    from nli.config.runfolder import apply
-
-    register_configs()
-    if GlobalHydra.instance().is_initialized():
-        check_overrides(overrides, config_dir(), "train")  # the command line's messages, not Hydra's exceptions
-        raw = compose_config("train", overrides=list(overrides))
-    else:
-        with initialize_config_dir(str(config_dir()), version_base="1.3"):
-            check_overrides(overrides, config_dir(), "train")
-            raw = compose_config("train", overrides=list(overrides))
-    # eval.only=true of a run folder (nli.config.runfolder)
-    if (taken := apply(raw, overrides, config_dir())) is not None:
-        logging.getLogger(__name__).info("%s", taken)
-    return cast(Config, built(raw))
 
 
 def checked(cfg: Config) -> Config:

@@ -32,6 +32,7 @@ import datasets
 from datasets.exceptions import DatasetGenerationError
 from pandas.errors import ParserWarning
 
+from nli.config import paths
 from nli.config.schema import DIAGNOSTIC_SPLIT, DataConfig, GlueFilesConfig, TaskConfig
 from nli.data import synthetic
 from nli.errors import DataError, UserError
@@ -41,7 +42,6 @@ from nli.io.hub import hub_download
 log = logging.getLogger(__name__)
 
 NO_LABEL = -1  # the label of an unlabelled (test) example, or of one with no gold label, as on the Hub
-GLUE_HUB = "nyu-mll/glue"  # the GLUE tasks' Hub dataset
 
 # Where the synthetic task's splits come from: fixed seeds, so the task is the same whatever
 # the run's seed is.
@@ -200,34 +200,12 @@ def _from_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, split: st
     if remote.is_remote(root):  # a bucket has no folders to check: the file is there or not
         url = f"{root.rstrip('/')}/{glue.folder}/{glue.files[split]}"
         if not remote.exists(url):
-            raise DataError(_not_glue_dir(task, glue, root, f"{url} does not exist", key, needed))
+            raise DataError(paths.not_glue_dir(task, glue, root, f"{url} does not exist", key, needed))
         path = remote.local_copy(url)
         with remote.named_as(url, path):
             return _say_skipped(_read_glue_file(task, glue, path, split), path, url, _glue_header(glue, split), notes)
-    folder = Path(root).expanduser() / glue.folder
-    path = folder / glue.files[split]
-    if not path.is_file():
-        where = f"{folder} does not exist" if not folder.is_dir() else f"{path} does not exist"
-        inside = Path(root).expanduser() / glue.files[split]
-        if not folder.is_dir() and inside.is_file():  # data.dir=glue_data/RTE: the task's folder, not the one above
-            raise DataError(f"{key}={root}: {where}, and {inside} does: {key} names the folder that holds "
-                            f"{glue.folder}/, not {glue.folder}/ itself. Set {key}="
-                            f"{Path(root).expanduser().resolve().parent}")
-        raise DataError(_not_glue_dir(task, glue, root, where, key, needed))
+    path = paths.glue_file(task, glue, root, split, key, needed)
     return _say_skipped(_read_glue_file(task, glue, path, split), path, str(path), _glue_header(glue, split), notes)
-
-
-def _not_glue_dir(task: TaskConfig, glue: GlueFilesConfig, root: str, where: str, key: str, needed: List[str]) -> str:
-    # The files of the splits this run reads: an evaluation reads no training file (eval.dir's sets, eval.only).
-    expected = ", ".join(sorted({glue.files[split] for split in needed}))
-    hub = "eval.dir=null" if key == "eval.dir" else f"{key}=null"
-    if task.hub_dataset == GLUE_HUB:  # says how to get the data too, as the other sets' message does
-        return (f"{key}={root}: {where}. A GLUE directory holds one folder per task ({glue.folder}/ for "
-                f"{task.name}) with the files {expected}, as the original GLUE download lays them out: put them "
-                f"there, or set {hub} to load {task.name} from the Hub ({task.hub_dataset})")
-    return (f"{key}={root}: {where}. {key} holds each set's original download, unpacked, in a folder of its "
-            f"own ({glue.folder}/ for {task.name}, with the files {expected}): put them there, or set {hub} to "
-            f"load {task.name} from the Hub ({task.hub_dataset})")
 
 
 def _read_glue_file(task: TaskConfig, glue: GlueFilesConfig, path: Path, split: str, *,
@@ -531,12 +509,8 @@ def _from_file(task: TaskConfig, name: str, columns: Dict[str, str], *, labelled
     """A csv, tsv, jsonl or parquet file with a header, on local disk or in a bucket; ``columns`` maps
     the task's text fields and ``label`` to the file's column names where they differ. A
     ``labelled`` split (not a test split) must have the label column."""
-    if Path(name).suffix not in FILE_FORMATS:
-        raise DataError(f"data.files: {name} is not one of the formats {sorted(FILE_FORMATS)}")
-    if not remote.is_remote(name):
-        path = Path(name).expanduser()
-        if not path.is_file():
-            raise DataError(f"data.files: {path} does not exist")
+    path = paths.own_file(name)
+    if path is not None:
         return _from_local_file(task, path, columns, labelled=labelled)
     try:
         path = remote.local_copy(name)

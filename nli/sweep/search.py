@@ -63,6 +63,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from nli.config.identity import EXCLUDED
+from nli.config.paths import trial_refusal
 from nli.config.schema import job_refusal
 from nli.contract import MULTIRUN_RECORD
 from nli.errors import ConfigError, StorageError
@@ -693,8 +694,8 @@ class OptunaSearch:
         folder = folder_of(num)
         log.info("trial %d is job %d: %s", trial.number, num, " ".join(overrides))
         job = Launched(trial, num, overrides, folder)
-        refused = job_refusal(config)
-        if refused is not None:  # drawn with a value the rules refuse: a launch would start it only to fail
+        refused = job_refusal(config) or trial_refusal(config)
+        if refused is not None:  # drawn with a value the rules refuse, or data not there: it would start only to fail
             self._refuse(job, refused)
         return job
 

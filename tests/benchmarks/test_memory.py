@@ -31,7 +31,7 @@ from benchmarks.memory import (
     measure_pass,
     storage_key,
 )
-from nli.config.schema import compose
+from nli.config.command import compose
 from tests.support.runs import ROOT
 
 ROBERTA = Shape("FacebookAI/roberta-base", "sdpa", "bf16", batch=2, length=32, num_labels=3)

@@ -6,7 +6,7 @@
 - Every command line a code block shows that starts a run (``python train.py ...``, ``python -m nli ...``,
   ``torchrun ... train.py ...``, ``python -m nli.xla_launch ...``) composes as typed, in this process:
   through train.py with ``--cfg job`` appended (Hydra's own command line and composition; a sweep, ``-m``,
-  as its first job, since Hydra takes no ``--cfg`` with ``--multirun``); through nli.config.schema.compose, which
+  as its first job, since Hydra takes no ``--cfg`` with ``--multirun``); through nli.config.command.compose, which
   checks every key against the schema (``--cfg`` alone prints a ``+key`` that no schema has, where a run
   refuses it) and every rule of the schema; and a sweep through the check it gets before any job starts
   (nli.config.command). Placeholders (``$IMAGE``, ``<run>``) take a value a reader would type, and ``...`` (the
@@ -33,7 +33,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
 from nli.config import command
-from nli.config.schema import compose
+from nli.config.command import compose
 from nli.errors import UserError
 from tests.support.runs import CONF, ROOT, run_app, slurm_commands
 

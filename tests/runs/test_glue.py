@@ -263,6 +263,7 @@ def test_bad_data_stops_with_one_message(tmp_path: Path, case: str) -> None:
     if case == "unknown label":
         write_tsv(glue / "WNLI" / "train.tsv", [["index", "sentence1", "sentence2", "label"], ["0", "a", "b", "1"],
                                                 ["1", "c", "d", "yes"]])
+        write_tsv(glue / "WNLI" / "dev.tsv", [["index", "sentence1", "sentence2", "label"], ["0", "a", "b", "1"]])
     expected = {"missing dir": f"{glue / 'WNLI'} does not exist. A GLUE directory holds one folder per task (WNLI/ "
                                "for wnli) with the files dev.tsv, train.tsv, as the original GLUE download "
                                "lays them out: put them there, or set data.dir=null to load wnli from the Hub "

@@ -411,7 +411,7 @@ def test_a_config_edited_after_compose_is_checked_before_the_run_writes(edit: Ca
 
 
 def test_a_run_from_python_needs_an_output_folder() -> None:
-    from nli.config.schema import compose
+    from nli.config.command import compose
     from nli.errors import ConfigError
     from nli.runtime.context import local
 
@@ -423,7 +423,8 @@ def test_compose_outside_any_hydra_session_leaves_none_behind() -> None:
     """In a notebook nothing has initialised Hydra: compose() does, for the one call, and leaves it as it was."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from nli.config.schema import Config, compose
+    from nli.config.command import compose
+    from nli.config.schema import Config
 
     session = GlobalHydra.instance().hydra  # the test session's (tests/conftest.py), put back below
     GlobalHydra.instance().clear()

@@ -15,9 +15,9 @@ from typing import Dict, List
 import numpy as np
 import pytest
 
+from nli.config.paths import GLUE_HUB
 from nli.config.schema import DIAGNOSTIC_SPLIT, config_dir, task_config
 from nli.contract import PREDICTIONS_DIR, RESULTS_FILE
-from nli.data.sources import GLUE_HUB
 from nli.evaluate.evaluation import Predictions
 from nli.output.submission import submission
 from nli.sweep import leaderboard

@@ -31,7 +31,7 @@ from nli.sweep import report
 from nli.sweep import table as sweep
 from tests.support.diskfull import full, needs_full
 from tests.support.glue_layouts import stsb_with_one_gold_score
-from tests.support.runs import FAST, ROOT, process_env, read_results, run_app, shared_folder
+from tests.support.runs import FAST, GLUE_DATA, ROOT, process_env, read_results, run_app, shared_folder
 from tests.support.wandb_records import records
 
 # A job that fails as it starts, for a reason its config cannot tell (the schema's rules stop the sweep before any
@@ -572,6 +572,22 @@ def test_a_trial_its_rules_refuse_fails_without_a_launch_and_the_search_goes_on(
     assert not Path(rows["-1"]["output_dir"]).exists()  # never launched: Hydra made no folder for it
     assert said.count("Launching 1 jobs locally") == 1 and "failed: not launched" in said
     assert done.returncode == 1 and "Traceback" not in said  # a sweep with a failed job ends non-zero
+
+
+def test_a_trial_drawn_with_data_that_is_not_there_fails_without_a_launch(tmp_path: Path) -> None:
+    """A search that draws where its data is (data.dir, the task) is past the command line's look for it: a trial
+    drawn with a folder that is not there was launched, and stopped as its data loaded. The sweeper looks first."""
+    sweep_dir, nope = tmp_path / "search", tmp_path / "nope"
+    done = run_app(["-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2",
+                    "hydra.sweeper.max_failure_rate=1.0", f"data.dir=choice({GLUE_DATA},{nope})", "task=rte",
+                    "model=tiny", "train.max_steps=2", "train.batch_size=8", "train.progress_bar=false", "hw=cpu",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    said = done.stdout + done.stderr
+    rows = {row["data.dir"]: row for row in sweep.read_rows(sweep_dir)}
+    assert rows[str(GLUE_DATA)]["state"] == "COMPLETED" and rows[str(nope)]["state"] == "FAILED", said
+    assert rows[str(nope)]["error"].startswith(f"not launched: the trial would stop as it starts: data.dir={nope}: "
+                                               f"{nope / 'RTE'} does not exist. A GLUE directory holds")
+    assert not Path(rows[str(nope)]["output_dir"]).exists() and said.count("Launching 1 jobs locally") == 1
 
 
 def test_a_search_stops_only_once_more_than_its_failure_rate_of_its_trials_failed(tmp_path: Path) -> None:

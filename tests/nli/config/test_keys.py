@@ -14,9 +14,8 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from nli.config.command import check
+from nli.config.command import check, compose
 from nli.config.keys import check_known, fields_of
-from nli.config.schema import compose
 from nli.contract import CLAIM_FILE
 from nli.errors import ConfigError
 from tests.conftest import compose_config
@@ -359,7 +358,10 @@ def test_a_sweep_into_a_runs_folder_and_a_run_into_a_sweeps_are_refused(
     ["task=rte", "+task.glue.columns.extra=Extra"],
     ["-m", "hydra/launcher=vertex", "+hydra.launcher.env.MY_VAR=1", "+hydra.job.env_set.OTHER=2"],  # a sweep's: -m
 ])
-def test_free_form_mappings_take_new_keys(argv: List[str]) -> None:
+def test_free_form_mappings_take_new_keys(argv: List[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.csv", "b.csv"):  # the files data.files names are looked for (nli.config.paths)
+        (tmp_path / name).write_text("premise,hypothesis,y\n")
     check(argv, CONF, "train")  # no SystemExit: these mappings are meant to take keys of the user's
 
 
