@@ -113,18 +113,33 @@ class ReportError(UserError):
 def load_rows(paths: Sequence[Source], notes: Optional[List[str]] = None) -> List[Row]:
     """Every job of every sweep directory (its newest sweep's, with its study's earlier commands') and run folder
     given, in order; a line in ``notes`` for each directory whose older sweeps' rows were left out. A ``gs://`` URL
-    is a Vertex AI sweep's folder in a bucket (:func:`bucket_rows`)."""
+    is a Vertex AI sweep's folder in a bucket (:func:`bucket_rows`). A run folder that is a job of a sweep given too
+    (``SEARCH SEARCH/trial=0``) is its job's row alone: listed twice, it was counted as two runs of its setting."""
+    said = notes if notes is not None else []
+    given = once(paths)
+    sweeps = {path: bucket_rows(path, said) if isinstance(path, str) else _sweep_rows(path, said)
+              for path in given if isinstance(path, str) or (path / sweep.RESULTS_JSONL).is_file()}
+    jobs = {_folder_key(str(row["output_dir"])): path for path, got in sweeps.items() for row in got
+            if row.get("output_dir")}
     rows: List[Row] = []
-    for path in once(paths):
-        if isinstance(path, str):
-            rows.extend(bucket_rows(path, notes if notes is not None else []))
-        elif (path / sweep.RESULTS_JSONL).is_file():
-            rows.extend(_sweep_rows(path, notes if notes is not None else []))
-        elif (path / RESULTS_FILE).is_file():
-            rows.append(_run_row(path, num=len(rows)))
+    for path in given:
+        if path in sweeps:
+            rows.extend(sweeps[path])
+            continue
+        folder = Path(path)  # a bucket's URL is a sweep's, above
+        if not (folder / RESULTS_FILE).is_file():
+            raise _not_a_source(folder)
+        if (of := jobs.get(_folder_key(str(folder)))) is not None:
+            said.append(f"{folder}: a job of the sweep {of}, given too: listed once, as the sweep's job")
         else:
-            raise _not_a_source(path)
+            rows.append(_run_row(folder, num=len(rows)))
     return rows
+
+
+def _folder_key(folder: str) -> str:
+    """What tells a local folder from another, however it is spelt (relative, with a trailing /); a bucket's URL
+    as it is."""
+    return folder.rstrip("/") if "://" in folder else str(Path(folder).resolve())
 
 
 def once(paths: Sequence[Source]) -> List[Source]:

@@ -319,16 +319,17 @@ def test_the_warnings_of_two_sweeps_name_each_jobs_folder_and_only_the_settings_
 
 @pytest.mark.process
 def test_python_m_nli_report(sweep_dir: Path, tmp_path: Path) -> None:
-    """The command as a user types it, in its own process, with a sweep and a run folder at once."""
-    proc = subprocess.run([sys.executable, "-m", "nli.report", str(sweep_dir), str(sweep_dir / "0"),
-                           "--out", str(tmp_path)], cwd=ROOT, env=dict(os.environ), capture_output=True, text=True,
-                          timeout=120)
+    """The command as a user types it, in its own process, with a sweep and a run folder at once (a copy of one of
+    its jobs, elsewhere: the job's own folder is the sweep's row alone)."""
+    run = copy_run(sweep_dir / "0", tmp_path / "runs" / "run")
+    proc = subprocess.run([sys.executable, "-m", "nli.report", str(sweep_dir), str(run), "--out", str(tmp_path)],
+                          cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0] == str(tmp_path / report.REPORT)
     jobs = tables((tmp_path / report.REPORT).read_text())["Jobs"]
     # The run folder is job 4, after the sweep's four; the folder column tells the two job 0s apart.
     assert [line["job"] for line in jobs] == ["0", "1", "2", "3", "4"]
-    assert jobs[0]["folder"] == jobs[4]["folder"] == f"{sweep_dir.name}/0"
+    assert (jobs[0]["folder"], jobs[4]["folder"]) == (f"{sweep_dir.name}/0", "runs/run")
     assert jobs[4]["objective"] == jobs[0]["objective"]
     assert proc.stdout.splitlines()[1] == str(tmp_path / report.DIFFERENCES_CSV)
     for name in proc.stdout.splitlines()[2:]:
@@ -643,22 +644,23 @@ def test_a_run_folder_typed_otherwise_pools_with_its_sweeps_setting(sweep_dir: P
     assert "model" not in parsed["Jobs"][0] and "train.progress_bar" not in parsed["Jobs"][0]  # nothing differs
 
 
-def test_a_seed_given_twice_counts_once_in_the_means_and_the_differences(sweep_dir: Path, tmp_path: Path) -> None:
-    """The sweep and a folder of one of its jobs: the means took both runs of seed 1 (n=3) while the differences
-    took one; both now take the last given, and the report says so."""
+def test_a_job_folder_given_beside_its_sweep_is_its_jobs_row_alone(sweep_dir: Path, tmp_path: Path) -> None:
+    """The sweep and a folder of one of its jobs (``SEARCH SEARCH/trial=0``): the job was listed twice, and counted
+    twice wherever seeds were not swept (a search's trials); where they were, the means said seed 1 was in two jobs,
+    both the same folder. Now it is the sweep's row alone, either way round, and the report says so."""
+    for given in ([sweep_dir, sweep_dir / "0"], [sweep_dir / "0", sweep_dir]):
+        notes: List[str] = []
+        assert report.load_rows(given, notes) == report.load_rows([sweep_dir])
+        assert notes == [f"{sweep_dir / '0'}: a job of the sweep {sweep_dir}, given too: listed once, as the sweep's "
+                         "job"]
     report.write_report([sweep_dir, sweep_dir / "0"], tmp_path)
     markdown = (tmp_path / report.REPORT).read_text()
     parsed = tables(markdown)
-    groups = {line["optimizer.lr"]: line for line in parsed["Over seeds"]}
-    assert groups["0.001"]["n"] == "2"
-    seeds = {group["optimizer.lr"]: group["seeds"] for group in sweep.seed_groups(report.load_rows([sweep_dir,
-                                                                                                    sweep_dir / "0"]))}
-    assert sorted(seeds["0.001"].split()) == ["1", "2"]
+    assert len(parsed["Jobs"]) == 4 and {line["optimizer.lr"]: line["n"] for line in parsed["Over seeds"]} == \
+        {"0.001": "2", "0.003": "2"}
     (pair,) = parsed["Differences between settings"]
-    assert pair["n"] == "2 pairs"
-    assert (f"optimizer.lr=0.001 has seed 1 in 2 completed jobs ({sweep_dir / '0'}, {sweep_dir / '0'}): the means "
-            f"and differences count it once, from the last, {sweep_dir / '0'}") in markdown
-
+    assert pair["n"] == "2 pairs" and "in 2 completed jobs" not in markdown
+    assert f"{sweep_dir / '0'}: a job of the sweep {sweep_dir}, given too: listed once" in markdown
 
 
 def test_a_folder_given_twice_is_read_once(sweep_dir: Path, tmp_path: Path) -> None:
