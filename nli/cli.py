@@ -109,7 +109,11 @@ def entry(main: Callable[[], object], conf_dir: Path, argv: List[str]) -> None:
     command line checked before Hydra writes anything (nli.config.command), then Hydra's ``main``, and a sweep's
     table (nli.sweep.table)."""
     if not answer_help(argv, conf_dir, "train"):  # Hydra's own --help takes seconds (nli/config/help.py)
-        checked = command.check(argv, conf_dir, "train")
+        # A process of a run on several machines leaves its data to the run, which stops every process at once where
+        # one machine's copy is missing or differs (nli.recipe.load_data): refused here, the process stopped alone,
+        # and the other machines' waited for it at the rendezvous until its timeout.
+        several = int(platform.detect().process_env.get("WORLD_SIZE", "1")) > 1
+        checked = command.check(argv, conf_dir, "train", data=not several)
         if checked.extra:  # Hydra's main reads sys.argv
             sys.argv = [*sys.argv, *checked.extra]
         try:

@@ -299,9 +299,11 @@ def load_data(run: Run) -> Data:
     checkpoint's when resuming (one learnt from the training text must not change), else the model's."""
     cfg, out = run.cfg, run.out
     task, source, train = cfg.task, cfg.data, cfg.train
-    splits = data.load_splits(task, source, seed=cfg.seed, predict=train.predict)
-    contents = splits.train_contents(task.text_fields)  # of the text as loaded: the same with any tokenizer
-    evaluated = splits.eval_contents(task.main_split, task.text_fields)
+    with run.world.together():  # a machine without the files stops the others with it, not at a later collective
+        splits = data.load_splits(task, source, seed=cfg.seed, predict=train.predict)
+        contents = splits.train_contents(task.text_fields)  # of the text as loaded: the same with any tokenizer
+        evaluated = splits.eval_contents(task.main_split, task.text_fields)
+    data.check_same_everywhere(run.world, {"training set": contents, f"{task.main_split} split": evaluated})
     tokenizer = (tokenizer_from_files(out.snapshot.tokenizer_files) if out.snapshot else
                  build_tokenizer(cfg.model, splits.train_texts(task.text_fields), max_seq_length=source.max_seq_length))
     scoring = _scoring(run, share_tokenizer(tokenizer, run.world), task.label_names, f"the model of task={task.name}")

@@ -82,9 +82,10 @@ class Checked:
     mode: Optional[RunMode] = None
 
 
-def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> Checked:
+def check(argv: Sequence[str], conf_dir: Path, config_name: str, *, data: bool = True) -> Checked:
     """Stop with ``error: ...`` (exit 1) where ``argv`` cannot run as typed; else what Hydra's main is to be
-    given (:class:`Checked`)."""
+    given (:class:`Checked`). Without ``data``, a single run's data paths are the run's to look for (nli.cli: a
+    process of a run on several machines)."""
     _check_completion(argv)
     split = _flags(argv)
     if split is None:
@@ -105,7 +106,7 @@ def check(argv: Sequence[str], conf_dir: Path, config_name: str) -> Checked:
                 _check_single_values(overrides)
                 _say_what_a_folder_gives(_composed_run(config_name, overrides, groups), overrides, conf_dir)
             else:
-                return _check_run(config_name, overrides, groups, conf_dir)
+                return _check_run(config_name, overrides, groups, conf_dir, data=data)
             return Checked()
     except UserError as err:
         raise SystemExit(f"error: {err}") from None
@@ -299,11 +300,12 @@ def known_mode(checked: Checked) -> Iterator[None]:
         Hydra.get_mode = asked  # type: ignore[method-assign]
 
 
-def _check_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path) -> Checked:
+def _check_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path, *,
+               data: bool = True) -> Checked:
     """A single run's command checked, and Hydra's run directory where Hydra's default would not be the run's: a
     local output_dir (:func:`_run_dir`), or the folder that an evaluation of a run folder names once it has taken
     that folder's task."""
-    run_dir, key, from_folder, mode, output_dir = _checked_run(config_name, overrides, groups, conf_dir)
+    run_dir, key, from_folder, mode, output_dir = _checked_run(config_name, overrides, groups, conf_dir, data=data)
     _check_folder(key, run_dir)
     if output_dir is not None:  # an evaluation-only run's: not a training run's folder
         runfolder.check_evaluation_folder(Storage(output_dir), f"{key}={output_dir}" if output_dir == run_dir else
@@ -313,12 +315,13 @@ def _check_run(config_name: str, overrides: List[Override], groups: set[str], co
 
 
 def _checked_run(config_name: str, overrides: List[Override], groups: set[str], conf_dir: Path, *,
-                 command_line: bool = True) -> Tuple[str, str, bool, Optional[RunMode], Optional[str]]:
+                 command_line: bool = True, data: bool = True) -> Tuple[str, str, bool, Optional[RunMode],
+                                                                          Optional[str]]:
     """A single run's config checked, as the run will check it; from the ``command_line``, its launcher (which a run
-    from Python never starts) and its data's local paths (nli.config.paths: a config composed from Python may never
-    run, and a run from Python loads its data in a second or two). Its run directory and the key that names it
-    (:func:`_run_dir`), whether it evaluates a run folder (nli.config.runfolder), its hydra.mode, and for an
-    evaluation-only run its output folder where it is local (output_dir, else the run directory)."""
+    from Python never starts) and, with ``data``, its data's local paths (nli.config.paths: a config composed from
+    Python may never run, and a run from Python loads its data in a second or two). Its run directory and the key
+    that names it (:func:`_run_dir`), whether it evaluates a run folder (nli.config.runfolder), its hydra.mode, and
+    for an evaluation-only run its output folder where it is local (output_dir, else the run directory)."""
     _check_single_values(overrides)
     cfg = _composed_run(config_name, overrides, groups)
     _check_no_op_mappings(cfg, overrides, groups)
@@ -330,7 +333,7 @@ def _checked_run(config_name: str, overrides: List[Override], groups: set[str], 
     chdir = bool(cfg.hydra.job.chdir)
     config = _check_config(cfg, rules=True)
     # Where Hydra changes into the run's folder, a relative path is of that folder, not made yet.
-    if command_line and not chdir:
+    if command_line and data and not chdir:
         paths.check(config)
     return run_dir, key, from_folder, mode, output_dir if output_dir and "://" not in output_dir else None
 

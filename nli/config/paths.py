@@ -4,7 +4,9 @@ A missing GLUE folder or file of your own was found as the data loaded: after th
 into a run, and for a Slurm job after its wait in the queue. :func:`check` answers from the config alone (no
 ``datasets``, no file read), with the messages the loading itself gives (nli.data.sources reads its paths here), so
 the command line (nli.config.command) refuses such a run, or a sweep's job, in a fraction of a second, before
-Hydra makes a folder. A bucket's paths (``gs://``) are the loading's to check: that needs the network.
+Hydra makes a folder, and a search's sweeper a trial drawn with such data (nli.sweep.search). A bucket's paths
+(``gs://``) are the loading's to check: that needs the network. A process of a run on several machines leaves its
+paths to the run (nli.cli), whose processes stop together where one machine lacks its copy (nli.recipe.load_data).
 """
 
 from __future__ import annotations
@@ -60,11 +62,11 @@ def trial_refusal(cfg: DictConfig) -> Optional[str]:
     elsewhere, or where its config is another's to refuse (nli.config.schema.job_refusal)."""
     if how_checked(cfg) != REFUSE or OmegaConf.get_type(cfg) is not Config:
         return None
-    task = copy.deepcopy(cfg)
-    with open_dict(task):
-        task.pop("hydra", None)
+    plain = copy.deepcopy(cfg)
+    with open_dict(plain):
+        plain.pop("hydra", None)
     try:
-        config = built(task)
+        config = built(plain)
     except (UserError, OmegaConfBaseException):  # the rules refuse it: job_refusal says why
         return None
     try:

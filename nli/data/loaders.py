@@ -181,6 +181,34 @@ class Contents(NamedTuple):
     text: str
     labels: str
 
+    def differs_from(self, other: Contents) -> Optional[str]:
+        """What differs between these examples and ``other``'s; None where nothing does, or where either is not
+        known (a checkpoint from before the digests were kept: "")."""
+        if not (self.text and other.text) or self == other:
+            return None
+        if self.labels == other.labels:
+            return "their text differs, their labels do not"
+        if self.text == other.text:
+            return "their labels differ, their text does not"
+        return "their text and labels differ: other examples, or the same ones in another order"
+
+
+def check_same_everywhere(world: World, sets: Dict[str, Contents]) -> None:
+    """Stop every process of a run where one read ``sets`` (a name -> its examples' digests) other than process 0's.
+    Each process reads the data from its own machine (data.dir, data.files, the Hub's cache): copies that differ
+    trained each process on other examples under one order, each scoring its own share of another eval set, with no
+    word. Every process learns every other's digests, so all stop together, with one message."""
+    said = world.gather(sets)
+    for name, ours in said[0].items():
+        other = next(((rank, got[name]) for rank, got in enumerate(said) if got[name] != ours), None)
+        if other is not None:
+            rank, theirs = other
+            raise DataError(f"process {rank} of the run read a {name} other than process 0's "
+                            f"({theirs.differs_from(ours)}): each machine reads its own copy of the data (data.dir, "
+                            "data.files, or the Hub's cache), and the copies differ. Make them the same (compare the "
+                            "files with sha256sum), or give every machine one copy (a shared disk, or a bucket: "
+                            "data.dir=gs://...)")
+
 
 # Examples hashed at a time: a selection out of the set's order (data.fraction_of_train_data) is copied piece by
 # piece to be hashed, never whole.

@@ -111,7 +111,7 @@ class Plan:
                             f"{now}: the training data changed since its checkpoint of step {progress.step} "
                             "(data.dir's or data.files' training file). Put the training data back as it was, or start "
                             f"the run afresh in another {own_folder()}")
-        changed = _changed(Contents(text=progress.text_digest, labels=progress.labels_digest), self.contents)
+        changed = self.contents.differs_from(Contents(text=progress.text_digest, labels=progress.labels_digest))
         if changed:
             raise DataError(f"this run trained on {now} training examples an epoch, and its training set now has "
                             f"{now} that are not those ({changed}): the training data changed since its checkpoint "
@@ -126,8 +126,8 @@ class Plan:
         splits (MNLI's mismatched) and eval.extra's sets only report, scored once more at the end on the files as they
         are then: they are not checked. data.max_eval_samples, part of the run's identity, is the same as the
         checkpoint's (nli.output.folder), so the examples compared are those the evaluations scored."""
-        changed = _changed(Contents(text=progress.eval_text_digest, labels=progress.eval_labels_digest),
-                           self.eval_contents)
+        changed = self.eval_contents.differs_from(Contents(text=progress.eval_text_digest,
+                                                           labels=progress.eval_labels_digest))
         if changed:
             raise DataError(f"this run was evaluated on {self.main_split} examples up to its checkpoint of step "
                             f"{progress.step}, and its {self.main_split} split now holds others ({changed}): the "
@@ -472,18 +472,6 @@ class _Clock:
 
     def training_seconds(self) -> float:
         return self._before + time.perf_counter() - self._start - self._paused
-
-
-def _changed(before: Contents, now: Contents) -> Optional[str]:
-    """What differs between the set a checkpoint recorded and this one; None where nothing does, or where either is
-    not known."""
-    if not (before.text and now.text) or before == now:
-        return None
-    if before.labels == now.labels:
-        return "their text differs, their labels do not"
-    if before.text == now.text:
-        return "their labels differ, their text does not"
-    return "their text and labels differ: other examples, or the same ones in another order"
 
 
 def _step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -321,31 +322,65 @@ def test_cluster_spec_gives_torchs_variables() -> None:
         from_cluster_spec({**spec, "task": {"type": "workerpool3", "index": 0}})
 
 
-@pytest.mark.process
-def test_two_vertex_nodes_on_localhost_train_as_one_process(tmp_path: Path, single: Outcome) -> None:
-    """Two replicas as Vertex AI starts them, one per worker pool, each told its place only by
-    CLUSTER_SPEC (no torchrun): they meet at the primary's address and end where one process does.
-    With hw.per_device_batch_size=8 each accumulates 2 micro-batches per step: the same 32 examples
-    as one process taking all 32 at once."""
-    import socket
-
+def vertex_nodes(args: List[str], tmp_path: Path, cwds: Sequence[Path] = ()) -> List[Tuple[int, str]]:
+    """Two replicas as Vertex AI starts them on localhost, one per worker pool, each told its place only by
+    CLUSTER_SPEC (no torchrun), node i started in ``cwds[i]`` (else ``tmp_path``): each one's exit status and
+    output."""
     with socket.socket() as probe:  # a free port for the rendezvous on the primary
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     cluster = {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": ["127.0.0.1:2222"]}
-    out = tmp_path / "two-nodes"
     nodes = []
-    for task in ({"type": "workerpool0", "index": 0}, {"type": "workerpool1", "index": 0}):
+    for n, task in enumerate(({"type": "workerpool0", "index": 0}, {"type": "workerpool1", "index": 0})):
         spec = json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})
         env = process_env({"CLUSTER_SPEC": spec, **PORTABLE})
-        nodes.append(subprocess.Popen([sys.executable, str(ROOT / "train.py"), *ARGS, "hw.per_device_batch_size=8",
-                                       f"output_dir={out}",
-                                       f"hydra.run.dir={tmp_path / task['type']}"], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [node.communicate(timeout=600)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+        nodes.append(subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args,
+                                       f"hydra.run.dir={tmp_path / task['type']}"],
+                                      cwd=cwds[n] if cwds else tmp_path, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    return [(node.wait(timeout=600), node.communicate()[0]) for node in nodes]
+
+
+@pytest.mark.process
+def test_two_vertex_nodes_on_localhost_train_as_one_process(tmp_path: Path, single: Outcome) -> None:
+    """Two replicas as Vertex AI starts them: they meet at the primary's address and end where one process does.
+    With hw.per_device_batch_size=8 each accumulates 2 micro-batches per step: the same 32 examples
+    as one process taking all 32 at once."""
+    out = tmp_path / "two-nodes"
+    ended = vertex_nodes([*ARGS, "hw.per_device_batch_size=8", f"output_dir={out}"], tmp_path)
+    assert [status for status, _ in ended] == [0, 0], "\n".join(log for _, log in ended)
     assert "(8 x 2 accumulated x 2 processes)" in (tmp_path / "workerpool0" / "train.log").read_text()
     assert_same_run(outcome(out), single)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("copy", ["a label edited", "missing"])
+def test_machines_with_other_copies_of_the_data_stop_together_before_training(tmp_path: Path, copy: str) -> None:
+    """Each machine of a run reads its own copy of the data: one whose copy differed trained its share of every batch
+    on other examples, with no word; one whose copy was missing stopped alone (on the command line, before the
+    rendezvous), and the other waited for it there until its timeout. Both now stop at once, saying which."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(GLUE_DATA / "RTE", first / "glue_data" / "RTE")
+    if copy == "a label edited":
+        shutil.copytree(GLUE_DATA / "RTE", second / "glue_data" / "RTE")
+        train = second / "glue_data" / "RTE" / "train.tsv"
+        train.write_text(train.read_text().replace("\tnot_entailment\n", "\tentailment\n", 1))
+    else:
+        second.mkdir()
+    started = time.monotonic()
+    ended = vertex_nodes(["model=tiny", "task=rte", "data.dir=glue_data", "hw=cpu", "train.max_steps=4",
+                          "train.progress_bar=false", f"output_dir={tmp_path / 'run'}"], tmp_path, [first, second])
+    said = "\n".join(log for _, log in ended)
+    assert [status for status, _ in ended] == [1, 1] and time.monotonic() - started < 300, said
+    assert "step 1:" not in said and "Traceback" not in said
+    if copy == "a label edited":
+        why = ("process 1 of the run read a training set other than process 0's (their labels differ, their text "
+               "does not): each machine reads its own copy of the data")
+        assert all(why in log for _, log in ended), said
+    else:
+        missing = f"data.dir=glue_data: glue_data/RTE does not exist (looked for from {second})"
+        assert missing in ended[1][1] and f"process 1 of the run stopped it, and with it process 0: {missing}" in \
+            ended[0][1], said
 
 
 @pytest.mark.parametrize("spec, gpus, expected", [
