@@ -1,12 +1,12 @@
-"""Where a run's examples lie on this machine's disk, found from its config before anything loads.
+"""Where a run's examples and its model lie on this machine's disk, found from its config before anything loads.
 
-A missing GLUE folder or file of your own was found as the data loaded: after the imports and the model, about 8 s
-into a run, and for a Slurm job after its wait in the queue. :func:`check` answers from the config alone (no
-``datasets``, no file read), with the messages the loading itself gives (nli.data.sources reads its paths here), so
-the command line (nli.config.command) refuses such a run, or a sweep's job, in a fraction of a second, before
-Hydra makes a folder, and a search's sweeper a trial drawn with such data (nli.sweep.search). A bucket's paths
+A missing GLUE folder, file of your own or local checkpoint was found as it loaded: after the imports, about 8 s into
+a run, and for a Slurm job after its wait in the queue. :func:`check` answers from the config alone (no ``datasets``,
+no file read), with the messages the loading itself gives (nli.data.sources and nli.model.build read their paths
+here), so the command line (nli.config.command) refuses such a run, or a sweep's job, in a fraction of a second,
+before Hydra makes a folder, and a search's sweeper a trial drawn with such data (nli.sweep.search). A bucket's paths
 (``gs://``) are the loading's to check: that needs the network. A process of a run on several machines leaves its
-paths to the run (nli.cli), whose processes stop together where one machine lacks its copy (nli.recipe.load_data).
+paths to the run (nli.cli), whose processes stop together where one machine lacks its data (nli.recipe.load_data).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nli.config.keys import built
 from nli.config.schema import Config, DataConfig, GlueFilesConfig, TaskConfig, task_config
-from nli.errors import DataError, UserError
+from nli.errors import ConfigError, DataError, UserError
 
 GLUE_HUB = "nyu-mll/glue"  # the GLUE tasks' Hub dataset
 SLURM_LAUNCHER = "submitit_slurm"  # hydra-submitit-launcher's: the jobs run on a cluster's nodes
@@ -33,8 +33,11 @@ FILE_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".tsv")
 
 
 def check(cfg: Config) -> None:
-    """Stop with the loading's own :class:`DataError` where a local folder or file the run ``cfg`` reads is not
-    there: its data.files, its task's files in data.dir, and eval.dir's files of each set of eval.extra."""
+    """Stop with the loading's own error where a local folder or file the run ``cfg`` reads is not there: its model
+    (a path meant as a local checkpoint: :func:`local_model`), its data.files, its task's files in data.dir, and
+    eval.dir's files of each set of eval.extra."""
+    if cfg.model.name_or_path and "://" not in cfg.model.name_or_path:  # a bucket's: copied as the run starts
+        local_model(cfg.model.name_or_path)
     _check_source(cfg.task, cfg.data, run_splits(cfg), "data.dir")
     if cfg.eval.dir is not None and "://" not in cfg.eval.dir:
         source = DataConfig(dir=cfg.eval.dir)
@@ -91,6 +94,20 @@ def _check_source(task: TaskConfig, data: DataConfig, splits: List[str], key: st
     elif data.dir is not None and "://" not in data.dir and task.glue is not None:
         for split in splits:
             glue_file(task, task.glue, data.dir, split, key, splits)
+
+
+def local_model(name_or_path: str) -> bool:
+    """Whether model.name_or_path ``name_or_path`` is a local checkpoint, a folder here (else a Hub id);
+    :class:`ConfigError` where it is a path meant as one (absolute, ``./``, ``~``, or deeper than a Hub id's
+    ``owner/name``) and no folder is there."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return True
+    if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
+        where = "" if path.is_absolute() else f" (looked for from {Path.cwd()})"
+        raise ConfigError(f"model.name_or_path={name_or_path} is not a directory{where}; give a local checkpoint "
+                          "directory or a Hub id such as FacebookAI/roberta-base")
+    return False
 
 
 def own_file(name: str) -> Optional[Path]:

@@ -29,6 +29,7 @@ from transformers import (
 
 from nli import contract
 from nli.config import runfolder
+from nli.config.paths import local_model
 from nli.config.schema import Attention, ModelConfig, ScratchArchitecture, TaskConfig
 from nli.errors import ConfigError
 from nli.io.hub import hub_download
@@ -61,18 +62,6 @@ WEIGHTS_DTYPE = torch.float32
 UNBOUNDED_LENGTH = 10**29
 
 
-def _local_dir(name_or_path: str) -> bool:
-    """A local checkpoint, or a path meant as one (a Hub id is `name` or `owner/name`)."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return True
-    looks_like_path = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1
-    if looks_like_path:
-        raise ConfigError(f"model.name_or_path={name_or_path} is not a directory; give a local "
-                          "checkpoint directory or a Hub id such as FacebookAI/roberta-base")
-    return False
-
-
 def _hub_id(what: str, name_or_path: str) -> str:
     """How a failed download names ``name_or_path``, read as a Hub id; where its owner is a folder here
     (``outputs/quick`` with an ``outputs/``), the folder that is not there is named too: the path was meant."""
@@ -96,7 +85,7 @@ def build_tokenizer(cfg: ModelConfig, train_texts: Iterable[str], *,
     assert cfg.name_or_path is not None
     # Here rather than in build_model, which is not told max_seq_length: the tokenizer is built first.
     _check_positions(pretrained_config(cfg, what="tokenizer"), cfg, max_seq_length)
-    if _local_dir(cfg.name_or_path):
+    if local_model(cfg.name_or_path):
         tokenizer = AutoTokenizer.from_pretrained(cfg.name_or_path)
     else:
         with hub_download(_hub_id("tokenizer", cfg.name_or_path)):
@@ -113,7 +102,7 @@ def pretrained_config(cfg: ModelConfig, *, what: str = "model") -> PretrainedCon
     """The checkpoint's config.json, read without its weights; a local one that is missing or
     unreadable is a ConfigError naming the file. ``what`` it is read for names a failed download."""
     assert cfg.name_or_path is not None
-    if not _local_dir(cfg.name_or_path):
+    if not local_model(cfg.name_or_path):
         with hub_download(_hub_id(what, cfg.name_or_path)):
             return AutoConfig.from_pretrained(cfg.name_or_path, revision=cfg.revision)
     if cfg.revision != "main":  # a folder is read as it is: the revision would be recorded, never read
@@ -270,7 +259,7 @@ def _from_pretrained(cfg: ModelConfig, config: PretrainedConfig, *, pass_config:
     kwargs.update(dtype=WEIGHTS_DTYPE, attn_implementation=cfg.attention.value, **({"config": config} if pass_config
                                                                                      else {}))
     with _attention_supported(cfg, config):
-        if _local_dir(cfg.name_or_path):
+        if local_model(cfg.name_or_path):
             return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, **kwargs)
         with hub_download(_hub_id("model", cfg.name_or_path)):
             return AutoModelForSequenceClassification.from_pretrained(cfg.name_or_path, revision=cfg.revision,

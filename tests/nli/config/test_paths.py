@@ -143,3 +143,21 @@ def test_a_vertex_sweeps_local_paths_are_of_its_containers(tmp_path: Path) -> No
             f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     assert check(args, CONF, "train").extra == []
     assert "/gcs/bucket/glue_data/RTE does not exist" in refusal(["-m", *args[2:]])
+
+
+def test_a_local_checkpoint_that_is_not_there_is_refused_and_a_hub_id_is_left_to_the_hub(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path meant as a local checkpoint (absolute, ./, ~, or deeper than owner/name) was found missing as the model
+    loaded, 8 s in; a Hub id (owner/name) is the download's to answer."""
+    monkeypatch.chdir(tmp_path)
+    rte = ["model=roberta-base", "task=rte", "hw=cpu", f"data.dir={GLUE_DATA}"]
+    assert refusal([*rte, f"model.name_or_path={tmp_path / 'roberta-bse'}"]) == (
+        f"error: model.name_or_path={tmp_path / 'roberta-bse'} is not a directory; give a local checkpoint directory "
+        "or a Hub id such as FacebookAI/roberta-base")
+    assert refusal([*rte, "model.name_or_path=./ckpt"]).startswith(
+        f"error: model.name_or_path=./ckpt is not a directory (looked for from {tmp_path});")
+    assert "would stop as it starts: model.name_or_path=models/a/b is not a directory" in refusal(
+        ["-m", *rte, "model.name_or_path=FacebookAI/roberta-base,models/a/b"])
+    assert check([*rte, "model.name_or_path=FacebookAI/roberta-bse"], CONF, "train").composed
+    (tmp_path / "ckpt").mkdir()
+    assert check([*rte, "model.name_or_path=./ckpt"], CONF, "train").composed
