@@ -37,7 +37,7 @@ def check(cfg: Config) -> None:
     (a path meant as a local checkpoint: :func:`local_model`), its data.files, its task's files in data.dir, and
     eval.dir's files of each set of eval.extra."""
     if cfg.model.name_or_path and "://" not in cfg.model.name_or_path:  # a bucket's: copied as the run starts
-        local_model(cfg.model.name_or_path)
+        local_model(cfg.model.name_or_path, cfg.model.revision)
     _check_source(cfg.task, cfg.data, run_splits(cfg), "data.dir")
     if cfg.eval.dir is not None and "://" not in cfg.eval.dir:
         source = DataConfig(dir=cfg.eval.dir)
@@ -96,12 +96,16 @@ def _check_source(task: TaskConfig, data: DataConfig, splits: List[str], key: st
             glue_file(task, task.glue, data.dir, split, key, splits)
 
 
-def local_model(name_or_path: str) -> bool:
+def local_model(name_or_path: str, revision: str = "main") -> bool:
     """Whether model.name_or_path ``name_or_path`` is a local checkpoint, a folder here (else a Hub id);
     :class:`ConfigError` where it is a path meant as one (absolute, ``./``, ``~``, or deeper than a Hub id's
-    ``owner/name``) and no folder is there."""
+    ``owner/name``) and no folder is there, or a folder and ``revision`` (model.revision) is not the default."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
+        if revision != "main":  # a folder is read as it is: the revision would be recorded, never read
+            raise ConfigError(f"model.revision={revision} picks a branch, tag or commit of a Hub id, and "
+                              f"model.name_or_path={name_or_path} is a local folder, read as it is: drop "
+                              "model.revision, or give the Hub id")
         return True
     if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
         where = "" if path.is_absolute() else f" (looked for from {Path.cwd()})"

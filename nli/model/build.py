@@ -102,13 +102,9 @@ def pretrained_config(cfg: ModelConfig, *, what: str = "model") -> PretrainedCon
     """The checkpoint's config.json, read without its weights; a local one that is missing or
     unreadable is a ConfigError naming the file. ``what`` it is read for names a failed download."""
     assert cfg.name_or_path is not None
-    if not local_model(cfg.name_or_path):
+    if not local_model(cfg.name_or_path, cfg.revision):
         with hub_download(_hub_id(what, cfg.name_or_path)):
             return AutoConfig.from_pretrained(cfg.name_or_path, revision=cfg.revision)
-    if cfg.revision != "main":  # a folder is read as it is: the revision would be recorded, never read
-        raise ConfigError(f"model.revision={cfg.revision} picks a branch, tag or commit of a Hub id, and "
-                          f"model.name_or_path={cfg.name_or_path} is a local folder, read as it is: drop "
-                          "model.revision, or give the Hub id")
     path = Path(cfg.name_or_path).expanduser() / "config.json"
     exported = path.parent / contract.MODEL_DIR
     if not path.is_file() and (path.parent / contract.CONFIG_FILE).is_file() and (exported / "config.json").is_file():

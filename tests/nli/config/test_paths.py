@@ -161,3 +161,7 @@ def test_a_local_checkpoint_that_is_not_there_is_refused_and_a_hub_id_is_left_to
     assert check([*rte, "model.name_or_path=FacebookAI/roberta-bse"], CONF, "train").composed
     (tmp_path / "ckpt").mkdir()
     assert check([*rte, "model.name_or_path=./ckpt"], CONF, "train").composed
+    # A folder is read as it is: a revision of it, which would be recorded and never read, is refused here too.
+    assert refusal([*rte, "model.name_or_path=./ckpt", "model.revision=v2.0"]) == (
+        "error: model.revision=v2.0 picks a branch, tag or commit of a Hub id, and model.name_or_path=./ckpt is a "
+        "local folder, read as it is: drop model.revision, or give the Hub id")
