@@ -61,8 +61,8 @@ def how_checked(sweep: DictConfig) -> str:
 
 def trial_refusal(cfg: DictConfig) -> Optional[str]:
     """Why a search's trial (its composed config, ``hydra`` node included), drawn as the search goes, would stop as it
-    starts for want of its data, where it runs on this machine; None where its data is there, is looked for
-    elsewhere, or where its config is another's to refuse (nli.config.schema.job_refusal)."""
+    starts for want of its data or its local model (:func:`check`), where it runs on this machine; None where they are
+    there, are looked for elsewhere, or where its config is another's to refuse (nli.config.schema.job_refusal)."""
     if how_checked(cfg) != REFUSE or OmegaConf.get_type(cfg) is not Config:
         return None
     plain = copy.deepcopy(cfg)
