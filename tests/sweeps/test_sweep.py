@@ -870,13 +870,17 @@ def test_a_study_locked_as_a_trial_ends_is_one_line_and_the_next_command_keeps_t
 
 
 @pytest.mark.parametrize("checkpoint, study", [("model=roberta-base", "rte-roberta-base"),
-                                               ("model.name_or_path=/data/runs/rte/model/", "rte-model")])
+                                               ("model.name_or_path={tmp}/data/runs/rte/model/", "rte-model")])
 def test_the_glue_search_names_its_study_and_folder_by_the_checkpoints_last_path_part(tmp_path: Path,
                                                                                        checkpoint: str,
                                                                                        study: str) -> None:
     """The study was named by the whole Hub id or path, `rte-FacebookAI/roberta-base` (docs: `rte-roberta-base`),
     and so its folder, nested: multirun/search/rte-FacebookAI/roberta-base, search/rte-/data/runs/rte/model/. The
-    study is found where the docs put it (refused there for its direction: no trial runs, none would load a model)."""
+    study is found where the docs put it (refused there for its direction: no trial runs, none would load a model).
+    The checkpoint's folder is there, empty: a local path that is not is refused first (nli.config.paths)."""
+    checkpoint = checkpoint.format(tmp=tmp_path)
+    if "name_or_path" in checkpoint:
+        Path(checkpoint.partition("=")[2]).mkdir(parents=True)
     search = tmp_path / "multirun" / "search"
     (search / study).mkdir(parents=True)
     optuna.create_study(study_name=study, storage=f"sqlite:///{search / study}/optuna.db", direction="minimize")
